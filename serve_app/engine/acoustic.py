@@ -1,0 +1,558 @@
+"""The acoustic engine: ChatTTS's GPT decoded as one running batch with per-row state.
+
+The loop owns a batch of rows (one row = one text segment). Between two decode steps it
+admits waiting rows (each is prefilled alone, then its KV cache is left-padded and merged into
+the batch: TGI's ``concatenate``) and drops finished or cancelled rows (their KV columns go with
+them: TGI's ``filter``). Every row keeps its own position ids, sampling parameters, seed
+(a private ``torch.Generator`` drawn once per step, so its tokens do not depend on its
+neighbours), token budget and chunk schedule. Each row streams chunks of GPT hidden states,
+which is what ChatTTS's decoder turns into mel frames.
+
+``continuous=False`` turns this into window batching (a batch runs to its end before the next
+one is admitted), kept for the benchmark comparison.
+
+It uses ChatTTS's own modules: the tokenizer and speaker prompt format, ``Embed`` (code
+embeddings and heads), the ``LlamaModel`` and ``gen_logits`` (repetition penalty, top-p, top-k).
+No Ray, no HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+import torch.nn.utils.parametrize as P
+
+from .config import AcousticConfig
+from .weights import LoadedModel
+
+log = logging.getLogger(__name__)
+
+NUM_VQ = 4
+REPETITION_WINDOW = 16  # ChatTTS's past_window for its repetition penalty
+AGING_SECONDS = 2.0  # waiting this long raises a row's priority by one level (no starvation)
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine (its stream ends with this error)."""
+
+
+class EngineOverloaded(EngineError):
+    """The admission queue is full."""
+
+
+@dataclass
+class SegmentRequest:
+    """One segment to decode. Text is already normalised; prompt carries control tags."""
+
+    text: str
+    spk_emb: Optional[str]
+    seed: int
+    max_new_tokens: int
+    min_new_tokens: int = 1
+    prompt: str = "[speed_5]"
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    priority: int = 0  # higher first
+    first_chunk_tokens: Optional[int] = None
+    chunk_tokens: Optional[int] = None
+
+
+@dataclass
+class HiddenChunk:
+    """Hidden states of consecutive tokens of one row, ``hidden`` is (n, 768) float32 on CPU."""
+
+    hidden: torch.Tensor
+    index: int  # chunk number in the row
+    start_token: int  # index of the first token of this chunk in the row
+    final: bool = False
+    finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" on the final chunk
+
+
+_END = object()
+
+
+class RowStream:
+    """The consumer side of one row: iterate chunks (sync or async), or cancel it.
+
+    The engine thread puts items; a sync consumer blocks on a ``queue.Queue``, an async one
+    awaits an ``asyncio.Queue`` fed through ``call_soon_threadsafe`` (never blocking its loop).
+    """
+
+    def __init__(self, row_id: int, loop: Optional[asyncio.AbstractEventLoop]):
+        self.row_id = row_id
+        self._loop = loop
+        self._q: Any = asyncio.Queue() if loop is not None else queue.Queue()
+        self.cancelled = threading.Event()
+        self.submitted_at = time.monotonic()
+        self.first_chunk_at: Optional[float] = None
+
+    def _put(self, item: Any) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._q.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening
+                self.cancelled.set()
+        else:
+            self._q.put(item)
+
+    def cancel(self) -> None:
+        """Stop decoding this row at the next step and free its slot."""
+        self.cancelled.set()
+
+    def __iter__(self) -> Iterator[HiddenChunk]:
+        if self._loop is not None:
+            raise TypeError("this stream was opened for async iteration")
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[HiddenChunk]:
+        if self._loop is None:
+            raise TypeError("this stream was opened for sync iteration")
+        try:
+            while True:
+                item = await self._q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            # The consumer stopped early (finished, error or cancelled): free the row.
+            self.cancelled.set()
+
+
+@dataclass
+class _Row:
+    req: SegmentRequest
+    stream: RowStream
+    generator: torch.Generator
+    prompt_len: int = 0
+    n_generated: int = 0  # tokens sampled so far (incl. the one waiting to be fed)
+    history: list = field(default_factory=list)  # last tokens (4,) for the repetition penalty
+    pending: list = field(default_factory=list)  # hidden states not yet sent
+    chunks_sent: int = 0
+    tokens_sent: int = 0
+    last_token: Optional[torch.Tensor] = None  # (4,) long: input of the next step
+    finish_reason: Optional[str] = None
+
+    @property
+    def budget(self) -> int:
+        return self.prompt_len + self.req.max_new_tokens
+
+    def chunk_size(self, cfg: AcousticConfig) -> int:
+        if self.chunks_sent == 0:
+            return self.req.first_chunk_tokens or cfg.first_chunk_tokens
+        return self.req.chunk_tokens or cfg.chunk_tokens
+
+
+@dataclass(order=True)
+class _Waiting:
+    sort_key: tuple
+    seq: int
+    row: Any = field(compare=False)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # decode steps (one forward of the running batch)
+    row_steps: int = 0  # sum over steps of rows in the batch
+    admissions: int = 0  # times one or more rows joined the batch
+    rows_admitted: int = 0
+    rows_finished: int = 0
+    rows_cancelled: int = 0
+    rows_failed: int = 0
+    max_rows: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def mean_rows(self) -> float:
+        return self.row_steps / self.steps if self.steps else 0.0
+
+
+class AcousticEngine:
+    """Owns the model's GPT and one running batch. Thread-safe ``submit``; one decode thread."""
+
+    def __init__(self, model: LoadedModel, config: AcousticConfig = AcousticConfig()):
+        self.model = model
+        self.cfg = config
+        chat = model.chat
+        self.chat = chat
+        self.gpt = chat.gpt.gpt  # transformers LlamaModel
+        self.embed = chat.embed  # ChatTTS Embed: emb_code and head_code
+        self.device = model.device
+        self.gpt_device = chat.device_gpt
+        self.gpt_dtype = next(self.gpt.parameters()).dtype
+        self.eos = chat.config.gpt.num_audio_tokens - 1
+        self.num_layers = self.gpt.config.num_hidden_layers
+        self.stats = EngineStats()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._waiting: list[_Waiting] = []
+        self._seq = itertools.count()
+        self._rows: list[_Row] = []
+        self._keys: list[torch.Tensor] = []  # per layer (B, H, T, D)
+        self._values: list[torch.Tensor] = []
+        self._mask: Optional[torch.Tensor] = None  # (B, T) bool, True = real token
+        self._pos: Optional[torch.Tensor] = None  # (B,) next position id per row
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        self._warpers: dict[tuple, tuple] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(self, req: SegmentRequest, loop: Optional[asyncio.AbstractEventLoop] = None) -> RowStream:
+        """Queue a segment; chunks arrive on the returned stream. Pass ``loop`` to iterate async."""
+        stream = RowStream(next(self._seq), loop)
+        gen = torch.Generator(device="cpu").manual_seed(int(req.seed))
+        row = _Row(req=req, stream=stream, generator=gen)
+        with self._wake:
+            if len(self._waiting) >= self.cfg.max_queued_rows:
+                raise EngineOverloaded(f"acoustic queue full ({self.cfg.max_queued_rows} rows waiting)")
+            # Higher priority first, then arrival order; aging is applied at admission.
+            heapq.heappush(self._waiting, _Waiting((-req.priority, stream.submitted_at), stream.row_id, row))
+            self._wake.notify()
+        return stream
+
+    def start(self) -> None:
+        """Run the decode loop on a daemon thread."""
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="acoustic-decode", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Change decode knobs at runtime (validated); applies from the next step."""
+        with self._lock:
+            self.cfg = AcousticConfig.model_validate({**self.cfg.model_dump(), **changes})
+
+    @property
+    def running_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting_rows(self) -> int:
+        return len(self._waiting)
+
+    def run_until_idle(self) -> None:
+        """Drive the loop on the calling thread until no row is running or waiting (tests, CLI)."""
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """Admit, run one decode step, retire finished rows. Returns False when idle."""
+        self._admit()
+        if not self._rows:
+            return bool(self._waiting)
+        try:
+            self._decode_step()
+        except Exception as exc:  # noqa: BLE001 - a failed step fails this batch, not the loop
+            log.exception("decode step failed; failing %d rows", len(self._rows))
+            for row in self._rows:
+                self.stats.rows_failed += 1
+                row.stream._put(EngineError(f"decode failed: {exc.__class__.__name__}"))
+            self._reset_batch()
+        return True
+
+    # ------------------------------------------------------------------ loop
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._wake:
+                while not self._stop and not self._rows and not self._waiting:
+                    self._wake.wait()
+                if self._stop:
+                    break
+            self.step()
+        for row in self._rows:
+            row.stream._put(EngineError("engine stopped"))
+        self._reset_batch()
+
+    def _pop_admissible(self) -> list[_Row]:
+        """Rows to admit now: by (aged) priority, within max_rows and the token budget."""
+        with self._lock:
+            if not self._waiting:
+                return []
+            if not self.cfg.continuous and self._rows:
+                return []  # window batching: the running batch finishes first
+            now = time.monotonic()
+            # Re-key by aged priority: waiting AGING_SECONDS counts as one priority level more.
+            entries = sorted(
+                self._waiting,
+                key=lambda w: (-(w.row.req.priority + (now - w.row.stream.submitted_at) / AGING_SECONDS), w.seq),
+            )
+            free = self.cfg.max_rows - len(self._rows)
+            used = sum(r.budget for r in self._rows)
+            taken: list[_Waiting] = []
+            for w in entries:
+                if len(taken) >= free:
+                    break
+                if w.row.stream.cancelled.is_set():
+                    taken.append(w)  # drop it below without decoding
+                    continue
+                need = self._prompt_len_estimate(w.row) + w.row.req.max_new_tokens
+                if used + need > self.cfg.token_budget and (self._rows or taken):
+                    break  # keep order: do not let small rows overtake a big one forever
+                used += need
+                taken.append(w)
+            ids = {w.seq for w in taken}
+            self._waiting = [w for w in self._waiting if w.seq not in ids]
+            heapq.heapify(self._waiting)
+        out = []
+        for w in taken:
+            if w.row.stream.cancelled.is_set():
+                self.stats.rows_cancelled += 1
+                w.row.stream._put(_END)
+            else:
+                out.append(w.row)
+        return out
+
+    @staticmethod
+    def _prompt_len_estimate(row: _Row) -> int:
+        return len(row.req.text) + len(row.req.prompt) + 8
+
+    # ------------------------------------------------------------------ admission (prefill + merge)
+
+    @torch.inference_mode()
+    def _admit(self) -> None:
+        new_rows = self._pop_admissible()
+        if not new_rows:
+            return
+        t0 = time.perf_counter()
+        admitted = 0
+        for row in new_rows:
+            try:
+                keys, values, hidden = self._prefill(row)
+            except Exception as exc:  # noqa: BLE001 - a bad row fails alone
+                log.warning("prefill failed: %s", exc)
+                self.stats.rows_failed += 1
+                row.stream._put(EngineError(f"prefill failed: {exc}"))
+                continue
+            self._merge(row, keys, values)
+            admitted += 1
+            self.stats.rows_admitted += 1
+            # The prefill's last hidden state yields the row's first token.
+            self._sample_and_advance([row], hidden)
+        self.stats.prefill_seconds += time.perf_counter() - t0
+        if admitted:
+            self.stats.admissions += 1
+        self._retire()
+
+    def _prefill(self, row: _Row) -> tuple[list, list, torch.Tensor]:
+        chat = self.chat
+        text = chat.speaker.decorate_code_prompts([row.req.text], row.req.prompt, None, row.req.spk_emb)
+        input_ids, _attn, text_mask = chat.tokenizer.encode(text, NUM_VQ, device=self.gpt_device)
+        emb = self.embed(input_ids, text_mask)
+        if row.req.spk_emb is not None:
+            chat.speaker.apply(emb, row.req.spk_emb, input_ids, chat.tokenizer.spk_emb_ids, self.gpt_device)
+        row.prompt_len = int(input_ids.shape[1])
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.gpt.config)
+        out = self.gpt(
+            inputs_embeds=emb.to(self.gpt_device, self.gpt_dtype),
+            position_ids=torch.arange(row.prompt_len, device=self.gpt_device).unsqueeze(0),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[:, -1].to(self.device, torch.float32)
+        keys = [layer.keys for layer in cache.layers]
+        values = [layer.values for layer in cache.layers]
+        return keys, values, hidden
+
+    def _merge(self, row: _Row, keys: list, values: list) -> None:
+        """Append a prefilled row to the batch, left-padding whichever side is shorter."""
+        n_new = keys[0].shape[2]
+        new_mask = torch.ones(1, n_new, dtype=torch.bool, device=self.gpt_device)
+        new_pos = torch.tensor([n_new], dtype=torch.long, device=self.gpt_device)
+        if not self._rows:
+            self._keys, self._values = list(keys), list(values)
+            self._mask, self._pos = new_mask, new_pos
+        else:
+            t_run = self._mask.shape[1]
+            t = max(t_run, n_new)
+            for i in range(self.num_layers):
+                self._keys[i] = torch.cat([_pad_left(self._keys[i], t), _pad_left(keys[i], t)], 0)
+                self._values[i] = torch.cat([_pad_left(self._values[i], t), _pad_left(values[i], t)], 0)
+            self._mask = torch.cat([_pad_left(self._mask, t, dim=1), _pad_left(new_mask, t, dim=1)], 0)
+            self._pos = torch.cat([self._pos, new_pos])
+        self._rows.append(row)
+
+    # ------------------------------------------------------------------ decode
+
+    @torch.inference_mode()
+    def _decode_step(self) -> None:
+        t0 = time.perf_counter()
+        rows = self._rows
+        last = torch.stack([r.last_token for r in rows]).to(self.gpt_device)  # (B, 4)
+        emb = torch.stack([self.embed.emb_code[q](last[:, q]) for q in range(NUM_VQ)], 2).sum(2)
+        self._mask = torch.cat([self._mask, self._mask.new_ones(len(rows), 1)], 1)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.gpt.config)
+        for i, layer in enumerate(cache.layers):
+            layer.lazy_initialization(self._keys[i], self._values[i])
+            layer.keys, layer.values = self._keys[i], self._values[i]
+        out = self.gpt(
+            inputs_embeds=emb.unsqueeze(1).to(self.gpt_dtype),
+            attention_mask=self._mask[:, None, None, :],
+            position_ids=self._pos.unsqueeze(1),
+            cache=cache,
+            use_cache=True,
+        )
+        self._keys = [layer.keys for layer in cache.layers]
+        self._values = [layer.values for layer in cache.layers]
+        self._pos = self._pos + 1
+        hidden = out.last_hidden_state[:, -1].to(self.device, torch.float32)
+        self.stats.steps += 1
+        self.stats.row_steps += len(rows)
+        self.stats.max_rows = max(self.stats.max_rows, len(rows))
+        # Each row's input token of this step produced `hidden`: it belongs to that token.
+        self._sample_and_advance(rows, hidden)
+        self._retire()
+        self.stats.decode_seconds += time.perf_counter() - t0
+
+    def _logits_warpers(self, top_p: float, top_k: int, penalty: float) -> tuple:
+        key = (top_p, top_k, penalty)
+        if key not in self._warpers:
+            from ChatTTS.model import gen_logits
+
+            self._warpers[key] = gen_logits(num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=penalty)
+        return self._warpers[key]
+
+    def _sample_and_advance(self, rows: list[_Row], hidden: torch.Tensor) -> None:
+        """Sample each row's next token from ``hidden`` (B, 768); record hidden for the row.
+
+        ChatTTS keeps the hidden state that produced token i as frame i, and drops the one that
+        produced end-of-speech. Rows are sampled with their own parameters and generator.
+        """
+        with P.cached():
+            logits = torch.stack([self.embed.head_code[q](hidden) for q in range(NUM_VQ)], 1)  # (B, 4, V)
+        logits = logits.float()
+        live: list[tuple[int, _Row]] = []
+        probs_rows = []
+        for b, row in enumerate(rows):
+            if row.stream.cancelled.is_set():
+                row.finish_reason = "cancelled"
+                continue
+            lg = logits[b] / row.req.temperature  # (4, V)
+            warpers, processors = self._logits_warpers(row.req.top_p, row.req.top_k, row.req.repetition_penalty)
+            if row.history:
+                hist = torch.stack(row.history[-REPETITION_WINDOW:], 1).to(lg.device)  # (4, n)
+                for proc in processors:
+                    lg = proc(hist, lg)
+            for warp in warpers:
+                lg = warp(None, lg)
+            if row.n_generated < row.req.min_new_tokens:
+                lg[:, self.eos] = -torch.inf
+            probs_rows.append(F.softmax(lg, dim=-1))
+            live.append((b, row))
+        if not live:
+            return
+        # One device->host copy for the whole batch; sampling runs on CPU per-row generators.
+        probs = torch.stack(probs_rows).cpu()
+        hidden_cpu = hidden.detach().to("cpu", torch.float32)
+        for (b, row), p in zip(live, probs):
+            token = torch.multinomial(p, 1, generator=row.generator).squeeze(1)  # (4,)
+            row.n_generated += 1
+            if bool(token.eq(self.eos).any()):
+                row.finish_reason = "stop"
+                continue
+            row.pending.append(hidden_cpu[b])
+            row.history.append(token)
+            if len(row.history) > REPETITION_WINDOW:
+                del row.history[0]
+            row.last_token = token
+            if row.n_generated >= row.req.max_new_tokens:
+                row.finish_reason = "length"
+            elif len(row.pending) >= row.chunk_size(self.cfg):
+                self._emit(row, final=False)
+
+    def _emit(self, row: _Row, final: bool) -> None:
+        if not row.pending and not final:
+            return
+        hidden = torch.stack(row.pending) if row.pending else torch.zeros(0, self.gpt.config.hidden_size)
+        chunk = HiddenChunk(
+            hidden=hidden,
+            index=row.chunks_sent,
+            start_token=row.tokens_sent,
+            final=final,
+            finish_reason=row.finish_reason if final else None,
+        )
+        row.tokens_sent += len(row.pending)
+        row.pending = []
+        row.chunks_sent += 1
+        if row.stream.first_chunk_at is None:
+            row.stream.first_chunk_at = time.monotonic()
+        row.stream._put(chunk)
+        if final:
+            row.stream._put(_END)
+
+    def _retire(self) -> None:
+        """Drop finished/cancelled rows from the batch (and their KV), trim all-padding columns."""
+        keep = []
+        for i, row in enumerate(self._rows):
+            if row.finish_reason is None and row.stream.cancelled.is_set():
+                row.finish_reason = "cancelled"
+            if row.finish_reason is None:
+                keep.append(i)
+                continue
+            if row.finish_reason == "cancelled":
+                self.stats.rows_cancelled += 1
+                row.stream._put(_END)
+            else:
+                self.stats.rows_finished += 1
+                self._emit(row, final=True)
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._reset_batch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.gpt_device)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask = self._mask.index_select(0, idx)
+        self._pos = self._pos.index_select(0, idx)
+        # Columns where every remaining row is padding carry nothing: cut them.
+        first = int(self._mask.any(0).nonzero()[0])
+        self._mask = self._mask[:, first:]
+        self._keys = [k.index_select(0, idx)[:, :, first:] for k in self._keys]
+        self._values = [v.index_select(0, idx)[:, :, first:] for v in self._values]
+
+    def _reset_batch(self) -> None:
+        self._rows, self._keys, self._values = [], [], []
+        self._mask = self._pos = None
+
+
+def _pad_left(x: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
+    n = x.shape[dim]
+    if n == length:
+        return x
+    shape = list(x.shape)
+    shape[dim] = length - n
+    return torch.cat([x.new_zeros(shape), x], dim)

@@ -1,0 +1,252 @@
+"""Streaming audio encoders: float32 PCM chunks in, encoded bytes out.
+
+One encoder per response stream. ``write()`` returns whatever bytes the encoder
+has produced so far (possibly ``b""``); ``close()`` flushes the rest. Compressed
+formats use a single in-process PyAV (ffmpeg) muxer per stream writing into a
+memory sink, so bytes leave as soon as the codec emits a packet.
+"""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal, get_args
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 24000  # ChatTTS output rate; mono throughout
+
+AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)
+
+CONTENT_TYPES: dict[str, str] = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Ogg Opus, as OpenAI's "opus"
+    "aac": "audio/aac",  # ADTS
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",  # raw s16le, mono, SAMPLE_RATE
+}
+
+
+def to_int16(pcm: np.ndarray) -> np.ndarray:
+    """Mono float PCM in [-1, 1] -> int16 (clipped, scaled by 32767, rounded).
+
+    int16 input passes through unchanged; NaN becomes silence.
+    """
+    a = np.asarray(pcm)
+    if a.ndim != 1:
+        if a.ndim == 2 and 1 in a.shape:
+            a = a.reshape(-1)
+        else:
+            raise ValueError(f"expected mono 1-D PCM, got shape {a.shape}")
+    if a.dtype == np.int16:
+        return a
+    a = np.nan_to_num(a.astype(np.float32, copy=False), nan=0.0)
+    return np.rint(np.clip(a, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class AudioEncoder(ABC):
+    """Incremental encoder for one stream. Not thread-safe."""
+
+    format: str
+    content_type: str
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+        self.format = fmt
+        self.content_type = CONTENT_TYPES[fmt]
+        self.sample_rate = sample_rate
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def write(self, pcm: np.ndarray) -> bytes:
+        """Encode a chunk; returns the bytes that are ready (possibly b"")."""
+        if self._closed:
+            raise ValueError(f"write() on a closed {self.format} encoder")
+        return self._write(to_int16(pcm))
+
+    def close(self) -> bytes:
+        """Flush and return the final bytes. A second call returns b""."""
+        if self._closed:
+            return b""
+        self._closed = True
+        return self._close()
+
+    @abstractmethod
+    def _write(self, samples: np.ndarray) -> bytes: ...
+
+    @abstractmethod
+    def _close(self) -> bytes: ...
+
+    def __enter__(self) -> AudioEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PcmEncoder(AudioEncoder):
+    """Headerless signed 16-bit little-endian samples."""
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        return samples.astype("<i2", copy=False).tobytes()
+
+    def _close(self) -> bytes:
+        return b""
+
+
+class WavEncoder(PcmEncoder):
+    """PCM behind a RIFF/WAVE header whose sizes are unknown up front."""
+
+    # 0xFFFFFFFF = "unknown length": ffmpeg and libsndfile read the data to EOF.
+    _UNKNOWN = 0xFFFFFFFF
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+        super().__init__(fmt, sample_rate)
+        self._header_sent = False
+
+    def _header(self) -> bytes:
+        fmt_chunk = struct.pack("<HHIIHH", 1, 1, self.sample_rate, self.sample_rate * 2, 2, 16)
+        return (
+            b"RIFF" + struct.pack("<I", self._UNKNOWN) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk
+            + b"data" + struct.pack("<I", self._UNKNOWN)
+        )
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        head = b"" if self._header_sent else self._header()
+        self._header_sent = True
+        return head + super()._write(samples)
+
+    def _close(self) -> bytes:
+        # An empty stream still gets its header, so the result is a valid file.
+        return self._write(np.zeros(0, np.int16))
+
+
+@dataclass(frozen=True)
+class _CodecSpec:
+    container: str
+    codec: str
+    bit_rate: int | None
+    container_options: dict[str, str] = field(default_factory=dict)
+
+
+_CODECS: dict[str, _CodecSpec] = {
+    # Bare MPEG frames: no ID3 tag; no Xing/LAME header (it must be patched at
+    # the end, impossible on a stream; ffmpeg skips it there anyway).
+    "mp3": _CodecSpec("mp3", "libmp3lame", 64000, {"id3v2_version": "0", "write_xing": "0"}),
+    # libopus takes 24 kHz as is. The Ogg muxer holds one complete page back (to
+    # flag EOS), so latency ~ 2 pages: 60 ms pages trade ~4 kbit/s of page
+    # overhead for low latency (ffmpeg's default is 1 s pages).
+    "opus": _CodecSpec("ogg", "libopus", 32000, {"page_duration": "60000"}),
+    "aac": _CodecSpec("adts", "aac", 64000),
+    # STREAMINFO keeps total_samples=0 ("unknown") since it cannot be rewritten
+    # on a non-seekable stream; decoders then read frames to EOF. Drop the 8 KiB
+    # tag-editing padding block, useless on a stream.
+    "flac": _CodecSpec("flac", "flac", None, {"metadata_header_padding": "0"}),
+}
+
+
+class _Sink:
+    """Write-only, non-seekable memory file: muxers never seek back into bytes
+    that have already been handed out."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out = b"".join(self._chunks)
+        self._chunks.clear()
+        return out
+
+
+class PyAVEncoder(AudioEncoder):
+    """mp3 / Ogg Opus / ADTS AAC / FLAC through one PyAV muxer per stream."""
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+        super().__init__(fmt, sample_rate)
+        spec = _CODECS[fmt]
+        self._sink = _Sink()
+        self._container = av.open(
+            self._sink,
+            mode="w",
+            format=spec.container,
+            # Without flush_packets, packets sit in the 32 KiB AVIO buffer
+            # (mp3 emitted nothing for 2 s of input); with it, each muxed packet
+            # reaches the sink at once.
+            container_options={"flush_packets": "1", **spec.container_options},
+        )
+        try:
+            self._stream = self._container.add_stream(spec.codec, rate=sample_rate, layout="mono")
+            ctx = self._stream.codec_context
+            if spec.bit_rate:
+                ctx.bit_rate = spec.bit_rate
+            self._time_base = Fraction(1, sample_rate)
+            ctx.time_base = self._time_base
+            self._container.start_encoding()  # opens the codec, writes the header
+        except Exception:
+            self._container.close()
+            raise
+        # Codecs take fixed-size frames (mp3 576, opus 480, aac 1024, flac 2304
+        # at 24 kHz); the tail waits here until more audio or close().
+        self._frame_size = ctx.frame_size or 1024
+        self._pending = np.zeros(0, np.int16)
+        self._pts = 0
+
+    def _encode(self, samples: np.ndarray | None) -> None:
+        if samples is None:
+            packets = self._stream.encode(None)
+        else:
+            # PyAV converts s16 to the codec's native format (s32p / flt / fltp).
+            frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
+            frame.sample_rate = self.sample_rate
+            frame.time_base = self._time_base
+            frame.pts = self._pts
+            self._pts += len(samples)
+            packets = self._stream.encode(frame)
+        self._container.mux(packets)
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        buf = np.concatenate((self._pending, samples)) if len(self._pending) else samples
+        n = self._frame_size
+        full = len(buf) - len(buf) % n
+        for start in range(0, full, n):
+            self._encode(buf[start : start + n])
+        self._pending = buf[full:].copy()
+        return self._sink.take()
+
+    def _close(self) -> bytes:
+        try:
+            if len(self._pending):
+                self._encode(self._pending)  # short last frame
+            self._encode(None)  # drain the codec
+        finally:
+            self._container.close()  # trailer (e.g. final Ogg page with EOS)
+        return self._sink.take()
+
+
+def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> AudioEncoder:
+    """A fresh streaming encoder for ``fmt`` (one of AUDIO_FORMATS)."""
+    if fmt == "pcm":
+        return PcmEncoder(fmt, sample_rate)
+    if fmt == "wav":
+        return WavEncoder(fmt, sample_rate)
+    if fmt in _CODECS:
+        return PyAVEncoder(fmt, sample_rate)
+    raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)}")
+
+
+def encode_all(pcm: np.ndarray, fmt: str) -> bytes:
+    """Encode a whole clip in one go."""
+    enc = new_encoder(fmt)
+    return enc.write(pcm) + enc.close()

@@ -1,0 +1,107 @@
+"""Hidden states -> PCM: ChatTTS's Decoder (hidden -> mel) and Vocos (mel -> 24 kHz audio).
+
+Streaming decodes a sliding window instead of ChatTTS's "re-decode everything so far" (O(n^2)):
+each decode sees the new tokens plus ``left_context_tokens`` already-emitted tokens before them,
+and holds back the last ``hold_back_tokens`` (their right context has not arrived yet) until the
+next window or the end. Only the samples of the tokens between the context and the hold-back are
+emitted, so the streamed audio matches a one-shot decode of the same hidden states (the
+convolutions' receptive field beyond the context only adds a small error) and every window is
+bounded in size: total work grows linearly with the utterance.
+
+One GPT token = 2 mel frames = 512 samples; a one-shot decode of T tokens gives 512*T - 256
+samples (Vocos's centred ISTFT), and so does the concatenated stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .config import VocoderConfig
+from .pacing import SAMPLES_PER_TOKEN
+from .weights import LoadedModel
+
+
+class Vocoder:
+    """Stateless decode of hidden states; safe to share between streams (one lock per call)."""
+
+    def __init__(self, model: LoadedModel, config: VocoderConfig = VocoderConfig()):
+        self.model = model
+        self.cfg = config
+        self.decoder = model.chat.decoder
+        self.vocos = model.chat.vocos
+        self.device = model.device
+        # Vocos runs on CPU for mps/npu in ChatTTS; follow the module's own device.
+        self.vocos_device = next(self.vocos.parameters()).device
+        self._lock = threading.Lock()
+        self.window_sizes: list[int] = []  # tokens per decode call (tests check they are bounded)
+
+    @torch.inference_mode()
+    def decode(self, hidden: torch.Tensor) -> np.ndarray:
+        """One-shot decode of (T, 768) hidden states -> float32 PCM of 512*T - 256 samples."""
+        if hidden.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        x = hidden.to(self.device, torch.float32).T.unsqueeze(0)  # (1, 768, T)
+        with self._lock:
+            self.window_sizes.append(int(hidden.shape[0]))
+            if len(self.window_sizes) > 10000:
+                del self.window_sizes[:5000]
+            mel = self.decoder(x)  # (1, 100, 2T)
+            wav = self.vocos.decode(mel.to(self.vocos_device))
+        return wav[0].float().cpu().numpy()
+
+    def stream(self, config: Optional[VocoderConfig] = None) -> "VocoderStream":
+        return VocoderStream(self, config or self.cfg)
+
+
+class VocoderStream:
+    """Per-stream sliding-window state: ``push`` hidden chunks, ``finish`` at the end."""
+
+    def __init__(self, vocoder: Vocoder, cfg: VocoderConfig):
+        self.vocoder = vocoder
+        self.cfg = cfg
+        self._hidden: Optional[torch.Tensor] = None  # tokens kept: left context + not yet emitted
+        self._offset = 0  # absolute index of self._hidden[0]
+        self._emitted = 0  # absolute index of the first token not yet emitted
+        self._total = 0  # tokens received
+        self.samples_out = 0
+
+    def _append(self, hidden: torch.Tensor) -> None:
+        hidden = hidden.detach().to("cpu", torch.float32)
+        self._hidden = hidden if self._hidden is None else torch.cat([self._hidden, hidden])
+        self._total += hidden.shape[0]
+
+    def push(self, hidden: torch.Tensor) -> np.ndarray:
+        """Add (n, 768) hidden states; returns the PCM that is final now (maybe empty)."""
+        if hidden.shape[0]:
+            self._append(hidden)
+        ready = self._total - self.cfg.hold_back_tokens - self._emitted
+        if ready < self.cfg.min_window_tokens:
+            return np.zeros(0, dtype=np.float32)
+        return self._decode_until(self._total - self.cfg.hold_back_tokens, final=False)
+
+    def finish(self) -> np.ndarray:
+        """Emit everything left (the hold-back included)."""
+        if self._total == self._emitted:
+            return np.zeros(0, dtype=np.float32)
+        return self._decode_until(self._total, final=True)
+
+    def _decode_until(self, end: int, final: bool) -> np.ndarray:
+        start = self._emitted
+        ctx_start = max(self._offset, start - self.cfg.left_context_tokens)
+        win_end = self._total  # the hold-back is decoded as right context, not emitted
+        window = self._hidden[ctx_start - self._offset : win_end - self._offset]
+        wav = self.vocoder.decode(window)
+        a = (start - ctx_start) * SAMPLES_PER_TOKEN
+        b = len(wav) if final else (end - ctx_start) * SAMPLES_PER_TOKEN
+        out = wav[a:b]
+        self._emitted = end
+        # Keep only what the next window needs as left context.
+        keep_from = max(self._offset, end - self.cfg.left_context_tokens)
+        self._hidden = self._hidden[keep_from - self._offset :]
+        self._offset = keep_from
+        self.samples_out += len(out)
+        return out

@@ -1,0 +1,405 @@
+"""ChatTTS weights: find real ones, or build random ones in ChatTTS's own asset layout.
+
+Every source ends in the same call, ``ChatTTS.Chat._load(**asset_paths)``, so random weights
+exercise exactly the loading code that real weights do. ``Chat.load(source="custom")`` is not
+used for them because it checks the SHA-256 sums of the published assets.
+
+Random weights (``random`` full size, ``random-tiny`` with a 2-layer GPT and shallow decoder and
+vocoder) are built once per (kind, seed, layout version) into the cache directory, under a file
+lock and with an atomic rename, so replicas starting together neither clash nor read a
+half-written tree. A manifest ``chattts_serve.json`` beside ``asset/`` records the config
+overrides the tiny variant needs; real weights have no manifest and load with ChatTTS's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from .config import ModelConfig, WeightsConfig
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "chattts_serve.json"
+LAYOUT_VERSION = 1
+NUM_TEXT_TOKENS = 21178
+
+# Size overrides of ChatTTS's Config for the tiny variant. The GPT keeps hidden size 768:
+# the speaker statistics (spk_stat) and the decoder input are tied to it.
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "gpt": {"num_hidden_layers": 2, "intermediate_size": 1024},
+    "decoder": {"n_layer": 2},
+    "dvae.decoder": {"n_layer": 2},
+    "dvae.encoder": {"n_layer": 2},
+    "vocos.backbone.init_args": {"num_layers": 2, "intermediate_dim": 512},
+}
+
+# ChatTTS's control and structure tokens (they are added tokens of its BERT tokenizer, never split).
+CHATTTS_SPECIAL_TOKENS: list[str] = (
+    ["[Sbreak]", "[Pbreak]", "[Stts]", "[Ptts]", "[Ebreak]", "[Sasr]", "[Pasr]", "[Easr]"]
+    + ["[spk_emb]", "[empty_spk]", "[music]", "[pure]", "[uv_break]", "[v_break]", "[lbreak]"]
+    + [f"[break_{i}]" for i in range(8)]
+    + [f"[laugh_{i}]" for i in range(3)]
+    + [f"[oral_{i}]" for i in range(10)]
+    + [f"[speed_{i}]" for i in range(10)]
+)
+BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+WeightsKind = Literal["real", "random"]
+
+
+@dataclass(frozen=True)
+class ResolvedWeights:
+    """Where the assets are and what they are."""
+
+    source: str  # the source that was actually used
+    root: Path  # directory holding asset/
+    kind: WeightsKind
+    weights_id: str  # stable id of these weights (cache keys use it)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def asset_paths(self) -> dict[str, str]:
+        from ChatTTS.config.config import Path as AssetPaths
+
+        return {k: str(self.root / v) for k, v in asdict(AssetPaths()).items()}
+
+
+# --------------------------------------------------------------------------- random weights
+
+
+def build_vocab() -> list[str]:
+    """A 21178-entry BERT vocabulary: specials, ASCII, CJK, word pieces, ChatTTS's tokens.
+
+    The real vocabulary is bert-base-chinese plus ChatTTS's tokens; this one has the same size
+    and the same special tokens, so tokenizing a Chinese/English text behaves alike.
+    """
+    vocab: list[str] = list(BERT_SPECIAL_TOKENS)
+    ascii_chars = [chr(c) for c in range(33, 127)]
+    vocab += ascii_chars
+    vocab += ["##" + c for c in ascii_chars if c.isalnum()]
+    vocab += [chr(c) for c in range(0x3001, 0x3012)]  # CJK punctuation 、。〈〉《》「」『』【】
+    vocab += [chr(c) for c in range(0xFF01, 0xFF5F) if not chr(c).isalnum()]  # full-width punct.
+    vocab += [chr(c) for c in range(0x4E00, 0x9FA6)]  # CJK unified ideographs
+    seen = set(vocab)
+    vocab += [t for t in CHATTTS_SPECIAL_TOKENS if t not in seen]
+    n_fill = NUM_TEXT_TOKENS - len(vocab)
+    if n_fill < 0:
+        raise AssertionError(f"vocabulary too large: {len(vocab)}")
+    vocab += [f"[unused{i}]" for i in range(n_fill)]
+    return vocab
+
+
+def _save_tokenizer(directory: Path) -> None:
+    from transformers import BertTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(build_vocab())}
+    tok = BertTokenizerFast(vocab=vocab, do_lower_case=False, tokenize_chinese_chars=True)
+    # Registering them as additional special tokens keeps their ids (they are in the vocab)
+    # and stops the BERT pre-tokenizer from splitting "[uv_break]" into pieces.
+    tok.add_special_tokens({"additional_special_tokens": CHATTTS_SPECIAL_TOKENS})
+    if len(tok) != NUM_TEXT_TOKENS:
+        raise AssertionError(f"tokenizer has {len(tok)} entries, expected {NUM_TEXT_TOKENS}")
+    tok.save_pretrained(str(directory))
+
+
+def _apply_overrides(config: Any, overrides: dict[str, dict[str, Any]]) -> None:
+    """Set attributes on ChatTTS's nested Config dataclasses from dotted paths."""
+    for dotted, values in overrides.items():
+        target = config
+        for part in dotted.split("."):
+            target = getattr(target, part)
+        for key, value in values.items():
+            if not hasattr(target, key):
+                raise KeyError(f"ChatTTS config {dotted} has no field {key!r}")
+            setattr(target, key, value)
+
+
+def _fresh_chattts_config(overrides: dict[str, dict[str, Any]]) -> Any:
+    """A ChatTTS Config with overrides applied; its nested defaults are shared class-level
+    instances, so deep-copy before touching them."""
+    import copy
+
+    from ChatTTS.config import Config
+
+    cfg = copy.deepcopy(Config())
+    _apply_overrides(cfg, overrides)
+    return cfg
+
+
+def _write_random_assets(asset: Path, overrides: dict[str, dict[str, Any]], seed: int) -> None:
+    import torch
+    from ChatTTS.model import DVAE, Embed
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaModel
+    from vocos import Vocos
+    from vocos.pretrained import instantiate_class
+
+    cfg = _fresh_chattts_config(overrides)
+    asset.mkdir(parents=True)
+
+    def save(module: torch.nn.Module, name: str) -> None:
+        state = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
+        save_file(state, str(asset / name))
+
+    # Module constructors draw from torch's global RNG: fork it so building never disturbs the
+    # caller's random state, and seed it so a (kind, seed) always gives the same weights.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vocos = Vocos(
+            feature_extractor=instantiate_class(args=(), init=asdict(cfg.vocos.feature_extractor)),
+            backbone=instantiate_class(args=(), init=asdict(cfg.vocos.backbone)),
+            head=instantiate_class(args=(), init=asdict(cfg.vocos.head)),
+        )
+        save(vocos, "Vocos.safetensors")
+        dvae = DVAE(
+            decoder_config=asdict(cfg.dvae.decoder),
+            encoder_config=asdict(cfg.dvae.encoder),
+            vq_config=asdict(cfg.dvae.vq),
+            dim=cfg.dvae.decoder.idim,
+        )
+        save(dvae, "DVAE.safetensors")
+        decoder = DVAE(decoder_config=asdict(cfg.decoder), dim=cfg.decoder.idim)
+        # Both DVAEs share one coefficient vector in the real assets (the loader passes it on).
+        decoder.coef.copy_(dvae.coef)
+        save(decoder, "Decoder.safetensors")
+        embed = Embed(
+            cfg.embed.hidden_size,
+            cfg.embed.num_audio_tokens,
+            cfg.embed.num_text_tokens,
+            cfg.embed.num_vq,
+        )
+        save(embed, "Embed.safetensors")
+        g = asdict(cfg.gpt)
+        llama_cfg = LlamaConfig(
+            hidden_size=g["hidden_size"],
+            intermediate_size=g["intermediate_size"],
+            num_attention_heads=g["num_attention_heads"],
+            num_key_value_heads=g["num_attention_heads"],
+            num_hidden_layers=g["num_hidden_layers"],
+            max_position_embeddings=g["max_position_embeddings"],
+            # ChatTTS deletes embed_tokens after loading (it embeds with Embed): keep it tiny.
+            vocab_size=8,
+            use_cache=False,
+        )
+        gpt = LlamaModel(llama_cfg)
+        gpt.save_pretrained(str(asset / "gpt"))
+    _save_tokenizer(asset / "tokenizer")
+
+
+def random_weights_key(kind: str, seed: int) -> str:
+    blob = json.dumps(
+        {"kind": kind, "seed": seed, "layout": LAYOUT_VERSION, "overrides": _overrides_for(kind)},
+        sort_keys=True,
+    )
+    return f"{kind}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _overrides_for(kind: str) -> dict[str, dict[str, Any]]:
+    if kind == "random-tiny":
+        return TINY_OVERRIDES
+    if kind == "random":
+        return {}
+    raise ValueError(f"not a random weights kind: {kind!r}")
+
+
+def build_random_weights(kind: str, cache_dir: Path, seed: int = 0) -> Path:
+    """Build (once) and return the root of random weights of ``kind``.
+
+    Concurrent callers (processes or threads) serialise on a lock file; the tree is written to a
+    temporary sibling and renamed into place, so a reader sees all of it or nothing.
+    """
+    overrides = _overrides_for(kind)
+    key = random_weights_key(kind, seed)
+    cache_dir = Path(cache_dir)
+    final = cache_dir / key
+    if (final / MANIFEST).is_file():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (final / MANIFEST).is_file():  # another process built it while we waited
+                return final
+            tmp = cache_dir / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            t0 = time.perf_counter()
+            try:
+                _write_random_assets(tmp / "asset", overrides, seed)
+                manifest = {
+                    "kind": kind,
+                    "seed": seed,
+                    "layout": LAYOUT_VERSION,
+                    "overrides": overrides,
+                    "weights_id": key,
+                }
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+                if final.exists():  # a stale, incomplete tree without manifest
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+            log.warning(
+                "built %s ChatTTS weights (RANDOM, not a real voice) in %.1fs at %s",
+                kind,
+                time.perf_counter() - t0,
+                final,
+            )
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return final
+
+
+# --------------------------------------------------------------------------- resolving a source
+
+
+def _asset_root(path: Path) -> Path:
+    """Accept either the directory holding asset/ or asset/ itself."""
+    path = path.expanduser()
+    if (path / "asset").is_dir():
+        return path
+    if path.name == "asset" and path.is_dir():
+        return path.parent
+    raise FileNotFoundError(f"no ChatTTS asset directory under {path}")
+
+
+def _hub_snapshot() -> Optional[Path]:
+    """The newest cached snapshot of 2Noise/ChatTTS, as ChatTTS's own loader finds it."""
+    hf_home = Path(os.getenv("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    snaps = hf_home / "hub" / "models--2Noise--ChatTTS" / "snapshots"
+    if not snaps.is_dir():
+        return None
+    found = [p for p in snaps.iterdir() if (p / "asset" / "gpt").is_dir()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _download_from_hub(timeout_s: float) -> Optional[Path]:
+    """ChatTTS's download (snapshot_download of the published files), bounded in time."""
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(timeout_s)))
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(timeout_s)))
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(
+            repo_id="2Noise/ChatTTS", allow_patterns=["*.yaml", "*.json", "*.safetensors"]
+        )
+    except Exception as exc:  # noqa: BLE001 - any hub failure means "not available"
+        log.warning("ChatTTS weights not reachable on the hub: %s", exc.__class__.__name__)
+        return None
+    return Path(path)
+
+
+def _real_weights_id(root: Path) -> str:
+    h = hashlib.sha256()
+    for rel in ("asset/gpt/config.json", "asset/gpt/model.safetensors", "asset/Decoder.safetensors"):
+        p = root / rel
+        h.update(rel.encode())
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{st.st_size}:{int(st.st_mtime)}".encode())
+    return "real-" + h.hexdigest()[:12]
+
+
+def _from_root(root: Path, source: str) -> ResolvedWeights:
+    manifest = root / MANIFEST
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        return ResolvedWeights(source, root, "random", m["weights_id"], m.get("overrides", {}))
+    return ResolvedWeights(source, root, "real", _real_weights_id(root))
+
+
+def resolve_weights(cfg: WeightsConfig) -> ResolvedWeights:
+    """Find (or build) the weights a config asks for. Applies the CHATTTS_WEIGHTS override."""
+    cfg = cfg.resolved()
+    src = cfg.source
+    if src in ("random", "random-tiny"):
+        return _from_root(build_random_weights(src, cfg.cache_path, cfg.seed), src)
+    if src == "local":
+        if not cfg.path:
+            raise ValueError("weights source 'local' needs a path")
+        return _from_root(_asset_root(Path(cfg.path)), "local")
+    if src == "huggingface":
+        snap = _hub_snapshot() or _download_from_hub(cfg.hub_timeout_s)
+        if snap is None:
+            raise RuntimeError("ChatTTS weights are neither in the hub cache nor downloadable")
+        return _from_root(_asset_root(snap), "huggingface")
+    # auto: local path, hub cache, hub, then random (loudly).
+    if cfg.path:
+        with contextlib.suppress(FileNotFoundError):
+            return _from_root(_asset_root(Path(cfg.path)), "local")
+        log.warning("weights path %s has no ChatTTS assets; trying the hub", cfg.path)
+    snap = _hub_snapshot()
+    if snap is None and not os.environ.get("HF_HUB_OFFLINE"):
+        snap = _download_from_hub(cfg.hub_timeout_s)
+    if snap is not None:
+        return _from_root(_asset_root(snap), "huggingface")
+    log.warning(
+        "NO REAL ChatTTS WEIGHTS FOUND: serving RANDOM weights (noise, not speech). "
+        "Put real weights in the hub cache or set weights.path / CHATTTS_WEIGHTS_PATH."
+    )
+    return _from_root(build_random_weights("random", cfg.cache_path, cfg.seed), "random")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def select_device(name: str) -> "Any":
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+@dataclass
+class LoadedModel:
+    """A loaded ChatTTS ``Chat`` plus what the engine needs to know about it."""
+
+    chat: Any  # ChatTTS.Chat
+    weights: ResolvedWeights
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype of the GPT
+    load_seconds: float
+
+    @property
+    def is_random(self) -> bool:
+        return self.weights.kind == "random"
+
+
+def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> LoadedModel:
+    """Resolve the weights and load them with ChatTTS's own ``Chat._load``."""
+    import torch
+    import ChatTTS
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    t0 = time.perf_counter()
+    weights = resolve_weights(cfg.weights)
+    device = select_device(cfg.device)
+    chat = ChatTTS.Chat(logger or logging.getLogger("ChatTTS"))
+    # Chat's nested config defaults are class-level singletons: overriding them in place would
+    # leak into every later Chat, so the overrides go onto a private deep copy.
+    chat.config = _fresh_chattts_config(weights.overrides) if weights.overrides else chat.config
+    ok = chat._load(device=device, compile=False, **weights.asset_paths)
+    if not ok:
+        raise RuntimeError(f"ChatTTS failed to load weights from {weights.root}")
+    dtype = getattr(torch, cfg.dtype)
+    if dtype != torch.float32:
+        if device.type == "cpu":
+            log.warning("dtype %s on CPU is slow; consider float32", cfg.dtype)
+        chat.gpt.gpt.to(dtype=dtype)
+    elapsed = time.perf_counter() - t0
+    log.info("loaded %s weights (%s) on %s in %.1fs", weights.kind, weights.source, device, elapsed)
+    return LoadedModel(chat, weights, device, dtype, elapsed)
