@@ -19,6 +19,7 @@ No Ray, no HTTP.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -57,8 +58,9 @@ class SegmentRequest:
     text: str
     spk_emb: Optional[str]
     seed: int
-    max_new_tokens: int
-    min_new_tokens: int = 1
+    max_new_tokens: int  # hard cap, real or random weights
+    min_new_tokens: int = 1  # end-of-speech is masked before this many tokens
+    target_tokens: Optional[int] = None  # random weights: the segment's length (see pacing.py)
     prompt: str = "[speed_5]"
     temperature: float = 0.3
     top_p: float = 0.7
@@ -220,6 +222,10 @@ class AcousticEngine:
 
     def submit(self, req: SegmentRequest, loop: Optional[asyncio.AbstractEventLoop] = None) -> RowStream:
         """Queue a segment; chunks arrive on the returned stream. Pass ``loop`` to iterate async."""
+        if self.model.is_random and req.target_tokens:
+            # Random weights never say end-of-speech: stop at the text's expected length.
+            n = min(req.target_tokens, req.max_new_tokens)
+            req = dataclasses.replace(req, min_new_tokens=n, max_new_tokens=n)
         stream = RowStream(next(self._seq), loop)
         gen = torch.Generator(device="cpu").manual_seed(int(req.seed))
         row = _Row(req=req, stream=stream, generator=gen)

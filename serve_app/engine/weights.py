@@ -219,6 +219,9 @@ def build_random_weights(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     Concurrent callers (processes or threads) serialise on a lock file; the tree is written to a
     temporary sibling and renamed into place, so a reader sees all of it or nothing.
     """
+    from .quiet import quiet_libraries
+
+    quiet_libraries()
     overrides = _overrides_for(kind)
     key = random_weights_key(kind, seed)
     cache_dir = Path(cache_dir)
@@ -383,6 +386,9 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
     import torch
     import ChatTTS
 
+    from .quiet import quiet_libraries
+
+    quiet_libraries()
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     t0 = time.perf_counter()

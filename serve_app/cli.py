@@ -1,0 +1,128 @@
+"""``chattts-serve``: speak a line to a file (in-process or through a running server), build weights."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+
+
+def _format_for(path: str, fmt: Optional[str]) -> str:
+    if fmt:
+        return fmt
+    suffix = Path(path).suffix.lstrip(".").lower()
+    return {"ogg": "opus", "raw": "pcm", "m4a": "aac"}.get(suffix, suffix if suffix in FORMATS else "wav")
+
+
+def _say_local(args: argparse.Namespace, fmt: str) -> int:
+    from tqdm import tqdm
+
+    from .engine.acoustic import AcousticEngine
+    from .engine.config import EngineConfig, ModelConfig, WeightsConfig
+    from .engine.pipeline import AudioAssembler, Planner, SynthesisOptions, ordered_chunks
+    from .engine.vocoder import Vocoder
+    from .engine.weights import load_model
+
+    weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
+    cfg = EngineConfig(model=ModelConfig(weights=weights, device=args.device))
+    model = load_model(cfg.model)
+    if model.is_random:
+        print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
+    planner = Planner(model.chat.speaker, cfg.segments)
+    engine = AcousticEngine(model, cfg.acoustic)
+    vocoder = Vocoder(model, cfg.vocoder)
+    opts = SynthesisOptions(voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang)
+    plan = planner.plan(args.text, opts)
+    streams = [engine.submit(r) for r in plan.segments]
+    engine.start()
+    assembler = AudioAssembler(vocoder, fmt)
+    total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)
+    t0 = time.perf_counter()
+    with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
+        for seg, chunk in ordered_chunks(streams):
+            out.write(assembler.feed(seg, chunk))
+            bar.update(chunk.hidden.shape[0])
+        out.write(assembler.close())
+    engine.stop()
+    seconds = assembler.samples / 24000
+    elapsed = time.perf_counter() - t0
+    print(
+        f"wrote {args.output}: {seconds:.2f} s of audio ({fmt}) in {elapsed:.2f} s, "
+        f"{len(plan.segments)} segment(s), voice {plan.voice.name}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _say_remote(args: argparse.Namespace, fmt: str) -> int:
+    from .client import SpeechClient
+
+    with SpeechClient(args.url, api_key=args.api_key) as client:
+        info = client.speak_to_file(
+            args.text, args.output, voice=args.voice, response_format=fmt, speed=args.speed, seed=args.seed
+        )
+    print(f"wrote {args.output}: {info.bytes} bytes, first byte after {info.ttfb_s:.3f} s, total {info.total_s:.3f} s", file=sys.stderr)
+    return 0
+
+
+def _weights_build(args: argparse.Namespace) -> int:
+    from .engine.config import WeightsConfig
+    from .engine.weights import build_random_weights
+
+    t0 = time.perf_counter()
+    path = build_random_weights(args.source, WeightsConfig(cache_dir=args.dir).cache_path, args.seed)
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    print(path)
+    print(f"{args.source}: {size / 1e6:.0f} MB, ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="chattts-serve", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    say = sub.add_parser("say", help="synthesise TEXT to a file")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", required=True)
+    say.add_argument("--voice", default="alloy", help="OpenAI voice name, seed:<n> or a ChatTTS speaker string")
+    say.add_argument("--seed", type=int, default=None)
+    say.add_argument("--speed", type=float, default=1.0)
+    say.add_argument("--lang", choices=("zh", "en"), default=None)
+    say.add_argument("--format", choices=FORMATS, default=None, help="default: from the file suffix")
+    say.add_argument("--weights", choices=("auto", "huggingface", "local", "random", "random-tiny"), default=None,
+                     help="weights source (in-process only; CHATTTS_WEIGHTS overrides)")
+    say.add_argument("--weights-path", default=None, help="asset directory for --weights local")
+    say.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
+    say.add_argument("--url", default=None, help="speak through a running server instead of in-process")
+    say.add_argument("--api-key", default=None)
+
+    weights = sub.add_parser("weights", help="weights tools")
+    wsub = weights.add_subparsers(dest="weights_command", required=True)
+    build = wsub.add_parser("build", help="build random weights in ChatTTS's asset layout")
+    build.add_argument("--source", choices=("random", "random-tiny"), required=True)
+    build.add_argument("--dir", default=None, help="cache directory (default ~/.cache/chattts-serve)")
+    build.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .engine.quiet import quiet_libraries
+
+    quiet_libraries()
+    if args.command == "say":
+        fmt = _format_for(args.output, args.format)
+        return _say_remote(args, fmt) if args.url else _say_local(args, fmt)
+    if args.command == "weights":
+        return _weights_build(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

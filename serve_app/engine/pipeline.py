@@ -1,0 +1,207 @@
+"""The synthesis pipeline as plain Python: plan segments, decode, vocode, encode.
+
+``Planner`` (text front end + voices + pacing) turns one request into segment requests;
+``AudioAssembler`` turns a request's ordered hidden-state chunks into encoded bytes;
+``Synthesizer`` wires them to an ``AcousticEngine`` in one process (CLI, tests, benchmarks).
+The Ray Serve deployments use the same pieces, one per stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Optional
+
+import numpy as np
+
+from .acoustic import AcousticEngine, HiddenChunk, RowStream, SegmentRequest
+from .audio import AudioEncoder, new_encoder
+from .config import EngineConfig, SegmentLimits, VocoderConfig
+from .pacing import expected_tokens, max_new_tokens, speed_tag_level
+from .text import TextFrontend
+from .vocoder import Vocoder, VocoderStream
+from .voices import MAX_SEED, Voice, VoiceResolver
+
+log = logging.getLogger(__name__)
+
+
+class EmptyInputError(ValueError):
+    """The text has nothing speakable (only punctuation, tags or whitespace)."""
+
+
+@dataclass
+class SynthesisOptions:
+    """What a caller may choose about one synthesis (the HTTP/handle layer validates ranges)."""
+
+    voice: str = "alloy"
+    seed: Optional[int] = None
+    speed: float = 1.0
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    prompt: str = ""  # ChatTTS control tags, e.g. "[oral_2][laugh_0][break_6]"
+    normalize: bool = True
+    lang: Optional[str] = None
+    priority: int = 0
+
+
+@dataclass
+class Plan:
+    voice: Voice
+    segments: list[SegmentRequest]
+    texts: list[str]  # the normalised segment texts
+
+
+def segment_seed(seed: int, index: int) -> int:
+    """Each segment of a request gets its own, reproducible seed."""
+    return (seed + index * 7919) % (MAX_SEED + 1)
+
+
+class Planner:
+    """Text -> segment requests. Needs only the speaker statistics, not the GPT weights."""
+
+    def __init__(self, speaker, limits: SegmentLimits = SegmentLimits(), frontend: Optional[TextFrontend] = None):
+        self.limits = limits
+        self.frontend = frontend or TextFrontend()
+        self.voices = VoiceResolver(speaker)
+
+    def warmup(self) -> None:
+        self.frontend.warmup()
+
+    def plan(self, text: str, opts: SynthesisOptions) -> Plan:
+        voice = self.voices.resolve(opts.voice)
+        segments = self.frontend.process(
+            text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars
+        )
+        if not segments:
+            raise EmptyInputError("input has nothing to speak (only punctuation, tags or whitespace)")
+        level = speed_tag_level(opts.speed)
+        prompt = f"[speed_{level}]{opts.prompt}"
+        seed = opts.seed if opts.seed is not None else (voice.seed if voice.seed is not None else 0)
+        reqs = [
+            SegmentRequest(
+                text=seg.text,
+                spk_emb=voice.spk_emb,
+                seed=segment_seed(seed, i),
+                target_tokens=expected_tokens(seg.text, level),
+                max_new_tokens=max_new_tokens(seg.text, self.limits, level),
+                prompt=prompt,
+                temperature=opts.temperature,
+                top_p=opts.top_p,
+                top_k=opts.top_k,
+                priority=opts.priority,
+            )
+            for i, seg in enumerate(segments)
+        ]
+        return Plan(voice, reqs, [s.text for s in segments])
+
+
+class AudioAssembler:
+    """Ordered hidden chunks of a request's segments -> encoded audio bytes, as they come.
+
+    One sliding-window vocoder stream per segment (segments are independent utterances) and
+    one encoder for the whole response.
+    """
+
+    def __init__(self, vocoder: Vocoder, fmt: str, vocoder_cfg: Optional[VocoderConfig] = None):
+        self.vocoder = vocoder
+        self.vocoder_cfg = vocoder_cfg
+        self.encoder: AudioEncoder = new_encoder(fmt)
+        self._stream: Optional[VocoderStream] = None
+        self._segment: Optional[int] = None
+        self.samples = 0
+
+    def feed(self, segment: int, chunk: HiddenChunk) -> bytes:
+        out = b""
+        if segment != self._segment:
+            out += self._end_segment()
+            self._segment = segment
+            self._stream = self.vocoder.stream(self.vocoder_cfg)
+        pcm = self._stream.push(chunk.hidden)
+        if chunk.final:
+            pcm = np.concatenate([pcm, self._stream.finish()])
+            self._stream = None
+        return out + self._encode(pcm)
+
+    def _end_segment(self) -> bytes:
+        if self._stream is None:
+            return b""
+        pcm = self._stream.finish()
+        self._stream = None
+        return self._encode(pcm)
+
+    def _encode(self, pcm: np.ndarray) -> bytes:
+        if not len(pcm):
+            return b""
+        self.samples += len(pcm)
+        return self.encoder.write(pcm)
+
+    def close(self) -> bytes:
+        return self._end_segment() + self.encoder.close()
+
+
+def ordered_chunks(streams: list[RowStream]) -> Iterator[tuple[int, HiddenChunk]]:
+    """Chunks of several rows, segment by segment (later rows decode meanwhile and queue up)."""
+    try:
+        for i, stream in enumerate(streams):
+            for chunk in stream:
+                yield i, chunk
+    finally:
+        for stream in streams:
+            stream.cancel()
+
+
+async def aordered_chunks(streams: list[RowStream]) -> AsyncIterator[tuple[int, HiddenChunk]]:
+    try:
+        for i, stream in enumerate(streams):
+            async for chunk in stream:
+                yield i, chunk
+    finally:
+        for stream in streams:
+            stream.cancel()
+
+
+class Synthesizer:
+    """Everything in one process: text in, encoded audio bytes out (streamed)."""
+
+    def __init__(self, config: EngineConfig = EngineConfig(), model=None):
+        from .weights import load_model
+
+        self.config = config
+        self.model = model or load_model(config.model)
+        self.planner = Planner(self.model.chat.speaker, config.segments)
+        self.engine = AcousticEngine(self.model, config.acoustic)
+        self.vocoder = Vocoder(self.model, config.vocoder)
+        self.engine.start()
+
+    def close(self) -> None:
+        self.engine.stop()
+
+    def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> Iterator[bytes]:
+        plan = self.planner.plan(text, opts)
+        assembler = AudioAssembler(self.vocoder, fmt)
+        streams = [self.engine.submit(r) for r in plan.segments]
+        for seg, chunk in ordered_chunks(streams):
+            data = assembler.feed(seg, chunk)
+            if data:
+                yield data
+        tail = assembler.close()
+        if tail:
+            yield tail
+
+    async def astream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> AsyncIterator[bytes]:
+        plan = self.planner.plan(text, opts)
+        assembler = AudioAssembler(self.vocoder, fmt)
+        loop = asyncio.get_running_loop()
+        streams = [self.engine.submit(r, loop=loop) for r in plan.segments]
+        async for seg, chunk in aordered_chunks(streams):
+            data = await asyncio.to_thread(assembler.feed, seg, chunk)
+            if data:
+                yield data
+        tail = assembler.close()
+        if tail:
+            yield tail
+
+    def synthesize(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> bytes:
+        return b"".join(self.stream(text, fmt, opts))
