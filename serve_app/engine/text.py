@@ -37,6 +37,7 @@ import re
 import threading
 import time
 import unicodedata
+import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Literal, Match, Optional, Pattern, Sequence, Tuple
 
@@ -72,7 +73,7 @@ _TAG_SPLIT_RE = re.compile("(" + _TAG_PATTERN + ")")
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RE = re.compile(f"[{_CJK}]")
 _LATIN_WORD_RE = re.compile(r"[A-Za-z]+")
-_SPEAKABLE_RE = re.compile(f"[{_CJK}A-Za-z0-9]")
+_SPEAKABLE_RE = re.compile(f"[{_CJK}A-Za-z0-9０-９Ａ-Ｚａ-ｚ]")  # full-width: normalised later
 _WS_RE = re.compile(r"\s+")
 
 # Sentence ends (。！？.!? and newlines), clause breaks, closing quotes/brackets
@@ -539,7 +540,7 @@ def _en_time(m: Match[str]) -> str:
         return m.group()
     out = en_integer(int(h))
     if int(mi) == 0 and not s:
-        out += "" if ampm else " o'clock"
+        out += "" if ampm else " o clock"  # ChatTTS drops the apostrophe of o'clock
     elif mi.startswith("0"):
         out += " oh " + en_integer(int(mi))
     else:
@@ -627,7 +628,7 @@ def _en_decade(m: Match[str]) -> str:
 
 _YEAR_CONTEXT = r"in|since|by|from|until|till|through|during|before|after|around|circa|year|early|late|mid"
 _EN_YEAR_RE = re.compile(
-    rf"(?i)(?<![A-Za-z])((?:{_YEAR_CONTEXT})\s+)(\d{{4}})(?![\d%]|\.\d|\s?%)"
+    rf"(?i)(?<![A-Za-z])((?:{_YEAR_CONTEXT})\s+)(\d{{4}})(?![\d%]|\.\d|\s?%|\s?[-–~]\s?\d)"
     rf"|(?<![\d.])(\d{{4}})(?=\s?(?:AD|BC|BCE|CE)(?![A-Za-z]))"
 )
 
@@ -720,8 +721,7 @@ _EN_RULES: Tuple[Tuple[Pattern[str], Callable[[Match[str]], str]], ...] = (
     (_PHONE_RE, _en_phone),
     (_MONEY_RE, _en_money),
     (_UNIT_RE, _en_unit),
-    (re.compile(r"(?<![\d.'])(1[0-9]|20)?(\d0)s(?![A-Za-z])|(?<=')(\d0)s(?![A-Za-z])"),
-     lambda m: _en_decade(re.match(r"(1[0-9]|20)?(\d0)", m.group(0).lstrip("'")))),
+    (re.compile(r"(?<![\d.])'?(1[0-9]|20)?(\d0)s(?![A-Za-z])"), _en_decade),  # 1990s, '80s
     (_EN_YEAR_RE, _en_year_ctx),
     (_ORDINAL_RE, lambda m: _pad(en_ordinal(int(m.group(1))))),
     (_RANGE_RE, _en_range),
@@ -900,8 +900,26 @@ def split_segments(text: str, max_chars: int = 120) -> List[str]:
     text = _sanitize(text)
     if not is_speakable(text):
         return []
-    pieces = [fitted for sentence in _split_sentences(text) for fitted in _fit(sentence, max_chars)]
-    return _absorb_unspeakable(_pack(pieces, max_chars), max_chars)
+    segments: List[str] = []
+    current = ""
+    for sentence in _split_sentences(text):
+        chunks = _pack(_fit(sentence, max_chars), max_chars)
+        if len(chunks) == 1 and (not current.strip() or text_length(current + sentence) <= max_chars):
+            current += sentence  # short sentences merge greedily
+            continue
+        if current.strip():
+            segments.append(current)
+        # A sentence cut at commas starts its own segment (the cut before it stays at the
+        # sentence end); its last chunk may still take in the short sentences after it.
+        if len(chunks) > 1:
+            segments.extend(chunks[:-1])
+            current = chunks[-1] if chunks else ""
+        else:
+            current = sentence
+    if current.strip():
+        segments.append(current)
+    segments = [_WS_RE.sub(" ", s).strip() for s in segments]
+    return _absorb_unspeakable(segments, max_chars)
 
 
 # --------------------------------------------------------------------------- #
@@ -915,7 +933,8 @@ class Segment:
     lang: Lang
 
 
-_FINAL_PUNCT_RUN_RE = re.compile(r"[，、,]+(?=[。.])|(?<=[，。、,.])[\s，、,]+")
+# Commas right after another mark add nothing ("，，" / "。，" / ", ,").
+_FINAL_PUNCT_RUN_RE = re.compile(r"[，、,]+(?=[。.])|(?<=[，。、,.])\s*[，、,]+")
 _LEADING_PUNCT_RE = re.compile(r"^[\s，。、,.]+")
 
 
@@ -923,6 +942,7 @@ def _tidy(text: str) -> str:
     text = _WS_RE.sub(" ", text)
     text = re.sub(r" +(?=[，。、,.])", "", text)
     text = _FINAL_PUNCT_RUN_RE.sub("", text)
+    text = re.sub(r"(?<=[,.])(?=[A-Za-z])", " ", text)  # "(approx.)" left "cents,approximately"
     return _LEADING_PUNCT_RE.sub("", text).strip()
 
 
@@ -964,9 +984,12 @@ class TextFrontend:
         start = time.perf_counter()
         samples = (("你好[uv_break]，价格是$20。", "zh"), ("行不行", "zh"),
                    ("Hello [laugh] world 3.5%.", "en"), ("plain text", "en"))
-        for sample, lang in samples:
-            self.normalize(sample, lang=lang)
-            self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)
+        with warnings.catch_warnings():
+            # numba warns (once, while compiling ChatTTS's helpers) about reflected lists.
+            warnings.filterwarnings("ignore", message=r"(?s).*reflected list")
+            for sample, lang in samples:
+                self.normalize(sample, lang=lang)
+                self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)
         self._warm = True
         elapsed = time.perf_counter() - start
         logger.info("text front end warm-up took %.2fs", elapsed)
@@ -1028,11 +1051,12 @@ class TextFrontend:
         _check_max_chars(max_chars)
         segments: List[Segment] = []
         for raw in split_segments(text, max_chars):
-            seg_lang: Lang = lang or detect_language(raw)  # type: ignore[assignment]
             normed = self.normalize(raw, lang=lang, do_normalize=normalize)
             if not normed:
                 continue
             parts = [normed] if text_length(normed) <= max_chars else split_segments(normed, max_chars)
-            segments.extend(Segment(text=p, lang=seg_lang) for p in parts)
+            # Detected on the normalised text: numbers are words by now, in the
+            # language they were normalised in.
+            segments.extend(Segment(text=p, lang=lang or detect_language(p)) for p in parts)  # type: ignore[arg-type]
         logger.debug("text front end produced %d segment(s) from %d chars", len(segments), len(text))
         return segments

@@ -1,0 +1,133 @@
+"""Acoustic stage (GPU when there is one): ChatTTS's GPT as one continuously batched decode loop.
+
+``@serve.batch`` is the admission window: requests that arrive within ``batch_wait_timeout_s``
+are submitted to the engine together (and so prefilled and merged in the same step). The engine
+runs its decode loop on its own thread, admits new rows between steps and streams each
+request's hidden-state chunks as they are ready; the per-request ``stream`` method forwards
+them, segment after segment. A disconnected caller cancels its rows at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+import numpy as np
+from pydantic import BaseModel, Field
+from ray import serve
+
+from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentRequest
+from serve_app.engine.config import AcousticConfig, ModelConfig
+from serve_app.engine.pipeline import aordered_chunks
+from serve_app.engine.weights import load_model
+from serve_app.protocol import APIError
+
+log = logging.getLogger("ray.serve")
+
+
+class AcousticUserConfig(BaseModel):
+    """Runtime-tunable knobs (Serve ``user_config``: applied without restarting replicas)."""
+
+    max_batch_size: int = Field(default=8, ge=1, le=64)
+    batch_wait_timeout_s: float = Field(default=0.05, ge=0.0, le=2.0)
+    max_rows: Optional[int] = Field(default=None, ge=1)
+    first_chunk_tokens: Optional[int] = Field(default=None, ge=1)
+    chunk_tokens: Optional[int] = Field(default=None, ge=1)
+    continuous: Optional[bool] = None
+
+
+@dataclass
+class WireChunk:
+    """A hidden-state chunk on the wire: fp16 halves the bytes between stages."""
+
+    segment: int
+    hidden: np.ndarray  # (n, 768) float16
+    final: bool
+    finish_reason: Optional[str] = None
+
+
+# max_ongoing_requests must exceed max_batch_size (default 5 would cap every batch at 5) and
+# leave room for requests that stream while the next batch forms. Autoscale on ongoing
+# requests per replica: 12 ~ a full batch of 8 plus a window's worth of arrivals.
+@serve.deployment(
+    ray_actor_options={"num_cpus": 1},
+    max_ongoing_requests=48,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 12},
+    health_check_period_s=10,
+)
+class Acoustic:
+    def __init__(self, model: dict | None = None, acoustic: dict | None = None):
+        t0 = time.perf_counter()
+        self.model = load_model(ModelConfig.model_validate(model or {}))
+        self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
+        self.engine.start()
+        self._warmup()
+        log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
+
+    def _warmup(self) -> None:
+        from serve_app.engine.voices import OPENAI_VOICES, speaker_from_seed
+
+        spk = speaker_from_seed(self.model.chat.speaker, OPENAI_VOICES["alloy"])
+        req = SegmentRequest(text="你好。", spk_emb=spk, seed=0, max_new_tokens=4, target_tokens=4)
+        for _ in self.engine.submit(req):
+            pass
+
+    def reconfigure(self, user_config: dict) -> None:
+        cfg = AcousticUserConfig.model_validate(user_config or {})
+        self._admit.set_max_batch_size(cfg.max_batch_size)
+        self._admit.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+        changes = {k: v for k, v in cfg.model_dump().items() if k in AcousticConfig.model_fields and v is not None}
+        if changes:
+            self.engine.reconfigure(**changes)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    async def _admit(self, plans: list[list[SegmentRequest]]) -> list:
+        """Submit a window's requests together; each caller gets its rows' streams (or an error)."""
+        loop = asyncio.get_running_loop()
+        out: list = []
+        for segments in plans:
+            try:
+                out.append([self.engine.submit(r, loop=loop) for r in segments])
+            except EngineOverloaded as exc:
+                out.append(exc)
+        return out
+
+    async def stream(self, segments: list[SegmentRequest]) -> AsyncIterator[WireChunk]:
+        """Hidden-state chunks of every segment, in segment order, as they are decoded."""
+        streams = await self._admit(segments)
+        if isinstance(streams, Exception):
+            raise APIError(503, str(streams), type="server_error", code="overloaded", headers={"Retry-After": "1"})
+        async for seg, chunk in aordered_chunks(streams):
+            yield WireChunk(
+                segment=seg,
+                hidden=chunk.hidden.numpy().astype(np.float16),
+                final=chunk.final,
+                finish_reason=chunk.finish_reason,
+            )
+
+    def stats(self) -> dict:
+        s = self.engine.stats
+        return {
+            **{k: getattr(s, k) for k in s.__dataclass_fields__},
+            "mean_rows": s.mean_rows,
+            "running_rows": self.engine.running_rows,
+            "waiting_rows": self.engine.waiting_rows,
+            "weights_kind": self.model.weights.kind,
+            "weights_id": self.model.weights.weights_id,
+        }
+
+    def weights_info(self) -> dict:
+        return {"kind": self.model.weights.kind, "id": self.model.weights.weights_id, "source": self.model.weights.source}
+
+    def check_health(self) -> None:
+        if self.engine._thread is None or not self.engine._thread.is_alive():
+            raise RuntimeError("acoustic decode thread is not running")
+
+    def __del__(self):
+        try:
+            self.engine.stop()
+        except Exception:  # noqa: BLE001
+            pass

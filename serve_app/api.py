@@ -1,0 +1,152 @@
+"""HTTP plumbing of the ingress: the FastAPI app, OpenAI-style error handlers, body limits, SSE.
+
+The routes themselves live on the Ingress deployment (``deployments/ingress.py``); everything
+here is plain FastAPI/Starlette, so it is testable without Ray.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .protocol import APIError, error_body
+
+log = logging.getLogger("chattts_serve.api")
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _validation_param(loc: tuple) -> Optional[str]:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        param = _validation_param(tuple(first.get("loc", ())))
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            message, code, param = "request body is not valid JSON", "invalid_json", None
+        elif kind == "missing":
+            message, code = f"missing required parameter: {param}", "missing_required_parameter"
+        else:
+            message, code = f"invalid value for {param}: {first.get('msg', 'invalid')}", "invalid_value"
+        return JSONResponse(error_body(message, param=param, code=code), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(
+            error_body(str(exc.detail), type=kind, code=str(exc.status_code)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(error_body("internal error", type="server_error", code="internal_error"), status_code=500)
+
+
+class BodyLimitMiddleware:
+    """Reject bodies over ``max_bytes`` with 413 without reading them whole.
+
+    A declared Content-Length over the limit is refused before any body byte is read; a
+    chunked body is counted as it streams and cut off at the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limits: "BodyLimits"):
+        self.app = app
+        self.limits = limits
+
+    @property
+    def max_bytes(self) -> int:
+        return self.limits.max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await _send_json(send, 413, self._body())
+                    return
+        seen = 0
+        limit = self.max_bytes
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise APIError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _body(self) -> dict[str, Any]:
+        return error_body(f"request body exceeds {self.max_bytes} bytes", code="body_too_large")
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class BodyLimits:
+    """Mutable so the deployment can apply its configured limit after the app is built."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+
+
+def make_app(limits: BodyLimits) -> FastAPI:
+    app = FastAPI(
+        title="chattts-serve",
+        version="0.1.0",
+        description="ChatTTS text-to-speech with an OpenAI-compatible API, on Ray Serve.",
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limits=limits)
+    return app
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def sse_stream(audio: AsyncIterator[bytes], usage: dict[str, Any]) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE: ``speech.audio.delta`` events with base64 audio, then ``speech.audio.done``."""
+    async for data in audio:
+        yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    yield sse_event({"type": "speech.audio.done", "usage": usage})

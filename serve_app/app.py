@@ -1,0 +1,59 @@
+"""The application builder: ``serve_app.app:build_app`` is the config's ``import_path``.
+
+``args`` (validated by ``AppArgs``) select the weights, device, dtype, limits and engine knobs;
+per-deployment resources, replicas and autoscaling come from the config's ``deployments``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+from ray.serve import Application
+
+from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
+
+log = logging.getLogger("ray.serve")
+
+APP_NAME = "chattts"
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig = ModelConfig()
+    acoustic: AcousticConfig = AcousticConfig()
+    vocoder: VocoderConfig = VocoderConfig()
+    segments: SegmentLimits = SegmentLimits()
+    ingress: dict[str, Any] = {}
+    # Vocoder/normaliser replicas never need the GPU or its dtype: CPU float32.
+    vocoder_device: str = "cpu"
+
+
+def _pin_weights_source(model: ModelConfig) -> ModelConfig:
+    """Resolve ``auto`` (and the CHATTTS_WEIGHTS override) once, here, so every replica loads the
+    same kind of weights without each one probing the hub. Random weights are built here too
+    (replicas on other nodes rebuild the identical tree from the same seed)."""
+    from serve_app.engine.weights import resolve_weights
+
+    resolved = resolve_weights(model.weights)
+    weights = model.weights.model_copy(update={"source": resolved.source})
+    if resolved.source in ("local",):
+        weights = weights.model_copy(update={"path": str(resolved.root)})
+    return model.model_copy(update={"weights": weights})
+
+
+def build_app(args: Optional[dict] = None) -> Application:
+    from deployments.acoustic import Acoustic
+    from deployments.ingress import Ingress
+    from deployments.normalizer import TextNormalizer
+    from deployments.vocoder import Vocoder
+
+    a = AppArgs.model_validate(args or {})
+    model = _pin_weights_source(a.model)
+    vocoder_model = model.model_copy(update={"device": a.vocoder_device, "dtype": "float32"})
+    acoustic = Acoustic.bind(model=model.model_dump(), acoustic=a.acoustic.model_dump())
+    vocoder = Vocoder.bind(acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump())
+    normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
+    return Ingress.bind(normalizer, vocoder, acoustic, settings=a.ingress)
