@@ -83,8 +83,8 @@ _CLAUSE_PUNCT = "，、；,;：:"
 _CLOSERS = "\"'”’」』）)】》"
 # Words whose trailing "." is not a sentence end.
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc inc ltd co corp no fig vol approx dept est "
-    "jan feb mar apr jun jul aug sep sept oct nov dec mt ft gen col lt sgt rev".split()
+    "mr mrs ms dr prof sr jr st vs etc inc ltd corp fig vol approx dept "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
 )
 _ABBR_TAIL_RE = re.compile(r"[A-Za-z.]{1,12}$")
 
@@ -903,19 +903,19 @@ def split_segments(text: str, max_chars: int = 120) -> List[str]:
     segments: List[str] = []
     current = ""
     for sentence in _split_sentences(text):
-        chunks = _pack(_fit(sentence, max_chars), max_chars)
-        if len(chunks) == 1 and (not current.strip() or text_length(current + sentence) <= max_chars):
+        if text_length(sentence) <= max_chars:
+            if current.strip() and text_length(current + sentence) > max_chars:
+                segments.append(current)
+                current = ""
             current += sentence  # short sentences merge greedily
             continue
-        if current.strip():
-            segments.append(current)
         # A sentence cut at commas starts its own segment (the cut before it stays at the
         # sentence end); its last chunk may still take in the short sentences after it.
-        if len(chunks) > 1:
-            segments.extend(chunks[:-1])
-            current = chunks[-1] if chunks else ""
-        else:
-            current = sentence
+        if current.strip():
+            segments.append(current)
+        chunks = _pack(_fit(sentence, max_chars), max_chars)
+        segments.extend(chunks[:-1])
+        current = chunks[-1] if chunks else ""
     if current.strip():
         segments.append(current)
     segments = [_WS_RE.sub(" ", s).strip() for s in segments]
@@ -977,7 +977,6 @@ class TextFrontend:
         for name, fn in (("zh", normalize_numbers_zh), ("en", normalize_numbers_en)):
             if not self._normalizer.register(name, fn):
                 raise RuntimeError(f"could not register the {name} normaliser with ChatTTS")
-        self._warm = False
 
     def warmup(self) -> float:
         """Run every numba-compiled path once (first call JIT-compiles); returns seconds taken."""
@@ -990,7 +989,6 @@ class TextFrontend:
             for sample, lang in samples:
                 self.normalize(sample, lang=lang)
                 self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)
-        self._warm = True
         elapsed = time.perf_counter() - start
         logger.info("text front end warm-up took %.2fs", elapsed)
         return elapsed

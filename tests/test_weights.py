@@ -1,0 +1,253 @@
+"""Weights: random builds in ChatTTS's asset layout, the tokenizer, sources and overrides.
+
+Everything goes through serve_app.engine.weights with real ChatTTS/transformers code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve_app.engine.config import ModelConfig, WeightsConfig
+from serve_app.engine.weights import (
+    CHATTTS_SPECIAL_TOKENS,
+    MANIFEST,
+    NUM_TEXT_TOKENS,
+    build_random_weights,
+    build_vocab,
+    load_model,
+    random_weights_key,
+    resolve_weights,
+)
+
+ASSET_FILES = (
+    "asset/Vocos.safetensors",
+    "asset/DVAE.safetensors",
+    "asset/Decoder.safetensors",
+    "asset/Embed.safetensors",
+    "asset/gpt/config.json",
+    "asset/gpt/model.safetensors",
+    "asset/tokenizer/tokenizer.json",
+    "asset/tokenizer/tokenizer_config.json",
+)
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tiny_model) -> Path:
+    return tiny_model.weights.root
+
+
+# ------------------------------------------------------------------------------ tokenizer
+
+
+def test_tokenizer_round_trip(tiny_model):
+    hf = tiny_model.chat.tokenizer._tokenizer  # the BertTokenizerFast ChatTTS loaded from asset/tokenizer
+    vocab = build_vocab()
+    assert len(hf) == NUM_TEXT_TOKENS == 21178
+    assert tiny_model.chat.tokenizer.len == 21178
+
+    text = (
+        "[Stts][spk_emb][speed_5]你好，欢迎使用语音合成服务。[uv_break]"
+        "Hello world, it is ten thirty.[laugh_0][break_6][Ptts]"
+    )
+    ids = hf.encode(text, add_special_tokens=False)
+    tokens = hf.convert_ids_to_tokens(ids)
+    # Control tags are single tokens with their vocabulary ids, never split into pieces.
+    for tag in ("[Stts]", "[spk_emb]", "[speed_5]", "[uv_break]", "[laugh_0]", "[break_6]", "[Ptts]"):
+        assert tokens.count(tag) == 1, (tag, tokens)
+        assert ids[tokens.index(tag)] == vocab.index(tag) == hf.convert_tokens_to_ids(tag)
+    assert tokens[:3] == ["[Stts]", "[spk_emb]", "[speed_5]"] and tokens[-1] == "[Ptts]"
+    assert hf.unk_token_id not in ids
+    # CJK characters are one token each.
+    assert tokens[3:6] == ["你", "好", "，"]
+    # Decoding gives the text back (BERT decoding inserts spaces between CJK chars and tags).
+    decoded = hf.decode(ids)
+    assert "".join(decoded.split()) == "".join(text.split())
+    # ChatTTS reads its structural ids from the tokenizer.
+    assert tiny_model.chat.tokenizer.spk_emb_ids == vocab.index("[spk_emb]")
+    assert tiny_model.chat.tokenizer.break_0_ids == vocab.index("[break_0]")
+    assert tiny_model.chat.tokenizer.eos_token == vocab.index("[Ebreak]")
+    # Every ChatTTS special token is a single token.
+    for tag in CHATTTS_SPECIAL_TOKENS:
+        assert hf.encode(tag, add_special_tokens=False) == [vocab.index(tag)], tag
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+def test_built_tree_has_chattts_layout_and_manifest(tiny_model, tiny_root, chattts_cache_dir):
+    assert tiny_root.parent == chattts_cache_dir
+    assert tiny_root.name == random_weights_key("random-tiny", 0)
+    for rel in ASSET_FILES:
+        assert (tiny_root / rel).is_file(), rel
+        assert (tiny_root / rel).stat().st_size > 0, rel
+    # ChatTTS's own asset paths all exist.
+    for key, path in tiny_model.weights.asset_paths.items():
+        assert Path(path).exists(), (key, path)
+    manifest = json.loads((tiny_root / MANIFEST).read_text())
+    assert manifest["kind"] == "random-tiny"
+    assert manifest["seed"] == 0
+    assert manifest["weights_id"] == tiny_model.weights.weights_id == tiny_root.name
+    assert manifest["overrides"]["gpt"]["num_hidden_layers"] == 2
+    assert tiny_model.is_random and tiny_model.weights.kind == "random"
+    assert tiny_model.weights.source == "random-tiny"
+
+
+def test_tiny_gpt_has_two_layers_and_hidden_768(tiny_model, tiny_root):
+    cfg = json.loads((tiny_root / "asset/gpt/config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    assert cfg["hidden_size"] == 768
+    gpt = tiny_model.chat.gpt.gpt
+    assert gpt.config.num_hidden_layers == 2
+    assert len(gpt.layers) == 2
+    assert gpt.config.hidden_size == 768
+    # The speaker statistics are tied to 768.
+    assert tiny_model.chat.speaker.dim == 768
+
+
+def test_same_kind_and_seed_gives_identical_files(tmp_path, tiny_root):
+    rng = torch.get_rng_state()
+    a = build_random_weights("random-tiny", tmp_path / "a")
+    # Building does not disturb the caller's random state.
+    assert torch.equal(rng, torch.get_rng_state())
+    assert a != tiny_root and a.name == tiny_root.name
+    ha, h_session = tree_hashes(a), tree_hashes(tiny_root)
+    assert set(ha) >= {*ASSET_FILES, MANIFEST}
+    assert ha == h_session
+    # A second call finds the tree and does not rebuild it.
+    mtime = (a / MANIFEST).stat().st_mtime_ns
+    assert build_random_weights("random-tiny", tmp_path / "a") == a
+    assert (a / MANIFEST).stat().st_mtime_ns == mtime
+    # Another seed is other weights (and another cache key).
+    b = build_random_weights("random-tiny", tmp_path / "a", seed=1)
+    assert b != a
+    hb = tree_hashes(b)
+    assert hb["asset/gpt/model.safetensors"] != ha["asset/gpt/model.safetensors"]
+    assert hb["asset/Vocos.safetensors"] != ha["asset/Vocos.safetensors"]
+    assert hb["asset/tokenizer/tokenizer.json"] == ha["asset/tokenizer/tokenizer.json"]
+
+
+# ------------------------------------------------------------------------------ sources
+
+
+def test_env_var_overrides_configured_source(monkeypatch, tiny_root, chattts_cache_dir):
+    # Configured for the hub; the env var switches to random-tiny without touching the network.
+    cfg = WeightsConfig(source="huggingface", cache_dir=str(chattts_cache_dir))
+    monkeypatch.setenv("CHATTTS_WEIGHTS", "random-tiny")
+    assert cfg.resolved().source == "random-tiny"
+    resolved = resolve_weights(cfg)
+    assert resolved.source == "random-tiny"
+    assert resolved.kind == "random"
+    assert resolved.root == tiny_root
+    # CHATTTS_WEIGHTS_PATH supplies the path for source=local.
+    monkeypatch.setenv("CHATTTS_WEIGHTS", "local")
+    monkeypatch.setenv("CHATTTS_WEIGHTS_PATH", str(tiny_root))
+    resolved = resolve_weights(cfg)
+    assert (resolved.source, resolved.root, resolved.kind) == ("local", tiny_root, "random")
+    # Without the override the configuration stands.
+    monkeypatch.delenv("CHATTTS_WEIGHTS")
+    monkeypatch.delenv("CHATTTS_WEIGHTS_PATH")
+    assert cfg.resolved().source == "huggingface"
+
+
+def test_local_source_loads_built_tree(tiny_root, tiny_model):
+    model = load_model(ModelConfig(weights=WeightsConfig(source="local", path=str(tiny_root)), device="cpu"))
+    assert model.weights.source == "local"
+    assert model.weights.kind == "random"  # from the manifest
+    assert model.is_random
+    assert model.weights.weights_id == tiny_model.weights.weights_id
+    # The manifest's size overrides were applied: the 2-layer GPT loaded.
+    assert len(model.chat.gpt.gpt.layers) == 2
+    # Same weights as the session model.
+    a = model.chat.gpt.gpt.state_dict()
+    b = tiny_model.chat.gpt.gpt.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # The asset/ directory itself is accepted too.
+    assert resolve_weights(WeightsConfig(source="local", path=str(tiny_root / "asset"))).root == tiny_root
+
+
+def test_local_source_without_assets_is_a_clear_error(tmp_path):
+    empty = tmp_path / "no-weights-here"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no ChatTTS asset directory") as err:
+        load_model(ModelConfig(weights=WeightsConfig(source="local", path=str(empty)), device="cpu"))
+    assert str(empty) in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        resolve_weights(WeightsConfig(source="local", path=str(tmp_path / "missing")))
+    with pytest.raises(ValueError, match="needs a path"):
+        resolve_weights(WeightsConfig(source="local"))
+
+
+# ------------------------------------------------------------------------------ concurrency
+
+# Each builder imports everything first, then waits for the other one, so both call
+# build_random_weights at the same moment.
+_BUILDER = """
+import sys, time
+from pathlib import Path
+import torch, transformers, ChatTTS, vocos  # noqa: F401 - import before the race starts
+from serve_app.engine.weights import build_random_weights
+cache, me, other = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+me.touch()
+deadline = time.monotonic() + 120
+while not other.exists():
+    if time.monotonic() > deadline:
+        sys.exit("the other builder never started")
+    time.sleep(0.002)
+print(build_random_weights("random-tiny", cache))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
+    cache = tmp_path / "cache"
+    ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILDER, str(cache), str(ready[i]), str(ready[1 - i])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=170) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    paths = {Path(out.strip().splitlines()[-1]) for out, _ in outs}
+    assert len(paths) == 1
+    (final,) = paths
+    assert final.parent == cache and final.name == tiny_root.name
+    # Exactly one of them built; the other waited on the lock and found the finished tree.
+    built = [err for _, err in outs if "built random-tiny ChatTTS weights" in err]
+    assert len(built) == 1, [err[-500:] for _, err in outs]
+    # One final tree, no temporary directories left (the lock file may stay).
+    entries = sorted(os.listdir(cache))
+    assert [e for e in entries if not e.startswith(".")] == [final.name]
+    assert not [e for e in entries if ".tmp-" in e], entries
+    assert all(e == final.name or e.endswith(".lock") for e in entries), entries
+    assert tree_hashes(final) == tree_hashes(tiny_root)
+    # The result loads (and is not rebuilt).
+    mtime = (final / MANIFEST).stat().st_mtime_ns
+    t0 = time.perf_counter()
+    model = load_model(ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=str(cache)), device="cpu"))
+    assert model.weights.root == final and model.is_random
+    assert (final / MANIFEST).stat().st_mtime_ns == mtime
+    assert time.perf_counter() - t0 < 60
