@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .engine.audio import CONTENT_TYPES
+from .engine.text import CONTROL_TAG_RE
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 StreamFormat = Literal["audio", "sse"]
@@ -36,7 +37,7 @@ class SpeechRequest(BaseModel):
     top_p: float = Field(default=0.7, gt=0.0, le=1.0)
     top_k: int = Field(default=20, ge=1, le=625)
     refine_text: bool = False
-    prompt: str = Field(default="", max_length=256, pattern=r"^(\[[a-z_]+_?\d*\])*$", description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")
+    prompt: str = Field(default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")
     normalize: bool = True
     lang: Optional[Literal["zh", "en"]] = None
     priority: int = Field(default=0, ge=-10, le=10)
@@ -48,6 +49,14 @@ class SpeechRequest(BaseModel):
             raise ValueError("input must not be blank")
         if "\x00" in v:
             raise ValueError("input must not contain NUL characters")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _only_control_tags(cls, v: str) -> str:
+        # Only the whitelisted prosody tags: internal tokens like [spk_emb] must not get in.
+        if CONTROL_TAG_RE.sub("", v).strip():
+            raise ValueError("prompt may only contain ChatTTS control tags such as [oral_2][laugh_0][break_6]")
         return v
 
     @property

@@ -1,0 +1,483 @@
+"""Result cache for synthesised audio (DESIGN.md section 1: TTL + LRU, jittered expiry, Redis).
+
+Synthesis is deterministic: the same text, voice, seed, sampling parameters, speed, prompt,
+format and model weights give the same bytes. So a finished response can be stored under a key
+of those inputs and replayed.
+
+- ``cache_key`` hashes a canonical JSON of every input that determines the audio.
+- ``MemoryCache``: one process, LRU under a byte budget, TTL with per-entry jitter.
+- ``RedisCache``: shared by many replicas/nodes; any Redis failure is a miss, never an error,
+  and a circuit breaker keeps a dead Redis from adding its timeout to every request.
+- ``NullCache``: caching off.
+
+Plain Python (no Ray, no HTTP): the async methods are safe to await from a FastAPI replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The voice rules live in the engine; reuse them so the key can never disagree with the Planner.
+from .engine.voices import _SEED_RE, DEFAULT_VOICE, MAX_SEED, OPENAI_VOICES, SPEAKER_STRING_MIN_CHARS
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "chattts"
+MiB = 1024 * 1024
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+def _voice_identity(voice: Optional[str]) -> Optional[tuple[str, Optional[int]]]:
+    """(canonical voice, the voice's own seed) as ``VoiceResolver.resolve`` reads the string,
+    or None if it names no voice. Names and ``seed:<n>`` become ``seed:<n>``: "Alloy", "alloy"
+    and "seed:2222" are the same speaker, so they share entries."""
+    v = (voice or DEFAULT_VOICE).strip()
+    k = v.lower()
+    if k in OPENAI_VOICES:
+        return f"seed:{OPENAI_VOICES[k]}", OPENAI_VOICES[k]
+    m = _SEED_RE.match(k)
+    if m:
+        seed = int(m.group(1))
+        return (f"seed:{seed}", seed) if seed <= MAX_SEED else None
+    if len(v) < SPEAKER_STRING_MIN_CHARS:
+        return None
+    # A raw speaker string: its embedding is the string itself (case matters in base16384).
+    return f"speaker:{v}", None
+
+
+def effective_seed(seed: Optional[int], voice: Optional[str]) -> Optional[int]:
+    """The seed ``Planner.plan`` decodes with: the explicit seed, else the voice's seed, else 0
+    (a raw speaker string without a seed). None when the voice is not resolvable."""
+    ident = _voice_identity(voice)
+    if ident is None:
+        return None
+    if seed is not None:
+        return int(seed)
+    return ident[1] if ident[1] is not None else 0
+
+
+def is_cacheable(seed: Optional[int], voice: Optional[str]) -> bool:
+    """True when the request's audio is a pure function of its inputs.
+
+    Mirrors ``Planner.plan``: the seed is the explicit one, else the voice's fixed seed (OpenAI
+    names, ``seed:<n>``), else 0 for a raw speaker string, so every resolvable voice is
+    deterministic. False only for voices the resolver would reject (nothing to cache) or an
+    out-of-range seed. If the engine ever gains a random-seed mode, this is where it goes.
+    """
+    s = effective_seed(seed, voice)
+    return s is not None and 0 <= s <= MAX_SEED
+
+
+def _canon_float(x: float) -> str:
+    # 0.3, 0.30000000000000004 and 3e-1 are one setting; strings keep JSON float printing out of it.
+    return repr(round(float(x), 6))
+
+
+def cache_key(
+    *,
+    text: str,
+    voice: Optional[str],
+    seed: Optional[int],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    speed: float,
+    prompt: str,
+    response_format: str,
+    lang: Optional[str],
+    normalize: bool,
+    weights_id: str,
+    refine_text: bool = False,
+    version: int = 1,
+) -> str:
+    """``chattts:v<version>:<sha256 hex>`` of everything that determines the audio bytes.
+
+    Only for cacheable requests (``is_cacheable``); raises ValueError otherwise.
+    ``text`` is the input as sent: normalisation is a deterministic function of it, ``normalize``
+    and ``lang``. ``weights_id`` must identify the weights (and, ideally, the engine code
+    version, so a deploy with a different front end does not replay old audio); bump
+    ``version`` when the key's meaning changes. Not in the key: ``priority`` and ``model``
+    (aliases of the same weights) do not change the audio; ``stream_format`` is framing the
+    caller applies to the cached audio bytes.
+    """
+    ident = _voice_identity(voice)
+    seed_used = effective_seed(seed, voice)
+    if ident is None or seed_used is None or not 0 <= seed_used <= MAX_SEED:
+        raise ValueError("request is not cacheable (unknown voice or seed out of range)")
+    doc = {
+        "v": int(version),
+        "text": text,
+        "voice": ident[0],
+        "seed": seed_used,
+        "temperature": _canon_float(temperature),
+        "top_p": _canon_float(top_p),
+        "top_k": int(top_k),
+        "speed": _canon_float(speed),
+        "prompt": prompt,
+        "format": response_format,
+        "lang": lang,
+        "normalize": bool(normalize),
+        "refine_text": bool(refine_text),
+        "weights": weights_id,
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return f"{KEY_PREFIX}:v{int(version)}:{hashlib.sha256(blob).hexdigest()}"
+
+
+def request_key(req: Any, *, weights_id: str, version: int = 1) -> Optional[str]:
+    """Key for a ``SpeechRequest`` (duck-typed, so this module needs no protocol import), or None
+    when the request is not cacheable."""
+    if not is_cacheable(req.seed, req.voice):
+        return None
+    return cache_key(
+        text=req.input,
+        voice=req.voice,
+        seed=req.seed,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        speed=req.speed,
+        prompt=req.prompt,
+        response_format=req.response_format,
+        lang=req.lang,
+        normalize=req.normalize,
+        refine_text=getattr(req, "refine_text", False),
+        weights_id=weights_id,
+        version=version,
+    )
+
+
+def jittered_ttl(ttl_s: float, jitter: float, rng: random.Random | Any = random) -> float:
+    """ttl * uniform(1 - jitter, 1 + jitter): entries written together (a burst, a warm-up) then
+    expire spread out instead of all at once (cache avalanche)."""
+    return ttl_s * rng.uniform(1.0 - jitter, 1.0 + jitter) if jitter else ttl_s
+
+
+def _check_ttl(ttl_s: float, jitter: float) -> None:
+    if ttl_s <= 0:
+        raise ValueError("ttl_s must be > 0")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError("jitter must be in [0, 1)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+
+class AudioCache(ABC):
+    """Async key -> audio bytes store. Never raises for backend trouble: a failure is a miss."""
+
+    @abstractmethod
+    async def get(self, key: str) -> Optional[bytes]: ...
+
+    @abstractmethod
+    async def put(self, key: str, data: bytes) -> None: ...
+
+    async def close(self) -> None:
+        return None
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
+
+
+class NullCache(AudioCache):
+    """Caching disabled: every lookup misses, nothing is stored."""
+
+    def __init__(self) -> None:
+        self.misses = 0
+
+    async def get(self, key: str) -> Optional[bytes]:
+        self.misses += 1
+        return None
+
+    async def put(self, key: str, data: bytes) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": "none", "hits": 0, "misses": self.misses, "errors": 0, "entries": 0, "bytes": 0}
+
+
+class MemoryCache(AudioCache):
+    """In-process LRU under a byte budget, with a jittered TTL per entry.
+
+    An OrderedDict in recency order makes get/put/evict O(1); a lock makes it safe from several
+    threads (Serve replicas may call from a thread pool) as well as from one event loop.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        ttl_s: float,
+        jitter: float = 0.1,
+        max_item_bytes: Optional[int] = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Optional[random.Random] = None,
+    ):
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be > 0")
+        _check_ttl(ttl_s, jitter)
+        self.max_bytes = int(max_bytes)
+        self.max_item_bytes = min(int(max_item_bytes), self.max_bytes) if max_item_bytes else self.max_bytes
+        self.ttl_s = float(ttl_s)
+        self.jitter = float(jitter)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple[bytes, float]] = OrderedDict()  # key -> (data, expires_at)
+        self._bytes = 0
+        self.hits = self.misses = self.evictions = self.expired = self.skipped = 0
+
+    # Sync API (for threads); the async API below just wraps it: nothing here blocks.
+    def get_sync(self, key: str) -> Optional[bytes]:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            data, expires_at = item
+            if self._clock() >= expires_at:
+                self._drop(key)
+                self.expired += 1
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return data
+
+    def put_sync(self, key: str, data: bytes) -> None:
+        size = len(data)
+        if size > self.max_item_bytes:
+            # One huge response must not flush the whole cache.
+            self.skipped += 1
+            return
+        data = bytes(data)  # an immutable copy: callers may reuse their buffer
+        expires_at = self._clock() + jittered_ttl(self.ttl_s, self.jitter, self._rng)
+        with self._lock:
+            if key in self._items:
+                self._drop(key)
+            while self._bytes + size > self.max_bytes:
+                old, (old_data, _) = self._items.popitem(last=False)
+                self._bytes -= len(old_data)
+                self.evictions += 1
+            self._items[key] = (data, expires_at)
+            self._bytes += size
+
+    def _drop(self, key: str) -> None:
+        data, _ = self._items.pop(key)
+        self._bytes -= len(data)
+
+    def ttl(self, key: str) -> Optional[float]:
+        """Seconds until ``key`` expires (None if absent); does not touch recency or stats."""
+        with self._lock:
+            item = self._items.get(key)
+            return None if item is None else item[1] - self._clock()
+
+    async def get(self, key: str) -> Optional[bytes]:
+        return self.get_sync(key)
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.put_sync(key, data)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "backend": "memory",
+                "hits": self.hits,
+                "misses": self.misses,
+                "errors": 0,
+                "entries": len(self._items),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "evictions": self.evictions,
+                "expired": self.expired,
+                "skipped": self.skipped,
+            }
+
+
+class RedisCache(AudioCache):
+    """Shared cache in Redis (``redis.asyncio``) for many replicas and nodes.
+
+    Redis is an optimisation, never a dependency: every failure (refused, timeout, server gone)
+    becomes a miss or a skipped put and is counted. After a failure the circuit breaker opens for
+    ``backoff_s``: calls skip Redis at once instead of each paying ``timeout_s``. Then one call
+    probes (the others keep skipping); success closes the breaker, failure re-opens it.
+    Expiry is Redis's own (SET PX with a jittered TTL), so there is no LRU bookkeeping here:
+    configure ``maxmemory`` + ``allkeys-lru`` on the server for a size bound.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float,
+        jitter: float = 0.1,
+        timeout_s: float = 0.2,
+        max_item_bytes: Optional[int] = 16 * MiB,
+        backoff_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Optional[random.Random] = None,
+    ):
+        _check_ttl(ttl_s, jitter)
+        # Imported here so the module (and memory/none backends) works without the client.
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.url = url
+        self.ttl_s = float(ttl_s)
+        self.jitter = float(jitter)
+        self.timeout_s = float(timeout_s)
+        self.max_item_bytes = max_item_bytes
+        self.backoff_s = float(backoff_s)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        # No client-side retries (redis-py >= 6 retries 3x by default): the breaker decides.
+        self._redis = Redis.from_url(
+            url,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        # Hard per-call deadline: connect + command + a large value's transfer, whatever the
+        # socket timeouts do.
+        self._deadline_s = 3 * self.timeout_s
+        self._open_until = 0.0  # breaker: skip Redis until this clock time; 0 = closed
+        self.hits = self.misses = self.errors = self.skipped = self.puts = 0
+
+    def _allowed(self) -> bool:
+        if self._open_until == 0.0:
+            return True
+        now = self._clock()
+        if now < self._open_until:
+            return False
+        self._open_until = now + self.backoff_s  # half-open: this call probes, others skip
+        return True
+
+    def _ok(self) -> None:
+        if self._open_until:
+            log.info("redis cache at %s is back", self._safe_url())
+        self._open_until = 0.0
+
+    def _fail(self, op: str, exc: BaseException) -> None:
+        self.errors += 1
+        if self._open_until == 0.0:  # log once per outage, not once per request
+            log.warning(
+                "redis cache %s failed (%s: %s); skipping redis for %.1fs",
+                op, type(exc).__name__, exc, self.backoff_s,
+            )
+        self._open_until = self._clock() + self.backoff_s
+
+    def _safe_url(self) -> str:
+        return self.url.split("@")[-1]  # no credentials in logs
+
+    async def get(self, key: str) -> Optional[bytes]:
+        if not self._allowed():
+            self.skipped += 1
+            self.misses += 1
+            return None
+        try:
+            data = await asyncio.wait_for(self._redis.get(key), self._deadline_s)
+        except Exception as exc:  # noqa: BLE001 - any failure is a miss (CancelledError still propagates)
+            self._fail("get", exc)
+            self.misses += 1
+            return None
+        self._ok()
+        if data is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return bytes(data)
+
+    async def put(self, key: str, data: bytes) -> None:
+        if self.max_item_bytes is not None and len(data) > self.max_item_bytes:
+            self.skipped += 1
+            return
+        if not self._allowed():
+            self.skipped += 1
+            return
+        ttl_ms = max(1, int(jittered_ttl(self.ttl_s, self.jitter, self._rng) * 1000))
+        try:
+            await asyncio.wait_for(self._redis.set(key, bytes(data), px=ttl_ms), self._deadline_s)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("put", exc)
+            return
+        self._ok()
+        self.puts += 1
+
+    async def close(self) -> None:
+        try:
+            await self._redis.aclose()
+        except Exception:  # noqa: BLE001 - closing a dead connection is not an error worth raising
+            pass
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": "redis",
+            "hits": self.hits,
+            "misses": self.misses,
+            "errors": self.errors,
+            "skipped": self.skipped,
+            "puts": self.puts,
+            "breaker_open": self._open_until != 0.0,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+
+class CacheConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["memory", "redis", "none"] = "memory"
+    max_bytes: int = Field(default=256 * MiB, ge=1, description="Memory backend: byte budget (LRU).")
+    ttl_s: float = Field(default=3600.0, gt=0)
+    jitter: float = Field(default=0.1, ge=0.0, lt=1.0, description="TTL spread: ttl * uniform(1-j, 1+j).")
+    redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis.")
+    max_item_bytes: int = Field(default=16 * MiB, ge=1, description="Larger responses are not cached.")
+    redis_timeout_s: float = Field(default=0.2, gt=0)
+    redis_backoff_s: float = Field(default=5.0, ge=0, description="Skip redis this long after a failure.")
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> "CacheConfig":
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("cache backend 'redis' needs redis_url")
+        return self
+
+
+def make_cache(cfg: CacheConfig) -> AudioCache:
+    if cfg.backend == "memory":
+        return MemoryCache(cfg.max_bytes, cfg.ttl_s, cfg.jitter, max_item_bytes=cfg.max_item_bytes)
+    if cfg.backend == "redis":
+        assert cfg.redis_url is not None
+        return RedisCache(
+            cfg.redis_url,
+            cfg.ttl_s,
+            cfg.jitter,
+            timeout_s=cfg.redis_timeout_s,
+            max_item_bytes=cfg.max_item_bytes,
+            backoff_s=cfg.redis_backoff_s,
+        )
+    return NullCache()

@@ -1,0 +1,446 @@
+"""Result cache: keys, cacheability, the in-memory LRU/TTL cache and the Redis cache.
+
+The Redis tests run against a real ``redis-server`` started here on a free loopback port (never
+the system service); only a missing binary skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_app.cache import (
+    CacheConfig,
+    MemoryCache,
+    NullCache,
+    RedisCache,
+    cache_key,
+    effective_seed,
+    is_cacheable,
+    make_cache,
+    request_key,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SPEAKER = "x" * 40  # long enough to be read as a raw ChatTTS speaker string
+
+BASE = dict(
+    text="Hello world. 你好。",
+    voice="alloy",
+    seed=None,
+    temperature=0.3,
+    top_p=0.7,
+    top_k=20,
+    speed=1.0,
+    prompt="",
+    response_format="mp3",
+    lang=None,
+    normalize=True,
+    weights_id="random-tiny:abc",
+    refine_text=False,
+    version=1,
+)
+
+
+# cache_key(**BASE), pinned: if it changes, every deployed cache is invalidated (bump `version`).
+GOLDEN_KEY = "chattts:v1:c525aca0eff13e2c59b97c0579c96f9d5d88a919cd8abf4dee2fb729e08d5827"
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and cacheability
+# ---------------------------------------------------------------------------------------------
+
+
+def test_key_format_and_golden_value():
+    key = cache_key(**BASE)
+    assert key.startswith("chattts:v1:") and len(key) == len("chattts:v1:") + 64
+    assert key == cache_key(**BASE)
+    assert key == GOLDEN_KEY
+
+
+def test_key_same_in_another_process():
+    code = (
+        "import json, sys\n"
+        "from serve_app.cache import cache_key\n"
+        "print(cache_key(**json.loads(sys.argv[1])))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(BASE)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == cache_key(**BASE)
+
+
+CHANGES = {
+    "text": "Hello world!",
+    "voice": "echo",
+    "seed": 7,
+    "temperature": 0.31,
+    "top_p": 0.71,
+    "top_k": 21,
+    "speed": 1.25,
+    "prompt": "[oral_2]",
+    "response_format": "wav",
+    "lang": "en",
+    "normalize": False,
+    "weights_id": "random-tiny:abd",
+    "refine_text": True,
+    "version": 2,
+}
+
+
+def test_every_field_changes_the_key():
+    assert set(CHANGES) == set(BASE)  # no parameter left untested
+    base = cache_key(**BASE)
+    keys = {base}
+    for field, value in CHANGES.items():
+        k = cache_key(**{**BASE, field: value})
+        assert k != base, field
+        keys.add(k)
+    assert len(keys) == len(CHANGES) + 1
+    assert cache_key(**{**BASE, "version": 2}).startswith("chattts:v2:")
+
+
+def test_key_canonicalisation():
+    base = cache_key(**BASE)
+    # Float noise and int/float spellings are the same setting.
+    assert cache_key(**{**BASE, "temperature": 0.1 + 0.2}) == base
+    assert cache_key(**{**BASE, "speed": 1}) == base
+    # Voice spellings the resolver treats as one speaker with one seed.
+    assert cache_key(**{**BASE, "voice": " Alloy "}) == base
+    assert cache_key(**{**BASE, "voice": "seed:2222"}) == base
+    assert cache_key(**{**BASE, "seed": 2222}) == base  # alloy's own seed, given explicitly
+    # A raw speaker string without a seed decodes with seed 0 (Planner.plan).
+    assert cache_key(**{**BASE, "voice": SPEAKER}) == cache_key(**{**BASE, "voice": SPEAKER, "seed": 0})
+    assert cache_key(**{**BASE, "voice": SPEAKER}) != cache_key(**{**BASE, "voice": SPEAKER.upper()})
+
+
+def test_cacheability_mirrors_planner():
+    assert is_cacheable(None, "alloy") and effective_seed(None, "alloy") == 2222
+    assert is_cacheable(None, "seed:42") and effective_seed(None, "seed:42") == 42
+    assert effective_seed(5, "seed:42") == 5  # explicit seed wins
+    assert is_cacheable(None, SPEAKER) and effective_seed(None, SPEAKER) == 0
+    assert is_cacheable(None, None) and effective_seed(None, None) == 2222  # default voice
+    assert is_cacheable(3, "alloy")
+    assert not is_cacheable(None, "nobody")  # the resolver rejects it: nothing to cache
+    assert not is_cacheable(1, "nobody")
+    assert not is_cacheable(None, f"seed:{2**31}")
+    with pytest.raises(ValueError):
+        cache_key(**{**BASE, "voice": "nobody"})
+
+
+def test_request_key_from_speech_request():
+    from serve_app.protocol import SpeechRequest
+
+    req = SpeechRequest(input=BASE["text"], voice="alloy", stream_format="sse", priority=5)
+    assert request_key(req, weights_id="random-tiny:abc") == cache_key(**BASE)
+    assert request_key(SpeechRequest(input="hi", voice="nobody"), weights_id="w") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# MemoryCache
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_memory_hit_miss_and_stats():
+    c = MemoryCache(max_bytes=1000, ttl_s=60)
+    assert await c.get("k") is None
+    await c.put("k", b"\x00\xffaudio")
+    assert await c.get("k") == b"\x00\xffaudio"
+    await c.put("k", b"new")  # replace: bytes accounted once
+    assert await c.get("k") == b"new"
+    s = c.stats()
+    assert (s["hits"], s["misses"], s["errors"], s["entries"], s["bytes"]) == (2, 1, 0, 1, 3)
+    await c.close()
+    assert c.stats()["entries"] == 0
+
+
+def test_memory_lru_eviction_under_byte_budget():
+    c = MemoryCache(max_bytes=30, ttl_s=60)
+    for k in "abc":
+        c.put_sync(k, k.encode() * 10)
+    assert c.get_sync("a") is not None  # a is now the most recent: b is the LRU
+    c.put_sync("d", b"d" * 10)
+    assert c.get_sync("b") is None
+    # A 20-byte item needs two slots: evicts c, then a (least recently used first), keeps d.
+    c.put_sync("e", b"e" * 20)
+    assert c.get_sync("c") is None and c.get_sync("a") is None
+    assert c.get_sync("d") == b"d" * 10 and c.get_sync("e") == b"e" * 20
+    s = c.stats()
+    assert s["bytes"] == 30 and s["entries"] == 2 and s["evictions"] == 3
+
+
+def test_memory_oversize_items_skipped():
+    c = MemoryCache(max_bytes=100, ttl_s=60, max_item_bytes=10)
+    c.put_sync("small", b"x" * 10)
+    c.put_sync("big", b"x" * 11)
+    assert c.get_sync("big") is None and c.get_sync("small") == b"x" * 10
+    # Larger than the whole budget: skipped, and the cache is not flushed for it.
+    c2 = MemoryCache(max_bytes=20, ttl_s=60)
+    c2.put_sync("a", b"a" * 10)
+    c2.put_sync("huge", b"h" * 21)
+    assert c2.get_sync("a") == b"a" * 10 and c2.get_sync("huge") is None
+    assert c.stats()["skipped"] == 1 and c2.stats()["skipped"] == 1
+
+
+def test_memory_ttl_expiry_with_fake_clock():
+    clock = FakeClock()
+    c = MemoryCache(max_bytes=100, ttl_s=10, jitter=0.0, clock=clock)
+    c.put_sync("k", b"v")
+    clock.t += 9.99
+    assert c.get_sync("k") == b"v"  # a hit does not extend the TTL
+    clock.t += 0.01
+    assert c.get_sync("k") is None
+    s = c.stats()
+    assert s["expired"] == 1 and s["entries"] == 0 and s["bytes"] == 0
+
+
+def test_memory_jitter_spreads_expiries():
+    clock = FakeClock()
+    ttl, j, n = 100.0, 0.1, 500
+    c = MemoryCache(max_bytes=10**6, ttl_s=ttl, jitter=j, clock=clock, rng=random.Random(1))
+    for i in range(n):  # written in the same instant
+        c.put_sync(f"k{i}", b"v")
+    ttls = [c.ttl(f"k{i}") for i in range(n)]
+    assert all(ttl * (1 - j) <= t <= ttl * (1 + j) for t in ttls)
+    assert len(set(ttls)) == n
+    assert max(ttls) - min(ttls) > 0.8 * 2 * j * ttl  # uses the whole window
+    # At the nominal TTL only part of the burst has expired: no avalanche.
+    clock.t += ttl
+    alive = sum(c.get_sync(f"k{i}") is not None for i in range(n))
+    assert 0.3 * n < alive < 0.7 * n
+
+
+def test_memory_thread_safety():
+    c = MemoryCache(max_bytes=5000, ttl_s=60, jitter=0.1)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(3000):
+                k = f"k{rng.randrange(200)}"
+                if rng.random() < 0.5:
+                    c.put_sync(k, k.encode() * rng.randrange(1, 20))
+                else:
+                    v = c.get_sync(k)
+                    assert v is None or v.startswith(k.encode())
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    s = c.stats()
+    assert s["bytes"] == sum(len(v) for v, _ in c._items.values()) <= 5000
+    assert s["hits"] + s["misses"] > 0
+
+
+async def test_null_cache_and_config():
+    n = NullCache()
+    await n.put("k", b"v")
+    assert await n.get("k") is None and n.stats()["misses"] == 1
+
+    assert isinstance(make_cache(CacheConfig()), MemoryCache)
+    assert isinstance(make_cache(CacheConfig(backend="none")), NullCache)
+    cfg = CacheConfig(max_bytes=1234, ttl_s=5, jitter=0.2, max_item_bytes=100)
+    m = make_cache(cfg)
+    assert (m.max_bytes, m.ttl_s, m.jitter, m.max_item_bytes) == (1234, 5, 0.2, 100)
+    r = make_cache(CacheConfig(backend="redis", redis_url="redis://127.0.0.1:1/0"))
+    assert isinstance(r, RedisCache)
+    await r.close()
+    with pytest.raises(ValueError):
+        CacheConfig(backend="redis")  # no url
+    with pytest.raises(ValueError):
+        CacheConfig(bogus=1)  # extra=forbid
+    with pytest.raises(ValueError):
+        CacheConfig(jitter=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# RedisCache against a real redis-server
+# ---------------------------------------------------------------------------------------------
+
+REDIS_SERVER = shutil.which("redis-server")
+needs_redis = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server binary not found (apt-get install redis-server)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A private redis-server process on a fixed loopback port that tests can stop and restart."""
+
+    def __init__(self, port: int, workdir: Path):
+        self.port = port
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, "redis-server exited at start"
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case a test paused it
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)  # hung server: accepts connections, never answers
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def client(self):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    srv = RedisServer(free_port(), tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@needs_redis
+async def test_redis_round_trip_and_ttl(redis_server):
+    c = RedisCache(redis_server.url, ttl_s=100, jitter=0.1)
+    data = bytes(range(256)) * 100  # binary, with NULs and high bytes
+    assert await c.get("chattts:v1:k") is None
+    await c.put("chattts:v1:k", data)
+    assert await c.get("chattts:v1:k") == data
+    for i in range(50):
+        await c.put(f"chattts:v1:j{i}", b"x")
+    r = redis_server.client()
+    assert 89 <= r.ttl("chattts:v1:k") <= 110
+    pttls = [r.pttl(f"chattts:v1:j{i}") for i in range(50)]
+    assert all(89_000 <= t <= 110_000 for t in pttls)
+    assert len(set(pttls)) > 40  # jittered, not one shared expiry
+    s = c.stats()
+    assert (s["hits"], s["misses"], s["errors"], s["puts"]) == (1, 1, 0, 51)
+    await c.put("chattts:v1:big", b"x" * (16 * 1024 * 1024 + 1))  # over max_item_bytes: skipped
+    assert r.exists("chattts:v1:big") == 0
+    r.close()
+    await c.close()
+
+
+async def test_redis_nothing_listening_is_a_fast_miss():
+    c = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_s=0.2, backoff_s=30)
+    t0 = time.monotonic()
+    for _ in range(20):
+        assert await c.get("k") is None
+        await c.put("k", b"v")
+    assert time.monotonic() - t0 < 2
+    s = c.stats()
+    assert s["errors"] == 1 and s["breaker_open"]  # one real attempt, then the breaker skips
+    assert s["skipped"] == 39 and s["misses"] == 20
+    await c.close()
+
+
+async def _timed(coro) -> tuple[object, float]:
+    t0 = time.monotonic()
+    res = await coro
+    return res, time.monotonic() - t0
+
+
+@needs_redis
+async def test_redis_outage_and_recovery(redis_server):
+    backoff = 0.5
+    c = RedisCache(redis_server.url, ttl_s=60, timeout_s=0.2, backoff_s=backoff)
+    await c.put("k", b"before")
+    assert await c.get("k") == b"before"
+
+    redis_server.stop()  # server gone mid-test, with a pooled connection open
+    for _ in range(10):
+        res, dt = await _timed(c.get("k"))
+        assert res is None and dt < 0.5
+        _, dt = await _timed(c.put("k", b"during"))
+        assert dt < 0.5
+    s = c.stats()
+    assert s["errors"] >= 1 and s["breaker_open"] and s["skipped"] >= 18
+
+    redis_server.start()  # same port, empty (no persistence)
+    deadline = time.monotonic() + backoff + 3
+    while True:
+        await c.put("k", b"after")
+        if await c.get("k") == b"after":
+            break
+        assert time.monotonic() < deadline, f"did not recover: {c.stats()}"
+        await asyncio.sleep(0.05)
+    assert not c.stats()["breaker_open"]
+    await c.close()
+
+
+@needs_redis
+async def test_redis_hung_server_times_out_then_breaker_skips(redis_server):
+    c = RedisCache(redis_server.url, ttl_s=60, timeout_s=0.2, backoff_s=0.5)
+    await c.put("k", b"v")
+    redis_server.pause()
+    try:
+        res, dt = await _timed(c.get("k"))
+        assert res is None and dt < 1.0  # bounded by the timeout, not hanging
+        res, dt = await _timed(c.get("k"))
+        assert res is None and dt < 0.1  # breaker open: no second timeout
+        _, dt = await _timed(c.put("k", b"w"))
+        assert dt < 0.1
+        assert c.stats()["errors"] == 1
+    finally:
+        redis_server.resume()
+    await asyncio.sleep(0.55)
+    deadline = time.monotonic() + 3
+    while await c.get("k") != b"v":
+        assert time.monotonic() < deadline, f"did not recover: {c.stats()}"
+        await asyncio.sleep(0.05)
+    await c.close()
