@@ -23,6 +23,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.api import BodyLimits, error_response, make_app, sse_stream
+from serve_app import metrics
+from serve_app.cache import CacheConfig, make_cache, request_key
 from serve_app.engine.voices import list_voices
 from serve_app.protocol import (
     DEFAULT_MAX_INPUT_CHARS,
@@ -42,6 +44,7 @@ class IngressSettings(BaseModel):
     max_input_chars: int = Field(default=DEFAULT_MAX_INPUT_CHARS, ge=1)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     warmup: bool = True
+    cache: CacheConfig = CacheConfig()
 
 
 BODY_LIMITS = BodyLimits(IngressSettings().max_body_bytes)
@@ -61,6 +64,15 @@ def _unwrap(exc: BaseException) -> BaseException:
     """Ray wraps a replica's exception; an APIError subclass instance still matches APIError."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, APIError) else exc
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chattts-serve")
+    except PackageNotFoundError:
+        return "dev"
 
 
 def _request_id() -> str:
@@ -91,6 +103,8 @@ class Ingress:
         self.settings = IngressSettings.model_validate(settings or {})
         BODY_LIMITS.max_bytes = self.settings.max_body_bytes
         self.weights_kind = "unknown"
+        self.weights_id = "unknown"
+        self.cache = make_cache(self.settings.cache)
         self._ready = asyncio.Event()
         self._warmup_error: Optional[str] = None
         self._warmup_task = asyncio.get_event_loop().create_task(self._warmup())
@@ -100,6 +114,8 @@ class Ingress:
         try:
             info = await self.acoustic.weights_info.remote()
             self.weights_kind = info["kind"]
+            # Cached audio is only valid for the same weights and the same engine code.
+            self.weights_id = f"{info['id']}:{_package_version()}"
             if self.settings.warmup:
                 audio = await self.synthesize({"input": "你好。", "response_format": "wav"})
                 if len(audio) <= 44:
@@ -119,7 +135,6 @@ class Ingress:
 
     async def _open(self, req: SpeechRequest) -> tuple[Any, bytes]:
         """Plan and start a synthesis; return the byte stream and its first chunk."""
-        self._check(req)
         try:
             plan = await self.normalizer.plan.remote(req)
             gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
@@ -135,29 +150,81 @@ class Ingress:
             log.exception("synthesis failed before the first byte")
             raise APIError(500, "synthesis failed", type="server_error", code="synthesis_failed") from None
 
-    async def _chain(self, first: bytes, gen: Any) -> AsyncIterator[bytes]:
-        completed = False
+    async def _audio(self, req: SpeechRequest) -> tuple[AsyncIterator[bytes], str]:
+        """The request's audio stream and its cache status (hit, miss or bypass).
+
+        Errors before the first audio byte raise APIError; a hit is answered from the cache.
+        """
+        t0 = time.perf_counter()
+        self._check(req)
+        key = request_key(req, weights_id=self.weights_id) if self.weights_id != "unknown" else None
+        if key is not None:
+            cached = await self.cache.get(key)
+            metrics.inc("tts_cache_total", result="hit" if cached is not None else "miss")
+            if cached is not None:
+                return self._replay(cached, req.response_format, t0), "hit"
+        else:
+            metrics.inc("tts_cache_total", result="bypass")
         try:
-            if first:
-                yield first
-            async for data in gen:
-                yield data
+            gen, first = await self._open(req)
+        except APIError as exc:
+            metrics.inc("tts_requests_total", status=str(exc.status), format=req.response_format)
+            raise
+        return self._chain(first, gen, req.response_format, t0, key), "miss" if key else "bypass"
+
+    async def _replay(self, data: bytes, fmt: str, t0: float) -> AsyncIterator[bytes]:
+        metrics.observe("tts_ttfb_seconds", time.perf_counter() - t0, format=fmt)
+        yield data
+        metrics.observe("tts_request_duration_seconds", time.perf_counter() - t0, format=fmt)
+        metrics.inc("tts_requests_total", status="200", format=fmt)
+
+    async def _chain(self, first: bytes, gen: Any, fmt: str, t0: float, key: Optional[str] = None) -> AsyncIterator[bytes]:
+        """Forward the stream; record metrics; store complete audio in the cache."""
+        completed = False
+        reason = "client_disconnect"
+        kept: Optional[list[bytes]] = [] if key else None
+        size = 0
+        limit = self.settings.cache.max_item_bytes
+        metrics.observe("tts_ttfb_seconds", time.perf_counter() - t0, format=fmt)
+        try:
+            data = first
+            while True:
+                if data:
+                    if kept is not None:
+                        size += len(data)
+                        kept = kept if size <= limit else None
+                        if kept is not None:
+                            kept.append(data)
+                    yield data
+                try:
+                    data = await gen.__anext__()
+                except StopAsyncIteration:
+                    break
             completed = True
+        except Exception:
+            reason = "error"
+            log.exception("stream failed after the first byte")
+            raise
         finally:
-            if not completed:  # client gone or a stage failed: stop every stage's work
+            if completed:
+                metrics.observe("tts_request_duration_seconds", time.perf_counter() - t0, format=fmt)
+                metrics.inc("tts_requests_total", status="200", format=fmt)
+                if kept:
+                    await self.cache.put(key, b"".join(kept))
+            else:  # client gone or a stage failed: stop every stage's work
                 gen.cancel()
+                metrics.inc("tts_stream_aborted_total", reason=reason)
+                metrics.inc("tts_requests_total", status="aborted", format=fmt)
 
     async def synthesize(self, request: Union[SpeechRequest, dict]) -> bytes:
         """Handle API: the whole audio file."""
-        req = _as_request(request)
-        gen, first = await self._open(req)
-        return b"".join([b async for b in self._chain(first, gen)])
+        audio, _ = await self._audio(_as_request(request))
+        return b"".join([b async for b in audio])
 
     async def stream(self, request: Union[SpeechRequest, dict]) -> AsyncIterator[bytes]:
         """Handle API (``.options(stream=True)``): audio bytes as they are made."""
-        req = _as_request(request)
-        gen, first = await self._open(req)
-        async for data in self._chain(first, gen):
+        audio, _ = await self._audio(_as_request(request))
+        async for data in audio:
             yield data
 
     # ------------------------------------------------------------------ HTTP routes
@@ -166,21 +233,16 @@ class Ingress:
     async def speech(self, body: SpeechRequest, request: Request):
         # Serve's proxy already answers with X-Request-Id (the caller's, if it sent one).
         request_id = _request_id()
-        headers = {
-            "X-Weights": self.weights_kind,
-            "X-Cache": "disabled",
-            "Cache-Control": "no-store",
-        }
         t0 = time.perf_counter()
         try:
-            gen, first = await self._open(body)
+            audio, cache_status = await self._audio(body)
         except APIError as exc:
             return error_response(exc)
-        audio = self._chain(first, gen)
+        headers = {"X-Weights": self.weights_kind, "X-Cache": cache_status, "Cache-Control": "no-store"}
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
             audio = sse_stream(audio, usage)
-        log.info("speech %s started in %.3fs", request_id, time.perf_counter() - t0)
+        log.info("speech %s started in %.3fs (cache %s)", request_id, time.perf_counter() - t0, cache_status)
         return StreamingResponse(audio, media_type=body.content_type, headers=headers)
 
     @api.get("/v1/models", response_model=ModelList)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict
 from ray.serve import Application
 
+from serve_app.cache import CacheConfig
 from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
 
 log = logging.getLogger("ray.serve")
@@ -27,6 +28,7 @@ class AppArgs(BaseModel):
     vocoder: VocoderConfig = VocoderConfig()
     segments: SegmentLimits = SegmentLimits()
     ingress: dict[str, Any] = {}
+    cache: CacheConfig = CacheConfig()
     # Vocoder/normaliser replicas never need the GPU or its dtype: CPU float32.
     vocoder_device: str = "cpu"
 
@@ -56,4 +58,5 @@ def build_app(args: Optional[dict] = None) -> Application:
     acoustic = Acoustic.bind(model=model.model_dump(), acoustic=a.acoustic.model_dump())
     vocoder = Vocoder.bind(acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump())
     normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
-    return Ingress.bind(normalizer, vocoder, acoustic, settings=a.ingress)
+    settings = {**a.ingress, "cache": a.cache.model_dump()}
+    return Ingress.bind(normalizer, vocoder, acoustic, settings=settings)
