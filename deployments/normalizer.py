@@ -7,6 +7,7 @@ import time
 
 from ray import serve
 
+from serve_app import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.pipeline import EmptyInputError, Plan, Planner, SynthesisOptions
 from serve_app.engine.voices import VoiceError
@@ -54,8 +55,11 @@ class TextNormalizer:
         log.info("TextNormalizer ready in %.1fs", time.perf_counter() - t0)
 
     def plan(self, request: SpeechRequest) -> Plan:
+        t0 = time.perf_counter()
         try:
-            return self.planner.plan(request.input, options_from(request))
+            plan = self.planner.plan(request.input, options_from(request))
+            metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
+            return plan
         except VoiceError as exc:
             raise APIError(404 if "unknown voice" in str(exc) else 400, str(exc), param="voice", code="voice_not_found") from None
         except EmptyInputError as exc:
