@@ -22,6 +22,7 @@ from ray import serve
 from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentRequest
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.pipeline import aordered_chunks
+from serve_app.engine.refine import TextRefiner
 from serve_app.engine.weights import load_model
 from serve_app.protocol import APIError
 
@@ -47,6 +48,7 @@ class WireChunk:
     hidden: np.ndarray  # (n, 768) float16
     final: bool
     finish_reason: Optional[str] = None
+    batch_rows: int = 0  # rows decoding together when this chunk left (for logs)
 
 
 # max_ongoing_requests must exceed max_batch_size (default 5 would cap every batch at 5) and
@@ -63,6 +65,7 @@ class Acoustic:
         t0 = time.perf_counter()
         self.model = load_model(ModelConfig.model_validate(model or {}))
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
+        self.refiner = TextRefiner(self.model)
         self.engine.start()
         self._warmup()
         log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
@@ -106,7 +109,12 @@ class Acoustic:
                 hidden=chunk.hidden.numpy().astype(np.float16),
                 final=chunk.final,
                 finish_reason=chunk.finish_reason,
+                batch_rows=self.engine.running_rows,
             )
+
+    async def refine(self, texts: list[str], seed: int) -> list[str]:
+        """ChatTTS's refine_text pass (GPT in text mode) on a worker thread."""
+        return await asyncio.to_thread(self.refiner.refine, texts, seed)
 
     def stats(self) -> dict:
         s = self.engine.stats

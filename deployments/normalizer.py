@@ -65,5 +65,12 @@ class TextNormalizer:
         except EmptyInputError as exc:
             raise APIError(400, str(exc), param="input", code="empty_input") from None
 
+    def replan(self, request: SpeechRequest, texts: list[str]) -> Plan:
+        """Segments from refined texts (refine_text); the texts are ChatTTS's own output."""
+        try:
+            return self.planner.plan_texts(texts, options_from(request))
+        except EmptyInputError as exc:
+            raise APIError(400, str(exc), param="input", code="empty_input") from None
+
     def check_health(self) -> None:
         pass

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterator, Union
 
 import numpy as np
 import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from serve_app import metrics
 from serve_app.engine.acoustic import HiddenChunk
+from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.config import ModelConfig, VocoderConfig
 from serve_app.engine.pipeline import AudioAssembler, Plan
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
@@ -26,8 +29,20 @@ from serve_app.engine.weights import load_model
 
 log = logging.getLogger("ray.serve")
 
-# Bytes are merged up to this size (or the end) before they leave: fewer, larger RPC messages.
+# After the first bytes (sent at once: time to first audio), bytes are merged up to this size
+# before they leave: fewer, larger RPC messages.
 MIN_YIELD_BYTES = 2048
+
+
+@dataclass
+class StreamSummary:
+    """The last item of a ``Vocoder.stream``: what the ingress logs and reports."""
+
+    audio_seconds: float
+    segments: int
+    batch_rows: int  # rows in the acoustic batch when this request's first chunk was decoded
+    vocode_seconds: float
+    encode_seconds: float
 
 
 # Vocoding a chunk is a few ms of CPU; a replica serves many streams (target 8 ongoing each).
@@ -51,13 +66,18 @@ class Vocoder:
         self.vocoder.decode(torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
-    async def stream(self, plan: Plan, response_format: str) -> AsyncIterator[bytes]:
+    async def stream(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
+        """Encoded audio bytes as they are made, then one ``StreamSummary``."""
+        t0 = time.perf_counter()
         assembler = AudioAssembler(self.vocoder, response_format, self.cfg)
         chunks = self.acoustic.options(stream=True).stream.remote(plan.segments)
         pending = b""
         done = False
+        sent_first = False
+        batch_rows = 0
         try:
             async for wire in chunks:
+                batch_rows = batch_rows or wire.batch_rows
                 chunk = HiddenChunk(
                     hidden=torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32)),
                     index=0,
@@ -67,16 +87,25 @@ class Vocoder:
                 )
                 # Decoding is CPU-bound: keep it off the replica's event loop.
                 pending += await asyncio.to_thread(assembler.feed, wire.segment, chunk)
-                if len(pending) >= MIN_YIELD_BYTES:
+                if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
                     yield pending
                     pending = b""
+                    sent_first = True
             done = True
             pending += assembler.close()
             if pending:
                 yield pending
+            seconds = assembler.samples / SAMPLE_RATE
+            elapsed = time.perf_counter() - t0
+            metrics.inc("tts_audio_seconds_total", seconds)
+            if seconds > 0:
+                metrics.observe("tts_rtf", elapsed / seconds)
+            metrics.observe("tts_stage_seconds", assembler.vocode_seconds, stage="vocode")
+            metrics.observe("tts_stage_seconds", assembler.encode_seconds, stage="encode")
+            yield StreamSummary(seconds, len(plan.segments), batch_rows, assembler.vocode_seconds, assembler.encode_seconds)
         finally:
             if not done:  # the caller went away or a stage failed: stop the decode too
                 chunks.cancel()
 
     async def synthesize(self, plan: Plan, response_format: str) -> bytes:
-        return b"".join([b async for b in self.stream(plan, response_format)])
+        return b"".join([b async for b in self.stream(plan, response_format) if isinstance(b, bytes)])

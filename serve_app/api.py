@@ -52,6 +52,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, APIError):  # FastAPI wraps errors raised while reading the
+            return error_response(exc.__cause__)  # body (the chunked body limit) as a plain 400
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return JSONResponse(
             error_body(str(exc.detail), type=kind, code=str(exc.status_code)),
@@ -124,10 +126,39 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class BodyLimits:
-    """Mutable so the deployment can apply its configured limit after the app is built."""
+    """HTTP settings the deployment applies after the app is built (the app object is created at
+    import time, before the deployment's config is known): body limit and CORS origins."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
+        self.cors_origins: list[str] = []
+
+
+class DynamicCORS:
+    """CORS off unless origins are configured; then Starlette's CORSMiddleware does the work."""
+
+    def __init__(self, app: ASGIApp, limits: BodyLimits):
+        self.app = app
+        self.limits = limits
+        self._cors: Optional[ASGIApp] = None
+        self._origins: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.limits.cors_origins:
+            await self.app(scope, receive, send)
+            return
+        if self._cors is None or self._origins != self.limits.cors_origins:
+            from starlette.middleware.cors import CORSMiddleware
+
+            self._origins = list(self.limits.cors_origins)
+            self._cors = CORSMiddleware(
+                self.app,
+                allow_origins=self._origins,
+                allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                expose_headers=["X-Request-Id", "X-Cache", "X-Weights"],
+            )
+        await self._cors(scope, receive, send)
 
 
 def make_app(limits: BodyLimits) -> FastAPI:
@@ -138,6 +169,7 @@ def make_app(limits: BodyLimits) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limits=limits)
+    app.add_middleware(DynamicCORS, limits=limits)  # outermost: preflight answers never hit limits
     return app
 
 

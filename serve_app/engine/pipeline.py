@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Optional
 
@@ -70,31 +71,36 @@ class Planner:
         self.frontend.warmup()
 
     def plan(self, text: str, opts: SynthesisOptions) -> Plan:
-        voice = self.voices.resolve(opts.voice)
         segments = self.frontend.process(
             text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars
         )
-        if not segments:
+        return self.plan_texts([s.text for s in segments], opts)
+
+    def plan_texts(self, texts: list[str], opts: SynthesisOptions) -> Plan:
+        """Segment requests for already normalised segment texts (e.g. after refine_text)."""
+        voice = self.voices.resolve(opts.voice)
+        texts = [t for t in texts if t.strip()]
+        if not texts:
             raise EmptyInputError("input has nothing to speak (only punctuation, tags or whitespace)")
         level = speed_tag_level(opts.speed)
         prompt = f"[speed_{level}]{opts.prompt}"
         seed = opts.seed if opts.seed is not None else (voice.seed if voice.seed is not None else 0)
         reqs = [
             SegmentRequest(
-                text=seg.text,
+                text=text,
                 spk_emb=voice.spk_emb,
                 seed=segment_seed(seed, i),
-                target_tokens=expected_tokens(seg.text, level),
-                max_new_tokens=max_new_tokens(seg.text, self.limits, level),
+                target_tokens=expected_tokens(text, level),
+                max_new_tokens=max_new_tokens(text, self.limits, level),
                 prompt=prompt,
                 temperature=opts.temperature,
                 top_p=opts.top_p,
                 top_k=opts.top_k,
                 priority=opts.priority,
             )
-            for i, seg in enumerate(segments)
+            for i, text in enumerate(texts)
         ]
-        return Plan(voice, reqs, [s.text for s in segments])
+        return Plan(voice, reqs, texts)
 
 
 class AudioAssembler:
@@ -111,6 +117,8 @@ class AudioAssembler:
         self._stream: Optional[VocoderStream] = None
         self._segment: Optional[int] = None
         self.samples = 0
+        self.vocode_seconds = 0.0  # time in Decoder + Vocos
+        self.encode_seconds = 0.0  # time in the audio encoder
 
     def feed(self, segment: int, chunk: HiddenChunk) -> bytes:
         out = b""
@@ -118,16 +126,20 @@ class AudioAssembler:
             out += self._end_segment()
             self._segment = segment
             self._stream = self.vocoder.stream(self.vocoder_cfg)
+        t0 = time.perf_counter()
         pcm = self._stream.push(chunk.hidden)
         if chunk.final:
             pcm = np.concatenate([pcm, self._stream.finish()])
             self._stream = None
+        self.vocode_seconds += time.perf_counter() - t0
         return out + self._encode(pcm)
 
     def _end_segment(self) -> bytes:
         if self._stream is None:
             return b""
+        t0 = time.perf_counter()
         pcm = self._stream.finish()
+        self.vocode_seconds += time.perf_counter() - t0
         self._stream = None
         return self._encode(pcm)
 
@@ -135,10 +147,17 @@ class AudioAssembler:
         if not len(pcm):
             return b""
         self.samples += len(pcm)
-        return self.encoder.write(pcm)
+        t0 = time.perf_counter()
+        data = self.encoder.write(pcm)
+        self.encode_seconds += time.perf_counter() - t0
+        return data
 
     def close(self) -> bytes:
-        return self._end_segment() + self.encoder.close()
+        tail = self._end_segment()
+        t0 = time.perf_counter()
+        tail += self.encoder.close()
+        self.encode_seconds += time.perf_counter() - t0
+        return tail
 
 
 def ordered_chunks(streams: list[RowStream]) -> Iterator[tuple[int, HiddenChunk]]:
