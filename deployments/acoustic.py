@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 from ray import serve
 
+from serve_app import metrics
 from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentRequest
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.pipeline import aordered_chunks
@@ -66,7 +67,9 @@ class Acoustic:
         self.model = load_model(ModelConfig.model_validate(model or {}))
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
         self.refiner = TextRefiner(self.model)
+        self.engine.on_step = lambda rows: metrics.observe("tts_batch_rows", rows)
         self.engine.start()
+        self._gauges = asyncio.get_event_loop().create_task(self._report_queue())
         self._warmup()
         log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
 
@@ -103,14 +106,30 @@ class Acoustic:
         streams = await self._admit(segments)
         if isinstance(streams, Exception):
             raise APIError(503, str(streams), type="server_error", code="overloaded", headers={"Retry-After": "1"})
-        async for seg, chunk in aordered_chunks(streams):
-            yield WireChunk(
-                segment=seg,
-                hidden=chunk.hidden.numpy().astype(np.float16),
-                final=chunk.final,
-                finish_reason=chunk.finish_reason,
-                batch_rows=self.engine.running_rows,
-            )
+        try:
+            async for seg, chunk in aordered_chunks(streams):
+                yield self._wire(seg, chunk)
+        finally:
+            for st in streams:
+                if st.admitted_at is not None:
+                    metrics.observe("tts_stage_seconds", st.admitted_at - st.submitted_at, stage="queue")
+                    if st.finished_at is not None:
+                        metrics.observe("tts_stage_seconds", st.finished_at - st.admitted_at, stage="decode")
+
+    def _wire(self, seg: int, chunk) -> "WireChunk":
+        return WireChunk(
+            segment=seg,
+            hidden=chunk.hidden.numpy().astype(np.float16),
+            final=chunk.final,
+            finish_reason=chunk.finish_reason,
+            batch_rows=self.engine.running_rows,
+        )
+
+    async def _report_queue(self) -> None:
+        while True:
+            metrics.set_gauge("tts_queue_rows", self.engine.waiting_rows)
+            metrics.set_gauge("tts_running_rows", self.engine.running_rows)
+            await asyncio.sleep(1.0)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
         """ChatTTS's refine_text pass (GPT in text mode) on a worker thread."""

@@ -39,11 +39,14 @@ def tiny_weights_config(chattts_cache_dir):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_weights_config):
-    """ChatTTS ``Chat`` with random-tiny weights (built on first use), loaded once per session."""
+    """ChatTTS ``Chat`` with random-tiny weights (built on first use), loaded once per session.
+
+    One torch thread: the tiny model gains nothing from two on this 2-core box, and two threads
+    collapse (~20x slower) as soon as another process competes for the cores."""
     from serve_app.engine.config import ModelConfig
     from serve_app.engine.weights import load_model
 
-    return load_model(ModelConfig(weights=tiny_weights_config, device="cpu"))
+    return load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
 
 
 @pytest.fixture(scope="session")

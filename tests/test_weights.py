@@ -225,6 +225,7 @@ def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         for i in range(2)
     ]

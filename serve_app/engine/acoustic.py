@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +79,7 @@ class HiddenChunk:
     index: int  # chunk number in the row
     start_token: int  # index of the first token of this chunk in the row
     final: bool = False
-    finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" on the final chunk
+    finish_reason: Optional[str] = None  # "stop" | "length" on the final chunk (a cancelled row just ends)
 
 
 _END = object()
@@ -98,7 +98,9 @@ class RowStream:
         self._q: Any = asyncio.Queue() if loop is not None else queue.Queue()
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
+        self.admitted_at: Optional[float] = None  # joined the running batch (queue time ends)
         self.first_chunk_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
 
     def _put(self, item: Any) -> None:
         if self._loop is not None:
@@ -217,6 +219,8 @@ class AcousticEngine:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self._warpers: dict[tuple, tuple] = {}
+        # Called after every decode step with the number of rows decoded (metrics hook).
+        self.on_step: Optional[Callable[[int], None]] = None
 
     # ------------------------------------------------------------------ public API
 
@@ -299,6 +303,11 @@ class AcousticEngine:
         for row in self._rows:
             row.stream._put(EngineError("engine stopped"))
         self._reset_batch()
+        # Rows still waiting for a slot would otherwise leave their consumers blocked forever.
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for w in waiting:
+            w.row.stream._put(EngineError("engine stopped"))
 
     def _pop_admissible(self) -> list[_Row]:
         """Rows to admit now: by (aged) priority, within max_rows and the token budget."""
@@ -361,6 +370,7 @@ class AcousticEngine:
                 row.stream._put(EngineError(f"prefill failed: {exc}"))
                 continue
             self._merge(row, keys, values)
+            row.stream.admitted_at = time.monotonic()
             admitted += 1
             self.stats.rows_admitted += 1
             # The prefill's last hidden state yields the row's first token.
@@ -443,6 +453,8 @@ class AcousticEngine:
         self._sample_and_advance(rows, hidden)
         self._retire()
         self.stats.decode_seconds += time.perf_counter() - t0
+        if self.on_step is not None:
+            self.on_step(len(rows))
 
     def _logits_warpers(self, top_p: float, top_k: int, penalty: float) -> tuple:
         key = (top_p, top_k, penalty)
@@ -518,6 +530,7 @@ class AcousticEngine:
             row.stream.first_chunk_at = time.monotonic()
         row.stream._put(chunk)
         if final:
+            row.stream.finished_at = time.monotonic()
             row.stream._put(_END)
 
     def _retire(self) -> None:

@@ -79,7 +79,7 @@ class VoiceResolver:
         return spk
 
     def resolve(self, voice: str | None) -> Voice:
-        voice = (voice or DEFAULT_VOICE).strip()
+        voice = (voice or "").strip() or DEFAULT_VOICE
         key = voice.lower()
         if key in OPENAI_VOICES:
             seed = OPENAI_VOICES[key]

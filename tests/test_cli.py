@@ -1,0 +1,116 @@
+"""The ``chattts-serve`` command line, run as a real subprocess (console script) with random-tiny
+weights from the session's shared cache (CHATTTS_SERVE_CACHE, set in conftest.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import pytest
+import soundfile as sf
+
+from serve_app.cli import _format_for, build_parser
+from serve_app.engine.pacing import SAMPLES_PER_TOKEN
+from serve_app.engine.config import EngineConfig, ModelConfig
+from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
+from serve_app.engine.weights import MANIFEST
+
+TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
+SR = 24000
+
+
+def cli_command() -> list[str]:
+    script = Path(sys.executable).parent / "chattts-serve"
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("chattts-serve")
+    return [found] if found else [sys.executable, "-m", "serve_app.cli"]
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("CHATTTS_WEIGHTS", None)
+    env.pop("CHATTTS_WEIGHTS_PATH", None)
+    env["OMP_NUM_THREADS"] = "1"  # as the test process (conftest.tiny_model): same numerics, no oversubscription
+    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def expected_frames(tiny_planner) -> int:
+    """The CLI's defaults: voice alloy, no seed (the voice's seed), speed 1."""
+    plan = tiny_planner.plan(TEXT, SynthesisOptions(voice="alloy"))
+    return sum(min(r.target_tokens, r.max_new_tokens) * SAMPLES_PER_TOKEN - 256 for r in plan.segments)
+
+
+@pytest.mark.timeout(300)
+def test_say_writes_a_24khz_mono_wav(tmp_path, expected_frames, tiny_model, tiny_weights_config, chattts_cache_dir):
+    out = tmp_path / "x.wav"
+    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert "RANDOM weights" in proc.stderr
+    info = sf.info(str(out))
+    assert info.samplerate == SR and info.channels == 1 and info.subtype == "PCM_16"
+    pcm, sr = sf.read(str(out), dtype="int16")
+    assert len(pcm) == expected_frames
+    assert abs(pcm).max() > 0
+    assert out.stat().st_size == 44 + 2 * expected_frames
+    # It used the session's build (no second tree in the shared cache).
+    trees = [p for p in chattts_cache_dir.iterdir() if p.name.startswith("random-tiny")]
+    assert trees == [tiny_model.weights.root]
+    # Same text + voice + seed in another process: the same audio as in-process synthesis.
+    synth = Synthesizer(EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu")), model=tiny_model)
+    try:
+        local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
+    finally:
+        synth.close()
+    assert local == out.read_bytes()
+
+
+@pytest.mark.timeout(300)
+def test_say_mp3(tmp_path, expected_frames):
+    out = tmp_path / "x.mp3"
+    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny", "--format", "mp3")
+    assert proc.returncode == 0, proc.stderr
+    data = out.read_bytes()
+    assert data[:3] == b"ID3" or data[0] == 0xFF  # an mp3 stream, not a WAV
+    with av.open(io.BytesIO(data), format="mp3") as container:
+        stream = container.streams.audio[0]
+        n = sum(f.samples for f in container.decode(stream))
+        assert stream.codec_context.sample_rate == SR
+        assert stream.codec_context.channels == 1
+    seconds = expected_frames / SR
+    assert seconds <= n / SR <= seconds + 0.1
+
+
+@pytest.mark.timeout(120)
+def test_weights_build_prints_the_path(tmp_path, tiny_model):
+    d = tmp_path / "weights"
+    proc = run_cli("weights", "build", "--source", "random-tiny", "--dir", str(d))
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.parent == d and path.name == tiny_model.weights.root.name
+    assert json.loads((path / MANIFEST).read_text())["kind"] == "random-tiny"
+    assert (path / "asset" / "gpt" / "model.safetensors").is_file()
+    # Without --dir it uses CHATTTS_SERVE_CACHE: the session's tree, already built.
+    proc = run_cli("weights", "build", "--source", "random-tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip().splitlines()[-1]) == tiny_model.weights.root
+
+
+def test_format_from_suffix_and_flags():
+    assert _format_for("a.ogg", None) == "opus"
+    assert _format_for("a.raw", None) == "pcm"
+    assert _format_for("a.m4a", None) == "aac"
+    assert _format_for("a.FLAC", None) == "flac"
+    assert _format_for("a.unknown", None) == "wav"
+    assert _format_for("a.wav", "mp3") == "mp3"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["say", "hi"])  # -o is required
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["say", "hi", "-o", "x.wav", "--format", "ogg"])
