@@ -39,6 +39,8 @@ class AcousticUserConfig(BaseModel):
     first_chunk_tokens: Optional[int] = Field(default=None, ge=1)
     chunk_tokens: Optional[int] = Field(default=None, ge=1)
     continuous: Optional[bool] = None
+    max_queued_rows: Optional[int] = Field(default=None, ge=1)
+    token_budget: Optional[int] = Field(default=None, ge=64)
 
 
 @dataclass

@@ -166,16 +166,12 @@ class Ingress:
         self.normalizer = normalizer
         self.vocoder = vocoder
         self.acoustic = acoustic
-        self.settings = IngressSettings.model_validate(settings or {})
-        BODY_LIMITS.max_bytes = self.settings.max_body_bytes
         self.weights_kind = "unknown"
         self.weights_id = "unknown"
-        self.cache = make_cache(self.settings.cache)
-        BODY_LIMITS.cors_origins = list(self.settings.security.cors_origins)
-        self.auth = APIKeyAuth(load_api_keys(self.settings.security))
-        self.limiter = StreamLimiter(self.settings.security.max_streams_per_key)
         self._queue_rows = 0
-        self._poll_task = asyncio.get_event_loop().create_task(self._poll_queue())
+        self._poll_task: Optional[asyncio.Task] = None
+        self._apply(IngressSettings.model_validate(settings or {}))
+        self.cache = make_cache(self.settings.cache)
         self._ready = asyncio.Event()
         self._warmup_error: Optional[str] = None
         self._warmup_task = asyncio.get_event_loop().create_task(self._warmup())
@@ -196,10 +192,25 @@ class Ingress:
             self._warmup_error = f"{exc.__class__.__name__}: {exc}"
             log.exception("warm-up failed")
 
+    def _apply(self, settings: IngressSettings) -> None:
+        self.settings = settings
+        BODY_LIMITS.max_bytes = settings.max_body_bytes
+        BODY_LIMITS.cors_origins = list(settings.security.cors_origins)
+        self.auth = APIKeyAuth(load_api_keys(settings.security))
+        self.limiter = StreamLimiter(settings.security.max_streams_per_key)
+        needs_queue = settings.busy_queue_rows is not None or settings.skip_refine_queue_rows is not None
+        if needs_queue and self._poll_task is None:
+            self._poll_task = asyncio.get_event_loop().create_task(self._poll_queue())
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve ``user_config``: any IngressSettings field except the cache, applied live
+        (limits, timeout, degradation switches, API keys, CORS)."""
+        changes = {k: v for k, v in (user_config or {}).items() if k != "cache"}
+        if changes:
+            self._apply(IngressSettings.model_validate({**self.settings.model_dump(), **changes}))
+
     async def _poll_queue(self) -> None:
         """Keep the acoustic queue length at hand for the degradation switches."""
-        if self.settings.busy_queue_rows is None and self.settings.skip_refine_queue_rows is None:
-            return
         while True:
             try:
                 stats = await self.acoustic.stats.remote()
