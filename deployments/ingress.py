@@ -202,7 +202,7 @@ class Ingress:
         if needs_queue and self._poll_task is None:
             self._poll_task = asyncio.get_event_loop().create_task(self._poll_queue())
 
-    def reconfigure(self, user_config: dict) -> None:
+    async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: any IngressSettings field except the cache, applied live
         (limits, timeout, degradation switches, API keys, CORS)."""
         changes = {k: v for k, v in (user_config or {}).items() if k != "cache"}
@@ -361,7 +361,11 @@ class Ingress:
     # ------------------------------------------------------------------ HTTP routes
 
     def _authorize(self, request: Request) -> str:
-        return self.auth.check(request.headers.get("authorization"))
+        """The caller's id for limits: its key's fingerprint, or its address when keys are off."""
+        key_id = self.auth.check(request.headers.get("authorization"))
+        if self.auth.enabled:
+            return key_id
+        return "ip:" + (request.client.host if request.client else "unknown")
 
     @api.post("/v1/audio/speech", response_class=StreamingResponse)
     async def speech(self, body: SpeechRequest, request: Request):

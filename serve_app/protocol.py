@@ -33,8 +33,8 @@ class SpeechRequest(BaseModel):
     instructions: Optional[str] = Field(default=None, max_length=4096, description="Accepted for OpenAI compatibility; ignored.")
     # ChatTTS extras
     seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
-    temperature: float = Field(default=0.3, gt=0.0, le=2.0)
-    top_p: float = Field(default=0.7, gt=0.0, le=1.0)
+    temperature: float = Field(default=0.3, ge=0.01, le=2.0)
+    top_p: float = Field(default=0.7, ge=0.01, le=1.0)
     top_k: int = Field(default=20, ge=1, le=625)
     refine_text: bool = False
     prompt: str = Field(default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")

@@ -57,3 +57,7 @@ def tiny_planner(tiny_model):
     planner = Planner(tiny_model.chat.speaker)
     planner.warmup()
     return planner
+
+
+# Ray Serve fixtures (one Ray, one Serve, one chattts app per session) for the end-to-end tests.
+from serve_fixtures import *  # noqa: E402,F401,F403

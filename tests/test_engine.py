@@ -451,6 +451,21 @@ def test_prefill_failure_fails_only_that_row(engine, spk):
     assert engine.stats.rows_failed == 1 and engine.stats.rows_finished == 3
 
 
+def test_degenerate_sampling_fails_only_that_row_and_the_loop_survives(engine, spk):
+    """A temperature so small that logits overflow (found by fuzzing the HTTP API) must fail its
+    own row, not the decode thread."""
+    engine.start()
+    good = engine.submit(seg(spk, 30, seed=1))
+    bad = engine.submit(seg(spk, 30, seed=2, temperature=1e-300))
+    with pytest.raises(EngineError, match="invalid probabilities"):
+        drain(bad)
+    assert drain(good)[1].shape[0] == 30
+    after = engine.submit(seg(spk, 12, seed=3))
+    assert drain(after)[1].shape[0] == 12
+    assert engine._thread is not None and engine._thread.is_alive()
+    assert engine.stats.rows_failed == 1
+
+
 def test_admission_respects_max_rows(make_engine, spk):
     engine = make_engine(max_rows=2)
     lengths = [20, 35, 15, 28, 22]

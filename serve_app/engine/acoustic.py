@@ -299,7 +299,14 @@ class AcousticEngine:
                     self._wake.wait()
                 if self._stop:
                     break
-            self.step()
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one batch
+                log.exception("acoustic step failed; failing %d running rows", len(self._rows))
+                for row in self._rows:
+                    if row.finish_reason is None:
+                        self._fail(row, f"decode failed: {exc.__class__.__name__}")
+                self._reset_batch()
         for row in self._rows:
             row.stream._put(EngineError("engine stopped"))
         self._reset_batch()
@@ -497,6 +504,10 @@ class AcousticEngine:
         probs = torch.stack(probs_rows).cpu()
         hidden_cpu = hidden.detach().to("cpu", torch.float32)
         for (b, row), p in zip(live, probs):
+            if not bool(torch.isfinite(p).all()):
+                # Degenerate sampling parameters or numerics: this row fails, the batch goes on.
+                self._fail(row, "sampling produced invalid probabilities")
+                continue
             token = torch.multinomial(p, 1, generator=row.generator).squeeze(1)  # (4,)
             row.n_generated += 1
             if bool(token.eq(self.eos).any()):
@@ -511,6 +522,11 @@ class AcousticEngine:
                 row.finish_reason = "length"
             elif len(row.pending) >= row.chunk_size(self.cfg):
                 self._emit(row, final=False)
+
+    def _fail(self, row: _Row, reason: str) -> None:
+        row.finish_reason = "error"
+        self.stats.rows_failed += 1
+        row.stream._put(EngineError(reason))
 
     def _emit(self, row: _Row, final: bool) -> None:
         if not row.pending and not final:
@@ -545,6 +561,8 @@ class AcousticEngine:
             if row.finish_reason == "cancelled":
                 self.stats.rows_cancelled += 1
                 row.stream._put(_END)
+            elif row.finish_reason == "error":
+                pass  # its stream already ended with the error
             else:
                 self.stats.rows_finished += 1
                 self._emit(row, final=True)

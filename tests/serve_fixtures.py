@@ -1,0 +1,233 @@
+"""Ray Serve fixtures for the end-to-end tests: one Ray, one Serve, one ``chattts`` app per session.
+
+Load as a plugin (``pytest -p serve_fixtures`` with ``tests`` on ``PYTHONPATH``) or from
+``tests/conftest.py`` with ``from serve_fixtures import *  # noqa``.
+
+Starting Ray (~10 s) and the app (~30 s on a 2-core box, tiny random weights) is the expensive
+part of the suite, so everything here is session-scoped. Tests that deploy their own apps delete
+them; nobody deletes the shared ``chattts`` app.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+__all__ = [
+    "APP_NAME",
+    "SERVE_APP_ARGS",
+    "free_port",
+    "wait_ready",
+    "serve_weights_cache",
+    "ray_session",
+    "app_url",
+    "chattts_handle",
+    "acoustic_stats",
+    "walk_graph",
+    "report",
+    "SERVE_REPORT",
+    "pytest_terminal_summary",
+]
+
+APP_NAME = "chattts"
+READY_TIMEOUT_S = 180.0
+
+# Small, CPU-sized args (the same engine knobs as config/serve.yaml), weights: random-tiny.
+SERVE_APP_ARGS: dict[str, Any] = {
+    "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "dtype": "float32", "torch_threads": 1},
+    "acoustic": {"max_rows": 16, "first_chunk_tokens": 12, "chunk_tokens": 24, "continuous": True},
+    "vocoder": {"left_context_tokens": 16, "hold_back_tokens": 4},
+    "segments": {"max_chars": 120},
+    "ingress": {"max_input_chars": 4096},
+    # As config/serve.yaml: tests that need a fresh synthesis use text no other test sends.
+    "cache": {"backend": "memory", "max_bytes": 64 * 1024 * 1024, "ttl_s": 3600, "jitter": 0.1},
+}
+
+# One replica per stage (no autoscaling: counters read through a handle must come from the one
+# Acoustic replica), with the fractional CPUs of config/serve.yaml and its batch window.
+_DEPLOYMENT_OPTIONS: dict[str, dict[str, Any]] = {
+    "Ingress": {"ray_actor_options": {"num_cpus": 0.1}},
+    "TextNormalizer": {"ray_actor_options": {"num_cpus": 0.1}},
+    "Acoustic": {
+        "ray_actor_options": {"num_cpus": 1.0},
+        "max_ongoing_requests": 48,
+        "user_config": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05},
+    },
+    "Vocoder": {"ray_actor_options": {"num_cpus": 0.5}},
+}
+_ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(base_url: str, timeout_s: float = READY_TIMEOUT_S, proc=None) -> float:
+    """Poll ``GET /readyz`` until 200; return the seconds it took. Fails on timeout or if ``proc``
+    (a subprocess serving it) exits first."""
+    t0 = time.monotonic()
+    last: str = "no answer"
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() - t0 < timeout_s:
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"server process exited with {proc.returncode} before ready ({last})")
+            try:
+                r = client.get(base_url + "/readyz")
+                if r.status_code == 200:
+                    return time.monotonic() - t0
+                last = f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{exc.__class__.__name__}: {exc}"
+            time.sleep(0.5)
+    raise AssertionError(f"{base_url}/readyz not 200 after {timeout_s:.0f} s (last: {last})")
+
+
+# Measurements the tests make (start-up, TTFB, ...), printed in pytest's terminal summary.
+SERVE_REPORT: dict[str, str] = {}
+
+
+def report(key: str, value: str) -> None:
+    SERVE_REPORT[key] = value
+    print(f"{key}: {value}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if SERVE_REPORT:
+        terminalreporter.write_sep("-", "chattts-serve measurements")
+        for key, value in SERVE_REPORT.items():
+            terminalreporter.write_line(f"{key}: {value}")
+
+
+def walk_graph(app) -> list:
+    """Every ``Application`` node of a bound graph (ingress first), each once."""
+    from ray.serve import Application
+
+    nodes: list = []
+    seen: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Application):
+            if id(node) in seen:
+                return
+            seen.add(id(node))
+            nodes.append(node)
+            dep = node._bound_deployment
+            walk(list(dep.init_args) + list(dep.init_kwargs.values()))
+        elif isinstance(node, (list, tuple)):
+            for x in node:
+                walk(x)
+        elif isinstance(node, dict):
+            for x in node.values():
+                walk(x)
+
+    walk(app)
+    return nodes
+
+
+def _pin_one_replica(app) -> None:
+    """Give every deployment of the bound graph one replica and the options above (in place)."""
+    for node in walk_graph(app):
+        dep = node._bound_deployment
+        opts = dict(_DEPLOYMENT_OPTIONS.get(dep.name, {}))
+        node._bound_deployment = dep.options(autoscaling_config=_ONE_REPLICA, **opts)
+
+
+@pytest.fixture(scope="session")
+def serve_weights_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weights cache of the session: the engine tests' one (``chattts_cache_dir`` in
+    conftest) when it exists, so the tiny weights are built once, else a temporary directory."""
+    try:
+        return Path(request.getfixturevalue("chattts_cache_dir"))
+    except pytest.FixtureLookupError:
+        return tmp_path_factory.mktemp("chattts-serve-cache")
+
+
+@pytest.fixture(scope="session")
+def ray_session(serve_weights_cache: Path) -> Iterator[dict[str, Any]]:
+    """One local Ray (4 logical CPUs so fractional replicas fit on 2 cores) and Serve's HTTP proxy
+    on 127.0.0.1:<free port>.
+
+    The environment set before ``ray.init`` is what the raylet, and so every worker and replica,
+    inherits. In this (driver) process the weights variables are put back right after
+    ``ray.init``, so tests that run later in the same session (weights/CLI tests that read
+    CHATTTS_WEIGHTS) see the environment they expect; RAY_AUTH_MODE stays for the session.
+    """
+    import ray
+    from ray import serve
+
+    session_env = pytest.MonkeyPatch()
+    session_env.setenv("RAY_AUTH_MODE", "disabled")
+    init_env = pytest.MonkeyPatch()
+    init_env.setenv("CHATTTS_WEIGHTS", "random-tiny")
+    init_env.setenv("CHATTTS_SERVE_CACHE", str(serve_weights_cache))
+    init_env.delenv("CHATTTS_WEIGHTS_PATH", raising=False)
+    init_env.delenv("RAY_ADDRESS", raising=False)  # always a fresh local cluster, never someone else's
+    port = free_port()
+    t0 = time.monotonic()
+    try:
+        # "local": a new cluster even where `ray start` left one to join (never someone else's).
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    finally:
+        init_env.undo()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        info = {
+            "port": port,
+            "http_url": f"http://127.0.0.1:{port}",
+            "gcs_address": ray.get_runtime_context().gcs_address,
+            "cache_dir": serve_weights_cache,
+            "start_s": time.monotonic() - t0,
+        }
+        yield info
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            session_env.undo()
+
+
+@pytest.fixture(scope="session")
+def app_url(ray_session: dict[str, Any]) -> Iterator[str]:
+    """The ``chattts`` app (tiny random weights) at route ``/``, ready (``/readyz`` = 200)."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    args = copy.deepcopy(SERVE_APP_ARGS)
+    # Explicit, so the driver (which builds the weights once) and replicas agree without env.
+    args["model"]["weights"]["cache_dir"] = str(ray_session["cache_dir"])
+    app = build_app(args)
+    _pin_one_replica(app)
+    t0 = time.monotonic()
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    url = ray_session["http_url"]
+    wait_ready(url, READY_TIMEOUT_S)
+    ray_session["app_ready_s"] = time.monotonic() - t0
+    report("session: ray.init + serve.start", f"{ray_session['start_s']:.1f} s")
+    report("session: serve.run(chattts) to /readyz 200", f"{ray_session['app_ready_s']:.1f} s")
+    yield url
+
+
+@pytest.fixture(scope="session")
+def chattts_handle(app_url: str):
+    """``DeploymentHandle`` of the app's ingress (``synthesize`` / ``stream``)."""
+    from ray import serve
+
+    return serve.get_app_handle(APP_NAME)
+
+
+def acoustic_stats() -> dict[str, Any]:
+    """Counters of the (one) Acoustic replica: ``EngineStats`` plus running/waiting rows."""
+    from ray import serve
+
+    h = serve.get_deployment_handle("Acoustic", app_name=APP_NAME)
+    return h.stats.remote().result(timeout_s=30)
