@@ -171,10 +171,13 @@ def ray_session(serve_weights_cache: Path) -> Iterator[dict[str, Any]]:
     init_env.delenv("CHATTTS_WEIGHTS_PATH", raising=False)
     init_env.delenv("RAY_ADDRESS", raising=False)  # always a fresh local cluster, never someone else's
     port = free_port()
+    metrics_port = free_port()
     t0 = time.monotonic()
     try:
         # "local": a new cluster even where `ray start` left one to join (never someone else's).
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # The node's Prometheus endpoint on a known port, for the metrics tests.
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 _metrics_export_port=metrics_port)
     finally:
         init_env.undo()
     try:
@@ -182,6 +185,7 @@ def ray_session(serve_weights_cache: Path) -> Iterator[dict[str, Any]]:
         info = {
             "port": port,
             "http_url": f"http://127.0.0.1:{port}",
+            "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
             "gcs_address": ray.get_runtime_context().gcs_address,
             "cache_dir": serve_weights_cache,
             "start_s": time.monotonic() - t0,
