@@ -76,20 +76,20 @@ def _speech(text: str, **extra) -> dict:
     return {"model": "chattts", "input": text, "response_format": "wav", "seed": extra.pop("seed", None) or uuid.uuid4().int % 10**9, **extra}
 
 
-def _live_actors():
-    """This session's live actors (other Ray clusters may run on the same box)."""
-    import ray
-    from ray.util.state import list_actors
+def _live_actors() -> list[dict]:
+    """This session's live actors, from the GCS actor table (the state API would need the
+    dashboard, which the test cluster does not run)."""
+    from ray._private.state import state
 
-    return list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")], limit=1000)
+    return [a for a in state.actor_table(None).values() if a["State"] == "ALIVE"]
 
 
 def _replica_pids() -> dict[str, int]:
     pids = {}
     for a in _live_actors():
-        name = a.class_name or ""
+        name = a["ActorClassName"] or ""
         if name.startswith(f"ServeReplica:{APP_NAME}:"):
-            pids[name.split(":")[-1]] = a.pid
+            pids[name.split(":")[-1]] = a["Pid"]
     return pids
 
 
@@ -456,6 +456,6 @@ async def test_killed_replica_fails_only_its_requests_and_is_replaced(app_url, s
 
 def _replica_actor_name(stage: str) -> str:
     for a in _live_actors():
-        if (a.class_name or "") == f"ServeReplica:{APP_NAME}:{stage}":
-            return a.name
+        if (a["ActorClassName"] or "") == f"ServeReplica:{APP_NAME}:{stage}":
+            return a["Name"]
     raise AssertionError(f"no live {stage} replica")
