@@ -59,6 +59,35 @@ def _raise_for(resp: httpx.Response, body: bytes) -> None:
         raise SpeechError(resp.status_code, parsed)
 
 
+class _FileSink:
+    """Writes a response to a file, timing the first byte and the whole transfer."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = str(path)
+        self.t0 = time.perf_counter()
+        self.ttfb: Optional[float] = None
+        self.bytes = 0
+
+    def __enter__(self) -> "_FileSink":
+        self._file = open(self.path, "wb")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.close()
+
+    def write(self, data: bytes) -> None:
+        if self.ttfb is None:
+            self.ttfb = time.perf_counter() - self.t0
+        self._file.write(data)
+        self.bytes += len(data)
+
+    def result(self, resp: httpx.Response) -> SpeechResult:
+        total = time.perf_counter() - self.t0
+        headers = dict(resp.headers)
+        ttfb = self.ttfb if self.ttfb is not None else total
+        return SpeechResult(self.path, self.bytes, ttfb, total, headers.get("x-request-id"), headers)
+
+
 class SpeechClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: Optional[str] = None, timeout: httpx.Timeout = DEFAULT_TIMEOUT):
         self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout)
@@ -83,21 +112,14 @@ class SpeechClient:
         return b"".join(self.stream(text, voice, response_format, **extra))
 
     def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
-        t0 = time.perf_counter()
-        ttfb = None
-        n = 0
+        sink = _FileSink(path)
         with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, resp.read())
-            with open(path, "wb") as out:
+            with sink:
                 for data in resp.iter_bytes():
-                    if ttfb is None:
-                        ttfb = time.perf_counter() - t0
-                    out.write(data)
-                    n += len(data)
-            headers = dict(resp.headers)
-        total = time.perf_counter() - t0
-        return SpeechResult(str(path), n, ttfb if ttfb is not None else total, total, headers.get("x-request-id"), headers)
+                    sink.write(data)
+            return sink.result(resp)
 
     def voices(self) -> list[dict[str, Any]]:
         return self._http.get("/v1/voices").json()["data"]
@@ -133,18 +155,11 @@ class AsyncSpeechClient:
         return b"".join([b async for b in self.stream(text, voice, response_format, **extra)])
 
     async def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
-        t0 = time.perf_counter()
-        ttfb = None
-        n = 0
+        sink = _FileSink(path)
         async with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, await resp.aread())
-            with open(path, "wb") as out:
+            with sink:
                 async for data in resp.aiter_bytes():
-                    if ttfb is None:
-                        ttfb = time.perf_counter() - t0
-                    out.write(data)
-                    n += len(data)
-            headers = dict(resp.headers)
-        total = time.perf_counter() - t0
-        return SpeechResult(str(path), n, ttfb if ttfb is not None else total, total, headers.get("x-request-id"), headers)
+                    sink.write(data)
+            return sink.result(resp)
