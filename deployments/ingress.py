@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -122,6 +122,10 @@ class RequestRecord:
         log.info(json.dumps({"event": "speech", **line}, ensure_ascii=False))
         if self.text is not None:
             log.debug(json.dumps({"event": "speech_text", "request_id": self.request_id, "text": self.text}, ensure_ascii=False))
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def _released(audio: AsyncIterator[bytes], limiter: StreamLimiter, client: str) -> AsyncIterator[bytes]:
@@ -270,8 +274,11 @@ class Ingress:
             raise APIError(429, "server busy: too many requests queued; retry shortly", type="rate_limit_error",
                            code="busy", headers={"Retry-After": "2"})
 
-    async def _audio(self, req: SpeechRequest, rec: RequestRecord) -> AsyncIterator[bytes]:
-        """The request's audio stream. Errors before the first audio byte raise APIError."""
+    async def _audio(self, req: SpeechRequest, rec: RequestRecord) -> Union[bytes, AsyncIterator[bytes]]:
+        """The request's audio: the cached bytes on a hit, else a stream.
+
+        Errors before the first audio byte raise APIError.
+        """
         try:
             self._check(req)
             key = request_key(req, weights_id=self.weights_id) if self.weights_id != "unknown" else None
@@ -280,7 +287,9 @@ class Ingress:
                 rec.cache = "hit" if cached is not None else "miss"
                 metrics.inc("tts_cache_total", result=rec.cache)
                 if cached is not None:
-                    return self._replay(cached, rec)
+                    rec.first_byte()
+                    rec.finish("200")
+                    return cached
             else:
                 metrics.inc("tts_cache_total", result="bypass")
             self._check_busy()
@@ -294,11 +303,6 @@ class Ingress:
             raise
         rec.segments = len(plan.segments)
         return self._chain(first, gen, rec, key)
-
-    async def _replay(self, data: bytes, rec: RequestRecord) -> AsyncIterator[bytes]:
-        rec.first_byte()
-        yield data
-        rec.finish("200")
 
     async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str]) -> AsyncIterator[bytes]:
         """Forward the stream within the deadline; record metrics and the log line; cache it."""
@@ -349,12 +353,15 @@ class Ingress:
         """Handle API: the whole audio file."""
         req = _as_request(request)
         audio = await self._audio(req, RequestRecord.start(req, _request_id(), client="handle"))
-        return b"".join([b async for b in audio])
+        return audio if isinstance(audio, bytes) else b"".join([b async for b in audio])
 
     async def stream(self, request: Union[SpeechRequest, dict]) -> AsyncIterator[bytes]:
         """Handle API (``.options(stream=True)``): audio bytes as they are made."""
         req = _as_request(request)
         audio = await self._audio(req, RequestRecord.start(req, _request_id(), client="handle"))
+        if isinstance(audio, bytes):
+            yield audio
+            return
         async for data in audio:
             yield data
 
@@ -383,6 +390,12 @@ class Ingress:
             self.limiter.release(client)
             return error_response(exc)
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
+        if isinstance(audio, bytes):
+            if body.stream_format != "sse":
+                # A hit goes out as one plain response: no streaming round trips through the proxy.
+                self.limiter.release(client)
+                return Response(audio, media_type=body.content_type, headers=headers)
+            audio = _once(audio)
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
             audio = sse_stream(audio, usage)

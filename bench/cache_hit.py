@@ -1,0 +1,80 @@
+"""Cache-hit path: latency and throughput of answering a repeated request from the result cache.
+
+One ~10-second utterance (wav) is synthesised once (miss), then requested again and again: every
+answer must be ``X-Cache: hit`` and byte-identical. Reports p50/p95 latency of a hit through HTTP
+(sequential) and hit throughput at a given concurrency.
+
+    python -m bench.cache_hit --url http://127.0.0.1:8000 [--n 200] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import httpx
+
+# ~10 s of audio at the project's pacing (Chinese ~0.21 s per character + pauses).
+TEN_SECOND_TEXT = "今天的天气非常好，阳光明媚，微风轻轻吹过，我们决定一起去公园散步，顺便看看湖边盛开的花。"
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242) -> dict:
+    body = {"model": "chattts", "input": TEN_SECOND_TEXT, "voice": "alloy", "response_format": "wav", "seed": seed}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        t0 = time.perf_counter()
+        first = await client.post("/v1/audio/speech", json=body)
+        miss_s = time.perf_counter() - t0
+        first.raise_for_status()
+        audio_s = (len(first.content) - 44) / 48000
+
+        async def hit() -> float:
+            t = time.perf_counter()
+            r = await client.post("/v1/audio/speech", json=body)
+            dt = time.perf_counter() - t
+            if r.status_code != 200 or r.headers.get("x-cache") != "hit" or r.content != first.content:
+                raise AssertionError(f"not a clean hit: {r.status_code} {r.headers.get('x-cache')}")
+            return dt
+
+        sequential = [await hit() for _ in range(n)]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def bounded() -> float:
+            async with sem:
+                return await hit()
+
+        t1 = time.perf_counter()
+        await asyncio.gather(*[bounded() for _ in range(n)])
+        wall = time.perf_counter() - t1
+    return {
+        "audio_seconds": round(audio_s, 3),
+        "miss_latency_s": round(miss_s, 3),
+        "hit_p50_ms": round(1000 * statistics.median(sequential), 2),
+        "hit_p95_ms": round(1000 * _pct(sequential, 0.95), 2),
+        "hits": n,
+        "concurrency": concurrency,
+        "hit_req_per_s": round(n / wall, 1),
+        "hit_audio_s_per_s": round(n * audio_s / wall, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=8)
+    args = p.parse_args(argv)
+    print(json.dumps(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
