@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 from ray import serve
 
@@ -144,6 +145,8 @@ class Acoustic:
             "mean_rows": s.mean_rows,
             "running_rows": self.engine.running_rows,
             "waiting_rows": self.engine.waiting_rows,
+            "torch_threads": torch.get_num_threads(),
+            "config": self.engine.cfg.model_dump(),
             "weights_kind": self.model.weights.kind,
             "weights_id": self.model.weights.weights_id,
         }

@@ -1,0 +1,201 @@
+"""The "before" server of the ChatTTS serving write-ups, rebuilt as a yardstick (not a product).
+
+FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the
+whole WAV in one response. It loads the same weights through ``serve_app.engine.weights.load_model``
+(the same asset tree as the project) and plans each request with the project's own ``Planner``,
+so its segments, speaker, seeds and (for random weights) segment lengths are identical to what the
+project decodes: every segment is one ``Chat.infer`` call with ``max_new_token = min_new_token =``
+the segment's target tokens (``pacing.expected_tokens``), ``skip_refine_text=True`` and no text
+normalisation inside ChatTTS (the planner's text is already normalised).
+
+    python -m bench.baseline --port 8100 [--weights random] [--threads N]
+
+Endpoints: ``POST /v1/audio/speech`` (OpenAI-style JSON; answers ``audio/wav``), ``GET /healthz``
+(200 once the model is loaded and warmed up), ``GET /stats`` (busy, waiting, served, pid).
+A request whose client has gone away while it waited for the lock is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import struct
+import time
+from typing import Optional
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+log = logging.getLogger("bench.baseline")
+
+SAMPLE_RATE = 24000
+
+
+def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """float32 mono PCM -> a complete 16-bit WAV file (sizes filled in)."""
+    data = np.rint(np.clip(np.nan_to_num(pcm.astype(np.float32)), -1, 1) * 32767).astype("<i2").tobytes()
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    return (
+        b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE"
+        + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+        + b"data" + struct.pack("<I", len(data)) + data
+    )
+
+
+class BaselineSynth:
+    """Text -> one WAV, one ``Chat.infer`` per segment, nothing in parallel."""
+
+    def __init__(self, weights: str = "random", device: str = "cpu", max_chars: int = 120, threads: Optional[int] = None, cache_dir: Optional[str] = None):
+        from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
+        from serve_app.engine.pipeline import Planner
+        from serve_app.engine.weights import load_model
+
+        wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
+        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads))
+        self.chat = self.model.chat
+        self.planner = Planner(self.chat.speaker, SegmentLimits(max_chars=max_chars))
+        self.planner.warmup()
+
+    def interrupt(self) -> None:
+        """Stop the running ``Chat.infer`` (ChatTTS's own interrupt flag) and skip later segments."""
+        self._interrupted = True
+        self.chat.interrupt()
+
+    def synthesize(self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0) -> tuple[bytes, dict]:
+        from ChatTTS import Chat
+
+        from serve_app.engine.pipeline import SynthesisOptions
+
+        plan = self.planner.plan(text, SynthesisOptions(voice=voice, seed=seed, speed=speed))
+        wavs = []
+        tokens = 0
+        self._interrupted = False
+        for seg in plan.segments:
+            if self._interrupted:
+                break
+            if self.model.is_random and seg.target_tokens:
+                n = min(seg.target_tokens, seg.max_new_tokens)
+                lo, hi = n, n
+            else:  # real weights: stop at end-of-speech, never after the cap
+                lo, hi = 0, seg.max_new_tokens
+            params = Chat.InferCodeParams(
+                prompt=seg.prompt,
+                spk_emb=seg.spk_emb,
+                temperature=seg.temperature,
+                top_P=seg.top_p,
+                top_K=seg.top_k,
+                repetition_penalty=seg.repetition_penalty,
+                max_new_token=hi,
+                min_new_token=lo,
+                manual_seed=seg.seed,
+                show_tqdm=False,
+            )
+            out = self.chat.infer(
+                [seg.text],
+                skip_refine_text=True,
+                do_text_normalization=False,
+                do_homophone_replacement=False,
+                split_text=False,
+                params_infer_code=params,
+            )
+            wavs.append(np.asarray(out[0], dtype=np.float32).reshape(-1))
+            tokens += hi
+        pcm = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)
+        return wav_bytes(pcm), {"segments": len(plan.segments), "tokens": tokens}
+
+
+def make_app(synth_factory) -> FastAPI:
+    state: dict = {"synth": None, "busy": False, "waiting": 0, "served": 0, "skipped": 0, "failed": 0, "busy_s": 0.0}
+    lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        t0 = time.perf_counter()
+        synth = await asyncio.to_thread(synth_factory)
+        await asyncio.to_thread(synth.synthesize, "你好。")  # warm-up before /healthz says ok
+        state["synth"] = synth
+        log.warning("baseline ready in %.1fs (pid %d)", time.perf_counter() - t0, os.getpid())
+        yield
+
+    app = FastAPI(title="chattts baseline (one Chat.infer at a time)", lifespan=lifespan)
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        body = await request.json()
+        text = body.get("input")
+        if not isinstance(text, str) or not text.strip():
+            return JSONResponse({"error": {"message": "input is required", "type": "invalid_request_error"}}, status_code=400)
+        state["waiting"] += 1
+        try:
+            await lock.acquire()
+        finally:
+            state["waiting"] -= 1
+        try:
+            if await request.is_disconnected():
+                state["skipped"] += 1
+                return Response(status_code=499)
+            state["busy"] = True
+            t0 = time.perf_counter()
+            try:
+                work = asyncio.ensure_future(asyncio.to_thread(
+                    state["synth"].synthesize, text, body.get("voice", "alloy"), body.get("seed"), float(body.get("speed", 1.0))
+                ))
+                # Not part of the write-ups' server, but harmless for the measurement: when the
+                # client has gone (the benchmark cut it), stop decoding for nobody.
+                while not work.done():
+                    await asyncio.wait([work], timeout=0.25)
+                    if not work.done() and await request.is_disconnected():
+                        state["synth"].interrupt()
+                        state["skipped"] += 1
+                        await work
+                        return Response(status_code=499)
+                audio, info = work.result()
+            except Exception as exc:  # noqa: BLE001 - a yardstick: report and go on
+                state["failed"] += 1
+                log.exception("synthesis failed")
+                return JSONResponse({"error": {"message": str(exc), "type": "server_error"}}, status_code=500)
+            finally:
+                state["busy"] = False
+                state["busy_s"] += time.perf_counter() - t0
+        finally:
+            lock.release()
+        state["served"] += 1
+        return Response(audio, media_type="audio/wav", headers={"X-Segments": str(info["segments"]), "X-Tokens": str(info["tokens"])})
+
+    @app.get("/healthz")
+    async def healthz():
+        if state["synth"] is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats():
+        return {k: v for k, v in state.items() if k != "synth"} | {"pid": os.getpid(), "locked": lock.locked()}
+
+    return app
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.baseline", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--weights", default="random", help="weights source (as the project's model.weights.source)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-chars", type=int, default=120, help="segments.max_chars (same as the project)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    import uvicorn
+
+    app = make_app(lambda: BaselineSynth(args.weights, args.device, args.max_chars, args.threads))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

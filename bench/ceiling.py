@@ -1,0 +1,231 @@
+"""The model's own ceiling on this box: raw in-process decoding, no serving at all.
+
+For each batch size N, N segments from the corpus (those whose target length is closest to the
+corpus mean, so the texts are the traffic's) are decoded together, every row for the same number
+of tokens L, then vocoded (ChatTTS Decoder + Vocos) to PCM. Two ways, both timed wall-clock:
+
+* ``chat_infer``: ChatTTS's own ``Chat.infer(texts, skip_refine_text=True, split_text=False)``
+  with ``max_new_token = min_new_token = L`` (what a batching server built on ChatTTS would do);
+* ``engine``: the project's ``AcousticEngine`` fed the N rows at once and run to the end on the
+  calling thread, then one-shot vocoding of each row.
+
+Throughput = seconds of audio produced / wall seconds. The ceiling of a batch size is the best of
+both ways and of the repetitions ("the most this model can do on this box").
+
+``first_chunk``: the raw time to first audio of one request alone: the engine at batch 1 until
+its first chunk (``first_chunk_tokens``) is vocoded by the same sliding-window vocoder the project
+streams with, and ``Chat.infer`` of just ``first_chunk_tokens`` tokens; ``raw_s`` is the smaller.
+
+    python -m bench.ceiling --out ceiling.json [--batches 1,4,8,16] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+SAMPLE_RATE = 24000
+
+
+def _log(msg: str) -> None:
+    print(f"[ceiling {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Ceiling:
+    def __init__(self, weights: str = "random", threads: Optional[int] = None, max_chars: int = 120,
+                 first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None):
+        import torch
+
+        from serve_app.engine.config import ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
+        from serve_app.engine.pipeline import Planner, SynthesisOptions
+        from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.weights import load_model
+
+        from .corpus import load_corpus
+
+        t0 = time.perf_counter()
+        self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device="cpu", torch_threads=threads))
+        self.threads = torch.get_num_threads()
+        _log(f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}")
+        self.chat = self.model.chat
+        self.first_chunk_tokens = first_chunk_tokens
+        self.chunk_tokens = chunk_tokens
+        self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
+        self.vocoder = Vocoder(self.model, self.vocoder_cfg)
+        planner = Planner(self.chat.speaker, SegmentLimits(max_chars=max_chars))
+        planner.warmup()
+        segs = []
+        for text in load_corpus():
+            plan = planner.plan(text, SynthesisOptions())
+            segs += list(plan.segments)
+        self.segments = segs
+        self.mean_tokens = round(statistics.mean(s.target_tokens for s in segs))
+
+    def pick(self, n: int, tokens: int) -> list:
+        """The n segments whose target is closest to ``tokens`` (stable order)."""
+        ranked = sorted(range(len(self.segments)), key=lambda i: (abs(self.segments[i].target_tokens - tokens), i))
+        return [self.segments[i] for i in ranked[:n]]
+
+    # ---------------------------------------------------------------- throughput
+
+    def run_engine(self, n: int, tokens: int) -> dict:
+        import dataclasses
+
+        import torch
+
+        from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
+
+        eng = AcousticEngine(self.model, AcousticConfig(max_rows=max(16, n), token_budget=1 << 20,
+                                                        first_chunk_tokens=self.first_chunk_tokens, chunk_tokens=self.chunk_tokens))
+        reqs = [dataclasses.replace(s, max_new_tokens=tokens, target_tokens=tokens, seed=1000 + i) for i, s in enumerate(self.pick(n, tokens))]
+        t0 = time.perf_counter()
+        streams = [eng.submit(r) for r in reqs]
+        eng.run_until_idle()
+        t_decode = time.perf_counter() - t0
+        samples = 0
+        for s in streams:
+            hidden = torch.cat([c.hidden for c in s])
+            samples += len(self.vocoder.decode(hidden))
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "decode_s": t_decode, "audio_s": samples / SAMPLE_RATE, "steps": eng.stats.steps,
+                "mean_rows": eng.stats.mean_rows, "prefill_s": eng.stats.prefill_seconds}
+
+    def run_chat_infer(self, n: int, tokens: int) -> dict:
+        from ChatTTS import Chat
+
+        segs = self.pick(n, tokens)
+        params = Chat.InferCodeParams(prompt=segs[0].prompt, spk_emb=segs[0].spk_emb, temperature=segs[0].temperature,
+                                      top_P=segs[0].top_p, top_K=segs[0].top_k, max_new_token=tokens, min_new_token=tokens,
+                                      manual_seed=1000, show_tqdm=False)
+        t0 = time.perf_counter()
+        wavs = self.chat.infer([s.text for s in segs], skip_refine_text=True, do_text_normalization=False,
+                               do_homophone_replacement=False, split_text=False, params_infer_code=params)
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "audio_s": sum(len(w.reshape(-1)) for w in wavs) / SAMPLE_RATE}
+
+    def throughput(self, method: str, batches: list[int], tokens: int, reps: int) -> dict:
+        fn = {"engine": self.run_engine, "chat_infer": self.run_chat_infer}[method]
+        fn(2, 8)  # warm-up (first calls allocate)
+        out = {}
+        for n in batches:
+            runs = []
+            for r in range(reps):
+                res = fn(n, tokens)
+                res["audio_s_per_s"] = res["audio_s"] / res["wall_s"]
+                runs.append(res)
+                _log(f"{method} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s")
+            best = max(runs, key=lambda x: x["audio_s_per_s"])
+            out[str(n)] = {
+                "batch": n,
+                "tokens_per_row": tokens,
+                "audio_s_per_s": round(best["audio_s_per_s"], 4),
+                "audio_s_per_s_runs": [round(x["audio_s_per_s"], 4) for x in runs],
+                "wall_s_runs": [round(x["wall_s"], 3) for x in runs],
+                "audio_s": round(best["audio_s"], 3),
+                "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / 512, 2),
+            }
+        return out
+
+    # ---------------------------------------------------------------- first chunk
+
+    def first_chunk(self, reps: int) -> dict:
+        import dataclasses
+
+        from ChatTTS import Chat
+
+        from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
+
+        f = self.first_chunk_tokens
+        seg = self.pick(1, self.mean_tokens)[0]
+        eng = AcousticEngine(self.model, AcousticConfig(first_chunk_tokens=f, chunk_tokens=self.chunk_tokens))
+        eng.start()
+        engine_times = []
+        try:
+            for r in range(reps + 1):  # the first is a warm-up
+                req = dataclasses.replace(seg, seed=2000 + r)
+                vs = self.vocoder.stream(self.vocoder_cfg)
+                t0 = time.perf_counter()
+                stream = eng.submit(req)
+                dt = None
+                for chunk in stream:
+                    pcm = vs.push(chunk.hidden)
+                    if chunk.final:
+                        pcm = vs.finish()
+                    if len(pcm):
+                        dt = time.perf_counter() - t0
+                        break
+                stream.cancel()
+                deadline = time.monotonic() + 30
+                while (eng.running_rows or eng.waiting_rows) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if r and dt is not None:
+                    engine_times.append(dt)
+        finally:
+            eng.stop()
+        infer_times = []
+        for r in range(reps + 1):
+            params = Chat.InferCodeParams(prompt=seg.prompt, spk_emb=seg.spk_emb, temperature=seg.temperature, top_P=seg.top_p,
+                                          top_K=seg.top_k, max_new_token=f, min_new_token=f, manual_seed=3000 + r, show_tqdm=False)
+            t0 = time.perf_counter()
+            self.chat.infer([seg.text], skip_refine_text=True, do_text_normalization=False, do_homophone_replacement=False,
+                            split_text=False, params_infer_code=params)
+            if r:
+                infer_times.append(time.perf_counter() - t0)
+        e = statistics.median(engine_times) if engine_times else None
+        c = statistics.median(infer_times)
+        raw = min(x for x in (e, c) if x is not None)
+        _log(f"first chunk ({f} tokens): engine {e and round(e, 3)}s, Chat.infer {c:.3f}s")
+        return {
+            "tokens": f,
+            "text": seg.text,
+            "engine_s": e and round(e, 4),
+            "engine_s_runs": [round(x, 4) for x in engine_times],
+            "chat_infer_s": round(c, 4),
+            "chat_infer_s_runs": [round(x, 4) for x in infer_times],
+            "raw_s": round(raw, 4),
+        }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ceiling", description="raw in-process throughput of the model")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--weights", default="random")
+    ap.add_argument("--batches", default="1,4,8,16")
+    ap.add_argument("--methods", default="engine,chat_infer")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=0, help="tokens per row (0: the corpus mean segment length)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-chars", type=int, default=120)
+    ap.add_argument("--first-chunk-tokens", type=int, default=12)
+    ap.add_argument("--chunk-tokens", type=int, default=24)
+    ap.add_argument("--first-chunk-reps", type=int, default=5)
+    ap.add_argument("--vocoder", default="{}", help="VocoderConfig as JSON")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    t_start = time.perf_counter()
+    c = Ceiling(args.weights, args.threads, args.max_chars, args.first_chunk_tokens, args.chunk_tokens, json.loads(args.vocoder))
+    tokens = args.tokens or c.mean_tokens
+    batches = [int(x) for x in args.batches.split(",") if x]
+    result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}
+    if args.first_chunk_reps > 0:
+        result["first_chunk"] = c.first_chunk(args.first_chunk_reps)
+    for m in [x for x in args.methods.split(",") if x]:
+        result["methods"][m] = c.throughput(m, batches, tokens, args.reps)
+    result["ceiling"] = {
+        str(n): max(result["methods"][m][str(n)]["audio_s_per_s"] for m in result["methods"]) for n in batches
+    }
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    _log(f"done in {result['wall_s']}s: ceiling {result['ceiling']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
