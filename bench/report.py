@@ -196,6 +196,18 @@ def to_markdown(report: dict) -> str:
 
 # ------------------------------------------------------------------ plot
 
+def _seconds_vs_clients(ax, title: str) -> None:
+    """Log-log seconds vs concurrent clients, shared by the latency and TTFB panels."""
+    ax.set_title(title)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("seconds")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    _plain_log_axis(ax, y=True)
+    ax.grid(True, alpha=0.3, which="both")
+    _legend(ax)
+
+
 def _plain_log_axis(ax, x: bool = True, y: bool = False) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -254,14 +266,7 @@ def to_png(report: dict, path: Path) -> None:
             pts = series(closed, "latency_s", key)
             if pts:
                 ax.plot(*zip(*pts), style, color=colors[name], label=f"{name} latency {key}")
-    ax.set_title("Latency (whole response)")
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("seconds")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    _plain_log_axis(ax, y=True)
-    ax.grid(True, alpha=0.3, which="both")
-    _legend(ax)
+    _seconds_vs_clients(ax, "Latency (whole response)")
 
     ax = axes[1][0]
     for name, closed in (("serve", serve_c), ("baseline", base_c)):
@@ -272,14 +277,7 @@ def to_png(report: dict, path: Path) -> None:
     fc = _get(report, "ceiling", "first_chunk", "raw_s")
     if fc:
         ax.axhline(fc, color=colors["ceiling"], ls="--", label="raw first chunk alone")
-    ax.set_title("Time to first audio byte")
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("seconds")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    _plain_log_axis(ax, y=True)
-    ax.grid(True, alpha=0.3, which="both")
-    _legend(ax)
+    _seconds_vs_clients(ax, "Time to first audio byte")
 
     ax = axes[1][1]
     open_ = _get(report, "serve", "open") or {}
