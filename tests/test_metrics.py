@@ -52,7 +52,13 @@ def scraped(app_url, ray_session):
               "ray_tts_stage_seconds_bucket", "ray_tts_queue_rows", "ray_tts_audio_seconds_total"]
     while time.monotonic() < deadline:
         samples = _scrape(ray_session["metrics_url"])
-        if all(n in samples for n in needed) and _total(samples, "ray_tts_cache_total", result="hit") >= 1:
+        # Each replica exports on its own timer: wait for every sample the tests below count on.
+        if (all(n in samples for n in needed)
+                and _total(samples, "ray_tts_cache_total", result="hit") >= 1
+                and _total(samples, "ray_tts_requests_total", status="404") >= 1
+                and _total(samples, "ray_tts_requests_total", status="200", format="mp3") >= 3
+                and _total(samples, "ray_tts_ttfb_seconds_count") >= 2
+                and _total(samples, "ray_tts_rtf_count") >= 1):
             break
         time.sleep(2)
     return samples
