@@ -241,6 +241,43 @@ def test_rows_finish_at_own_length_with_chunk_schedule(engine, spk):
 
 
 @pytest.mark.timeout(120)
+def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk, monkeypatch):
+    """The in-place KV buffers (regrown every KV_HEADROOM steps, re-packed on merge and filter)
+    give what transformers' own DynamicLayer (torch.cat every step) gives."""
+    from transformers.cache_utils import DynamicLayer
+
+    import serve_app.engine.acoustic as acoustic
+
+    class StockLayer(DynamicLayer):
+        def __init__(self, kbuf, vbuf, n):
+            super().__init__()
+            self.lazy_initialization(kbuf, vbuf)
+            self.keys, self.values = kbuf[:, :, :n].clone(), vbuf[:, :, :n].clone()
+
+        kbuf = property(lambda self: self.keys)
+        vbuf = property(lambda self: self.values)
+
+    # Rows longer than the headroom, of different lengths (the batch is filtered mid-flight).
+    reqs = [seg(spk, 2 * acoustic.KV_HEADROOM + 20, seed=1), seg(spk, 90, seed=2, text="hello world"), seg(spk, 30, seed=3)]
+
+    def run() -> list[torch.Tensor]:
+        eng = make_engine()
+        streams = [eng.submit(reqs[0])]
+        for _ in range(10):
+            eng.step()
+        streams += [eng.submit(r) for r in reqs[1:]]  # merged into a running batch
+        eng.run_until_idle()
+        return [drain(s)[1] for s in streams]
+
+    buffered = run()
+    monkeypatch.setattr(acoustic, "_BufferedLayer", StockLayer)
+    stock = run()
+    for b, s in zip(buffered, stock):
+        assert b.shape == s.shape
+        assert torch.allclose(b, s, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(120)
 def test_engine_thread_matches_synchronous_drive(make_engine, spk):
     reqs = [seg(spk, 40, seed=1), seg(spk, 25, seed=2, text="hello world"), seg(spk, 55, seed=3)]
     sync = make_engine()
