@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import struct
@@ -49,7 +50,7 @@ def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
 class BaselineSynth:
     """Text -> one WAV, one ``Chat.infer`` per segment, nothing in parallel."""
 
-    def __init__(self, weights: str = "random", device: str = "cpu", max_chars: int = 120, threads: Optional[int] = None, cache_dir: Optional[str] = None):
+    def __init__(self, weights: str = "random", device: str = "cpu", segments: Optional[dict] = None, threads: Optional[int] = None, cache_dir: Optional[str] = None):
         from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
         from serve_app.engine.pipeline import Planner
         from serve_app.engine.weights import load_model
@@ -57,7 +58,7 @@ class BaselineSynth:
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
         self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads))
         self.chat = self.model.chat
-        self.planner = Planner(self.chat.speaker, SegmentLimits(max_chars=max_chars))
+        self.planner = Planner(self.chat.speaker, SegmentLimits.model_validate(segments or {}))
         self.planner.warmup()
 
     def interrupt(self) -> None:
@@ -185,14 +186,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--weights", default="random", help="weights source (as the project's model.weights.source)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-chars", type=int, default=120, help="segments.max_chars (same as the project)")
+    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON: the same segments")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     import uvicorn
 
-    app = make_app(lambda: BaselineSynth(args.weights, args.device, args.max_chars, args.threads))
+    app = make_app(lambda: BaselineSynth(args.weights, args.device, json.loads(args.segments), args.threads))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 

@@ -38,7 +38,7 @@ def _log(msg: str) -> None:
 
 
 class Ceiling:
-    def __init__(self, weights: str = "random", threads: Optional[int] = None, max_chars: int = 120,
+    def __init__(self, weights: str = "random", threads: Optional[int] = None, segments: Optional[dict] = None,
                  first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None):
         import torch
 
@@ -58,7 +58,7 @@ class Ceiling:
         self.chunk_tokens = chunk_tokens
         self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
         self.vocoder = Vocoder(self.model, self.vocoder_cfg)
-        planner = Planner(self.chat.speaker, SegmentLimits(max_chars=max_chars))
+        planner = Planner(self.chat.speaker, SegmentLimits.model_validate(segments or {}))
         planner.warmup()
         segs = []
         for text in load_corpus():
@@ -201,7 +201,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=0, help="tokens per row (0: the corpus mean segment length)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--max-chars", type=int, default=120)
+    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON")
     ap.add_argument("--first-chunk-tokens", type=int, default=12)
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--first-chunk-reps", type=int, default=5)
@@ -210,7 +210,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING)
 
     t_start = time.perf_counter()
-    c = Ceiling(args.weights, args.threads, args.max_chars, args.first_chunk_tokens, args.chunk_tokens, json.loads(args.vocoder))
+    c = Ceiling(args.weights, args.threads, json.loads(args.segments), args.first_chunk_tokens, args.chunk_tokens, json.loads(args.vocoder))
     tokens = args.tokens or c.mean_tokens
     batches = [int(x) for x in args.batches.split(",") if x]
     result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}

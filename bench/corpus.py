@@ -35,7 +35,7 @@ def lang_of(text: str) -> str:
     return "zh" if cjk * 3 >= len(text.strip()) else ("mixed" if cjk else "en")
 
 
-def plan_corpus(texts: Optional[tuple[str, ...]] = None, max_chars: int = 120):
+def plan_corpus(texts: Optional[tuple[str, ...]] = None, segments: Optional[dict] = None):
     """Plan every text with the project's own Planner (segments and target tokens).
 
     Returns ``[(text, [target_tokens per segment], [segment texts])]``. Needs only ChatTTS's
@@ -48,7 +48,7 @@ def plan_corpus(texts: Optional[tuple[str, ...]] = None, max_chars: int = 120):
     from ChatTTS.model import Speaker
 
     cfg = Config()
-    planner = Planner(Speaker(cfg.gpt.hidden_size, cfg.spk_stat), SegmentLimits(max_chars=max_chars))
+    planner = Planner(Speaker(cfg.gpt.hidden_size, cfg.spk_stat), SegmentLimits.model_validate(segments or {}))
     out = []
     for text in texts or load_corpus():
         plan = planner.plan(text, SynthesisOptions())

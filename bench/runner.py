@@ -156,7 +156,7 @@ class BenchRun:
         self._procs: list[ManagedProcess] = []
         self._serve: Optional[ServeRunner] = None
         args = get_path(serve_cfg, args_path(serve_cfg)) or {}
-        self.max_chars = int(get_path(args, "segments.max_chars", 120) or 120)
+        self.segments = dict(args.get("segments") or {})  # the project's SegmentLimits: same segments everywhere
         acoustic = args.get("acoustic") or {}
         self.first_chunk_tokens = int(acoustic.get("first_chunk_tokens", 12))
         self.chunk_tokens = int(acoustic.get("chunk_tokens", 24))
@@ -200,7 +200,7 @@ class BenchRun:
             "git": _git(),
             "plan": asdict(self.plan),
         }
-        planned = plan_corpus(max_chars=self.max_chars)
+        planned = plan_corpus(segments=self.segments)
         self.expected = {text: sum(512 * t - 256 for t in toks) / 24000 for text, toks, _ in planned}
         self.corpus = corpus_summary(planned)
         self.report["corpus"] = self.corpus
@@ -254,7 +254,7 @@ class BenchRun:
         argv = python_module(
             "bench.ceiling", "--out", str(path), "--weights", p.weights,
             "--batches", ",".join(map(str, p.ceiling_batches)), "--methods", ",".join(p.ceiling_methods),
-            "--reps", str(p.ceiling_reps), "--tokens", str(p.ceiling_tokens), "--max-chars", str(self.max_chars),
+            "--reps", str(p.ceiling_reps), "--tokens", str(p.ceiling_tokens), "--segments", json.dumps(self.segments),
             "--first-chunk-tokens", str(self.first_chunk_tokens), "--chunk-tokens", str(self.chunk_tokens),
             "--first-chunk-reps", str(p.first_chunk_reps), "--vocoder", json.dumps(self.vocoder_cfg),
         )
@@ -296,7 +296,7 @@ class BenchRun:
     def run_baseline(self) -> None:
         p = self.plan
         port = free_port()
-        argv = python_module("bench.baseline", "--port", str(port), "--weights", p.weights, "--max-chars", str(self.max_chars))
+        argv = python_module("bench.baseline", "--port", str(port), "--weights", p.weights, "--segments", json.dumps(self.segments))
         if p.baseline_threads:
             argv += ["--threads", str(p.baseline_threads)]
         proc = ManagedProcess("baseline", argv, self.logs / "baseline.log", env=bench_env(), cwd=str(Path(__file__).parents[1]))

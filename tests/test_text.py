@@ -221,6 +221,34 @@ def test_split_falls_back_to_words_and_hard_cut() -> None:
     assert "".join(segments) == long_word
 
 
+def test_split_by_expected_seconds_is_the_same_for_every_script() -> None:
+    from serve_app.engine.pacing import expected_seconds
+
+    zh = "我们的系统会把长文本切成几个片段，分别生成语音，再按照顺序拼接起来，这样听众就能更早听到第一句话。"
+    en = "A good speech service has to answer quickly, stay up under heavy load, and sound the same every time."
+    # 48 characters of Chinese speak ~10 s: one segment by characters alone.
+    assert split_segments(zh, 120) == [zh] and expected_seconds(zh) > 9
+    for text, limits in ((zh, (4.0, 6.0)), (en, (3.0, 4.0))):
+        for limit in limits:
+            segments = split_segments(text, 120, max_seconds=limit)
+            check_segments(text, segments, 120)
+            assert all(expected_seconds(s) <= limit for s in segments), (limit, segments)
+            assert len(segments) >= 2 and all(s.endswith(("，", "。", ",", ".")) for s in segments), segments
+        # Below a clause's length: cut at every clause, never inside one.
+        segments = split_segments(text, 120, max_seconds=1.0)
+        check_segments(text, segments, 120)
+        assert all(s.endswith(("，", "。", ",", ".")) for s in segments), segments
+    # Short sentences still merge up to the limit; a looser limit never gives more segments.
+    assert split_segments("你好。我很好。", 120, max_seconds=4.0) == ["你好。我很好。"]
+    assert len(split_segments(zh, 120, max_seconds=6.0)) <= len(split_segments(zh, 120, max_seconds=4.0))
+    # Characters still bound everything: a 300-letter word is hard-cut at max_chars, never lost.
+    word = "x" * 300
+    segments = split_segments(word, 100, max_seconds=3.0)
+    assert "".join(segments) == word and [len(s) for s in segments] == [100, 100, 100]
+    with pytest.raises(ValueError):
+        split_segments(zh, 120, max_seconds=0)
+
+
 def test_split_never_cuts_tags() -> None:
     text = ("你好[uv_break]世界[laugh_0]" * 40) + "[break_6]" + "abc[oral_2]def " * 30
     for max_chars in (5, 13, 40, 120):

@@ -371,24 +371,23 @@ class AcousticEngine:
         if not new_rows:
             return
         t0 = time.perf_counter()
-        admitted = 0
+        prefilled = []
         for row in new_rows:
             try:
-                keys, values, hidden = self._prefill(row)
+                prefilled.append((row, *self._prefill(row)))
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 log.warning("prefill failed: %s", exc)
                 self.stats.rows_failed += 1
                 row.stream._put(EngineError(f"prefill failed: {exc}"))
-                continue
-            self._merge(row, keys, values)
+        if prefilled:
+            self._merge(prefilled)  # all of them in one copy of the batch's KV
+            self.stats.admissions += 1
+        for row, _keys, _values, hidden in prefilled:
             row.stream.admitted_at = time.monotonic()
-            admitted += 1
             self.stats.rows_admitted += 1
             # The prefill's last hidden state yields the row's first token.
             self._sample_and_advance([row], hidden)
         self.stats.prefill_seconds += time.perf_counter() - t0
-        if admitted:
-            self.stats.admissions += 1
         self._retire()
 
     def _prefill(self, row: _Row) -> tuple[list, list, torch.Tensor]:
@@ -413,32 +412,31 @@ class AcousticEngine:
         values = [layer.values for layer in cache.layers]
         return keys, values, hidden
 
-    def _merge(self, row: _Row, keys: list, values: list) -> None:
-        """Append a prefilled row to the batch, left-padding whichever side is shorter."""
-        n_new = keys[0].shape[2]
-        new_mask = torch.ones(1, n_new, dtype=torch.bool, device=self.gpt_device)
-        new_pos = torch.tensor([n_new], dtype=torch.long, device=self.gpt_device)
-        if not self._rows:
-            self._keys, self._values = list(keys), list(values)
-            self._mask, self._pos = new_mask, new_pos
-        else:
-            t_run = self._mask.shape[1]
-            t = max(t_run, n_new)
-            for i in range(self.num_layers):
-                self._keys[i] = torch.cat([_pad_left(self._keys[i], t), _pad_left(keys[i], t)], 0)
-                self._values[i] = torch.cat([_pad_left(self._values[i], t), _pad_left(values[i], t)], 0)
-            self._mask = torch.cat([_pad_left(self._mask, t, dim=1), _pad_left(new_mask, t, dim=1)], 0)
-            self._pos = torch.cat([self._pos, new_pos])
-        self._rows.append(row)
-        self._rebuffer()
+    def _merge(self, prefilled: list[tuple]) -> None:
+        """Append prefilled rows ``(row, keys, values, hidden)`` to the batch: every row's KV
+        right-aligned (left padding) in new buffers, the running rows' copied once."""
+        lengths = [keys[0].shape[2] for _row, keys, _values, _hidden in prefilled]
+        t_run = self._mask.shape[1] if self._rows else 0
+        t = max([t_run, *lengths])
+        b_run = len(self._rows)
+        for name, new_kv in (("_keys", 1), ("_values", 2)):
+            running = getattr(self, name)
+            bufs = []
+            for layer in range(self.num_layers):
+                sources = [running[layer][i] for i in range(b_run)] + [p[new_kv][layer][0] for p in prefilled]
+                bufs.append(_pack_rows(sources, t))
+            self._set_kv(name, bufs, t)
+        new_mask = [torch.ones(1, n, dtype=torch.bool, device=self.gpt_device) for n in lengths]
+        masks = ([self._mask] if self._rows else []) + new_mask
+        self._mask = torch.cat([_pad_left(m, t, dim=1) for m in masks], 0)
+        new_pos = torch.tensor(lengths, dtype=torch.long, device=self.gpt_device)
+        self._pos = torch.cat([self._pos, new_pos]) if self._rows else new_pos
+        self._rows.extend(p[0] for p in prefilled)
 
-    def _rebuffer(self) -> None:
-        """Copy the batch's KV (after a merge or filter, which copy anyway) into buffers with headroom."""
-        self._kbuf = [_with_headroom(k) for k in self._keys]
-        self._vbuf = [_with_headroom(v) for v in self._values]
-        t = self._keys[0].shape[2]
-        self._keys = [b[:, :, :t] for b in self._kbuf]
-        self._values = [b[:, :, :t] for b in self._vbuf]
+    def _set_kv(self, name: str, bufs: list[torch.Tensor], t: int) -> None:
+        """Install per-layer buffers for keys or values and their filled views (T = t)."""
+        setattr(self, "_kbuf" if name == "_keys" else "_vbuf", bufs)
+        setattr(self, name, [b[:, :, :t] for b in bufs])
 
     # ------------------------------------------------------------------ decode
 
@@ -592,13 +590,27 @@ class AcousticEngine:
         # Columns where every remaining row is padding carry nothing: cut them.
         first = int(self._mask.any(0).nonzero()[0])
         self._mask = self._mask[:, first:]
-        self._keys = [k.index_select(0, idx)[:, :, first:] for k in self._keys]
-        self._values = [v.index_select(0, idx)[:, :, first:] for v in self._values]
-        self._rebuffer()
+        t = self._keys[0].shape[2]
+        for name in ("_keys", "_values"):
+            kv = getattr(self, name)
+            self._set_kv(name, [_pack_rows([x[i, :, first:] for i in keep], t - first) for x in kv], t - first)
 
     def _reset_batch(self) -> None:
         self._rows, self._keys, self._values, self._kbuf, self._vbuf = [], [], [], [], []
         self._mask = self._pos = None
+
+
+def _pack_rows(rows: list[torch.Tensor], t: int) -> torch.Tensor:
+    """A (len(rows), H, t + KV_HEADROOM, D) buffer: row j's (H, n, D) KV in columns t-n..t, zeros
+    before it (masked, but must be finite), the headroom left unset (written before it is read)."""
+    h, _, d = rows[0].shape
+    buf = rows[0].new_empty(len(rows), h, t + KV_HEADROOM, d)
+    for j, x in enumerate(rows):
+        n = x.shape[1]
+        if n < t:
+            buf[j, :, : t - n].zero_()
+        buf[j, :, t - n : t] = x
+    return buf
 
 
 def _with_headroom(x: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,12 @@ class SegmentLimits(_Strict):
     """How long a segment's generation may run."""
 
     max_chars: int = Field(default=120, ge=8, description="Segment length cut by the splitter.")
+    max_seconds: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="Expected speech per segment at most (None: characters only). Shorter segments "
+        "are more rows decoded in parallel: lower latency for long inputs, bigger batches.",
+    )
     tokens_per_second: float = Field(default=46.875, gt=0, description="24000 / 512.")
     cap_factor: float = Field(
         default=3.0, gt=1, description="max_new_token = cap_factor * expected + cap_slack."

@@ -72,7 +72,8 @@ class Planner:
 
     def plan(self, text: str, opts: SynthesisOptions) -> Plan:
         segments = self.frontend.process(
-            text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars
+            text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars,
+            max_seconds=self.limits.max_seconds,
         )
         return self.plan_texts([s.text for s in segments], opts)
 

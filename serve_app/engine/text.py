@@ -26,7 +26,9 @@ Conventions:
 * Length: ``max_chars`` is measured by ``text_length``: whitespace runs count as
   one character and each control tag counts as ONE character (it is a single
   token for the model; counting it keeps tag-heavy input bounded without
-  penalising a tag for its spelling).
+  penalising a tag for its spelling). ``max_seconds`` (optional) bounds a segment's
+  expected speech (``pacing.expected_seconds``): the same for every script, where a
+  character limit lets a Chinese segment speak ~3x longer than an English one.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from typing import Callable, List, Literal, Match, Optional, Pattern, Sequence, 
 
 from num2words import num2words
 
+from .pacing import expected_seconds
+
 __all__ = [
     "CONTROL_TAG_RE",
     "Lang",
@@ -52,6 +56,7 @@ __all__ = [
     "is_speakable",
     "normalize_numbers_en",
     "normalize_numbers_zh",
+    "segment_fits",
     "split_segments",
     "text_length",
 ]
@@ -820,28 +825,38 @@ def _split_words(text: str) -> List[str]:
     return [p for p in re.findall(r"\s*\S+\s*|\s+", text)]
 
 
-def _hard_cut(text: str, max_chars: int) -> List[str]:
-    """Last resort: fixed-size chunks of atoms, a control tag being one atom."""
-    atoms = _ATOM_RE.findall(_WS_RE.sub(" ", text))
-    return ["".join(atoms[k:k + max_chars]) for k in range(0, len(atoms), max_chars)]
+def _hard_cut(text: str, fits: Callable[[str], bool]) -> List[str]:
+    """Last resort: greedy runs of atoms that fit (a control tag is one atom, never cut)."""
+    out: List[str] = []
+    cur = ""
+    for atom in _ATOM_RE.findall(_WS_RE.sub(" ", text)):
+        if cur and not fits(cur + atom):
+            out.append(cur)
+            cur = ""
+        cur += atom
+    if cur:
+        out.append(cur)
+    return out
 
 
 _SPLITTERS: Tuple[Callable[[str], List[str]], ...] = (_split_clauses, _split_words)
 
 
-def _fit(piece: str, max_chars: int, level: int = 0) -> List[str]:
-    """Break ``piece`` into pieces that each fit, using ever finer cut points."""
-    if text_length(piece) <= max_chars:
+def _fit(piece: str, fits: Callable[[str], bool], level: int = 0,
+         prefer: Optional[Callable[[str], bool]] = None) -> List[str]:
+    """Break ``piece`` into pieces that each fit, using ever finer cut points. ``prefer`` (a
+    stricter test) only drives the first, clause-level cut: never a cut inside a clause."""
+    if (prefer if prefer is not None and level == 0 else fits)(piece):
         return [piece]
     if level >= len(_SPLITTERS):
-        return _hard_cut(piece, max_chars)
+        return _hard_cut(piece, fits)
     parts = _SPLITTERS[level](piece)
     if len(parts) <= 1:
-        return _fit(piece, max_chars, level + 1)
-    return [fitted for part in parts for fitted in _fit(part, max_chars, level + 1)]
+        return _fit(piece, fits, level + 1)
+    return [fitted for part in parts for fitted in _fit(part, fits, level + 1)]
 
 
-def _pack(pieces: Sequence[str], max_chars: int) -> List[str]:
+def _pack(pieces: Sequence[str], fits: Callable[[str], bool]) -> List[str]:
     """Greedily merge neighbouring pieces while the result fits."""
     out: List[str] = []
     cur = ""
@@ -849,7 +864,7 @@ def _pack(pieces: Sequence[str], max_chars: int) -> List[str]:
         if not p.strip():
             cur += p
             continue
-        if cur.strip() and text_length(cur + p) > max_chars:
+        if cur.strip() and not fits(cur + p):
             out.append(cur)
             cur = p
         else:
@@ -859,21 +874,21 @@ def _pack(pieces: Sequence[str], max_chars: int) -> List[str]:
     return [_WS_RE.sub(" ", s).strip() for s in out]
 
 
-def _absorb_unspeakable(segments: List[str], max_chars: int) -> List[str]:
+def _absorb_unspeakable(segments: List[str], fits: Callable[[str], bool]) -> List[str]:
     """Attach tag/punctuation-only segments to a neighbour when they fit, else drop them."""
     out: List[str] = []
     carry = ""
     for seg in segments:
         if carry:
             joined = f"{carry} {seg}"
-            if text_length(joined) <= max_chars:
+            if fits(joined):
                 seg = joined
             carry = ""
         if is_speakable(seg):
             out.append(seg)
             continue
         joined = f"{out[-1]} {seg}" if out else ""
-        if out and text_length(joined) <= max_chars:
+        if out and fits(joined):
             out[-1] = joined
         else:
             carry = seg
@@ -885,26 +900,51 @@ def _check_max_chars(max_chars: int) -> None:
         raise ValueError(f"max_chars must be a positive int, got {max_chars!r}")
 
 
-def split_segments(text: str, max_chars: int = 120) -> List[str]:
-    """Split text into speakable segments of at most ``max_chars`` (see ``text_length``).
+def _check_max_seconds(max_seconds: Optional[float]) -> None:
+    if max_seconds is not None and (isinstance(max_seconds, bool) or not max_seconds > 0):
+        raise ValueError(f"max_seconds must be a positive number or None, got {max_seconds!r}")
+
+
+def segment_fits(text: str, max_chars: int, max_seconds: Optional[float] = None) -> bool:
+    """Whether ``text`` is short enough for one segment: ``max_chars`` (``text_length``) and,
+    when given, ``max_seconds`` of expected speech (``pacing.expected_seconds``), which is the
+    same for every script where characters are not (a CJK character speaks ~3x a Latin one).
+    ``max_seconds`` is met by cuts at sentence ends and clauses only; a longer clause stays whole."""
+    if text_length(text) > max_chars:
+        return False
+    return max_seconds is None or expected_seconds(text) <= max_seconds
+
+
+def split_segments(text: str, max_chars: int = 120, max_seconds: Optional[float] = None) -> List[str]:
+    """Split text into speakable segments of at most ``max_chars`` (see ``text_length``) and,
+    when given, ``max_seconds`` of expected speech (reached by cuts at sentence ends and
+    clauses only: a clause that speaks longer stays whole, never cut inside).
 
     Cuts at sentence ends (。！？.!? and newlines) first, then at ，、；,;：: for
     sentences that are still too long, then at whitespace, then hard. Control tags are
-    never cut; neighbouring short sentences are merged greedily up to the limit; segments
+    never cut; neighbouring short sentences are merged greedily up to the limits; segments
     with nothing speakable are attached to a neighbour or dropped (so "。。。" -> []).
     Whitespace runs are collapsed to one space.
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be str, got {type(text).__name__}")
     _check_max_chars(max_chars)
+    _check_max_seconds(max_seconds)
+
+    def fits(piece: str) -> bool:
+        return segment_fits(piece, max_chars, max_seconds)
+
+    def fits_chars(piece: str) -> bool:
+        return text_length(piece) <= max_chars
+
     text = _sanitize(text)
     if not is_speakable(text):
         return []
     segments: List[str] = []
     current = ""
     for sentence in _split_sentences(text):
-        if text_length(sentence) <= max_chars:
-            if current.strip() and text_length(current + sentence) > max_chars:
+        if fits(sentence):
+            if current.strip() and not fits(current + sentence):
                 segments.append(current)
                 current = ""
             current += sentence  # short sentences merge greedily
@@ -913,13 +953,13 @@ def split_segments(text: str, max_chars: int = 120) -> List[str]:
         # sentence end); its last chunk may still take in the short sentences after it.
         if current.strip():
             segments.append(current)
-        chunks = _pack(_fit(sentence, max_chars), max_chars)
+        chunks = _pack(_fit(sentence, fits_chars, prefer=fits), fits)
         segments.extend(chunks[:-1])
         current = chunks[-1] if chunks else ""
     if current.strip():
         segments.append(current)
     segments = [_WS_RE.sub(" ", s).strip() for s in segments]
-    return _absorb_unspeakable(segments, max_chars)
+    return _absorb_unspeakable(segments, fits_chars)
 
 
 # --------------------------------------------------------------------------- #
@@ -1035,6 +1075,7 @@ class TextFrontend:
         lang: Optional[str] = None,
         normalize: bool = True,
         max_chars: int = 120,
+        max_seconds: Optional[float] = None,
     ) -> List[Segment]:
         """Split (on the raw text), normalise each segment, drop empty ones.
 
@@ -1048,11 +1089,12 @@ class TextFrontend:
         _check_lang(lang)
         _check_max_chars(max_chars)
         segments: List[Segment] = []
-        for raw in split_segments(text, max_chars):
+        for raw in split_segments(text, max_chars, max_seconds):
             normed = self.normalize(raw, lang=lang, do_normalize=normalize)
             if not normed:
                 continue
-            parts = [normed] if text_length(normed) <= max_chars else split_segments(normed, max_chars)
+            fits = segment_fits(normed, max_chars, max_seconds)
+            parts = [normed] if fits else split_segments(normed, max_chars, max_seconds)
             # Detected on the normalised text: numbers are words by now, in the
             # language they were normalised in.
             segments.extend(Segment(text=p, lang=lang or detect_language(p)) for p in parts)  # type: ignore[arg-type]
