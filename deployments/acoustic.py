@@ -99,7 +99,7 @@ class Acoustic:
         out: list = []
         for segments in plans:
             try:
-                out.append([self.engine.submit(r, loop=loop) for r in segments])
+                out.append(self.engine.submit_all(segments, loop=loop))
             except EngineOverloaded as exc:
                 out.append(exc)
         return out

@@ -38,7 +38,7 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     vocoder = Vocoder(model, cfg.vocoder)
     opts = SynthesisOptions(voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang)
     plan = planner.plan(args.text, opts)
-    streams = [engine.submit(r) for r in plan.segments]
+    streams = engine.submit_all(plan.segments)
     engine.start()
     assembler = AudioAssembler(vocoder, fmt)
     total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)

@@ -525,6 +525,42 @@ def test_priority_is_admitted_first(make_engine, spk):
     assert high.first_chunk_at < low.first_chunk_at
 
 
+def test_later_segments_join_after_the_first_sends_audio(make_engine, spk):
+    """submit_all: segment 0 decodes alone until its first chunk, then the rest join (in
+    parallel); the tokens are those of each segment decoded alone. Window batching admits all."""
+    engine = make_engine(first_chunk_tokens=6)
+    reqs = [seg(spk, 30, seed=1), seg(spk, 20, seed=2, text="hello world"), seg(spk, 25, seed=3)]
+    streams = engine.submit_all(reqs)
+    engine.step()
+    assert [r.stream for r in engine._rows] == [streams[0]] and engine.waiting_rows == 2
+    while streams[0].first_chunk_at is None:
+        engine.step()
+        assert engine.running_rows == 1
+    engine.step()
+    assert engine.running_rows == 3  # both joined at the next step, together
+    engine.run_until_idle()
+    got = [drain(s)[1] for s in streams]
+    for req, hidden in zip(reqs, got):
+        alone = decode_alone(make_engine(), req)
+        assert hidden.shape == alone.shape and torch.allclose(hidden, alone, atol=1e-4, rtol=0)
+
+    window = make_engine(first_chunk_tokens=6, continuous=False)
+    ws = window.submit_all(reqs)
+    window.step()
+    assert window.running_rows == 3 and all(s.admitted_at is not None for s in ws)
+    window.run_until_idle()
+
+
+def test_submit_all_is_all_or_nothing_when_the_queue_is_full(make_engine, spk):
+    engine = make_engine(max_queued_rows=3)
+    first = engine.submit(seg(spk, 10, seed=9))
+    with pytest.raises(EngineOverloaded):
+        engine.submit_all([seg(spk, 10, seed=i) for i in range(3)])
+    engine.run_until_idle()
+    assert drain(first)[1].shape[0] == 10
+    assert engine.stats.rows_admitted == 1 and engine.stats.rows_cancelled == 2
+
+
 def test_queue_full_raises_engine_overloaded(make_engine, spk):
     engine = make_engine(max_queued_rows=2)
     streams = [engine.submit(seg(spk, 10, seed=i)) for i in range(2)]

@@ -201,7 +201,7 @@ class Synthesizer:
     def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> Iterator[bytes]:
         plan = self.planner.plan(text, opts)
         assembler = AudioAssembler(self.vocoder, fmt)
-        streams = [self.engine.submit(r) for r in plan.segments]
+        streams = self.engine.submit_all(plan.segments)
         for seg, chunk in ordered_chunks(streams):
             data = assembler.feed(seg, chunk)
             if data:
@@ -214,7 +214,7 @@ class Synthesizer:
         plan = self.planner.plan(text, opts)
         assembler = AudioAssembler(self.vocoder, fmt)
         loop = asyncio.get_running_loop()
-        streams = [self.engine.submit(r, loop=loop) for r in plan.segments]
+        streams = self.engine.submit_all(plan.segments, loop=loop)
         async for seg, chunk in aordered_chunks(streams):
             data = await asyncio.to_thread(assembler.feed, seg, chunk)
             if data:
