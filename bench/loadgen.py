@@ -102,6 +102,8 @@ class Target:
             timeout=httpx.Timeout(self.timeout_s, connect=15.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             trust_env=False,  # never a proxy
+            # Measure synthesis, never the response cache (the project honours no-store).
+            headers={"Cache-Control": "no-store"},
         )
 
 

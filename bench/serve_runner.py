@@ -100,20 +100,11 @@ def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides:
     args = args_path(cfg)
     set_path(cfg, f"{args}.model.weights.source", weights)
     set_path(cfg, f"{args}.model.device", "cpu")
-    if _app_has_cache():  # measure synthesis, never the response cache
-        set_path(cfg, f"{args}.cache.backend", "none")
+    # The response cache stays as configured: the load generator sends Cache-Control: no-store
+    # (and a distinct seed per request), and the cache-hit phase needs the cache.
     for key, value in (overrides or {}).items():
         set_path(cfg, key, value)
     return cfg
-
-
-def _app_has_cache() -> bool:
-    try:
-        from serve_app.app import AppArgs
-
-        return "cache" in AppArgs.model_fields
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def set_replicas(cfg: dict, deployment: str, n: int) -> None:

@@ -274,15 +274,24 @@ class Ingress:
             raise APIError(429, "server busy: too many requests queued; retry shortly", type="rate_limit_error",
                            code="busy", headers={"Retry-After": "2"})
 
-    async def _audio(self, req: SpeechRequest, rec: RequestRecord) -> Union[bytes, AsyncIterator[bytes]]:
+    async def _audio(self, req: SpeechRequest, rec: RequestRecord, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
         """The request's audio: the cached bytes on a hit, else a stream.
 
-        Errors before the first audio byte raise APIError.
+        ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
+        synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
+        byte raise APIError.
         """
+        directives = {d.strip().lower() for d in cache_control.split(",")}
         try:
             self._check(req)
             key = request_key(req, weights_id=self.weights_id) if self.weights_id != "unknown" else None
-            if key is not None:
+            if key is not None and "no-store" in directives:
+                key = None
+                metrics.inc("tts_cache_total", result="bypass")
+            elif key is not None and "no-cache" in directives:
+                rec.cache = "miss"
+                metrics.inc("tts_cache_total", result="miss")
+            elif key is not None:
                 cached = await self.cache.get(key)
                 rec.cache = "hit" if cached is not None else "miss"
                 metrics.inc("tts_cache_total", result=rec.cache)
@@ -385,7 +394,7 @@ class Ingress:
             rec.finish(str(exc.status))
             return error_response(exc)
         try:
-            audio = await self._audio(body, rec)
+            audio = await self._audio(body, rec, request.headers.get("cache-control", ""))
         except APIError as exc:
             self.limiter.release(client)
             return error_response(exc)

@@ -281,6 +281,15 @@ def test_same_seed_same_bytes_other_seed_differs(app_url):
     again = speech(app_url, **body)
     assert again.headers.get("x-cache") == "hit"
     assert again.content == a.content
+    # Cache-Control from the client: no-cache synthesises afresh (same bytes: deterministic) and
+    # stores; no-store neither looks up nor stores.
+    post = lambda b, cc: httpx.post(app_url + "/v1/audio/speech", json={"model": "chattts", **b}, headers={"Cache-Control": cc}, timeout=120)  # noqa: E731
+    fresh = post(body, "no-cache")
+    assert fresh.headers.get("x-cache") == "miss" and fresh.content == a.content
+    other = {**body, "seed": 44}
+    assert post(other, "no-store").headers.get("x-cache") == "bypass"
+    assert speech(app_url, **other).headers.get("x-cache") == "miss"  # nothing was stored
+    assert speech(app_url, **other).headers.get("x-cache") == "hit"
 
 
 # ---------------------------------------------------------------------------------------- GET routes
