@@ -149,11 +149,13 @@ def _wait_gone(marker: str, timeout_s: float) -> list[int]:
 
 
 @pytest.mark.timeout(420)
-def test_serve_run_default_config(serve_weights_cache, tmp_path):
+@pytest.mark.parametrize("front_door", ["proxy", "haproxy"])
+def test_serve_run_default_config(serve_weights_cache, tmp_path, front_door):
     """``serve run`` of config/serve.yaml (port moved, loopback only) serves the README's curl
     request. It starts its own local Ray: no RAY_ADDRESS, its own RAY_TMPDIR, so it can never
     attach to the session's cluster (``ray.init()`` without an address only joins a cluster
-    started by ``ray start``)."""
+    started by ``ray start``). ``haproxy``: the README's fast front door (Ray's bundled HAProxy
+    in front of the Ingress replicas' own HTTP servers) streams and answers cache hits too."""
     config = load("cpu")
     port = free_port()
     config["http_options"]["port"] = port
@@ -172,6 +174,8 @@ def test_serve_run_default_config(serve_weights_cache, tmp_path):
         PYTHONUNBUFFERED="1",
     )
     env.pop("CHATTTS_WEIGHTS_PATH", None)
+    if front_door == "haproxy":
+        env.update(RAY_SERVE_ENABLE_HA_PROXY="1", RAY_SERVE_HAPROXY_NBTHREAD="1")
     key, value = marker.split("=", 1)
     env[key] = value
     serve_exe = Path(sys.executable).with_name("serve")
@@ -207,7 +211,21 @@ def test_serve_run_default_config(serve_weights_cache, tmp_path):
             assert rate == 24000 and pcm.ndim == 1
             # Random weights: exactly the planned tokens (512 samples each, less half a token).
             assert len(pcm) == _expected_samples(config, README_BODY["input"]), f"{len(pcm)} samples"
-            report("`serve run`: README curl request", f"{first_request_s:.2f} s, {len(pcm) / rate:.2f} s of audio")
+            report(f"`serve run` ({front_door}): README curl request", f"{first_request_s:.2f} s, {len(pcm) / rate:.2f} s of audio")
+            # Streamed in pieces, and a repeated seeded request is a cache hit, through this front door.
+            body = {**README_BODY, "seed": 5}
+            with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as resp:
+                assert resp.status_code == 200 and resp.headers.get("x-cache") == "miss"
+                pieces = [p for p in resp.iter_raw() if p]
+            assert len(pieces) >= 2, len(pieces)
+            hits = []
+            with httpx.Client(base_url=url, timeout=30) as client:  # keep-alive, as a real client
+                for _ in range(20):
+                    t2 = time.perf_counter()
+                    again = client.post("/v1/audio/speech", json=body)
+                    hits.append(time.perf_counter() - t2)
+                    assert again.headers.get("x-cache") == "hit" and again.content == b"".join(pieces)
+            report(f"`serve run` ({front_door}): cache hit p50", f"{1000 * sorted(hits)[len(hits) // 2]:.1f} ms ({len(again.content)} bytes)")
             assert _marked_pids(marker), "no processes found for the serve run subprocess"
         finally:
             # Ctrl-C: serve run deletes its apps and shuts down the Ray it started.
@@ -228,7 +246,7 @@ def test_serve_run_default_config(serve_weights_cache, tmp_path):
                     except ProcessLookupError:
                         pass
             remaining = _wait_gone(marker, timeout_s=10)
-            report("`serve run` shutdown", f"exit code {proc.returncode}; killed by the test: {killed or 'none'}")
+            report(f"`serve run` ({front_door}) shutdown", f"exit code {proc.returncode}; killed by the test: {killed or 'none'}")
     assert not remaining, f"processes of the serve run subprocess survive SIGKILL: {_describe(remaining)}"
     assert not killed, f"serve run left processes behind after Ctrl-C: {killed}"
     shutil.rmtree(ray_tmp, ignore_errors=True)  # its Ray logs stay behind only when the test fails
