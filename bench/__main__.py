@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ceiling-tokens", type=int, help="tokens per row in the ceiling (default: corpus mean segment)")
     r.add_argument("--baseline-threads", type=int, help="torch threads of the baseline (default: torch's, all cores)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--front-door", default="proxy", choices=["proxy", "haproxy"],
+                   help="HTTP front door of the project: Serve's proxy, or Ray's HAProxy (RAY_SERVE_ENABLE_HA_PROXY)")
     r.add_argument("--profile", action="store_true", help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase")
     r.add_argument("--profile-level", type=int, default=8, help="the closed-loop concurrency to profile (default 8)")
     r.add_argument("--no-progress", action="store_true")
@@ -137,7 +139,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     bad = [x for x in phases if x not in PHASES]
     if bad:
         raise SystemExit(f"unknown phase(s) {bad}; choose from {PHASES}")
-    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed}
+    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed, "front_door": a.front_door}
     plan = RunPlan.quick_plan(**kw) if a.quick else RunPlan(**kw)
     if a.levels:
         plan.baseline_levels = plan.serve_levels = a.levels

@@ -110,6 +110,7 @@ def to_markdown(report: dict) -> str:
         f"- machine: {meta.get('cpus')} CPUs, {meta.get('mem_gib')} GiB RAM, {meta.get('platform')}; "
         f"load average at start {meta.get('loadavg_start')}, at end {meta.get('loadavg_end')}",
         f"- weights: {meta.get('weights')}; git {meta.get('git')}; command `{meta.get('command')}`",
+        f"- project's HTTP front door: {(meta.get('plan') or {}).get('front_door', 'proxy')}",
     ]
     if report.get("error"):
         lines += ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]

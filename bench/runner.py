@@ -62,6 +62,7 @@ class RunPlan:
     timeout_s: float = 300.0
     baseline_threads: Optional[int] = None
     seed: int = 0
+    front_door: str = "proxy"  # "haproxy": RAY_SERVE_ENABLE_HA_PROXY (README, "Fast front door")
     profile: bool = False  # py-spy the replicas during the closed loop at profile_level clients
     profile_level: int = 8
 
@@ -359,7 +360,7 @@ class BenchRun:
     def run_serve(self, est: dict) -> None:
         p = self.plan
         self.progress.phase("serve: starting", est["serve_start"])
-        serve = ServeRunner(self.serve_cfg, ray_cpus=self.ray_cpus)
+        serve = ServeRunner(self.serve_cfg, ray_cpus=self.ray_cpus, front_door=self.plan.front_door)
         self._serve = serve
         start_s = serve.start()
         res: dict[str, Any] = {"start_s": round(start_s, 1), "closed": {}, "open": {}, "overrides": self.overrides,

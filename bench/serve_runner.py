@@ -107,6 +107,12 @@ def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides:
     return cfg
 
 
+# Serve's Python HTTP proxy (default), or Ray's bundled HAProxy in front of HTTP servers inside the
+# Ingress replicas.
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}
+FRONT_DOORS = {"proxy": {}, "haproxy": HAPROXY_ENV}
+
+
 def set_replicas(cfg: dict, deployment: str, n: int) -> None:
     """Fixed replica count (autoscaling off) for a deployment."""
     d = get_path(cfg, deployment_path(cfg, deployment))
@@ -129,7 +135,11 @@ def set_threads(cfg: dict, deployment: str, n: int) -> None:
 class ServeRunner:
     """``start()`` a local Ray cluster + Serve with the config; ``stop()`` removes all of it."""
 
-    def __init__(self, cfg: dict, ray_cpus: Optional[float] = None, ready_timeout_s: float = 600.0):
+    def __init__(self, cfg: dict, ray_cpus: Optional[float] = None, ready_timeout_s: float = 600.0,
+                 front_door: str = "proxy"):
+        if front_door not in FRONT_DOORS:
+            raise ValueError(f"front_door must be one of {sorted(FRONT_DOORS)}")
+        self.front_door = front_door
         self.cfg = cfg
         self.app = app_name(cfg)
         self.port = int(cfg["http_options"]["port"])
@@ -151,6 +161,10 @@ class ServeRunner:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # keep the progress bar readable
         os.environ.pop("CHATTTS_WEIGHTS", None)
         os.environ.pop("CHATTTS_WEIGHTS_PATH", None)
+        # Read by the controller and the replicas that ray.init starts (README, "Fast front door").
+        for key in HAPROXY_ENV:
+            os.environ.pop(key, None)
+        os.environ.update(FRONT_DOORS[self.front_door])
         t0 = time.perf_counter()
         schema = ServeDeploySchema.model_validate(self.cfg)  # fail early on a bad override
         self._started = True
@@ -248,6 +262,8 @@ class ServeRunner:
         finally:
             if ray.is_initialized():
                 ray.shutdown()
+            for key in HAPROXY_ENV:
+                os.environ.pop(key, None)
             self._started = False
 
     # -------------------------------------------------------------- observation
