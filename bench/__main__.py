@@ -131,6 +131,15 @@ def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
     return cfg, shown
 
 
+# Command-line option -> RunPlan field it overrides.
+_PLAN_OPTIONS = {
+    "baseline_levels": "baseline_levels", "serve_levels": "serve_levels", "loads": "loads_continuous",
+    "window_loads": "loads_window", "open_s": "open_s", "timeout_s": "timeout_s",
+    "ceiling_batches": "ceiling_batches", "ceiling_reps": "ceiling_reps", "ceiling_tokens": "ceiling_tokens",
+    "baseline_threads": "baseline_threads",
+}
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from .procs import free_port
     from .runner import PHASES, BenchRun, RunPlan
@@ -143,26 +152,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     plan = RunPlan.quick_plan(**kw) if a.quick else RunPlan(**kw)
     if a.levels:
         plan.baseline_levels = plan.serve_levels = a.levels
-    if a.baseline_levels:
-        plan.baseline_levels = a.baseline_levels
-    if a.serve_levels:
-        plan.serve_levels = a.serve_levels
-    if a.loads is not None:
-        plan.loads_continuous = a.loads
-    if a.window_loads is not None:
-        plan.loads_window = a.window_loads
-    if a.open_s:
-        plan.open_s = a.open_s
-    if a.timeout_s:
-        plan.timeout_s = a.timeout_s
-    if a.ceiling_batches:
-        plan.ceiling_batches = a.ceiling_batches
-    if a.ceiling_reps:
-        plan.ceiling_reps = a.ceiling_reps
-    if a.ceiling_tokens:
-        plan.ceiling_tokens = a.ceiling_tokens
-    if a.baseline_threads:
-        plan.baseline_threads = a.baseline_threads
+    for option, plan_field in _PLAN_OPTIONS.items():
+        value = getattr(a, option)
+        # Load lists may be given empty (no open-loop points); other options only when set.
+        if value is not None if option in ("loads", "window_loads") else value:
+            setattr(plan, plan_field, value)
     plan.profile, plan.profile_level = a.profile, a.profile_level
     if a.duration_scale != 1.0:
         plan.closed_s = {k: v * a.duration_scale for k, v in plan.closed_s.items()}
