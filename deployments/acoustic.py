@@ -25,6 +25,7 @@ from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentR
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner
+from serve_app.engine.threads import on_new_thread
 from serve_app.engine.weights import load_model
 from serve_app.protocol import APIError
 
@@ -67,7 +68,9 @@ class WireChunk:
 class Acoustic:
     def __init__(self, model: dict | None = None, acoustic: dict | None = None):
         t0 = time.perf_counter()
-        self.model = load_model(ModelConfig.model_validate(model or {}))
+        # Loaded on a thread that exits, so the decode thread holds the process's only OpenMP
+        # team (serve_app/engine/threads.py: a second team makes every step ~40% slower).
+        self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
         self.refiner = TextRefiner(self.model)
         self.engine.on_step = lambda rows: metrics.observe("tts_batch_rows", rows)
@@ -135,8 +138,9 @@ class Acoustic:
             await asyncio.sleep(1.0)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
-        """ChatTTS's refine_text pass (GPT in text mode) on a worker thread."""
-        return await asyncio.to_thread(self.refiner.refine, texts, seed)
+        """ChatTTS's refine_text pass (GPT in text mode) on a thread that exits afterwards (a pool
+        thread would keep a second OpenMP team alive and slow every decode step)."""
+        return await asyncio.to_thread(on_new_thread, self.refiner.refine, texts, seed)
 
     def stats(self) -> dict:
         s = self.engine.stats
@@ -145,7 +149,7 @@ class Acoustic:
             "mean_rows": s.mean_rows,
             "running_rows": self.engine.running_rows,
             "waiting_rows": self.engine.waiting_rows,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": self.engine.torch_threads,
             "config": self.engine.cfg.model_dump(),
             "weights_kind": self.model.weights.kind,
             "weights_id": self.model.weights.weights_id,

@@ -8,7 +8,6 @@ GPU replica only ever does GPT work.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from serve_app.engine.acoustic import HiddenChunk
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.config import ModelConfig, VocoderConfig
 from serve_app.engine.pipeline import AudioAssembler, Plan
+from serve_app.engine.threads import TorchThread
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.weights import load_model
 
@@ -56,14 +56,16 @@ class Vocoder:
         t0 = time.perf_counter()
         self.acoustic = acoustic
         self.cfg = VocoderConfig.model_validate(vocoder or {})
-        loaded = load_model(ModelConfig.model_validate(model or {}))
+        # All torch work of this replica on one thread: one OpenMP team (engine/threads.py).
+        self.torch = TorchThread("vocoder")
+        loaded = self.torch.call(load_model, ModelConfig.model_validate(model or {}))
         # Only the decoder and Vocos are used here: drop the GPT to save memory.
         for name in ("gpt", "dvae"):
             if hasattr(loaded.chat, name):
                 delattr(loaded.chat, name)
         self.weights = loaded.weights
         self.vocoder = VocoderEngine(loaded, self.cfg)
-        self.vocoder.decode(torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
+        self.torch.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
     async def stream(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
@@ -86,13 +88,13 @@ class Vocoder:
                     finish_reason=wire.finish_reason,
                 )
                 # Decoding is CPU-bound: keep it off the replica's event loop.
-                pending += await asyncio.to_thread(assembler.feed, wire.segment, chunk)
+                pending += await self.torch.acall(assembler.feed, wire.segment, chunk)
                 if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
                     yield pending
                     pending = b""
                     sent_first = True
             done = True
-            pending += assembler.close()
+            pending += await self.torch.acall(assembler.close)
             if pending:
                 yield pending
             seconds = assembler.samples / SAMPLE_RATE

@@ -26,11 +26,15 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from .engine.config import EngineConfig, ModelConfig, WeightsConfig
     from .engine.pipeline import AudioAssembler, Planner, SynthesisOptions, ordered_chunks
     from .engine.vocoder import Vocoder
+    from .engine.threads import TorchThread, on_new_thread
     from .engine.weights import load_model
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
     cfg = EngineConfig(model=ModelConfig(weights=weights, device=args.device))
-    model = load_model(cfg.model)
+    # The decode thread keeps the only multi-threaded OpenMP team (engine/threads.py): load on a
+    # thread that exits, vocode on one single-threaded torch thread.
+    model = on_new_thread(load_model, cfg.model)
+    vocode = TorchThread("vocoder", threads=1)
     if model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
     planner = Planner(model.chat.speaker, cfg.segments)
@@ -45,10 +49,11 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     t0 = time.perf_counter()
     with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
         for seg, chunk in ordered_chunks(streams):
-            out.write(assembler.feed(seg, chunk))
+            out.write(vocode.call(assembler.feed, seg, chunk))
             bar.update(chunk.hidden.shape[0])
-        out.write(assembler.close())
+        out.write(vocode.call(assembler.close))
     engine.stop()
+    vocode.shutdown()
     seconds = assembler.samples / 24000
     elapsed = time.perf_counter() - t0
     print(

@@ -230,6 +230,9 @@ class AcousticEngine:
         self._mask: Optional[torch.Tensor] = None  # (B, T) bool, True = real token
         self._pos: Optional[torch.Tensor] = None  # (B,) next position id per row
         self._thread: Optional[threading.Thread] = None
+        # The count load_model set; the decode thread applies it to itself (set_num_threads is
+        # per thread for OpenMP, and a new thread takes whatever count was set last, anywhere).
+        self.torch_threads = torch.get_num_threads()
         self._stop = False
         self._warpers: dict[tuple, tuple] = {}
         # Called after every decode step with the number of rows decoded (metrics hook).
@@ -272,7 +275,8 @@ class AcousticEngine:
         return streams
 
     def start(self) -> None:
-        """Run the decode loop on a daemon thread."""
+        """Run the decode loop on a daemon thread: the process's one torch thread while it runs
+        (``threads.py``: run other torch work on a thread that exits, or not at all)."""
         if self._thread is None:
             self._stop = False
             self._thread = threading.Thread(target=self._run, name="acoustic-decode", daemon=True)
@@ -323,9 +327,9 @@ class AcousticEngine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        # Re-apply the thread count on this thread too (OpenMP/MKL settings are per thread): steps
+        # Apply the thread count on this thread too (OpenMP/MKL settings are per thread): steps
         # ran 15-25% slower on a thread that never set it (2 OpenMP threads, measured in-process).
-        torch.set_num_threads(torch.get_num_threads())
+        torch.set_num_threads(self.torch_threads)
         while True:
             with self._wake:
                 while not self._stop and not self._rows and not self._waiting:
@@ -614,17 +618,32 @@ class AcousticEngine:
         if not keep:
             self._reset_batch()
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.gpt_device)
-        self._rows = [self._rows[i] for i in keep]
+        # Compact in place: every freed slot below the new batch size takes one kept row from
+        # above it, so a finished row costs one row's KV copy, not a copy of the whole batch
+        # (repacking every row was 10% of the decode thread's time at 12 rows).
+        n = len(keep)
+        kept = set(keep)
+        holes = [i for i in range(n) if i not in kept]
+        movers = [i for i in keep if i >= n]
+        order = list(range(n))
+        if holes:
+            dst = torch.tensor(holes, dtype=torch.long, device=self.gpt_device)
+            src = torch.tensor(movers, dtype=torch.long, device=self.gpt_device)
+            for buf in (*self._kbuf, *self._vbuf):
+                buf[dst] = buf[src]
+            for h, m in zip(holes, movers):
+                order[h] = m
+        idx = torch.tensor(order, dtype=torch.long, device=self.gpt_device)
+        self._rows = [self._rows[i] for i in order]
         self._mask = self._mask.index_select(0, idx)
         self._pos = self._pos.index_select(0, idx)
-        # Columns where every remaining row is padding carry nothing: cut them.
+        # Columns where every remaining row is padding carry nothing: cut them (views; the freed
+        # rows and columns go back when the buffers are next re-allocated).
         first = int(self._mask.any(0).nonzero()[0])
         self._mask = self._mask[:, first:]
-        t = self._keys[0].shape[2]
-        for name in ("_keys", "_values"):
-            kv = getattr(self, name)
-            self._set_kv(name, [_pack_rows([x[i, :, first:] for i in keep], t - first) for x in kv], t - first)
+        t = self._keys[0].shape[2] - first
+        self._set_kv("_keys", [b[:n, :, first:] for b in self._kbuf], t)
+        self._set_kv("_values", [b[:n, :, first:] for b in self._vbuf], t)
 
     def _reset_batch(self) -> None:
         self._rows, self._keys, self._values, self._kbuf, self._vbuf = [], [], [], [], []

@@ -21,6 +21,7 @@ from .audio import AudioEncoder, new_encoder
 from .config import EngineConfig, SegmentLimits, VocoderConfig
 from .pacing import expected_tokens, max_new_tokens, speed_tag_level
 from .text import TextFrontend
+from .threads import TorchThread, on_new_thread
 from .vocoder import Vocoder, VocoderStream
 from .voices import MAX_SEED, Voice, VoiceResolver
 
@@ -189,24 +190,28 @@ class Synthesizer:
         from .weights import load_model
 
         self.config = config
-        self.model = model or load_model(config.model)
+        # The decode thread must hold the process's only multi-threaded OpenMP team (threads.py):
+        # load on a thread that exits, vocode on one thread with one torch thread (no team).
+        self.model = model or on_new_thread(load_model, config.model)
         self.planner = Planner(self.model.chat.speaker, config.segments)
         self.engine = AcousticEngine(self.model, config.acoustic)
         self.vocoder = Vocoder(self.model, config.vocoder)
+        self._vocode = TorchThread("vocoder", threads=1)
         self.engine.start()
 
     def close(self) -> None:
         self.engine.stop()
+        self._vocode.shutdown()
 
     def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> Iterator[bytes]:
         plan = self.planner.plan(text, opts)
         assembler = AudioAssembler(self.vocoder, fmt)
         streams = self.engine.submit_all(plan.segments)
         for seg, chunk in ordered_chunks(streams):
-            data = assembler.feed(seg, chunk)
+            data = self._vocode.call(assembler.feed, seg, chunk)
             if data:
                 yield data
-        tail = assembler.close()
+        tail = self._vocode.call(assembler.close)
         if tail:
             yield tail
 
@@ -216,10 +221,10 @@ class Synthesizer:
         loop = asyncio.get_running_loop()
         streams = self.engine.submit_all(plan.segments, loop=loop)
         async for seg, chunk in aordered_chunks(streams):
-            data = await asyncio.to_thread(assembler.feed, seg, chunk)
+            data = await self._vocode.acall(assembler.feed, seg, chunk)
             if data:
                 yield data
-        tail = assembler.close()
+        tail = await self._vocode.acall(assembler.close)
         if tail:
             yield tail
 
