@@ -111,10 +111,10 @@ def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
         shown["Vocoder.threads"] = a.vocoder_threads
     if a.acoustic_replicas:
         set_replicas(cfg, "Acoustic", a.acoustic_replicas)
-        shown["Acoustic.num_replicas"] = a.acoustic_replicas
+        shown["Acoustic.replicas"] = a.acoustic_replicas
     if a.vocoder_replicas:
         set_replicas(cfg, "Vocoder", a.vocoder_replicas)
-        shown["Vocoder.num_replicas"] = a.vocoder_replicas
+        shown["Vocoder.replicas"] = a.vocoder_replicas
     if a.max_batch_size is not None:
         dep("Acoustic", "user_config.max_batch_size", a.max_batch_size)
     if a.batch_wait_s is not None:

@@ -114,9 +114,9 @@ class BaselineSynth:
 def make_app(synth_factory) -> FastAPI:
     state: dict = {"synth": None, "busy": False, "waiting": 0, "served": 0, "skipped": 0, "failed": 0, "busy_s": 0.0}
     lock = asyncio.Lock()
-    # Load, warm-up and every infer on one thread, as the project does (serve_app/engine/threads.py):
-    # asyncio's pool would spread them over threads, each with its own OpenMP team, and slow
-    # every step ~40%: the yardstick would measure that instead of batching and streaming.
+    # Load, warm-up and every infer on one thread, as the project does: asyncio's pool would spread
+    # them over threads with an OpenMP team each (serve_app/engine/threads.py), and the yardstick
+    # would measure that instead of batching and streaming.
     worker = TorchThread("baseline")
 
     @contextlib.asynccontextmanager

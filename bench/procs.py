@@ -237,12 +237,12 @@ def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.5) 
     return pred()
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[float, float]]:
+def thread_cpu(pid: int) -> dict[int, tuple[float, Optional[float]]]:
     """Per thread of a process: (seconds on a CPU, seconds runnable but waiting for one).
 
     From ``/proc/PID/task/TID/schedstat``; the gap between wall time and the two is time asleep
-    (a lock such as the GIL, an OpenMP barrier, I/O). Falls back to psutil CPU times (no wait)."""
-    out: dict[int, tuple[float, float]] = {}
+    (a lock such as the GIL, an OpenMP barrier, I/O). Falls back to psutil CPU times (wait None)."""
+    out: dict[int, tuple[float, Optional[float]]] = {}
     try:
         tids = [t.id for t in psutil.Process(pid).threads()]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -255,25 +255,29 @@ def thread_cpu(pid: int) -> dict[int, tuple[float, float]]:
             continue
     if not out:
         try:
-            out = {t.id: (t.user_time + t.system_time, 0.0) for t in psutil.Process(pid).threads()}
+            out = {t.id: (t.user_time + t.system_time, None) for t in psutil.Process(pid).threads()}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
 
 
-def busy_threads(before: dict, after: dict, wall_s: float) -> dict:
+def busy_threads(before: dict[int, tuple], after: dict[int, tuple], wall_s: float) -> dict:
     """Which threads did the work between two ``thread_cpu`` samples: how many were busy
     (> 25% of one core), the busiest ones' share of the wall time on a CPU and waiting for one
     (runnable, preempted by another process). On-CPU + waiting < 1 for a thread that should
     never rest means it slept: a lock or a barrier, not CPU contention."""
     if wall_s <= 0:
         return {"cpu_cores_used": 0.0, "threads_over_25pct": 0, "top_thread_shares": [], "top_thread_runqueue": []}
-    deltas = sorted(((after[t][0] - before.get(t, (0.0, 0.0))[0], after[t][1] - before.get(t, (0.0, 0.0))[1])
-                     for t in after), reverse=True)
-    shares = [(run / wall_s, wait / wall_s) for run, wait in deltas]
+    def delta(t: int) -> tuple[float, Optional[float]]:
+        run0, wait0 = before.get(t, (0.0, 0.0))
+        run1, wait1 = after[t]
+        wait = None if wait0 is None or wait1 is None else (wait1 - wait0) / wall_s
+        return (run1 - run0) / wall_s, wait
+
+    shares = sorted((delta(t) for t in after), key=lambda x: x[0], reverse=True)
     return {
         "cpu_cores_used": round(sum(x for x, _ in shares), 3),
         "threads_over_25pct": sum(1 for x, _ in shares if x > 0.25),
         "top_thread_shares": [round(x, 3) for x, _ in shares[:4]],
-        "top_thread_runqueue": [round(w, 3) for _, w in shares[:4]],
+        "top_thread_runqueue": [None if w is None else round(w, 3) for _, w in shares[:4]],
     }

@@ -175,8 +175,10 @@ def to_markdown(report: dict) -> str:
             for g, lst in env.items() if lst)]
     busy = _get(report, "serve", "closed", "8", "replica_threads")
     if busy:
-        lines += ["", "CPU use at 8 clients (cores used, threads busier than 25% of a core): " + "; ".join(
-            f"{g}: " + ", ".join(f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads" for x in lst)
+        lines += ["", "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
+                      "share of the phase on a CPU / waiting for one): " + "; ".join(
+            f"{g}: " + ", ".join(f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads"
+                                 + _thread_shares(x) for x in lst)
             for g, lst in busy.items())]
     for phase, procs in (_get(report, "serve", "profile") or {}).items():
         lines += ["", f"## Profile (py-spy, closed loop {phase}): share of busy samples", ""]
@@ -193,6 +195,13 @@ def to_markdown(report: dict) -> str:
     lines += ["", "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
                   "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.", ""]
     return "\n".join(lines)
+
+
+def _thread_shares(x: dict) -> str:
+    on, wait = x.get("top_thread_shares", [])[:2], x.get("top_thread_runqueue", [])[:2]
+    if not on or not wait or None in wait:  # not sampled (older reports, no schedstat)
+        return ""
+    return " (" + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(on, wait)) + ")"
 
 
 # ------------------------------------------------------------------ plot

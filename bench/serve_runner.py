@@ -114,13 +114,14 @@ FRONT_DOORS = {"proxy": {}, "haproxy": HAPROXY_ENV}
 
 
 def set_replicas(cfg: dict, deployment: str, n: int) -> None:
-    """Fixed replica count (autoscaling off) for a deployment."""
-    d = get_path(cfg, deployment_path(cfg, deployment))
-    if d is None:
-        set_path(cfg, f"{deployment_path(cfg, deployment)}.num_replicas", n)
-        return
-    d.pop("autoscaling_config", None)
-    d["num_replicas"] = n
+    """Fixed replica count for a deployment: autoscaling bounds min = max = n. (``num_replicas``
+    alone does not do it: the deployments' decorators set an autoscaling_config, which Serve
+    keeps when the config file leaves it out, and then starts min_replicas.)"""
+    path = deployment_path(cfg, deployment)
+    d = get_path(cfg, path)
+    if d is not None:
+        d.pop("num_replicas", None)
+    set_path(cfg, f"{path}.autoscaling_config", {"min_replicas": n, "max_replicas": n, "initial_replicas": n})
 
 
 def set_threads(cfg: dict, deployment: str, n: int) -> None:

@@ -82,7 +82,8 @@ def test_config_paths_by_name():
     assert get_path(out, "applications.chattts.deployments.Acoustic.user_config.max_batch_size") == 4
     set_replicas(out, "Acoustic", 2)
     d = get_path(out, "applications.chattts.deployments.Acoustic")
-    assert d["num_replicas"] == 2 and "autoscaling_config" not in d
+    assert "num_replicas" not in d
+    assert d["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2, "initial_replicas": 2}
     set_threads(out, "Vocoder", 2)  # a deployment not in the file is added by name
     assert get_path(out, "applications.chattts.deployments.Vocoder.ray_actor_options.runtime_env.env_vars.OMP_NUM_THREADS") == "2"
     assert cfg["http_options"] == {"port": 8000}  # the input is not modified
@@ -121,3 +122,20 @@ def test_profile_summary():
     assert s["stages_pct"]["GPT forward (decode)"] == 60.0
     assert s["stages_pct"]["sampling per row"] == 30.0
     assert s["top_self_pct"][0] == ["forward (llama.py:3)", 60.0]
+
+
+def test_thread_sampling_splits_on_cpu_and_runqueue_time():
+    import os
+
+    from bench.procs import busy_threads, thread_cpu
+
+    me = thread_cpu(os.getpid())
+    assert me and all(run >= 0 and (wait is None or wait >= 0) for run, wait in me.values())
+    before = {1: (10.0, 1.0), 2: (5.0, 0.5)}
+    after = {1: (10.8, 1.1), 2: (5.1, 0.5), 3: (0.3, 0.2)}  # thread 3 started during the phase
+    out = busy_threads(before, after, wall_s=1.0)
+    assert out["top_thread_shares"] == [0.8, 0.3, 0.1]
+    assert out["top_thread_runqueue"] == [0.1, 0.2, 0.0]
+    assert out["threads_over_25pct"] == 2 and out["cpu_cores_used"] == 1.2
+    # psutil fallback (no schedstat): the wait is unknown, not zero
+    assert busy_threads({1: (1.0, None)}, {1: (1.5, None)}, 1.0)["top_thread_runqueue"] == [None]

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 import numpy as np
-import torch
 from pydantic import BaseModel, Field
 from ray import serve
 
@@ -25,7 +24,7 @@ from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentR
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner
-from serve_app.engine.threads import on_new_thread
+from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.weights import load_model
 from serve_app.protocol import APIError
 
@@ -68,11 +67,11 @@ class WireChunk:
 class Acoustic:
     def __init__(self, model: dict | None = None, acoustic: dict | None = None):
         t0 = time.perf_counter()
-        # Loaded on a thread that exits, so the decode thread holds the process's only OpenMP
-        # team (serve_app/engine/threads.py: a second team makes every step ~40% slower).
+        # Loaded on a thread that exits: the decode thread keeps the only OpenMP team (threads.py).
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
         self.refiner = TextRefiner(self.model)
+        self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
         self.engine.on_step = lambda rows: metrics.observe("tts_batch_rows", rows)
         self.engine.start()
         self._gauges = asyncio.get_event_loop().create_task(self._report_queue())
@@ -138,9 +137,8 @@ class Acoustic:
             await asyncio.sleep(1.0)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
-        """ChatTTS's refine_text pass (GPT in text mode) on a thread that exits afterwards (a pool
-        thread would keep a second OpenMP team alive and slow every decode step)."""
-        return await asyncio.to_thread(on_new_thread, self.refiner.refine, texts, seed)
+        """ChatTTS's refine_text pass (GPT in text mode), beside the decode loop."""
+        return await self._refine_thread.acall(self.refiner.refine, texts, seed)
 
     def stats(self) -> dict:
         s = self.engine.stats

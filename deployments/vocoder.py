@@ -56,7 +56,7 @@ class Vocoder:
         t0 = time.perf_counter()
         self.acoustic = acoustic
         self.cfg = VocoderConfig.model_validate(vocoder or {})
-        # All torch work of this replica on one thread: one OpenMP team (engine/threads.py).
+        # All torch work of this replica on one thread, one OpenMP team (engine/threads.py).
         self.torch = TorchThread("vocoder")
         loaded = self.torch.call(load_model, ModelConfig.model_validate(model or {}))
         # Only the decoder and Vocos are used here: drop the GPT to save memory.

@@ -25,8 +25,8 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from .engine.acoustic import AcousticEngine
     from .engine.config import EngineConfig, ModelConfig, WeightsConfig
     from .engine.pipeline import AudioAssembler, Planner, SynthesisOptions, ordered_chunks
-    from .engine.vocoder import Vocoder
     from .engine.threads import TorchThread, on_new_thread
+    from .engine.vocoder import Vocoder
     from .engine.weights import load_model
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
@@ -47,13 +47,15 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     assembler = AudioAssembler(vocoder, fmt)
     total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)
     t0 = time.perf_counter()
-    with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
-        for seg, chunk in ordered_chunks(streams):
-            out.write(vocode.call(assembler.feed, seg, chunk))
-            bar.update(chunk.hidden.shape[0])
-        out.write(vocode.call(assembler.close))
-    engine.stop()
-    vocode.shutdown()
+    try:
+        with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
+            for seg, chunk in ordered_chunks(streams):
+                out.write(vocode.call(assembler.feed, seg, chunk))
+                bar.update(chunk.hidden.shape[0])
+            out.write(vocode.call(assembler.close))
+    finally:
+        engine.stop()
+        vocode.shutdown()
     seconds = assembler.samples / 24000
     elapsed = time.perf_counter() - t0
     print(

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 import torch.nn.utils.parametrize as P
 
 from .config import AcousticConfig
+from .threads import apply_torch_threads
 from .weights import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -230,9 +231,7 @@ class AcousticEngine:
         self._mask: Optional[torch.Tensor] = None  # (B, T) bool, True = real token
         self._pos: Optional[torch.Tensor] = None  # (B,) next position id per row
         self._thread: Optional[threading.Thread] = None
-        # The count load_model set; the decode thread applies it to itself (set_num_threads is
-        # per thread for OpenMP, and a new thread takes whatever count was set last, anywhere).
-        self.torch_threads = torch.get_num_threads()
+        self.torch_threads = model.torch_threads  # the decode thread applies it to itself
         self._stop = False
         self._warpers: dict[tuple, tuple] = {}
         # Called after every decode step with the number of rows decoded (metrics hook).
@@ -275,8 +274,8 @@ class AcousticEngine:
         return streams
 
     def start(self) -> None:
-        """Run the decode loop on a daemon thread: the process's one torch thread while it runs
-        (``threads.py``: run other torch work on a thread that exits, or not at all)."""
+        """Run the decode loop on a daemon thread: it should hold the process's only
+        multi-threaded OpenMP team (``threads.py``)."""
         if self._thread is None:
             self._stop = False
             self._thread = threading.Thread(target=self._run, name="acoustic-decode", daemon=True)
@@ -329,7 +328,7 @@ class AcousticEngine:
         torch.set_grad_enabled(False)
         # Apply the thread count on this thread too (OpenMP/MKL settings are per thread): steps
         # ran 15-25% slower on a thread that never set it (2 OpenMP threads, measured in-process).
-        torch.set_num_threads(self.torch_threads)
+        apply_torch_threads(self.torch_threads)
         while True:
             with self._wake:
                 while not self._stop and not self._rows and not self._waiting:
@@ -624,15 +623,10 @@ class AcousticEngine:
         n = len(keep)
         kept = set(keep)
         holes = [i for i in range(n) if i not in kept]
-        movers = [i for i in keep if i >= n]
+        movers = [i for i in keep if i >= n]  # as many as holes
         order = list(range(n))
-        if holes:
-            dst = torch.tensor(holes, dtype=torch.long, device=self.gpt_device)
-            src = torch.tensor(movers, dtype=torch.long, device=self.gpt_device)
-            for buf in (*self._kbuf, *self._vbuf):
-                buf[dst] = buf[src]
-            for h, m in zip(holes, movers):
-                order[h] = m
+        for h, m in zip(holes, movers):
+            order[h] = m
         idx = torch.tensor(order, dtype=torch.long, device=self.gpt_device)
         self._rows = [self._rows[i] for i in order]
         self._mask = self._mask.index_select(0, idx)
@@ -641,9 +635,14 @@ class AcousticEngine:
         # rows and columns go back when the buffers are next re-allocated).
         first = int(self._mask.any(0).nonzero()[0])
         self._mask = self._mask[:, first:]
-        t = self._keys[0].shape[2] - first
-        self._set_kv("_keys", [b[:n, :, first:] for b in self._kbuf], t)
-        self._set_kv("_values", [b[:n, :, first:] for b in self._vbuf], t)
+        end = self._keys[0].shape[2]
+        if holes:
+            dst = torch.tensor(holes, dtype=torch.long, device=self.gpt_device)
+            src = torch.tensor(movers, dtype=torch.long, device=self.gpt_device)
+            for buf in (*self._kbuf, *self._vbuf):
+                buf[dst, :, first:end] = buf[src, :, first:end]
+        self._set_kv("_keys", [b[:n, :, first:] for b in self._kbuf], end - first)
+        self._set_kv("_values", [b[:n, :, first:] for b in self._vbuf], end - first)
 
     def _reset_batch(self) -> None:
         self._rows, self._keys, self._values, self._kbuf, self._vbuf = [], [], [], [], []

@@ -190,8 +190,8 @@ class Synthesizer:
         from .weights import load_model
 
         self.config = config
-        # The decode thread must hold the process's only multi-threaded OpenMP team (threads.py):
-        # load on a thread that exits, vocode on one thread with one torch thread (no team).
+        # The decode thread keeps the only multi-threaded OpenMP team (threads.py): load on a thread
+        # that exits, vocode on one single-threaded torch thread.
         self.model = model or on_new_thread(load_model, config.model)
         self.planner = Planner(self.model.chat.speaker, config.segments)
         self.engine = AcousticEngine(self.model, config.acoustic)

@@ -1,16 +1,17 @@
-"""Which threads run torch: one long-lived OpenMP team per process.
+"""Which threads run torch: one multi-threaded OpenMP team per process.
 
 PyTorch on Linux runs its intra-op parallelism on libgomp. Every thread that ever runs a
 parallel region keeps its own team of OpenMP threads until it exits, and libgomp counts them all.
 Once that count exceeds the CPUs, every team waits at each barrier on a futex instead of
-spinning ("throttled" spin). A ChatTTS GPT step has ~300 barriers, so a step on a second thread
-took 157 ms instead of 108 ms here (2 threads, batch 8; ~315 futex sleeps per forward against 0).
-A Serve replica hits this by default: ``__init__`` loads the model on one thread and the work
-then runs on another (the decode thread, ``asyncio.to_thread``'s pool).
+spinning ("throttled" spin). A GPT forward has ~300 barriers: on this 2-core box (2 threads,
+20-layer GPT, batch 8, one token) a forward took 108-116 ms with no context switch on the thread
+that loaded the model, and 139-157 ms with ~315 futex sleeps on a second thread. A Serve replica
+hits this by default: ``__init__`` loads the model on one thread and the work runs on another
+(the decode thread, ``asyncio.to_thread``'s pool).
 
-So each process keeps one thread for its multi-threaded torch work: the Acoustic engine's decode
-thread, or a ``TorchThread``. Set-up work runs on a thread that exits (``on_new_thread``),
-which frees its team.
+So the multi-threaded torch work of a process runs on one long-lived thread (the Acoustic
+engine's decode thread, or a ``TorchThread``); set-up runs on a thread that exits
+(``on_new_thread``), which frees its team; side work runs with one torch thread (no team).
 """
 
 from __future__ import annotations
@@ -23,9 +24,22 @@ from typing import Any, Callable, Optional, TypeVar
 T = TypeVar("T")
 
 
+def apply_torch_threads(n: int) -> None:
+    """Give the calling thread ``n`` intra-op threads, for good.
+
+    torch initialises a thread's count lazily, on its first parallel op, from the count set last
+    by any thread; reading it first uses up that one-time step, so a later ``set_num_threads``
+    elsewhere cannot change this thread's count. (The call also changes the default of threads
+    that have not started torch work yet.)"""
+    import torch
+
+    torch.get_num_threads()
+    torch.set_num_threads(n)
+
+
 def on_new_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on a thread of its own that exits afterwards (frees its OpenMP
-    team); returns the result or raises the exception."""
+    team); returns the result or raises the exception, on the calling thread."""
     result: list = []
 
     def run() -> None:
@@ -44,25 +58,28 @@ def on_new_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 class TorchThread:
-    """One thread for a process's torch work, so it keeps one OpenMP team (see module doc).
-
-    ``threads`` sets the thread's torch intra-op threads (None keeps the process's count)."""
+    """One thread for a process's (or a component's) torch work: calls run one at a time, in
+    order. ``threads`` sets that thread's intra-op threads (None: the process's count); use 1
+    for side work next to a multi-threaded loop, so it adds no OpenMP team."""
 
     def __init__(self, name: str = "torch", threads: Optional[int] = None):
+        self._ident: Optional[int] = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=name, initializer=self._init, initargs=(threads,)
         )
 
-    @staticmethod
-    def _init(threads: Optional[int]) -> None:
+    def _init(self, threads: Optional[int]) -> None:
         import torch
 
+        self._ident = threading.get_ident()
         torch.set_grad_enabled(False)
         if threads is not None:
-            torch.set_num_threads(threads)
+            apply_torch_threads(threads)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run on the torch thread and wait for it (blocking)."""
+        """Run on the torch thread and wait for it (inline when already on it)."""
+        if threading.get_ident() == self._ident:
+            return fn(*args, **kwargs)
         return self._pool.submit(fn, *args, **kwargs).result()
 
     async def acall(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -70,5 +87,5 @@ class TorchThread:
         return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
 
     def shutdown(self) -> None:
+        """Finish the call in flight, drop queued ones; later calls raise RuntimeError."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-

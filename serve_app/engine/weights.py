@@ -375,6 +375,7 @@ class LoadedModel:
     device: Any  # torch.device
     dtype: Any  # torch.dtype of the GPT
     load_seconds: float
+    torch_threads: int = 1  # intra-op threads load_model applied (each torch thread applies it too)
 
     @property
     def is_random(self) -> bool:
@@ -392,7 +393,8 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
     # Always call it, even to keep the default (OMP_NUM_THREADS): besides the count it turns off
     # MKL's dynamic threading, which otherwise rebuilds OpenMP teams at every MKL/non-MKL
     # boundary (pytorch#13757): a batch-8 GPT step took 141 ms instead of 99 ms here without it.
-    torch.set_num_threads(cfg.torch_threads or torch.get_num_threads())
+    threads = cfg.torch_threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
     t0 = time.perf_counter()
     weights = resolve_weights(cfg.weights)
     device = select_device(cfg.device)
@@ -410,4 +412,4 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         chat.gpt.gpt.to(dtype=dtype)
     elapsed = time.perf_counter() - t0
     log.info("loaded %s weights (%s) on %s in %.1fs", weights.kind, weights.source, device, elapsed)
-    return LoadedModel(chat, weights, device, dtype, elapsed)
+    return LoadedModel(chat, weights, device, dtype, elapsed, threads)
