@@ -144,30 +144,28 @@ class Ceiling:
         f = self.first_chunk_tokens
         seg = self.pick(1, self.mean_tokens)[0]
         eng = AcousticEngine(self.model, AcousticConfig(first_chunk_tokens=f, chunk_tokens=self.chunk_tokens))
-        eng.start()
         engine_times = []
-        try:
-            for r in range(reps + 1):  # the first is a warm-up
-                req = dataclasses.replace(seg, seed=2000 + r)
-                vs = self.vocoder.stream(self.vocoder_cfg)
-                t0 = time.perf_counter()
-                stream = eng.submit(req)
-                dt = None
-                for chunk in stream:
+        # Driven on this thread, like Chat.infer below: a decode thread here would be a second
+        # OpenMP team next to this one's and run throttled (serve_app/engine/threads.py).
+        for r in range(reps + 1):  # the first is a warm-up
+            req = dataclasses.replace(seg, seed=2000 + r)
+            vs = self.vocoder.stream(self.vocoder_cfg)
+            t0 = time.perf_counter()
+            stream = eng.submit(req)
+            dt = None
+            while dt is None and not stream.ended:
+                eng.step()
+                for chunk in stream.poll():
                     pcm = vs.push(chunk.hidden)
                     if chunk.final:
                         pcm = vs.finish()
                     if len(pcm):
                         dt = time.perf_counter() - t0
                         break
-                stream.cancel()
-                deadline = time.monotonic() + 30
-                while (eng.running_rows or eng.waiting_rows) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                if r and dt is not None:
-                    engine_times.append(dt)
-        finally:
-            eng.stop()
+            stream.cancel()
+            eng.run_until_idle()
+            if r and dt is not None:
+                engine_times.append(dt)
         infer_times = []
         for r in range(reps + 1):
             params = Chat.InferCodeParams(prompt=seg.prompt, spk_emb=seg.spk_emb, temperature=seg.temperature, top_P=seg.top_p,

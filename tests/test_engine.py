@@ -278,6 +278,21 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk, 
         assert torch.allclose(b, s, atol=1e-5, rtol=0)
 
 
+def test_poll_drives_a_row_on_the_callers_thread(make_engine, spk):
+    """``step()`` + ``poll()`` on one thread (how the benchmark times a first chunk) gives the
+    chunks a blocking consumer gets, first chunk first, and nothing after the end."""
+    expected = decode_alone(make_engine(), seg(spk, 40, seed=5))
+    eng = make_engine(first_chunk_tokens=6, chunk_tokens=10)
+    stream = eng.submit(seg(spk, 40, seed=5))
+    chunks = []
+    while not stream.ended:
+        eng.step()
+        chunks += stream.poll()
+    assert [c.hidden.shape[0] for c in chunks][:1] == [6]
+    assert torch.allclose(torch.cat([c.hidden for c in chunks]), expected, atol=1e-5, rtol=0)
+    assert chunks[-1].final and stream.poll() == []
+
+
 @pytest.mark.timeout(120)
 def test_engine_thread_matches_synchronous_drive(make_engine, spk):
     reqs = [seg(spk, 40, seed=1), seg(spk, 25, seed=2, text="hello world"), seg(spk, 55, seed=3)]

@@ -125,6 +125,20 @@ class RowStream:
         """Stop decoding this row at the next step and free its slot."""
         self.cancelled.set()
 
+    def poll(self) -> list[HiddenChunk]:
+        """The chunks ready now, without waiting (sync streams; for a caller that drives the
+        engine with ``step()`` on its own thread). Raises the row's error, if any."""
+        if self._loop is not None:
+            raise TypeError("this stream was opened for async iteration")
+        out = []
+        while not self._q.empty():
+            item = self._q.get_nowait()
+            if isinstance(item, BaseException):
+                raise item
+            if item is not _END:
+                out.append(item)
+        return out
+
     def __iter__(self) -> Iterator[HiddenChunk]:
         if self._loop is not None:
             raise TypeError("this stream was opened for async iteration")
