@@ -57,15 +57,15 @@ class Vocoder:
         self.acoustic = acoustic
         self.cfg = VocoderConfig.model_validate(vocoder or {})
         # All torch work of this replica on one thread, one OpenMP team (engine/threads.py).
-        self.torch = TorchThread("vocoder")
-        loaded = self.torch.call(load_model, ModelConfig.model_validate(model or {}))
+        self._torch_thread = TorchThread("vocoder")
+        loaded = self._torch_thread.call(load_model, ModelConfig.model_validate(model or {}))
         # Only the decoder and Vocos are used here: drop the GPT to save memory.
         for name in ("gpt", "dvae"):
             if hasattr(loaded.chat, name):
                 delattr(loaded.chat, name)
         self.weights = loaded.weights
         self.vocoder = VocoderEngine(loaded, self.cfg)
-        self.torch.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
+        self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
     async def stream(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
@@ -88,13 +88,13 @@ class Vocoder:
                     finish_reason=wire.finish_reason,
                 )
                 # Decoding is CPU-bound: keep it off the replica's event loop.
-                pending += await self.torch.acall(assembler.feed, wire.segment, chunk)
+                pending += await self._torch_thread.acall(assembler.feed, wire.segment, chunk)
                 if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
                     yield pending
                     pending = b""
                     sent_first = True
             done = True
-            pending += await self.torch.acall(assembler.close)
+            pending += await self._torch_thread.acall(assembler.close)
             if pending:
                 yield pending
             seconds = assembler.samples / SAMPLE_RATE
