@@ -58,7 +58,8 @@ class BaselineSynth:
         from serve_app.engine.weights import load_model
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
-        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads))
+        # ChatTTS as shipped: without the project's CPU weight layout (engine/linear.py).
+        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False))
         self.chat = self.model.chat
         self.planner = Planner(self.chat.speaker, SegmentLimits.model_validate(segments or {}))
         self.planner.warmup()

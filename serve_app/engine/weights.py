@@ -410,6 +410,10 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         if device.type == "cpu":
             log.warning("dtype %s on CPU is slow; consider float32", cfg.dtype)
         chat.gpt.gpt.to(dtype=dtype)
+    if cfg.cpu_dual_layout and device.type == "cpu" and dtype == torch.float32:
+        from .linear import use_dual_layout
+
+        use_dual_layout(chat.gpt.gpt)
     elapsed = time.perf_counter() - t0
     log.info("loaded %s weights (%s) on %s in %.1fs", weights.kind, weights.source, device, elapsed)
     return LoadedModel(chat, weights, device, dtype, elapsed, threads)
