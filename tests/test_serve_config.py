@@ -3,6 +3,7 @@ and ``serve run config/serve.yaml`` actually serving (a subprocess with its own 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import os
@@ -148,6 +149,22 @@ def _wait_gone(marker: str, timeout_s: float) -> list[int]:
     return pids
 
 
+@contextlib.contextmanager
+def _sigint_as_from_a_terminal():
+    """Let a child started here take SIGINT as it would from a terminal. A test run started in the
+    background (``.ci/run &``) ignores SIGINT, as POSIX has every background job of a
+    non-interactive shell do; an ignored signal stays ignored across exec, and Python then never
+    installs its KeyboardInterrupt handler, so the Ctrl-C below would be lost. A *handled* signal
+    is reset to the default on exec: handle it in this process while the child is started."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("front_door", ["proxy", "haproxy"])
 def test_serve_run_default_config(serve_weights_cache, tmp_path, front_door):
@@ -184,14 +201,15 @@ def test_serve_run_default_config(serve_weights_cache, tmp_path, front_door):
 
     with open(log_path, "wb") as log:
         t0 = time.monotonic()
-        proc = subprocess.Popen(
-            [str(serve_exe), "run", str(cfg_path)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with _sigint_as_from_a_terminal():
+            proc = subprocess.Popen(
+                [str(serve_exe), "run", str(cfg_path)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         killed: list[str] = []
         try:
             try:
