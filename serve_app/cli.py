@@ -22,40 +22,24 @@ def _format_for(path: str, fmt: Optional[str]) -> str:
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from .engine.acoustic import AcousticEngine
     from .engine.config import EngineConfig, ModelConfig, WeightsConfig
-    from .engine.pipeline import AudioAssembler, Planner, SynthesisOptions, ordered_chunks
-    from .engine.threads import TorchThread, on_new_thread
-    from .engine.vocoder import Vocoder
-    from .engine.weights import load_model
+    from .engine.pipeline import AudioAssembler, SynthesisOptions, Synthesizer
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
-    cfg = EngineConfig(model=ModelConfig(weights=weights, device=args.device))
-    # The decode thread keeps the only multi-threaded OpenMP team (engine/threads.py): load on a
-    # thread that exits, vocode on one single-threaded torch thread.
-    model = on_new_thread(load_model, cfg.model)
-    vocode = TorchThread("vocoder", threads=1)
-    if model.is_random:
+    synth = Synthesizer(EngineConfig(model=ModelConfig(weights=weights, device=args.device)))
+    if synth.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
-    planner = Planner(model.chat.speaker, cfg.segments)
-    engine = AcousticEngine(model, cfg.acoustic)
-    vocoder = Vocoder(model, cfg.vocoder)
     opts = SynthesisOptions(voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang)
-    plan = planner.plan(args.text, opts)
-    streams = engine.submit_all(plan.segments)
-    engine.start()
-    assembler = AudioAssembler(vocoder, fmt)
+    plan = synth.planner.plan(args.text, opts)
     total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)
+    assembler = AudioAssembler(synth.vocoder, fmt)
     t0 = time.perf_counter()
     try:
         with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
-            for seg, chunk in ordered_chunks(streams):
-                out.write(vocode.call(assembler.feed, seg, chunk))
-                bar.update(chunk.hidden.shape[0])
-            out.write(vocode.call(assembler.close))
+            for data in synth.stream(args.text, fmt, opts, plan=plan, assembler=assembler, on_tokens=bar.update):
+                out.write(data)
     finally:
-        engine.stop()
-        vocode.shutdown()
+        synth.close()
     seconds = assembler.samples / 24000
     elapsed = time.perf_counter() - t0
     print(

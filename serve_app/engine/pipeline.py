@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Optional
+from typing import AsyncIterator, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -203,12 +203,18 @@ class Synthesizer:
         self.engine.stop()
         self._vocode.shutdown()
 
-    def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> Iterator[bytes]:
-        plan = self.planner.plan(text, opts)
-        assembler = AudioAssembler(self.vocoder, fmt)
+    def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions(),
+               plan: Optional[Plan] = None, assembler: Optional[AudioAssembler] = None,
+               on_tokens: Optional[Callable[[int], None]] = None) -> Iterator[bytes]:
+        """Encoded audio as it is made. The CLI passes its own ``plan`` (made from ``text``) and
+        ``assembler`` to report segments and samples, and ``on_tokens`` (each chunk's tokens)."""
+        plan = plan or self.planner.plan(text, opts)
+        assembler = assembler or AudioAssembler(self.vocoder, fmt)
         streams = self.engine.submit_all(plan.segments)
         for seg, chunk in ordered_chunks(streams):
             data = self._vocode.call(assembler.feed, seg, chunk)
+            if on_tokens is not None:
+                on_tokens(chunk.hidden.shape[0])
             if data:
                 yield data
         tail = self._vocode.call(assembler.close)
