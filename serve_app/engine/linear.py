@@ -47,7 +47,6 @@ def use_dual_layout(module: nn.Module, min_rows: int = MIN_ROWS) -> int:
     Call after the weights are loaded (the copies are taken now) and not on a module in training."""
     targets = [(parent, name, child) for parent in module.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
-    with torch.no_grad():
-        for parent, name, child in targets:
-            setattr(parent, name, DualLayoutLinear(child, min_rows))
+    for parent, name, child in targets:
+        setattr(parent, name, DualLayoutLinear(child, min_rows))
     return len(targets)
