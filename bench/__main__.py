@@ -1,6 +1,9 @@
 """``python -m bench run [--quick] [--out DIR]``: the whole benchmark in one go (see bench/README.md).
 
 ``python -m bench compare DIR...``: one table of several runs' key numbers (for tuning).
+``python -m bench gpu --out DIR [--dry-run]``: the one-command GPU check (bench/gpu.py).
+``python -m bench autoscale --out DIR``: step load on a local multi-node cluster (bench/autoscale.py).
+``python -m bench realtime [--weights random-tiny] [--out DIR]``: WebSocket sessions fed like an LLM writes (bench/realtime.py).
 ``python -m bench.baseline`` / ``python -m bench.ceiling``: the baseline server / the ceiling alone.
 """
 
@@ -77,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="key numbers of several runs side by side (markdown)")
     c.add_argument("dirs", nargs="+")
+
+    from .gpu import add_parser as add_gpu_parser
+
+    add_gpu_parser(sub)
+    from .realtime import add_parser as add_realtime_parser
+
+    add_realtime_parser(sub)
+    from .autoscale import add_parser as add_autoscale_parser
+
+    add_autoscale_parser(sub)
     return ap
 
 
@@ -216,6 +229,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a)
+    if a.cmd == "gpu":
+        from .gpu import cmd_gpu
+
+        return cmd_gpu(a)
+    if a.cmd == "realtime":
+        from .realtime import cmd_realtime
+
+        return cmd_realtime(a)
+    if a.cmd == "autoscale":
+        from .autoscale import cmd_autoscale
+
+        return cmd_autoscale(a)
     return cmd_compare(a)
 
 

@@ -54,14 +54,16 @@ class BaselineSynth:
 
     def __init__(self, weights: str = "random", device: str = "cpu", segments: Optional[dict] = None, threads: Optional[int] = None, cache_dir: Optional[str] = None):
         from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
-        from serve_app.engine.pipeline import Planner
+        from serve_app.engine.planner import Planner
+        from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights import load_model
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
         # ChatTTS as shipped: without the project's CPU weight layout (engine/linear.py).
         self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False))
         self.chat = self.model.chat
-        self.planner = Planner(self.chat.speaker, SegmentLimits.model_validate(segments or {}))
+        self.planner = Planner(SegmentLimits.model_validate(segments or {}))
+        self.speakers = SpeakerSampler(self.chat.speaker)
         self.planner.warmup()
 
     def interrupt(self) -> None:
@@ -72,9 +74,10 @@ class BaselineSynth:
     def synthesize(self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0) -> tuple[bytes, dict]:
         from ChatTTS import Chat
 
-        from serve_app.engine.pipeline import SynthesisOptions
+        from serve_app.engine.types import SynthesisOptions
 
         plan = self.planner.plan(text, SynthesisOptions(voice=voice, seed=seed, speed=speed))
+        spk_emb = self.speakers.embedding(plan.voice)
         wavs = []
         tokens = 0
         self._interrupted = False
@@ -88,7 +91,7 @@ class BaselineSynth:
                 lo, hi = 0, seg.max_new_tokens
             params = Chat.InferCodeParams(
                 prompt=seg.prompt,
-                spk_emb=seg.spk_emb,
+                spk_emb=spk_emb,
                 temperature=seg.temperature,
                 top_P=seg.top_p,
                 top_K=seg.top_k,

@@ -16,12 +16,19 @@ both ways and of the repetitions ("the most this model can do on this box").
 its first chunk (``first_chunk_tokens``) is vocoded by the same sliding-window vocoder the project
 streams with, and ``Chat.infer`` of just ``first_chunk_tokens`` tokens; ``raw_s`` is the smaller.
 
+``--quantize``: also int8 against float32 (``model.quantize``, bench/numerics.py): the engine at
+each batch size with the GPT's linear layers swapped between float32, float32 dual layout and
+int8, interleaved (decode step time, audio s/s), and the numerics table (near-greedy token
+agreement, teacher-forced hidden-state cosine). ``--quantize-only`` runs just that.
+
     python -m bench.ceiling --out ceiling.json [--batches 1,4,8,16] [--reps 2]
+    python -m bench.ceiling --out int8.json --quantize-only --batches 1,8,16 --reps 3
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -39,18 +46,21 @@ def _log(msg: str) -> None:
 
 class Ceiling:
     def __init__(self, weights: str = "random", threads: Optional[int] = None, segments: Optional[dict] = None,
-                 first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None):
+                 first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None,
+                 device: str = "cpu", dtype: str = "float32"):
         import torch
 
         from serve_app.engine.config import ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
         from serve_app.engine.pipeline import Planner, SynthesisOptions
         from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights import load_model
 
         from .corpus import load_corpus
 
         t0 = time.perf_counter()
-        self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device="cpu", torch_threads=threads))
+        self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype,
+                                            torch_threads=threads))
         self.threads = torch.get_num_threads()
         _log(f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}")
         self.chat = self.model.chat
@@ -58,12 +68,13 @@ class Ceiling:
         self.chunk_tokens = chunk_tokens
         self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
         self.vocoder = Vocoder(self.model, self.vocoder_cfg)
-        planner = Planner(self.chat.speaker, SegmentLimits.model_validate(segments or {}))
+        planner = Planner(SegmentLimits.model_validate(segments or {}))
         planner.warmup()
+        speakers = SpeakerSampler(self.chat.speaker)  # Chat.infer needs the speaker string itself
         segs = []
         for text in load_corpus():
             plan = planner.plan(text, SynthesisOptions())
-            segs += list(plan.segments)
+            segs += [dataclasses.replace(s, spk_emb=speakers.embedding(plan.voice)) for s in plan.segments]
         self.segments = segs
         self.mean_tokens = round(statistics.mean(s.target_tokens for s in segs))
 
@@ -130,6 +141,28 @@ class Ceiling:
                 "audio_s": round(best["audio_s"], 3),
                 "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / 512, 2),
             }
+        return out
+
+    def quantize(self, batches: list[int], tokens: int, reps: int, numerics_segments: int, tf_tokens: int,
+                 agree_tokens: int) -> dict:
+        """int8 vs float32 on this model (bench/numerics.py); the GPT is left as loaded."""
+        from .numerics import GptRecorder, LinearVariants, compare_numerics, compare_throughput
+
+        if self.model.device.type != "cpu":
+            raise ValueError("model.quantize int8 is CPU only")
+        gpt = self.chat.gpt.gpt
+        variants = LinearVariants(gpt)
+        recorder = GptRecorder(gpt, variants)
+        loaded = [child for _parent, _name, child in variants.slots]
+        try:
+            out = compare_throughput(self.run_engine, variants, recorder, batches, tokens, reps)
+            if numerics_segments > 0:
+                segs = self.pick(numerics_segments, tokens)
+                out["numerics"] = compare_numerics(self.model, variants, recorder, segs, tf_tokens, agree_tokens)
+        finally:
+            recorder.close()
+            for (parent, name, _child), module in zip(variants.slots, loaded):
+                setattr(parent, name, module)
         return out
 
     # ---------------------------------------------------------------- first chunk
@@ -204,6 +237,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--first-chunk-reps", type=int, default=5)
     ap.add_argument("--vocoder", default="{}", help="VocoderConfig as JSON")
+    ap.add_argument("--quantize", action="store_true", help="also int8 vs float32 (bench/numerics.py)")
+    ap.add_argument("--quantize-only", action="store_true", help="only int8 vs float32 (no methods, no first chunk)")
+    ap.add_argument("--numerics-segments", type=int, default=3, help="segments of the int8 numerics table")
+    ap.add_argument("--tf-tokens", type=int, default=200, help="teacher-forced positions per segment")
+    ap.add_argument("--agree-tokens", type=int, default=100, help="near-greedy tokens compared per segment")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -212,16 +250,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     tokens = args.tokens or c.mean_tokens
     batches = [int(x) for x in args.batches.split(",") if x]
     result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}
-    if args.first_chunk_reps > 0:
+    if args.first_chunk_reps > 0 and not args.quantize_only:
         result["first_chunk"] = c.first_chunk(args.first_chunk_reps)
-    for m in [x for x in args.methods.split(",") if x]:
+    for m in [] if args.quantize_only else [x for x in args.methods.split(",") if x]:
         result["methods"][m] = c.throughput(m, batches, tokens, args.reps)
-    result["ceiling"] = {
-        str(n): max(result["methods"][m][str(n)]["audio_s_per_s"] for m in result["methods"]) for n in batches
-    }
+    if result["methods"]:
+        result["ceiling"] = {
+            str(n): max(result["methods"][m][str(n)]["audio_s_per_s"] for m in result["methods"]) for n in batches
+        }
+    if args.quantize or args.quantize_only:
+        result["quantize"] = c.quantize(batches, tokens, args.reps, args.numerics_segments, args.tf_tokens, args.agree_tokens)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
-    _log(f"done in {result['wall_s']}s: ceiling {result['ceiling']}")
+    _log(f"done in {result['wall_s']}s: ceiling {result.get('ceiling')}")
     return 0
 
 

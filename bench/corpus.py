@@ -7,6 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Optional
 
+from serve_app.engine.text.chars import SAYABLE_CJK_RE
+
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 
 
@@ -31,24 +33,21 @@ def text_stream(seed: int = 0, texts: Optional[tuple[str, ...]] = None) -> Itera
 
 
 def lang_of(text: str) -> str:
-    cjk = sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
+    cjk = len(SAYABLE_CJK_RE.findall(text))
     return "zh" if cjk * 3 >= len(text.strip()) else ("mixed" if cjk else "en")
 
 
 def plan_corpus(texts: Optional[tuple[str, ...]] = None, segments: Optional[dict] = None):
     """Plan every text with the project's own Planner (segments and target tokens).
 
-    Returns ``[(text, [target_tokens per segment], [segment texts])]``. Needs only ChatTTS's
-    speaker statistics, not the model weights.
+    Returns ``[(text, [target_tokens per segment], [segment texts])]``. Needs no model
+    weights and no torch.
     """
     from serve_app.engine.config import SegmentLimits
-    from serve_app.engine.pipeline import Planner, SynthesisOptions
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
 
-    from ChatTTS.config import Config
-    from ChatTTS.model import Speaker
-
-    cfg = Config()
-    planner = Planner(Speaker(cfg.gpt.hidden_size, cfg.spk_stat), SegmentLimits.model_validate(segments or {}))
+    planner = Planner(SegmentLimits.model_validate(segments or {}))
     out = []
     for text in texts or load_corpus():
         plan = planner.plan(text, SynthesisOptions())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,10 +17,29 @@ from typing import Callable, Optional, Sequence
 import psutil
 
 
+# Ports handed out are drawn from 20000-32767: below Linux's ephemeral range (32768-60999), from
+# which the OS picks the local port of every outgoing connection and every bind to port 0, and
+# above Ray's worker ports (10002-19999). A port from bind(0) is free only until the next
+# connection takes it: Ray opens hundreds while it starts, and one of them once took the port
+# chosen for Serve's proxy ("Failed to bind to address") before the proxy could bind it.
+_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that is free now and that no connection will take by chance."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 def bench_env(**extra: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Optional
 # Inclusive buckets: a sample counts for the first of these frames found in its stack.
 STAGES = [
     ("prefill (admission)", "_prefill"),
-    ("merge KV (admission)", "_merge"),
+    ("merge KV (admission)", "merge (serve_app/engine/decode/batch.py"),
     ("retire rows (KV filter)", "_retire"),
     ("sampling per row", "_sample_and_advance"),
     ("GPT forward (decode)", "_decode_step"),

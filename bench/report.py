@@ -101,6 +101,43 @@ def _closed_rows(system: str, closed: dict) -> list[str]:
     return rows
 
 
+def quantize_markdown(q: Optional[dict]) -> list[str]:
+    """The ceiling's int8 vs float32 rows and numerics table (bench/numerics.py), if it has them."""
+    if not q:
+        return []
+    variants = q.get("variants", [])
+    lines = ["", "### int8 vs float32 (`model.quantize`)", "",
+             f"{q.get('tokens_per_row')} tokens per row. GPT step: the GPT forward of a decode step, median over one run "
+             "whose steps rotate through the variants (speed-up: median of the per-rotation ratios / ratio of the mean "
+             "steps). Engine step (the "
+             f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
+             "variant, interleaved.", "",
+             "| batch | " + " | ".join(f"GPT step {v} ms" for v in variants) + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
+             + " | ".join(f"engine step {v} ms" for v in variants) + " | " + " | ".join(f"audio s/s {v}" for v in variants)
+             + " | int8 audio s/s vs fp32-dual |",
+             "|---|" + "---|" * (3 * len(variants) + 3)]
+    for n, row in sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0])):
+        step = row.get("gpt_step") or {}
+        cells = [_f(step.get(f"{v}_ms"), 1) for v in variants]
+        cells += [f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
+                  for b in ("fp32", "fp32-dual")]
+        cells += [_f(_get(row, v, "engine_step_ms"), 1) for v in variants]
+        cells += [_f(_get(row, v, "audio_s_per_s"), 3) for v in variants]
+        cells.append(_f(row.get("int8_audio_ratio_vs_fp32-dual")))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    num = q.get("numerics")
+    if num:
+        lines += ["", f"Numerics, int8 against {num.get('reference')} on the same weights:", "",
+                  "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
+                  "(control) | teacher-forced positions | hidden cosine min | p01 | mean |", "|---|---|---|---|---|---|---|---|"]
+        for i, s in enumerate(num.get("segments", [])):
+            lines.append(f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
+                         f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
+                         f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
+                         f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |")
+    return lines
+
+
 def to_markdown(report: dict) -> str:
     meta = report.get("meta", {})
     lines = [
@@ -137,6 +174,7 @@ def to_markdown(report: dict) -> str:
         if fc:
             lines += ["", f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
                           f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s"]
+        lines += quantize_markdown(ceil.get("quantize"))
 
     lines += ["", "## Closed loop (N clients back to back)", "",
               "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut | mean batch | peak RSS MiB |",

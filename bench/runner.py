@@ -11,7 +11,6 @@ import os
 import platform
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from typing import Any, Optional
 import httpx
 
 from . import cache_hit, loadgen
-from .corpus import corpus_summary, load_corpus, plan_corpus, text_stream
+from .corpus import corpus_summary, plan_corpus, text_stream
 from .procs import (
     ManagedProcess,
     RssSampler,
@@ -55,14 +54,14 @@ class RunPlan:
     baseline_levels: list = field(default_factory=lambda: [1, 2, 4, 8, 16])
     serve_levels: list = field(default_factory=lambda: [1, 2, 4, 8, 16])
     closed_s: dict = field(default_factory=lambda: {1: 60, 2: 60, 4: 90, 8: 120, 16: 120})
-    open_s: float = 240.0  # 120 s gave ~22 requests at 70 % load: the window/continuous ratio moved by ±0.3
+    open_s: float = 240.0  # enough requests per point for a stable window/continuous ratio (bench/README.md)
     loads_continuous: list = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
     loads_window: list = field(default_factory=lambda: [0.5, 0.7, 0.9])
     drain_s: float = 180.0
     timeout_s: float = 300.0
     baseline_threads: Optional[int] = None
     seed: int = 0
-    front_door: str = "proxy"  # "haproxy": RAY_SERVE_ENABLE_HA_PROXY (README, "Fast front door")
+    front_door: str = "proxy"  # "haproxy": RAY_SERVE_ENABLE_HA_PROXY (docs/operations.md, "Fast front door")
     profile: bool = False  # py-spy the replicas during the closed loop at profile_level clients
     profile_level: int = 8
 
@@ -385,7 +384,7 @@ class BenchRun:
                 self.progress.phase("serve: open loop", est["open"])
                 self._open_phases(serve, sampler, target, res)
             if "serve" in p.phases:
-                # Cache-hit path (issue 7): one 10-second wav synthesised once, then answered from cache.
+                # Cache-hit path: one 10-second wav synthesised once, then answered from the cache.
                 self.progress.write("serve: cache-hit path")
                 res["cache_hit"] = asyncio.run(cache_hit.measure(serve.base_url, n=100 if p.quick else 300))
                 self.progress.write(f"cache hit p50 {res['cache_hit']['hit_p50_ms']} ms, "

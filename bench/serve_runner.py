@@ -162,14 +162,16 @@ class ServeRunner:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # keep the progress bar readable
         os.environ.pop("CHATTTS_WEIGHTS", None)
         os.environ.pop("CHATTTS_WEIGHTS_PATH", None)
-        # Read by the controller and the replicas that ray.init starts (README, "Fast front door").
+        # Read by the controller and the replicas that ray.init starts (docs/operations.md, "Fast front door").
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
         os.environ.update(FRONT_DOORS[self.front_door])
         t0 = time.perf_counter()
         schema = ServeDeploySchema.model_validate(self.cfg)  # fail early on a bad override
         self._started = True
+        # "local": always a cluster of its own, never one a parent process points at (RAY_ADDRESS).
         ray.init(
+            address="local",
             num_cpus=self.ray_cpus,
             namespace="serve",
             include_dashboard=False,

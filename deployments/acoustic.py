@@ -10,23 +10,27 @@ them, segment after segment. A disconnected caller cancels its rows at the next 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 import numpy as np
+import ray
 from pydantic import BaseModel, Field
 from ray import serve
 
 from serve_app import metrics
-from serve_app.engine.acoustic import AcousticEngine, EngineOverloaded, SegmentRequest
+from serve_app.autoscaling import engine_stats
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
+from serve_app.engine.errors import EngineOverloaded
 from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner
 from serve_app.engine.threads import TorchThread, on_new_thread
+from serve_app.engine.types import SegmentRequest, WireChunk
+from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights import load_model
-from serve_app.protocol import APIError
 
 log = logging.getLogger("ray.serve")
 
@@ -44,31 +48,16 @@ class AcousticUserConfig(BaseModel):
     token_budget: Optional[int] = Field(default=None, ge=64)
 
 
-@dataclass
-class WireChunk:
-    """A hidden-state chunk on the wire: fp16 halves the bytes between stages."""
-
-    segment: int
-    hidden: np.ndarray  # (n, 768) float16
-    final: bool
-    finish_reason: Optional[str] = None
-    batch_rows: int = 0  # rows decoding together when this chunk left (for logs)
-
-
-# max_ongoing_requests must exceed max_batch_size (default 5 would cap every batch at 5) and
-# leave room for requests that stream while the next batch forms. Autoscale on ongoing
-# requests per replica: 12 ~ a full batch of 8 plus a window's worth of arrivals.
-@serve.deployment(
-    ray_actor_options={"num_cpus": 1},
-    max_ongoing_requests=48,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 12},
-    health_check_period_s=10,
-)
+# Replicas, resources and autoscaling come from the config file (config/serve.yaml), which must
+# set max_ongoing_requests >= max_batch_size (Serve's default of 5 would cap every batch at 5).
+# The health check period is the code's: a dead decode thread fails the replica within 10 s.
+@serve.deployment(health_check_period_s=10)
 class Acoustic:
     def __init__(self, model: dict | None = None, acoustic: dict | None = None):
         t0 = time.perf_counter()
         # Loaded on a thread that exits: the decode thread keeps the only OpenMP team (threads.py).
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
+        self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
         self.refiner = TextRefiner(self.model)
         self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
@@ -76,13 +65,12 @@ class Acoustic:
         self.engine.start()
         self._gauges = asyncio.get_event_loop().create_task(self._report_queue())
         self._warmup()
+        self.placement = _placement()
         log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
+        log.info("Acoustic placement %s", json.dumps(self.placement))
 
     def _warmup(self) -> None:
-        from serve_app.engine.voices import OPENAI_VOICES, speaker_from_seed
-
-        spk = speaker_from_seed(self.model.chat.speaker, OPENAI_VOICES["alloy"])
-        req = SegmentRequest(text="你好。", spk_emb=spk, seed=0, max_new_tokens=4, target_tokens=4)
+        req = SegmentRequest(text="你好。", spk_emb=None, spk_seed=OPENAI_VOICES["alloy"], seed=0, max_new_tokens=4, target_tokens=4)
         for _ in self.engine.submit(req):
             pass
 
@@ -94,7 +82,12 @@ class Acoustic:
         if changes:
             self.engine.reconfigure(**changes)
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    # The window's size and wait are set from user_config at start (reconfigure); these are
+    # AcousticUserConfig's defaults until then.
+    @serve.batch(
+        max_batch_size=AcousticUserConfig.model_fields["max_batch_size"].default,
+        batch_wait_timeout_s=AcousticUserConfig.model_fields["batch_wait_timeout_s"].default,
+    )
     async def _admit(self, plans: list[list[SegmentRequest]]) -> list:
         """Submit a window's requests together; each caller gets its rows' streams (or an error)."""
         loop = asyncio.get_running_loop()
@@ -109,8 +102,8 @@ class Acoustic:
     async def stream(self, segments: list[SegmentRequest]) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded."""
         streams = await self._admit(segments)
-        if isinstance(streams, Exception):
-            raise APIError(503, str(streams), type="server_error", code="overloaded", headers={"Retry-After": "1"})
+        if isinstance(streams, EngineOverloaded):
+            raise streams
         try:
             async for seg, chunk in aordered_chunks(streams):
                 yield self._wire(seg, chunk)
@@ -121,7 +114,7 @@ class Acoustic:
                     if st.finished_at is not None:
                         metrics.observe("tts_stage_seconds", st.finished_at - st.admitted_at, stage="decode")
 
-    def _wire(self, seg: int, chunk) -> "WireChunk":
+    def _wire(self, seg: int, chunk) -> WireChunk:
         return WireChunk(
             segment=seg,
             hidden=chunk.hidden.numpy().astype(np.float16),
@@ -135,6 +128,11 @@ class Acoustic:
             metrics.set_gauge("tts_queue_rows", self.engine.waiting_rows)
             metrics.set_gauge("tts_running_rows", self.engine.running_rows)
             await asyncio.sleep(1.0)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics: the engine's queue, read by the Acoustic policy
+        (serve_app/autoscaling.py) in the controller."""
+        return engine_stats(self.engine.waiting_rows, self.engine.running_rows, self.engine.cfg.max_rows)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
         """ChatTTS's refine_text pass (GPT in text mode), beside the decode loop."""
@@ -151,6 +149,7 @@ class Acoustic:
             "config": self.engine.cfg.model_dump(),
             "weights_kind": self.model.weights.kind,
             "weights_id": self.model.weights.weights_id,
+            "placement": self.placement,
         }
 
     def weights_info(self) -> dict:
@@ -161,7 +160,25 @@ class Acoustic:
             raise RuntimeError("acoustic decode thread is not running")
 
     def __del__(self):
+        # Serve calls this after its graceful shutdown: it stopped routing here and waited, up to
+        # graceful_shutdown_timeout_s, for every open stream (an ongoing request) to end. Rows
+        # still here were cut by that timeout: say so, as it means the timeout is too short.
         try:
+            left = self.engine.running_rows + self.engine.waiting_rows
+            if left:
+                log.warning("Acoustic replica stopping with %d rows unfinished (graceful_shutdown_timeout_s too short?)", left)
             self.engine.stop()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _placement() -> dict:
+    """Where this replica runs: replica, actor, node and the GPUs Ray gave it (fractional GPUs
+    share an id)."""
+    ctx = ray.get_runtime_context()
+    return {
+        "replica": serve.get_replica_context().replica_tag,
+        "actor_id": ctx.get_actor_id(),
+        "node_id": ctx.get_node_id(),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+    }

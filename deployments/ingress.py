@@ -1,6 +1,7 @@
 """Ingress (CPU): the OpenAI-compatible HTTP API and the Python handle API of the app.
 
 HTTP: ``POST /v1/audio/speech`` streams audio by chunked transfer as it is made;
+``WS /v1/audio/speech/stream`` speaks text while it is still being written (``serve_app/realtime/``);
 ``GET /v1/models``, ``/v1/voices``, ``/healthz``, ``/readyz``. Handle: ``synthesize(request)``
 -> bytes and ``stream(request)`` (with ``.options(stream=True)``) for other Ray apps.
 
@@ -18,47 +19,37 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Optional, Union
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from fastapi import Request, WebSocket
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from ray.serve.exceptions import BackPressureError
-
-from deployments.vocoder import StreamSummary
 from serve_app import metrics
-from serve_app.api import BodyLimits, error_response, make_app, sse_stream
+from serve_app.api import BodyLimits, error_response, make_app, overloaded, sse_stream, stage_error
 from serve_app.cache import CacheConfig, make_cache, request_key
-from serve_app.engine.pipeline import Plan
-from serve_app.security import APIKeyAuth, SecuritySettings, StreamLimiter, load_api_keys
-from serve_app.engine.voices import list_voices
+from serve_app.engine.types import Plan, StreamSummary, Voice
+from serve_app.engine.voices import VoiceResolver, list_voices
 from serve_app.protocol import (
-    DEFAULT_MAX_INPUT_CHARS,
     MODEL_IDS,
     APIError,
     ModelCard,
     ModelList,
+    SessionCreated,
+    SessionStart,
     SpeechRequest,
     VoiceCard,
     VoiceList,
+    to_api_error,
 )
+from serve_app.realtime import SessionLimits, serve_session
+from serve_app.security import APIKeyAuth, StreamLimiter, load_api_keys
+from serve_app.settings import IngressSettings
+from serve_app.voice_store import VoiceStoreConfig
+from serve_app.voices_api import VOICES_PATH, VoicesAPI
+from serve_app.webui import page_response
 
 log = logging.getLogger("ray.serve")
-
-
-class IngressSettings(BaseModel):
-    max_input_chars: int = Field(default=DEFAULT_MAX_INPUT_CHARS, ge=1)
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
-    warmup: bool = True
-    cache: CacheConfig = CacheConfig()
-    security: SecuritySettings = SecuritySettings()
-    request_timeout_s: float = Field(default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this.")
-    # Degradation switches (off by default): answer 429 "busy" / skip refine_text past these
-    # numbers of segment rows waiting in the acoustic queue.
-    busy_queue_rows: Optional[int] = Field(default=None, ge=1)
-    skip_refine_queue_rows: Optional[int] = Field(default=None, ge=0)
-    log_text: bool = Field(default=False, description="Log request text (DEBUG only); off: no user text in logs.")
 
 
 BODY_LIMITS = BodyLimits(IngressSettings().max_body_bytes)
@@ -71,13 +62,11 @@ def _as_request(request: Union[SpeechRequest, dict]) -> SpeechRequest:
     try:
         return SpeechRequest.model_validate(request)
     except Exception as exc:  # pydantic.ValidationError
-        raise APIError(400, f"invalid request: {exc}", code="invalid_value") from None
+        raise to_api_error(exc) from None
 
 
-def _unwrap(exc: BaseException) -> BaseException:
-    """Ray wraps a replica's exception; an APIError subclass instance still matches APIError."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, APIError) else exc
+def _voice_label(voice: str) -> str:
+    return voice if len(voice) <= 32 else f"speaker:{voice[:8]}"  # a speaker string is long
 
 
 @dataclass
@@ -102,8 +91,7 @@ class RequestRecord:
 
     @classmethod
     def start(cls, req: SpeechRequest, request_id: str, client: str, log_text: bool = False) -> "RequestRecord":
-        voice = req.voice if len(req.voice) <= 32 else f"speaker:{req.voice[:8]}"
-        return cls(request_id, voice, len(req.input), req.response_format, req.stream_format, client,
+        return cls(request_id, _voice_label(req.voice), len(req.input), req.response_format, req.stream_format, client,
                    text=req.input if log_text else None)
 
     def first_byte(self) -> None:
@@ -136,6 +124,36 @@ async def _released(audio: AsyncIterator[bytes], limiter: StreamLimiter, client:
         limiter.release(client)
 
 
+class _GraphBackend:
+    """A WebSocket session's way into the graph: per cut, a TextNormalizer plan (with the voice
+    resolved once, at the session's start); per segment, a Vocoder stream (as an HTTP request),
+    cancelled when the session stops reading it."""
+
+    def __init__(self, normalizer: DeploymentHandle, vocoder: DeploymentHandle):
+        self.normalizer = normalizer
+        self.vocoder = vocoder
+        self.voice: Optional[Voice] = None
+
+    async def plan(self, text: str, options: Any) -> Plan:
+        try:
+            return await self.normalizer.plan.remote(text, options, self.voice)
+        except BackPressureError:
+            raise overloaded() from None
+
+    async def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
+        gen = self.vocoder.options(stream=True).stream.remote(plan, response_format)
+        done = False
+        try:
+            async for item in gen:
+                yield item
+            done = True
+        except BackPressureError:
+            raise overloaded() from None
+        finally:
+            if not done:  # cancel, disconnect, or a failure: stop every stage's work
+                gen.cancel()
+
+
 def _package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -152,12 +170,8 @@ def _request_id() -> str:
         return uuid.uuid4().hex
 
 
-# The ingress only routes and streams bytes: cheap, many concurrent streams per replica.
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.1},
-    max_ongoing_requests=128,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 32},
-)
+# Replicas, resources and autoscaling come from the config file (config/serve.yaml).
+@serve.deployment
 @serve.ingress(api)
 class Ingress:
     def __init__(
@@ -166,6 +180,8 @@ class Ingress:
         vocoder: DeploymentHandle,
         acoustic: DeploymentHandle,
         settings: Optional[dict] = None,
+        cache: Optional[dict] = None,
+        voices: Optional[dict] = None,
     ):
         self.normalizer = normalizer
         self.vocoder = vocoder
@@ -175,7 +191,12 @@ class Ingress:
         self._queue_rows = 0
         self._poll_task: Optional[asyncio.Task] = None
         self._apply(IngressSettings.model_validate(settings or {}))
-        self.cache = make_cache(self.settings.cache)
+        self.cache_config = CacheConfig.model_validate(cache or {})
+        self.cache = make_cache(self.cache_config)
+        self.voices = VoiceResolver()
+        voice_config = VoiceStoreConfig.model_validate(voices or {})
+        BODY_LIMITS.route_max_bytes[VOICES_PATH] = voice_config.max_upload_bytes  # clip uploads
+        self.voice_api = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
         self._ready = asyncio.Event()
         self._warmup_error: Optional[str] = None
         self._warmup_task = asyncio.get_event_loop().create_task(self._warmup())
@@ -225,14 +246,19 @@ class Ingress:
 
     # ------------------------------------------------------------------ shared by HTTP and handles
 
+    @staticmethod
+    def _check_model(model: str) -> None:
+        if model not in MODEL_IDS:
+            raise APIError(404, f"model {model!r} does not exist; use one of {', '.join(MODEL_IDS)}", param="model", code="model_not_found")
+
     def _check(self, req: SpeechRequest) -> None:
-        if req.model not in MODEL_IDS:
-            raise APIError(404, f"model {req.model!r} does not exist; use one of {', '.join(MODEL_IDS)}", param="model", code="model_not_found")
+        self._check_model(req.model)
         if len(req.input) > self.settings.max_input_chars:
             raise APIError(413, f"input is {len(req.input)} characters; the limit is {self.settings.max_input_chars}", param="input", code="input_too_long")
 
-    async def _plan(self, req: SpeechRequest) -> Plan:
-        plan = await self.normalizer.plan.remote(req)
+    async def _plan(self, req: SpeechRequest, voice: Voice) -> Plan:
+        options = req.to_options()
+        plan = await self.normalizer.plan.remote(req.input, options, voice)
         if req.refine_text:
             busy = self.settings.skip_refine_queue_rows
             if busy is not None and self._queue_rows >= busy:
@@ -240,14 +266,14 @@ class Ingress:
             else:
                 seed = plan.segments[0].seed if plan.segments else 0
                 texts = await self.acoustic.refine.remote(plan.texts, seed)
-                plan = await self.normalizer.replan.remote(req, texts)
+                plan = await self.normalizer.replan.remote(texts, options, voice)
         return plan
 
-    async def _open(self, req: SpeechRequest) -> tuple[Any, bytes, Plan]:
+    async def _open(self, req: SpeechRequest, voice: Voice) -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
-            plan = await self._plan(req)
+            plan = await self._plan(req, voice)
             gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
             try:
                 first = await gen.__anext__()
@@ -258,15 +284,8 @@ class Ingress:
             if gen is not None:
                 gen.cancel()
             raise
-        except BackPressureError:
-            raise APIError(503, "server overloaded: a stage's queue is full; retry shortly", type="server_error",
-                           code="overloaded", headers={"Retry-After": "1"}) from None
         except Exception as exc:  # noqa: BLE001
-            cause = _unwrap(exc)
-            if isinstance(cause, APIError):
-                raise cause from None
-            log.exception("synthesis failed before the first byte")
-            raise APIError(500, "synthesis failed", type="server_error", code="synthesis_failed") from None
+            raise stage_error(exc, "synthesis failed", "synthesis_failed") from None
 
     def _check_busy(self) -> None:
         limit = self.settings.busy_queue_rows
@@ -284,7 +303,9 @@ class Ingress:
         directives = {d.strip().lower() for d in cache_control.split(",")}
         try:
             self._check(req)
-            key = request_key(req, weights_id=self.weights_id) if self.weights_id != "unknown" else None
+            # Built-in or custom (the voice store): an unknown voice fails here, before any work.
+            voice = await self.voice_api.directory.resolve(req.voice)
+            key = request_key(req, voice, weights_id=self.weights_id) if self.weights_id != "unknown" else None
             if key is not None and "no-store" in directives:
                 key = None
                 metrics.inc("tts_cache_total", result="bypass")
@@ -303,13 +324,16 @@ class Ingress:
                 metrics.inc("tts_cache_total", result="bypass")
             self._check_busy()
             try:
-                gen, first, plan = await asyncio.wait_for(self._open(req), self.settings.request_timeout_s)
+                gen, first, plan = await asyncio.wait_for(self._open(req, voice), self.settings.request_timeout_s)
             except asyncio.TimeoutError:
                 raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
                                code="timeout") from None
-        except APIError as exc:
-            rec.finish(str(exc.status))
-            raise
+        except Exception as exc:
+            api_exc = to_api_error(exc)
+            if api_exc is None:
+                raise
+            rec.finish(str(api_exc.status))
+            raise api_exc from None
         rec.segments = len(plan.segments)
         return self._chain(first, gen, rec, key)
 
@@ -318,7 +342,7 @@ class Ingress:
         status = "aborted"
         kept: Optional[list[bytes]] = [] if key else None
         size = 0
-        limit = self.settings.cache.max_item_bytes
+        limit = self.cache_config.max_item_bytes
         deadline = rec.t0 + self.settings.request_timeout_s
         rec.first_byte()
         try:
@@ -376,9 +400,11 @@ class Ingress:
 
     # ------------------------------------------------------------------ HTTP routes
 
-    def _authorize(self, request: Request) -> str:
-        """The caller's id for limits: its key's fingerprint, or its address when keys are off."""
-        key_id = self.auth.check(request.headers.get("authorization"))
+    def _authorize(self, request: Union[Request, WebSocket], api_key: Optional[str] = None) -> str:
+        """The caller's id for limits: its key's fingerprint, or its address when keys are off.
+        ``api_key``: a key sent in a WebSocket session's first message, when no header has one."""
+        authorization = request.headers.get("authorization") or (f"Bearer {api_key}" if api_key else None)
+        key_id = self.auth.check(authorization)
         if self.auth.enabled:
             return key_id
         return "ip:" + (request.client.host if request.client else "unknown")
@@ -410,6 +436,39 @@ class Ingress:
             audio = sse_stream(audio, usage)
         return StreamingResponse(_released(audio, self.limiter, client), media_type=body.content_type, headers=headers)
 
+    @api.websocket("/v1/audio/speech/stream")
+    async def speech_stream(self, ws: WebSocket) -> None:
+        """Text in as it is written, audio out as it is made (protocol: ``protocol.SessionStart``
+        and the messages after it; session logic: ``serve_app/realtime/``)."""
+        await ws.accept()
+        request_id = _request_id()
+        holder: list[str] = []  # the client id once its stream slot is taken
+        rec = RequestRecord(request_id, "", 0, "", "ws", "ws")
+        backend = _GraphBackend(self.normalizer, self.vocoder)
+
+        async def admit(start: SessionStart) -> SessionCreated:
+            client = self._authorize(ws, start.api_key)
+            self._check_model(start.model)
+            # Built-in or custom (the voice store): an unknown voice fails here, before any work.
+            backend.voice = await self.voice_api.directory.resolve(start.voice)
+            self._check_busy()
+            self.limiter.acquire(client)
+            holder.append(client)
+            rec.voice, rec.format = _voice_label(start.voice), start.response_format
+            return SessionCreated(id=request_id, response_format=start.response_format, sample_rate=24000,
+                                  weights=self.weights_kind)
+
+        limits = SessionLimits(max_text_chars=self.settings.max_input_chars, max_message_bytes=self.settings.max_body_bytes,
+                               segment_timeout_s=self.settings.request_timeout_s)
+        try:
+            _, stats = await serve_session(ws, backend, admit, limits)
+        finally:
+            if holder:
+                self.limiter.release(holder[0])
+        rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
+        rec.ttfb_s = stats.first_audio_s  # from the session's start: it includes the client's writing
+        rec.finish(stats.status)
+
     @api.get("/v1/models", response_model=ModelList)
     async def models(self, request: Request) -> ModelList:
         self._authorize(request)
@@ -419,6 +478,46 @@ class Ingress:
     async def voices(self, request: Request) -> VoiceList:
         self._authorize(request)
         return VoiceList(data=[VoiceCard(id=v["id"], seed=v["seed"], description="OpenAI voice name; any 'seed:<n>' works too") for v in list_voices()])
+
+    # ------------------------------------------------------------------ voices users own (serve_app/voices_api.py)
+
+    @api.post(VOICES_PATH, openapi_extra={"requestBody": {"content": {
+        "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "speaker": {"type": "string"}, "seed": {"type": "integer"}}}},
+        "multipart/form-data": {"schema": {"type": "object", "required": ["name", "audio", "transcript"], "properties": {
+            "name": {"type": "string"}, "audio": {"type": "string", "format": "binary"}, "transcript": {"type": "string"}}}},
+    }}})
+    async def create_voice(self, request: Request):
+        """A custom voice from a speaker string, a seed, or a 2-30 s clip and its transcript."""
+        self._authorize(request)
+        return await self.voice_api.create(request)
+
+    @api.get(VOICES_PATH)
+    async def list_voices(self, request: Request):
+        """Built-in and custom voices."""
+        self._authorize(request)
+        return await self.voice_api.list()
+
+    @api.get(VOICES_PATH + "/{voice_id}")
+    async def get_voice(self, voice_id: str, request: Request):
+        """One voice, with its speaker string (and a clip voice's codes and transcript) to keep."""
+        self._authorize(request)
+        return await self.voice_api.get(voice_id)
+
+    @api.delete(VOICES_PATH + "/{voice_id}")
+    async def delete_voice(self, voice_id: str, request: Request):
+        self._authorize(request)
+        return await self.voice_api.delete(voice_id)
+
+    # ------------------------------------------------------------------ the web page (serve_app/static/)
+
+    @api.get("/", include_in_schema=False)
+    async def root(self):
+        return RedirectResponse("ui/")
+
+    @api.get("/ui/{name:path}", include_in_schema=False)
+    async def ui(self, name: str):
+        return page_response(name)
 
     @api.get("/healthz")
     async def healthz(self) -> dict:

@@ -1,76 +1,41 @@
-"""TextNormalizer stage (CPU): normalise, split into segments, resolve the voice."""
+"""TextNormalizer stage (CPU, no torch): normalise, split into segments, resolve the voice.
+
+Its errors (unknown voice, nothing to speak) are the engine's typed errors; the Ingress maps
+them to HTTP statuses (``protocol.to_api_error``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 from ray import serve
 
 from serve_app import metrics
 from serve_app.engine.config import SegmentLimits
-from serve_app.engine.pipeline import EmptyInputError, Plan, Planner, SynthesisOptions
-from serve_app.engine.voices import VoiceError
-from serve_app.protocol import APIError, SpeechRequest
+from serve_app.engine.planner import Planner
+from serve_app.engine.types import Plan, SynthesisOptions, Voice
 
 log = logging.getLogger("ray.serve")
 
 
-def chattts_speaker():
-    """ChatTTS's speaker statistics: all the planner needs (no model weights)."""
-    from ChatTTS.config import Config
-    from ChatTTS.model import Speaker
-
-    cfg = Config()
-    return Speaker(cfg.gpt.hidden_size, cfg.spk_stat)
-
-
-def options_from(req: SpeechRequest) -> SynthesisOptions:
-    return SynthesisOptions(
-        voice=req.voice,
-        seed=req.seed,
-        speed=req.speed,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        prompt=req.prompt,
-        normalize=req.normalize,
-        lang=req.lang,
-        priority=req.priority,
-    )
-
-
-# Normalising is ~1 ms of CPU per request: one replica keeps up with many; scale out only when
-# requests really queue (target 8 ongoing) so it never steals cores from the model stages.
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.1},
-    max_ongoing_requests=64,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8},
-)
+# Replicas, resources and autoscaling come from the config file (config/serve.yaml).
+@serve.deployment
 class TextNormalizer:
     def __init__(self, limits: dict | None = None):
         t0 = time.perf_counter()
-        self.planner = Planner(chattts_speaker(), SegmentLimits.model_validate(limits or {}))
-        self.planner.warmup()  # numba JIT of ChatTTS's normaliser: seconds, so not on a request
+        self.planner = Planner(SegmentLimits.model_validate(limits or {}))
+        self.planner.warmup()  # first use of every rule table, before the first request
         log.info("TextNormalizer ready in %.1fs", time.perf_counter() - t0)
 
-    def plan(self, request: SpeechRequest) -> Plan:
+    def plan(self, text: str, options: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
+        """``voice``: resolved by the Ingress (custom voices live in its store); else from ``options``."""
         t0 = time.perf_counter()
-        try:
-            plan = self.planner.plan(request.input, options_from(request))
-            metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
-            return plan
-        except VoiceError as exc:
-            raise APIError(404 if "unknown voice" in str(exc) else 400, str(exc), param="voice", code="voice_not_found") from None
-        except EmptyInputError as exc:
-            raise APIError(400, str(exc), param="input", code="empty_input") from None
+        plan = self.planner.plan(text, options, voice)
+        metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
+        return plan
 
-    def replan(self, request: SpeechRequest, texts: list[str]) -> Plan:
+    def replan(self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
         """Segments from refined texts (refine_text); the texts are ChatTTS's own output."""
-        try:
-            return self.planner.plan_texts(texts, options_from(request))
-        except EmptyInputError as exc:
-            raise APIError(400, str(exc), param="input", code="empty_input") from None
-
-    def check_health(self) -> None:
-        pass
+        return self.planner.plan_texts(texts, options, voice)

@@ -3,14 +3,14 @@
 It pulls the request's hidden-state chunks from the Acoustic stage, decodes them with the
 sliding-window vocoder (ChatTTS Decoder + Vocos) and encodes them with one encoder per stream,
 yielding bytes as they are made. Per-stream state (vocoder window, encoder) lives here, so the
-GPU replica only ever does GPT work.
+GPU replica only ever does GPT work. It loads the Decoder and Vocos, and for voices made from a
+clip or a seed the DVAE encoder and the speaker statistics (``encode_clip``, ``speaker_for_seed``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Union
 
 import numpy as np
@@ -19,13 +19,14 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app import metrics
-from serve_app.engine.acoustic import HiddenChunk
 from serve_app.engine.audio import SAMPLE_RATE
+from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
-from serve_app.engine.pipeline import AudioAssembler, Plan
+from serve_app.engine.pipeline import AudioAssembler
 from serve_app.engine.threads import TorchThread
+from serve_app.engine.types import Plan, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
-from serve_app.engine.weights import load_model
+from serve_app.engine.weights import load_vocoder
 
 log = logging.getLogger("ray.serve")
 
@@ -34,23 +35,8 @@ log = logging.getLogger("ray.serve")
 MIN_YIELD_BYTES = 2048
 
 
-@dataclass
-class StreamSummary:
-    """The last item of a ``Vocoder.stream``: what the ingress logs and reports."""
-
-    audio_seconds: float
-    segments: int
-    batch_rows: int  # rows in the acoustic batch when this request's first chunk was decoded
-    vocode_seconds: float
-    encode_seconds: float
-
-
-# Vocoding a chunk is a few ms of CPU; a replica serves many streams (target 8 ongoing each).
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0.5},
-    max_ongoing_requests=32,
-    autoscaling_config={"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8},
-)
+# Replicas, resources and autoscaling come from the config file (config/serve.yaml).
+@serve.deployment
 class Vocoder:
     def __init__(self, acoustic: DeploymentHandle, model: dict | None = None, vocoder: dict | None = None):
         t0 = time.perf_counter()
@@ -58,13 +44,11 @@ class Vocoder:
         self.cfg = VocoderConfig.model_validate(vocoder or {})
         # All torch work of this replica on one thread, one OpenMP team (engine/threads.py).
         self._torch_thread = TorchThread("vocoder")
-        loaded = self._torch_thread.call(load_model, ModelConfig.model_validate(model or {}))
-        # Only the decoder and Vocos are used here: drop the GPT to save memory.
-        for name in ("gpt", "dvae"):
-            if hasattr(loaded.chat, name):
-                delattr(loaded.chat, name)
-        self.weights = loaded.weights
-        self.vocoder = VocoderEngine(loaded, self.cfg)
+        model_cfg = ModelConfig.model_validate(model or {})
+        parts = self._torch_thread.call(load_vocoder, model_cfg)
+        self.vocoder = VocoderEngine(parts, self.cfg)
+        # Voices from clips and seeds (engine/clips.py): the DVAE encoder and the speaker statistics.
+        self.voice_encoder = self._torch_thread.call(load_voice_encoder, model_cfg)
         self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
@@ -80,15 +64,9 @@ class Vocoder:
         try:
             async for wire in chunks:
                 batch_rows = batch_rows or wire.batch_rows
-                chunk = HiddenChunk(
-                    hidden=torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32)),
-                    index=0,
-                    start_token=0,
-                    final=wire.final,
-                    finish_reason=wire.finish_reason,
-                )
+                hidden = torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32))
                 # Decoding is CPU-bound: keep it off the replica's event loop.
-                pending += await self._torch_thread.acall(assembler.feed, wire.segment, chunk)
+                pending += await self._torch_thread.acall(assembler.feed, wire.segment, hidden, wire.final)
                 if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
                     yield pending
                     pending = b""
@@ -108,6 +86,19 @@ class Vocoder:
         finally:
             if not done:  # the caller went away or a stage failed: stop the decode too
                 chunks.cancel()
+
+    async def encode_clip(self, data: bytes, min_seconds: float, max_seconds: float) -> EncodedClip:
+        """A reference clip (any audio file) -> ChatTTS's prompt string of its audio codes.
+        ``InvalidClipError`` when it is not usable. Runs on the replica's one torch thread: a
+        clip's encoding delays this replica's streams by as long (voices are made rarely)."""
+        t0 = time.perf_counter()
+        clip = await self._torch_thread.acall(self.voice_encoder.encode_file, data, ClipLimits(min_seconds, max_seconds))
+        metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="encode_clip")
+        return clip
+
+    async def speaker_for_seed(self, seed: int) -> str:
+        """The speaker string of ``seed:<n>``, to store with a voice made from a seed."""
+        return await self._torch_thread.acall(self.voice_encoder.speaker_for_seed, seed)
 
     async def synthesize(self, plan: Plan, response_format: str) -> bytes:
         return b"".join([b async for b in self.stream(plan, response_format) if isinstance(b, bytes)])

@@ -14,16 +14,37 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .protocol import APIError, error_body
+from .protocol import APIError, error_body, to_api_error
 
 log = logging.getLogger("chattts_serve.api")
 
 
 def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def overloaded() -> APIError:
+    """A stage's queue is full (Serve's ``max_queued_requests``): 503, the client may retry."""
+    return APIError(503, "server overloaded: a stage's queue is full; retry shortly", type="server_error",
+                    code="overloaded", headers={"Retry-After": "1"})
+
+
+def stage_error(exc: BaseException, failed: str, code: str) -> APIError:
+    """The APIError to answer when a call to another stage raised ``exc``: a full queue is 503,
+    a known error (bad voice, bad clip, ...) keeps its own status, anything else is logged here
+    and answered 500 "``failed``" with ``code`` (the client never sees a traceback)."""
+    if isinstance(exc, BackPressureError):
+        return overloaded()
+    known = to_api_error(exc)
+    if known is not None:
+        return known
+    # Serve's own logger: the line lands in the replica's log beside the request's.
+    logging.getLogger("ray.serve").error("%s", failed, exc_info=exc)
+    return APIError(500, failed, type="server_error", code=code)
 
 
 def _validation_param(loc: tuple) -> Optional[str]:
@@ -86,17 +107,17 @@ class BodyLimitMiddleware:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
+        limit = self.limits.limit_for(scope)
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.max_bytes
+                    too_big = int(value) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await _send_json(send, 413, self._body())
+                    await _send_json(send, 413, self._body(limit))
                     return
         seen = 0
-        limit = self.max_bytes
 
         async def limited_receive() -> dict:
             nonlocal seen
@@ -109,8 +130,8 @@ class BodyLimitMiddleware:
 
         await self.app(scope, limited_receive, send)
 
-    def _body(self) -> dict[str, Any]:
-        return error_body(f"request body exceeds {self.max_bytes} bytes", code="body_too_large")
+    def _body(self, limit: int) -> dict[str, Any]:
+        return error_body(f"request body exceeds {limit} bytes", code="body_too_large")
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -131,7 +152,15 @@ class BodyLimits:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
+        self.route_max_bytes: dict[str, int] = {}  # exact paths with their own limit (uploads)
         self.cors_origins: list[str] = []
+
+    def limit_for(self, scope: Scope) -> int:
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        return self.route_max_bytes.get(path, self.max_bytes)
 
 
 class DynamicCORS:

@@ -7,13 +7,15 @@ per-deployment resources, replicas and autoscaling come from the config's ``depl
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 from ray.serve import Application
 
 from serve_app.cache import CacheConfig
-from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
+from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig, acoustic_heard_through
+from serve_app.settings import IngressSettings
+from serve_app.voice_store import VoiceStoreConfig
 
 log = logging.getLogger("ray.serve")
 
@@ -27,8 +29,9 @@ class AppArgs(BaseModel):
     acoustic: AcousticConfig = AcousticConfig()
     vocoder: VocoderConfig = VocoderConfig()
     segments: SegmentLimits = SegmentLimits()
-    ingress: dict[str, Any] = {}
+    ingress: IngressSettings = IngressSettings()
     cache: CacheConfig = CacheConfig()
+    voices: VoiceStoreConfig = VoiceStoreConfig()
     # Vocoder/normaliser replicas never need the GPU or its dtype: CPU float32.
     vocoder_device: str = "cpu"
 
@@ -55,8 +58,8 @@ def build_app(args: Optional[dict] = None) -> Application:
     a = AppArgs.model_validate(args or {})
     model = _pin_weights_source(a.model)
     vocoder_model = model.model_copy(update={"device": a.vocoder_device, "dtype": "float32"})
-    acoustic = Acoustic.bind(model=model.model_dump(), acoustic=a.acoustic.model_dump())
+    acoustic = Acoustic.bind(model=model.model_dump(), acoustic=acoustic_heard_through(a.acoustic, a.vocoder).model_dump())
     vocoder = Vocoder.bind(acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump())
     normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
-    settings = {**a.ingress, "cache": a.cache.model_dump()}
-    return Ingress.bind(normalizer, vocoder, acoustic, settings=settings)
+    return Ingress.bind(normalizer, vocoder, acoustic, settings=a.ingress.model_dump(), cache=a.cache.model_dump(),
+                        voices=a.voices.model_dump())

@@ -1,10 +1,10 @@
-"""Result cache for synthesised audio (DESIGN.md section 1: TTL + LRU, jittered expiry, Redis).
+"""Result cache for synthesised audio: TTL + LRU, jittered expiry, Redis for many replicas.
 
 Synthesis is deterministic: the same text, voice, seed, sampling parameters, speed, prompt,
 format and model weights give the same bytes. So a finished response can be stored under a key
 of those inputs and replayed.
 
-- ``cache_key`` hashes a canonical JSON of every input that determines the audio.
+- ``request_key`` hashes a canonical JSON of every input that determines the audio.
 - ``MemoryCache``: one process, LRU under a byte budget, TTL with per-entry jitter.
 - ``RedisCache``: shared by many replicas/nodes; any Redis failure is a miss, never an error,
   and a circuit breaker keeps a dead Redis from adding its timeout to every request.
@@ -23,142 +23,57 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from typing import Any, Callable, Literal, Optional
 
+from cachetools import Cache, TLRUCache
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# The voice rules live in the engine; reuse them so the key can never disagree with the Planner.
-from .engine.voices import _SEED_RE, DEFAULT_VOICE, MAX_SEED, OPENAI_VOICES, SPEAKER_STRING_MIN_CHARS
+from .engine.types import Voice
+from .engine.voices import effective_seed
 
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chattts"
+KEY_VERSION = 2  # bump when the key's meaning changes: every deployed cache is invalidated
 MiB = 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------------------------
 
-
-def _voice_identity(voice: Optional[str]) -> Optional[tuple[str, Optional[int]]]:
-    """(canonical voice, the voice's own seed) as ``VoiceResolver.resolve`` reads the string,
-    or None if it names no voice. Names and ``seed:<n>`` become ``seed:<n>``: "Alloy", "alloy"
-    and "seed:2222" are the same speaker, so they share entries."""
-    v = (voice or DEFAULT_VOICE).strip()
-    k = v.lower()
-    if k in OPENAI_VOICES:
-        return f"seed:{OPENAI_VOICES[k]}", OPENAI_VOICES[k]
-    m = _SEED_RE.match(k)
-    if m:
-        seed = int(m.group(1))
-        return (f"seed:{seed}", seed) if seed <= MAX_SEED else None
-    if len(v) < SPEAKER_STRING_MIN_CHARS:
-        return None
-    # A raw speaker string: its embedding is the string itself (case matters in base16384).
-    return f"speaker:{v}", None
+# Options that do not change the audio: priority only orders admission.
+_NOT_IN_KEY = {"voice", "seed", "priority"}
 
 
-def effective_seed(seed: Optional[int], voice: Optional[str]) -> Optional[int]:
-    """The seed ``Planner.plan`` decodes with: the explicit seed, else the voice's seed, else 0
-    (a raw speaker string without a seed). None when the voice is not resolvable."""
-    ident = _voice_identity(voice)
-    if ident is None:
-        return None
-    if seed is not None:
-        return int(seed)
-    return ident[1] if ident[1] is not None else 0
-
-
-def is_cacheable(seed: Optional[int], voice: Optional[str]) -> bool:
-    """True when the request's audio is a pure function of its inputs.
-
-    Mirrors ``Planner.plan``: the seed is the explicit one, else the voice's fixed seed (OpenAI
-    names, ``seed:<n>``), else 0 for a raw speaker string, so every resolvable voice is
-    deterministic. False only for voices the resolver would reject (nothing to cache) or an
-    out-of-range seed. If the engine ever gains a random-seed mode, this is where it goes.
-    """
-    s = effective_seed(seed, voice)
-    return s is not None and 0 <= s <= MAX_SEED
-
-
-def _canon_float(x: float) -> str:
+def _canon(value: Any) -> Any:
     # 0.3, 0.30000000000000004 and 3e-1 are one setting; strings keep JSON float printing out of it.
-    return repr(round(float(x), 6))
+    return repr(round(float(value), 6)) if isinstance(value, float) else value
 
 
-def cache_key(
-    *,
-    text: str,
-    voice: Optional[str],
-    seed: Optional[int],
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    speed: float,
-    prompt: str,
-    response_format: str,
-    lang: Optional[str],
-    normalize: bool,
-    weights_id: str,
-    refine_text: bool = False,
-    version: int = 1,
-) -> str:
-    """``chattts:v<version>:<sha256 hex>`` of everything that determines the audio bytes.
+def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_VERSION) -> str:
+    """``chattts:v<version>:<sha256 hex>`` of everything that determines a request's audio bytes.
 
-    Only for cacheable requests (``is_cacheable``); raises ValueError otherwise.
-    ``text`` is the input as sent: normalisation is a deterministic function of it, ``normalize``
-    and ``lang``. ``weights_id`` must identify the weights (and, ideally, the engine code
-    version, so a deploy with a different front end does not replay old audio); bump
-    ``version`` when the key's meaning changes. Not in the key: ``priority`` and ``model``
-    (aliases of the same weights) do not change the audio; ``stream_format`` is framing the
-    caller applies to the cached audio bytes.
+    ``req`` is a ``SpeechRequest`` (duck-typed: ``to_options()``, ``input``,
+    ``response_format``, ``refine_text``); ``voice`` is its voice as ``VoiceResolver`` resolved
+    it, so spellings of one speaker ("Alloy", "seed:2222") share entries and the seed is the one
+    the planner decodes with (``effective_seed``). The text is the input as sent: normalisation
+    is a deterministic function of it and the options. ``weights_id`` must identify the weights
+    and the engine code version. Not in the key: ``priority`` and ``model`` (aliases of the same
+    weights); ``stream_format`` is framing the caller applies to the cached audio bytes.
     """
-    ident = _voice_identity(voice)
-    seed_used = effective_seed(seed, voice)
-    if ident is None or seed_used is None or not 0 <= seed_used <= MAX_SEED:
-        raise ValueError("request is not cacheable (unknown voice or seed out of range)")
+    opts = req.to_options()
     doc = {
         "v": int(version),
-        "text": text,
-        "voice": ident[0],
-        "seed": seed_used,
-        "temperature": _canon_float(temperature),
-        "top_p": _canon_float(top_p),
-        "top_k": int(top_k),
-        "speed": _canon_float(speed),
-        "prompt": prompt,
-        "format": response_format,
-        "lang": lang,
-        "normalize": bool(normalize),
-        "refine_text": bool(refine_text),
+        "text": req.input,
+        "voice": voice.cache_id,
+        "seed": effective_seed(voice, opts.seed),
+        **{k: _canon(v) for k, v in opts.model_dump(exclude=_NOT_IN_KEY).items()},
+        "format": req.response_format,
+        "refine_text": bool(req.refine_text),
         "weights": weights_id,
     }
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return f"{KEY_PREFIX}:v{int(version)}:{hashlib.sha256(blob).hexdigest()}"
-
-
-def request_key(req: Any, *, weights_id: str, version: int = 1) -> Optional[str]:
-    """Key for a ``SpeechRequest`` (duck-typed, so this module needs no protocol import), or None
-    when the request is not cacheable."""
-    if not is_cacheable(req.seed, req.voice):
-        return None
-    return cache_key(
-        text=req.input,
-        voice=req.voice,
-        seed=req.seed,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        speed=req.speed,
-        prompt=req.prompt,
-        response_format=req.response_format,
-        lang=req.lang,
-        normalize=req.normalize,
-        refine_text=getattr(req, "refine_text", False),
-        weights_id=weights_id,
-        version=version,
-    )
 
 
 def jittered_ttl(ttl_s: float, jitter: float, rng: random.Random | Any = random) -> float:
@@ -212,11 +127,44 @@ class NullCache(AudioCache):
         return {"backend": "none", "hits": 0, "misses": self.misses, "errors": 0, "entries": 0, "bytes": 0}
 
 
+
+
+def _entry_bytes(entry: tuple[bytes, float]) -> int:
+    return len(entry[0])
+
+
+class _CountingTLRU(TLRUCache):
+    """cachetools' TLRUCache over ``(data, expires_at)`` entries that counts what it drops and
+    can read an entry without making it the most recent."""
+
+    def __init__(self, max_bytes: int, timer: Callable[[], float]):
+        # Each entry carries its own (jittered) expiry, so ttl() can read it back.
+        super().__init__(max_bytes, ttu=lambda _key, entry, _now: entry[1], timer=timer, getsizeof=_entry_bytes)
+        self.evictions = self.expired = 0
+
+    def expire(self, time: Optional[float] = None) -> list:
+        gone = super().expire(time)
+        self.expired += len(gone)
+        return gone
+
+    def popitem(self) -> tuple:
+        # Cache.__setitem__ calls this to make room, after expire() dropped what had expired:
+        # what goes here is the least recently used live entry.
+        item = super().popitem()
+        self.evictions += 1
+        return item
+
+    def peek(self, key: str) -> Optional[tuple[bytes, float]]:
+        with self.timer:
+            return Cache.__getitem__(self, key) if key in self else None
+
+
 class MemoryCache(AudioCache):
     """In-process LRU under a byte budget, with a jittered TTL per entry.
 
-    An OrderedDict in recency order makes get/put/evict O(1); a lock makes it safe from several
-    threads (Serve replicas may call from a thread pool) as well as from one event loop.
+    cachetools' TLRUCache keeps the recency order and the byte budget (evicting expired entries
+    before live ones); a lock makes it safe from several threads (Serve replicas may call from a
+    thread pool) as well as from one event loop.
     """
 
     def __init__(
@@ -238,26 +186,28 @@ class MemoryCache(AudioCache):
         self._clock = clock
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[bytes, float]] = OrderedDict()  # key -> (data, expires_at)
-        self._bytes = 0
-        self.hits = self.misses = self.evictions = self.expired = self.skipped = 0
+        self._items = _CountingTLRU(self.max_bytes, clock)  # key -> (data, expires_at)
+        self.hits = self.misses = self.skipped = 0
+
+    @property
+    def evictions(self) -> int:
+        return self._items.evictions
+
+    @property
+    def expired(self) -> int:
+        """Entries dropped because their TTL passed (purged on a miss, a write or stats())."""
+        return self._items.expired
 
     # Sync API (for threads); the async API below just wraps it: nothing here blocks.
     def get_sync(self, key: str) -> Optional[bytes]:
         with self._lock:
-            item = self._items.get(key)
-            if item is None:
+            entry = self._items.get(key)  # None when absent or expired
+            if entry is None:
+                self._items.expire()  # frees an expired entry now, not at the next write
                 self.misses += 1
                 return None
-            data, expires_at = item
-            if self._clock() >= expires_at:
-                self._drop(key)
-                self.expired += 1
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
             self.hits += 1
-            return data
+            return entry[0]
 
     def put_sync(self, key: str, data: bytes) -> None:
         size = len(data)
@@ -266,26 +216,17 @@ class MemoryCache(AudioCache):
             self.skipped += 1
             return
         data = bytes(data)  # an immutable copy: callers may reuse their buffer
-        expires_at = self._clock() + jittered_ttl(self.ttl_s, self.jitter, self._rng)
-        with self._lock:
-            if key in self._items:
-                self._drop(key)
-            while self._bytes + size > self.max_bytes:
-                old, (old_data, _) = self._items.popitem(last=False)
-                self._bytes -= len(old_data)
-                self.evictions += 1
-            self._items[key] = (data, expires_at)
-            self._bytes += size
-
-    def _drop(self, key: str) -> None:
-        data, _ = self._items.pop(key)
-        self._bytes -= len(data)
+        # The timer context freezes the clock: the expiry and the cache's purge see one instant.
+        with self._lock, self._items.timer as now:
+            # Replacing is not an eviction: drop the old entry before room is made for the new.
+            self._items.pop(key, None)
+            self._items[key] = (data, now + jittered_ttl(self.ttl_s, self.jitter, self._rng))
 
     def ttl(self, key: str) -> Optional[float]:
         """Seconds until ``key`` expires (None if absent); does not touch recency or stats."""
-        with self._lock:
-            item = self._items.get(key)
-            return None if item is None else item[1] - self._clock()
+        with self._lock, self._items.timer as now:
+            entry = self._items.peek(key)
+            return None if entry is None else entry[1] - now
 
     async def get(self, key: str) -> Optional[bytes]:
         return self.get_sync(key)
@@ -296,17 +237,17 @@ class MemoryCache(AudioCache):
     async def close(self) -> None:
         with self._lock:
             self._items.clear()
-            self._bytes = 0
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
+            self._items.expire()
             return {
                 "backend": "memory",
                 "hits": self.hits,
                 "misses": self.misses,
                 "errors": 0,
                 "entries": len(self._items),
-                "bytes": self._bytes,
+                "bytes": self._items.currsize,
                 "max_bytes": self.max_bytes,
                 "evictions": self.evictions,
                 "expired": self.expired,

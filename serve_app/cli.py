@@ -1,15 +1,18 @@
-"""``chattts-serve``: speak a line to a file (in-process or through a running server), build weights."""
+"""``chattts-serve``: speak a line to a file (in-process or through a running server), speak lines
+as they arrive on stdin (through a server's WebSocket), build weights."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import AsyncIterator, Optional, Sequence
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+STREAM_FORMATS = ("pcm", "opus", "mp3")  # one stream for text that arrives over time (the WebSocket)
 
 
 def _format_for(path: str, fmt: Optional[str]) -> str:
@@ -61,6 +64,51 @@ def _say_remote(args: argparse.Namespace, fmt: str) -> int:
     return 0
 
 
+async def _stdin_lines() -> AsyncIterator[str]:
+    """Lines of stdin as they arrive. A daemon thread reads: a blocked read never holds up exit."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue = asyncio.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(lines.put_nowait, line)
+        loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    while (line := await lines.get()) is not None:
+        # A newline ends a sentence for the server: each line is spoken as soon as it is complete.
+        yield line if line.endswith("\n") else line + "\n"
+
+
+def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
+    from .client import AsyncSpeechClient
+
+    done: dict = {}
+
+    def on_event(event: dict) -> None:
+        if event["type"] == "done":
+            done.update(event)
+
+    async def run() -> None:
+        out = sys.stdout.buffer if args.output == "-" else open(args.output, "wb")
+        try:
+            async with AsyncSpeechClient(args.url, api_key=args.api_key) as client:
+                async for data in client.stream_text(_stdin_lines(), voice=args.voice, response_format=fmt, on_event=on_event,
+                                                     speed=args.speed, seed=args.seed, lang=args.lang):
+                    out.write(data)
+                    out.flush()  # a player reading the pipe gets each frame at once
+        finally:
+            if out is not sys.stdout.buffer:
+                out.close()
+
+    asyncio.run(run())
+    print(f"wrote {args.output}: {done.get('audio_seconds', 0):.2f} s of audio ({fmt}), {done.get('segments', 0)} segment(s)",
+          file=sys.stderr)
+    return 0
+
+
 def _weights_build(args: argparse.Namespace) -> int:
     from .engine.config import WeightsConfig
     from .engine.weights import build_random_weights
@@ -77,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chattts-serve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    say = sub.add_parser("say", help="synthesise TEXT to a file")
-    say.add_argument("text")
-    say.add_argument("-o", "--output", required=True)
+    say = sub.add_parser("say", help="synthesise TEXT (or lines from stdin, --stdin) to a file")
+    say.add_argument("text", nargs="?")
+    say.add_argument("-o", "--output", required=True, help="the file, or - for stdout")
+    say.add_argument("--stdin", action="store_true",
+                     help="speak lines as they arrive on stdin (needs --url; pcm, opus or mp3)")
     say.add_argument("--voice", default="alloy", help="OpenAI voice name, seed:<n> or a ChatTTS speaker string")
     say.add_argument("--seed", type=int, default=None)
     say.add_argument("--speed", type=float, default=1.0)
@@ -108,6 +158,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     quiet_libraries()
     if args.command == "say":
+        if args.stdin:
+            fmt = args.format or ("pcm" if args.output == "-" else _format_for(args.output, None))
+            if args.text is not None or not args.url or fmt not in STREAM_FORMATS:
+                build_parser().error(f"say --stdin needs --url, no TEXT, and a format of {', '.join(STREAM_FORMATS)} (got {fmt})")
+            return _say_stdin(args, fmt)
+        if args.text is None:
+            build_parser().error("say needs TEXT (or --stdin)")
         fmt = _format_for(args.output, args.format)
         return _say_remote(args, fmt) if args.url else _say_local(args, fmt)
     if args.command == "weights":

@@ -1,4 +1,4 @@
-"""The API contract: request/response models and OpenAI-style errors (DESIGN.md section 5).
+"""The API contract: request/response models and OpenAI-style errors.
 
 One module for every shape that crosses the API, used by the HTTP ingress, the handle API and
 the client alike.
@@ -6,41 +6,58 @@ the client alike.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .engine.audio import CONTENT_TYPES
-from .engine.text import CONTROL_TAG_RE
+from .engine.audio import CONTENT_TYPES, AudioFormat
+from .engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, InvalidVoiceError, UnknownVoiceError
+from .engine.types import SynthesisOptions
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+ResponseFormat = AudioFormat
 StreamFormat = Literal["audio", "sse"]
 MODEL_IDS = ("chattts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-DEFAULT_MAX_INPUT_CHARS = 4096
 
 
-class SpeechRequest(BaseModel):
-    """``POST /v1/audio/speech``: OpenAI's fields first, ChatTTS's extras after."""
+def _options_of(request: SynthesisOptions) -> SynthesisOptions:
+    return SynthesisOptions.model_construct(**{k: getattr(request, k) for k in SynthesisOptions.model_fields})
+
+
+class VoiceRef(BaseModel):
+    """OpenAI's shape for a custom voice: ``"voice": {"id": "voice_..."}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64)
+
+
+class _ApiOptions(SynthesisOptions):
+    """``SynthesisOptions`` as the API takes them (HTTP body, WebSocket session): the voice may
+    also be OpenAI's ``{"id": ...}``."""
+
+    # A string (built-in or custom voice name, voice id, seed:<n>, speaker string) or {"id": ...};
+    # always a string once validated.
+    voice: Union[Annotated[str, Field(max_length=4096)], VoiceRef] = Field(
+        default="alloy", description="Built-in or custom voice name, {\"id\": \"voice_...\"}, seed:<n>, or a ChatTTS speaker string.")
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_id(cls, v: Union[str, VoiceRef]) -> str:
+        return v.id if isinstance(v, VoiceRef) else v
+
+
+class SpeechRequest(_ApiOptions):
+    """``POST /v1/audio/speech``: OpenAI's fields, plus ChatTTS's extras inherited from
+    ``SynthesisOptions`` (voice, seed, speed, sampling, prompt, normalize, lang, priority)."""
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=False)
 
     model: str = Field(default="chattts", max_length=64)
     input: str = Field(min_length=1, description="Text to speak.")
-    voice: str = Field(default="alloy", max_length=4096, description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.")
     response_format: ResponseFormat = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
     stream_format: StreamFormat = "audio"
     instructions: Optional[str] = Field(default=None, max_length=4096, description="Accepted for OpenAI compatibility; ignored.")
-    # ChatTTS extras
-    seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
-    temperature: float = Field(default=0.3, ge=0.01, le=2.0)
-    top_p: float = Field(default=0.7, ge=0.01, le=1.0)
-    top_k: int = Field(default=20, ge=1, le=625)
     refine_text: bool = False
-    prompt: str = Field(default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")
-    normalize: bool = True
-    lang: Optional[Literal["zh", "en"]] = None
-    priority: int = Field(default=0, ge=-10, le=10)
 
     @field_validator("input")
     @classmethod
@@ -51,13 +68,9 @@ class SpeechRequest(BaseModel):
             raise ValueError("input must not contain NUL characters")
         return v
 
-    @field_validator("prompt")
-    @classmethod
-    def _only_control_tags(cls, v: str) -> str:
-        # Only the whitelisted prosody tags: internal tokens like [spk_emb] must not get in.
-        if CONTROL_TAG_RE.sub("", v).strip():
-            raise ValueError("prompt may only contain ChatTTS control tags such as [oral_2][laugh_0][break_6]")
-        return v
+    def to_options(self) -> SynthesisOptions:
+        """The engine's view of this request (already validated: no second validation)."""
+        return _options_of(self)
 
     @property
     def content_type(self) -> str:
@@ -118,10 +131,148 @@ class VoiceList(BaseModel):
     data: list[VoiceCard]
 
 
-class SpeechDone(BaseModel):
-    """Summary of a finished synthesis (SSE ``speech.audio.done`` usage, logs)."""
+# ------------------------------------------------------------------ WebSocket: text in, audio out
+# ``WS /v1/audio/speech/stream`` (session logic in ``serve_app/realtime/``). The client sends JSON
+# text frames: ``session.start`` first, then ``text.append`` / ``text.flush`` / ``cancel`` /
+# ``close``. The server sends audio as binary frames and these JSON events.
 
-    request_id: str
+RealtimeFormat = Literal["pcm", "opus", "mp3"]
+
+
+class SessionStart(_ApiOptions):
+    """The first message: the session's options, validated like the HTTP body's
+    (``SynthesisOptions``' fields and ranges, the voice also as ``{"id": ...}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["session.start"]
+    model: str = Field(default="chattts", max_length=64)
+    response_format: RealtimeFormat = "pcm"
+    api_key: Optional[str] = Field(default=None, max_length=1024, repr=False,
+                                   description="Instead of the Authorization header of the handshake.")
+    clause_seconds: float = Field(default=4.0, gt=0, le=60, description="An unfinished sentence that would speak "
+                                  "longer than this is spoken up to its last clause mark (then the rest waits).")
+
+    def to_options(self) -> SynthesisOptions:
+        return _options_of(self)
+
+
+class TextAppend(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text.append"]
+    text: str
+
+    @field_validator("text")
+    @classmethod
+    def _no_nul(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("text must not contain NUL characters")
+        return v
+
+
+class TextFlush(BaseModel):
+    """Speak what is buffered now, even mid-sentence."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text.flush"]
+
+
+class Cancel(BaseModel):
+    """Barge-in: drop the buffered text and every segment not yet sent; the session stays open."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["cancel"]
+
+
+class Close(BaseModel):
+    """Speak the rest, send ``done``, close."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["close"]
+
+
+ClientMessage = Union[TextAppend, TextFlush, Cancel, Close]
+CLIENT_MESSAGES: dict[str, type[BaseModel]] = {"session.start": SessionStart, "text.append": TextAppend,
+                                                "text.flush": TextFlush, "cancel": Cancel, "close": Close}
+
+
+class SessionCreated(BaseModel):
+    type: Literal["session.created"] = "session.created"
+    id: str
+    response_format: RealtimeFormat
+    sample_rate: int  # of the audio before encoding (opus decodes at 48000 whatever it is)
+    weights: str
+
+
+class SegmentStart(BaseModel):
+    """Sent just before the segment's first audio frame: its frames follow, then ``segment.done``."""
+
+    type: Literal["segment.start"] = "segment.start"
+    index: int
+    text: str  # normalised, as spoken
+
+
+class SegmentDone(BaseModel):
+    type: Literal["segment.done"] = "segment.done"
+    index: int
+    audio_seconds: float
+
+
+class Cancelled(BaseModel):
+    """Answer to ``cancel``: no frame of these segments follows."""
+
+    type: Literal["cancelled"] = "cancelled"
+    segments: list[int]
+
+
+class Done(BaseModel):
+    type: Literal["done"] = "done"
     segments: int
     audio_seconds: float
-    input_chars: int
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorEvent(BaseModel):
+    """OpenAI's error object in an event; the server closes with ``4000 + status`` after it."""
+
+    type: Literal["error"] = "error"
+    error: ErrorObject
+
+
+# ------------------------------------------------------------------ errors by type
+# The one place that turns an exception into an HTTP status and an OpenAI body: by its type,
+# never by its message. Engine errors cross Ray as RayTaskError subclasses of the original
+# type, so isinstance still holds in the Ingress.
+_ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str]], ...] = (
+    # (type, status, OpenAI error type, code, param, headers) - first match wins
+    (UnknownVoiceError, 404, "invalid_request_error", "voice_not_found", "voice", {}),
+    (InvalidVoiceError, 400, "invalid_request_error", "invalid_voice", "voice", {}),
+    (EmptyInputError, 400, "invalid_request_error", "empty_input", "input", {}),
+    (InvalidClipError, 400, "invalid_request_error", "invalid_audio", "audio", {}),
+    (EngineOverloaded, 503, "server_error", "overloaded", None, {"Retry-After": "1"}),
+    (ValidationError, 400, "invalid_request_error", "invalid_value", None, {}),
+)
+
+
+def to_api_error(exc: BaseException) -> Optional[APIError]:
+    """The APIError for ``exc`` (itself if it is one), or None when it is not a known error
+    (the caller answers 500 and logs it)."""
+    cause = getattr(exc, "cause", None)  # Ray's wrapper keeps the replica's exception here
+    for candidate in (exc, cause):
+        if isinstance(candidate, APIError):
+            return candidate
+    for kind, status, err_type, code, param, headers in _ERRORS:
+        if isinstance(exc, kind) or isinstance(cause, kind):
+            original = cause if isinstance(cause, kind) else exc
+            message = original.args[0] if original.args and isinstance(original.args[0], str) else str(original)
+            if kind is ValidationError:
+                message = f"invalid request: {original}"
+            return APIError(status, message, type=err_type, param=param, code=code, headers=dict(headers))
+    return None

@@ -1,12 +1,14 @@
 """Shared pytest fixtures.
 
-Sections: engine fixtures (ChatTTS with ``random-tiny`` weights, no Ray) below; Ray Serve fixtures
-go in their own section after them.
+Engine fixtures (ChatTTS with ``random-tiny`` weights, no Ray) are here; the Ray Serve fixtures
+(one Ray, one Serve, one chattts app per session) are the ``serve_fixtures`` plugin.
 """
 
 from __future__ import annotations
 
 import pytest
+
+pytest_plugins = ["serve_fixtures"]
 
 # =============================================================================================
 # Engine fixtures: one random-tiny build and one loaded model per session, through the real
@@ -41,8 +43,9 @@ def tiny_weights_config(chattts_cache_dir):
 def tiny_model(tiny_weights_config):
     """ChatTTS ``Chat`` with random-tiny weights (built on first use), loaded once per session.
 
-    One torch thread: the tiny model gains nothing from two on this 2-core box, and two threads
-    collapse (~20x slower) as soon as another process competes for the cores."""
+    One torch thread: the tiny model gains nothing from two, and two threads wait on each other at
+    every op as soon as another process competes for the cores (bench/README.md, "Measurements
+    behind code choices")."""
     from serve_app.engine.config import ModelConfig
     from serve_app.engine.weights import load_model
 
@@ -51,13 +54,9 @@ def tiny_model(tiny_weights_config):
 
 @pytest.fixture(scope="session")
 def tiny_planner(tiny_model):
-    """Text -> segment requests against the tiny model's speaker statistics (warmed up)."""
-    from serve_app.engine.pipeline import Planner
+    """Text -> segment requests (warmed up); the engine samples the voice's speaker."""
+    from serve_app.engine.planner import Planner
 
-    planner = Planner(tiny_model.chat.speaker)
+    planner = Planner()
     planner.warmup()
     return planner
-
-
-# Ray Serve fixtures (one Ray, one Serve, one chattts app per session) for the end-to-end tests.
-from serve_fixtures import *  # noqa: E402,F401,F403

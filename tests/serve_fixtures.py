@@ -1,17 +1,17 @@
 """Ray Serve fixtures for the end-to-end tests: one Ray, one Serve, one ``chattts`` app per session.
 
-Load as a plugin (``pytest -p serve_fixtures`` with ``tests`` on ``PYTHONPATH``) or from
-``tests/conftest.py`` with ``from serve_fixtures import *  # noqa``.
+A pytest plugin: ``tests/conftest.py`` loads it with ``pytest_plugins``, so its fixtures and its
+terminal-summary hook are registered once; tests import the helpers (``APP_NAME``,
+``acoustic_stats``, ``report``, ...) from it directly.
 
-Starting Ray (~10 s) and the app (~30 s on a 2-core box, tiny random weights) is the expensive
-part of the suite, so everything here is session-scoped. Tests that deploy their own apps delete
+Starting Ray and the app (tens of seconds even with tiny random weights) is the expensive part
+of the suite, so everything here is session-scoped. Tests that deploy their own apps delete
 them; nobody deletes the shared ``chattts`` app.
 """
 
 from __future__ import annotations
 
 import copy
-import socket
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,21 +19,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-__all__ = [
-    "APP_NAME",
-    "SERVE_APP_ARGS",
-    "free_port",
-    "wait_ready",
-    "serve_weights_cache",
-    "ray_session",
-    "app_url",
-    "chattts_handle",
-    "acoustic_stats",
-    "walk_graph",
-    "report",
-    "SERVE_REPORT",
-    "pytest_terminal_summary",
-]
+from bench.procs import free_port  # noqa: F401  (tests import it from here)
+from waiting import wait_until
 
 APP_NAME = "chattts"
 READY_TIMEOUT_S = 180.0
@@ -51,44 +38,48 @@ SERVE_APP_ARGS: dict[str, Any] = {
 }
 
 # One replica per stage (no autoscaling: counters read through a handle must come from the one
-# Acoustic replica), with the fractional CPUs of config/serve.yaml and its batch window.
-_DEPLOYMENT_OPTIONS: dict[str, dict[str, Any]] = {
-    "Ingress": {"ray_actor_options": {"num_cpus": 0.1}},
-    "TextNormalizer": {"ray_actor_options": {"num_cpus": 0.1}},
-    "Acoustic": {
-        "ray_actor_options": {"num_cpus": 1.0},
-        "max_ongoing_requests": 48,
-        "user_config": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05},
-    },
-    "Vocoder": {"ray_actor_options": {"num_cpus": 0.5}},
-}
+# Acoustic replica). Everything else per deployment comes from config/serve.yaml, the one source
+# of those numbers, except the runtime env (tests pin torch threads through the model args) and
+# the batch window (wider here, so concurrent test requests reliably share a batch).
+_CONFIG_FILE = Path(__file__).resolve().parents[1] / "config" / "serve.yaml"
 _ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
+_TEST_USER_CONFIG = {"Acoustic": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _deployment_options() -> dict[str, dict[str, Any]]:
+    import yaml
+
+    app = yaml.safe_load(_CONFIG_FILE.read_text())["applications"][0]
+    out: dict[str, dict[str, Any]] = {}
+    for dep in app["deployments"]:
+        opts = {k: v for k, v in dep.items() if k not in ("name", "autoscaling_config", "num_replicas")}
+        actor = dict(opts.get("ray_actor_options", {}))
+        actor.pop("runtime_env", None)
+        opts["ray_actor_options"] = actor
+        if dep["name"] in _TEST_USER_CONFIG:
+            opts["user_config"] = {**opts.get("user_config", {}), **_TEST_USER_CONFIG[dep["name"]]}
+        out[dep["name"]] = opts
+    return out
 
 
 def wait_ready(base_url: str, timeout_s: float = READY_TIMEOUT_S, proc=None) -> float:
     """Poll ``GET /readyz`` until 200; return the seconds it took. Fails on timeout or if ``proc``
     (a subprocess serving it) exits first."""
     t0 = time.monotonic()
-    last: str = "no answer"
     with httpx.Client(timeout=5.0) as client:
-        while time.monotonic() - t0 < timeout_s:
+
+        def readyz() -> str:
+            """What /readyz answers: "200", another status and body, or the connection error."""
             if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"server process exited with {proc.returncode} before ready ({last})")
+                raise AssertionError(f"server process exited with {proc.returncode} before ready")
             try:
                 r = client.get(base_url + "/readyz")
-                if r.status_code == 200:
-                    return time.monotonic() - t0
-                last = f"{r.status_code} {r.text[:200]}"
             except httpx.HTTPError as exc:
-                last = f"{exc.__class__.__name__}: {exc}"
-            time.sleep(0.5)
-    raise AssertionError(f"{base_url}/readyz not 200 after {timeout_s:.0f} s (last: {last})")
+                return f"{exc.__class__.__name__}: {exc}"
+            return "200" if r.status_code == 200 else f"{r.status_code} {r.text[:200]}"
+
+        wait_until(readyz, timeout_s, 0.5, until=lambda answer: answer == "200", what=f"{base_url}/readyz 200")
+    return time.monotonic() - t0
 
 
 # Measurements the tests make (start-up, TTFB, ...), printed in pytest's terminal summary.
@@ -135,9 +126,10 @@ def walk_graph(app) -> list:
 
 def _pin_one_replica(app) -> None:
     """Give every deployment of the bound graph one replica and the options above (in place)."""
+    options = _deployment_options()
     for node in walk_graph(app):
         dep = node._bound_deployment
-        opts = dict(_DEPLOYMENT_OPTIONS.get(dep.name, {}))
+        opts = dict(options.get(dep.name, {}))
         node._bound_deployment = dep.options(autoscaling_config=_ONE_REPLICA, **opts)
 
 
@@ -210,6 +202,8 @@ def app_url(ray_session: dict[str, Any]) -> Iterator[str]:
     args = copy.deepcopy(SERVE_APP_ARGS)
     # Explicit, so the driver (which builds the weights once) and replicas agree without env.
     args["model"]["weights"]["cache_dir"] = str(ray_session["cache_dir"])
+    # The default voice store is a directory in the user's data dir: the session's own instead.
+    args["voices"] = {"backend": "directory", "path": str(ray_session["cache_dir"] / "voices")}
     app = build_app(args)
     _pin_one_replica(app)
     t0 = time.monotonic()

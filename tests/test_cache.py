@@ -6,7 +6,6 @@ the system service); only a missing binary skips them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -19,43 +18,35 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bench.procs import free_port
 from serve_app.cache import (
     CacheConfig,
     MemoryCache,
     NullCache,
     RedisCache,
-    cache_key,
-    effective_seed,
-    is_cacheable,
     make_cache,
     request_key,
 )
+from serve_app.engine.voices import VoiceResolver, encode_speaker
+from serve_app.protocol import SpeechRequest
+from waiting import wait_until, wait_until_async
 
 REPO = Path(__file__).resolve().parents[1]
-SPEAKER = "x" * 40  # long enough to be read as a raw ChatTTS speaker string
+# A valid ChatTTS speaker string (768 float16 values), made without torch.
+SPEAKER = encode_speaker(np.linspace(-1, 1, 768))
+WEIGHTS = "random-tiny:abc"
+BASE = dict(input="Hello world. 你好。", voice="alloy", response_format="mp3")
 
-BASE = dict(
-    text="Hello world. 你好。",
-    voice="alloy",
-    seed=None,
-    temperature=0.3,
-    top_p=0.7,
-    top_k=20,
-    speed=1.0,
-    prompt="",
-    response_format="mp3",
-    lang=None,
-    normalize=True,
-    weights_id="random-tiny:abc",
-    refine_text=False,
-    version=1,
-)
+# The key of BASE, pinned: if it changes, every deployed cache is invalidated (bump KEY_VERSION).
+GOLDEN_KEY = "chattts:v2:d13083ef5bce3d26f37afb1049df6f3a74a281b804cc2232af714b19d9a6604a"
 
 
-# cache_key(**BASE), pinned: if it changes, every deployed cache is invalidated (bump `version`).
-GOLDEN_KEY = "chattts:v1:c525aca0eff13e2c59b97c0579c96f9d5d88a919cd8abf4dee2fb729e08d5827"
+def key(**changes) -> str:
+    req = SpeechRequest(**{**BASE, **changes})
+    return request_key(req, VoiceResolver().resolve(req.voice), weights_id=WEIGHTS)
 
 
 class FakeClock:
@@ -67,33 +58,37 @@ class FakeClock:
 
 
 # ---------------------------------------------------------------------------------------------
-# Keys and cacheability
+# Keys
 # ---------------------------------------------------------------------------------------------
 
 
 def test_key_format_and_golden_value():
-    key = cache_key(**BASE)
-    assert key.startswith("chattts:v1:") and len(key) == len("chattts:v1:") + 64
-    assert key == cache_key(**BASE)
-    assert key == GOLDEN_KEY
+    k = key()
+    assert k.startswith("chattts:v2:") and len(k) == len("chattts:v2:") + 64
+    assert k == key()
+    assert k == GOLDEN_KEY
 
 
 def test_key_same_in_another_process():
     code = (
         "import json, sys\n"
-        "from serve_app.cache import cache_key\n"
-        "print(cache_key(**json.loads(sys.argv[1])))\n"
+        "from serve_app.cache import request_key\n"
+        "from serve_app.engine.voices import VoiceResolver\n"
+        "from serve_app.protocol import SpeechRequest\n"
+        "req = SpeechRequest(**json.loads(sys.argv[1]))\n"
+        "print(request_key(req, VoiceResolver().resolve(req.voice), weights_id=sys.argv[2]))\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(BASE)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, json.dumps(BASE), WEIGHTS], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == cache_key(**BASE)
+    assert out.stdout.strip() == key()
 
 
+# One change per field that determines the audio.
 CHANGES = {
-    "text": "Hello world!",
+    "input": "Hello world!",
     "voice": "echo",
     "seed": 7,
     "temperature": 0.31,
@@ -104,58 +99,43 @@ CHANGES = {
     "response_format": "wav",
     "lang": "en",
     "normalize": False,
-    "weights_id": "random-tiny:abd",
     "refine_text": True,
-    "version": 2,
 }
 
 
 def test_every_field_changes_the_key():
-    assert set(CHANGES) == set(BASE)  # no parameter left untested
-    base = cache_key(**BASE)
+    from serve_app.engine.types import SynthesisOptions
+
+    # Every option that can change the audio is covered (priority only orders admission).
+    assert set(SynthesisOptions.model_fields) - {"priority"} <= set(CHANGES)
+    base = key()
     keys = {base}
     for field, value in CHANGES.items():
-        k = cache_key(**{**BASE, field: value})
+        k = key(**{field: value})
         assert k != base, field
         keys.add(k)
     assert len(keys) == len(CHANGES) + 1
-    assert cache_key(**{**BASE, "version": 2}).startswith("chattts:v2:")
+    req = SpeechRequest(**BASE)
+    voice = VoiceResolver().resolve("alloy")
+    assert request_key(req, voice, weights_id="random-tiny:abd") != base
+    assert request_key(req, voice, weights_id=WEIGHTS, version=3).startswith("chattts:v3:")
 
 
 def test_key_canonicalisation():
-    base = cache_key(**BASE)
+    base = key()
     # Float noise and int/float spellings are the same setting.
-    assert cache_key(**{**BASE, "temperature": 0.1 + 0.2}) == base
-    assert cache_key(**{**BASE, "speed": 1}) == base
+    assert key(temperature=0.1 + 0.2) == base
+    assert key(speed=1) == base
+    # What does not change the audio is not in the key.
+    assert key(priority=5, stream_format="sse", model="tts-1") == base
     # Voice spellings the resolver treats as one speaker with one seed.
-    assert cache_key(**{**BASE, "voice": " Alloy "}) == base
-    assert cache_key(**{**BASE, "voice": "seed:2222"}) == base
-    assert cache_key(**{**BASE, "seed": 2222}) == base  # alloy's own seed, given explicitly
-    # A raw speaker string without a seed decodes with seed 0 (Planner.plan).
-    assert cache_key(**{**BASE, "voice": SPEAKER}) == cache_key(**{**BASE, "voice": SPEAKER, "seed": 0})
-    assert cache_key(**{**BASE, "voice": SPEAKER}) != cache_key(**{**BASE, "voice": SPEAKER.upper()})
-
-
-def test_cacheability_mirrors_planner():
-    assert is_cacheable(None, "alloy") and effective_seed(None, "alloy") == 2222
-    assert is_cacheable(None, "seed:42") and effective_seed(None, "seed:42") == 42
-    assert effective_seed(5, "seed:42") == 5  # explicit seed wins
-    assert is_cacheable(None, SPEAKER) and effective_seed(None, SPEAKER) == 0
-    assert is_cacheable(None, None) and effective_seed(None, None) == 2222  # default voice
-    assert is_cacheable(3, "alloy")
-    assert not is_cacheable(None, "nobody")  # the resolver rejects it: nothing to cache
-    assert not is_cacheable(1, "nobody")
-    assert not is_cacheable(None, f"seed:{2**31}")
-    with pytest.raises(ValueError):
-        cache_key(**{**BASE, "voice": "nobody"})
-
-
-def test_request_key_from_speech_request():
-    from serve_app.protocol import SpeechRequest
-
-    req = SpeechRequest(input=BASE["text"], voice="alloy", stream_format="sse", priority=5)
-    assert request_key(req, weights_id="random-tiny:abc") == cache_key(**BASE)
-    assert request_key(SpeechRequest(input="hi", voice="nobody"), weights_id="w") is None
+    assert key(voice=" Alloy ") == base
+    assert key(voice="seed:2222") == base
+    assert key(seed=2222) == base  # alloy's own seed, given explicitly
+    # A raw speaker string without a seed decodes with seed 0 (the planner's effective seed).
+    assert key(voice=SPEAKER) == key(voice=SPEAKER, seed=0)
+    other = encode_speaker(np.linspace(1, -1, 768))
+    assert key(voice=SPEAKER) != key(voice=other)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +194,23 @@ def test_memory_ttl_expiry_with_fake_clock():
     assert c.get_sync("k") is None
     s = c.stats()
     assert s["expired"] == 1 and s["entries"] == 0 and s["bytes"] == 0
+
+
+def test_memory_expired_entries_make_room_before_live_ones():
+    clock = FakeClock()
+    c = MemoryCache(max_bytes=30, ttl_s=10, jitter=0.0, clock=clock)
+    c.put_sync("old", b"o" * 10)
+    clock.t += 5
+    c.put_sync("a", b"a" * 10)
+    c.put_sync("b", b"b" * 10)
+    assert c.get_sync("old") == b"o" * 10  # now the most recent, but it expires first
+    clock.t += 5
+    c.put_sync("c", b"c" * 10)  # full: the expired entry goes, not the least recently used a
+    assert c.get_sync("a") == b"a" * 10 and c.get_sync("b") == b"b" * 10 and c.get_sync("c") == b"c" * 10
+    c.put_sync("a", b"A" * 5)  # a replacement is not an eviction
+    assert c.ttl("a") == pytest.approx(10) and c.ttl("old") is None
+    s = c.stats()
+    assert (s["expired"], s["evictions"], s["entries"], s["bytes"]) == (1, 0, 3, 25)
 
 
 def test_memory_jitter_spreads_expiries():
@@ -291,12 +288,6 @@ needs_redis = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     """A private redis-server process on a fixed loopback port that tests can stop and restart."""
 
@@ -312,18 +303,16 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            assert self.proc.poll() is None, "redis-server exited at start"
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
+        wait_until(self._answers_ping, timeout_s=10, interval_s=0.02, what="redis-server answering PING")
+
+    def _answers_ping(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, "redis-server exited at start"
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -412,13 +401,12 @@ async def test_redis_outage_and_recovery(redis_server):
     assert s["errors"] >= 1 and s["breaker_open"] and s["skipped"] >= 18
 
     redis_server.start()  # same port, empty (no persistence)
-    deadline = time.monotonic() + backoff + 3
-    while True:
+
+    async def stores_again() -> bool:
         await c.put("k", b"after")
-        if await c.get("k") == b"after":
-            break
-        assert time.monotonic() < deadline, f"did not recover: {c.stats()}"
-        await asyncio.sleep(0.05)
+        return await c.get("k") == b"after"
+
+    await wait_until_async(stores_again, backoff + 3, 0.05, what=lambda: f"recovery, stats {c.stats()}")
     assert not c.stats()["breaker_open"]
     await c.close()
 
@@ -438,9 +426,7 @@ async def test_redis_hung_server_times_out_then_breaker_skips(redis_server):
         assert c.stats()["errors"] == 1
     finally:
         redis_server.resume()
-    await asyncio.sleep(0.55)
-    deadline = time.monotonic() + 3
-    while await c.get("k") != b"v":
-        assert time.monotonic() < deadline, f"did not recover: {c.stats()}"
-        await asyncio.sleep(0.05)
+    # None (skipped) while the breaker is open, then one call probes the server.
+    await wait_until_async(lambda: c.get("k"), 0.5 + 3, 0.05, until=lambda v: v == b"v",
+                           what=lambda: f"recovery, stats {c.stats()}")
     await c.close()

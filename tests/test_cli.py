@@ -114,3 +114,44 @@ def test_format_from_suffix_and_flags():
         build_parser().parse_args(["say", "hi"])  # -o is required
     with pytest.raises(SystemExit):
         build_parser().parse_args(["say", "hi", "-o", "x.wav", "--format", "ogg"])
+
+
+def test_say_stdin_needs_a_server_and_a_stream_format():
+    from serve_app.cli import main
+
+    for argv in (["say", "--stdin", "-o", "x.pcm"], ["say", "--stdin", "-o", "x.wav", "--url", "http://h"],
+                 ["say", "hi", "--stdin", "-o", "x.pcm", "--url", "http://h"], ["say", "-o", "x.wav"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+
+
+@pytest.mark.timeout(300)
+def test_say_stdin_speaks_lines_as_they_arrive(app_url, tmp_path):
+    """Through the server's WebSocket: the first line's audio is in the file before the second
+    line is written; the whole file is exactly both lines' audio (random weights: each segment
+    lasts its planned number of tokens)."""
+    from serve_fixtures import SERVE_APP_ARGS
+
+    from serve_app.engine.config import SegmentLimits
+    from serve_app.engine.planner import Planner
+    from waiting import wait_until
+
+    lines = ["第一行，边写边说。", "Second line, spoken as it arrives."]
+    planner = Planner(SegmentLimits.model_validate(SERVE_APP_ARGS["segments"]))
+    segments = [r for line in lines for r in planner.plan(line, SynthesisOptions(voice="nova")).segments]
+    expected = sum(r.target_tokens * SAMPLES_PER_TOKEN - 256 for r in segments)
+    out = tmp_path / "lines.pcm"
+    proc = subprocess.Popen([*cli_command(), "say", "--stdin", "--url", app_url, "--voice", "nova", "-o", str(out)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(lines[0] + "\n")
+        proc.stdin.flush()
+        wait_until(lambda: out.exists() and out.stat().st_size, 120, 0.05, what="the first line's audio")
+        proc.stdin.write(lines[1] + "\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
+    finally:
+        proc.kill()
+    assert out.stat().st_size == 2 * expected
+    assert f"{len(segments)} segment(s)" in proc.stderr.read()

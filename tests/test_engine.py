@@ -8,6 +8,7 @@ the test's thread) so that the tests control exactly when rows join, leave and a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import subprocess
 import sys
@@ -23,7 +24,6 @@ from serve_app.engine.acoustic import (
     EngineError,
     EngineOverloaded,
     HiddenChunk,
-    RowStream,
     SegmentRequest,
 )
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig, SegmentLimits, VocoderConfig
@@ -37,10 +37,18 @@ from serve_app.engine.pacing import (
 )
 from serve_app.engine.pipeline import EmptyInputError, Synthesizer, SynthesisOptions
 from serve_app.engine.vocoder import Vocoder
-from serve_app.engine.voices import OPENAI_VOICES, VoiceError, VoiceResolver, speaker_from_seed
+from serve_app.engine.voices import (
+    OPENAI_VOICES,
+    SpeakerSampler,
+    VoiceError,
+    VoiceResolver,
+    decode_speaker,
+    encode_speaker,
+    speaker_from_seed,
+)
 
-SR = 24000
-HIDDEN = 768
+from engine_helpers import HIDDEN, SR, decode_alone, drain, seg, snr_db, stream_decode, streamed_vs_one_shot
+
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
 
@@ -54,7 +62,7 @@ def speaker(tiny_model):
 
 @pytest.fixture(scope="module")
 def spk(speaker) -> str:
-    return VoiceResolver(speaker).resolve("alloy").spk_emb
+    return SpeakerSampler(speaker).from_seed(OPENAI_VOICES["alloy"])
 
 
 @pytest.fixture
@@ -77,29 +85,6 @@ def engine(make_engine) -> AcousticEngine:
     return make_engine()
 
 
-def seg(spk: str | None, n: int, seed: int = 1, text: str = "你好，欢迎使用语音合成服务。", **kw) -> SegmentRequest:
-    """A segment that random weights decode for exactly n tokens."""
-    kw.setdefault("max_new_tokens", n)
-    return SegmentRequest(text=text, spk_emb=spk, seed=seed, target_tokens=n, **kw)
-
-
-def drain(stream: RowStream) -> tuple[list[HiddenChunk], torch.Tensor]:
-    chunks = list(stream)
-    hidden = torch.cat([c.hidden for c in chunks]) if chunks else torch.zeros(0, HIDDEN)
-    return chunks, hidden
-
-
-def decode_alone(engine: AcousticEngine, req: SegmentRequest) -> torch.Tensor:
-    stream = engine.submit(req)
-    engine.run_until_idle()
-    return drain(stream)[1]
-
-
-def snr_db(ref: np.ndarray, y: np.ndarray) -> float:
-    err = np.sum((ref.astype(np.float64) - y) ** 2)
-    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / max(err, 1e-30)))
-
-
 def expected_frames(plan) -> int:
     """Random weights: each segment is target tokens long; one-shot decode is 512*T - 256 samples."""
     return sum(min(r.target_tokens, r.max_new_tokens) * SAMPLES_PER_TOKEN - 256 for r in plan.segments)
@@ -109,17 +94,19 @@ def expected_frames(plan) -> int:
 
 
 def test_openai_voices_map_to_fixed_speakers(speaker):
-    a, b = VoiceResolver(speaker), VoiceResolver(speaker)  # separate caches
+    a, b = SpeakerSampler(speaker), SpeakerSampler(speaker)  # separate caches
+    resolver = VoiceResolver()
     seen = {}
     for name, seed in OPENAI_VOICES.items():
-        v1, v2 = a.resolve(name), b.resolve(name)
-        assert v1.spk_emb == v2.spk_emb == a.resolve(name.upper()).spk_emb
-        assert v1.seed == seed and v1.name == name
-        assert v1.spk_emb == speaker_from_seed(speaker, seed)
-        assert speaker._decode(v1.spk_emb).shape == (768,)
-        seen[v1.spk_emb] = name
+        voice = resolver.resolve(name)
+        assert voice == resolver.resolve(name.upper()) and voice.seed == seed and voice.name == name
+        assert voice.spk_emb is None  # sampled where torch lives, not by the resolver
+        emb = a.embedding(voice)
+        assert emb == b.embedding(voice) == speaker_from_seed(speaker, seed)
+        assert speaker._decode(emb).shape == (768,)
+        seen[emb] = name
     assert len(seen) == len(OPENAI_VOICES)  # different names, different speakers
-    assert a.resolve(None).spk_emb == a.resolve("alloy").spk_emb  # the default voice
+    assert resolver.resolve(None) == resolver.resolve("alloy")  # the default voice
 
 
 def test_seed_voice_is_deterministic_and_leaves_global_rng_alone(speaker):
@@ -127,28 +114,40 @@ def test_seed_voice_is_deterministic_and_leaves_global_rng_alone(speaker):
     try:
         torch.manual_seed(123)
         state = torch.get_rng_state()
-        first = VoiceResolver(speaker).resolve("seed:42")
+        first = SpeakerSampler(speaker).from_seed(42)
         assert torch.equal(state, torch.get_rng_state())  # torch's global RNG untouched
         torch.manual_seed(1)
-        again = VoiceResolver(speaker).resolve("seed:42")
+        again = SpeakerSampler(speaker).from_seed(42)
         torch.manual_seed(999)
         third = speaker_from_seed(speaker, 42)
-        assert first.spk_emb == again.spk_emb == third
-        assert first.seed == 42 and first.name == "seed:42"
-        assert VoiceResolver(speaker).resolve("seed:43").spk_emb != first.spk_emb
+        assert first == again == third
+        voice = VoiceResolver().resolve("seed:42")
+        assert voice.seed == 42 and voice.name == "seed:42"
+        assert SpeakerSampler(speaker).from_seed(43) != first
     finally:
         torch.set_rng_state(saved)
 
 
 def test_speaker_string_round_trips(speaker):
-    resolver = VoiceResolver(speaker)
-    s = resolver.resolve("seed:42").spk_emb
-    v = resolver.resolve(s)
+    s = SpeakerSampler(speaker).from_seed(42)
+    v = VoiceResolver().resolve(s)
     assert v.spk_emb == s and v.seed is None
     assert v.name.startswith("speaker:")
     vec = speaker._decode(s)
     assert vec.shape == (768,) and np.isfinite(vec).all()
     assert speaker._encode(torch.from_numpy(vec)) == s
+    # The torch-free codec is ChatTTS's own format.
+    assert np.array_equal(decode_speaker(s), vec) and encode_speaker(vec) == s
+
+
+def test_engine_samples_a_seeded_speaker_like_an_explicit_one(make_engine, speaker):
+    """A segment naming its speaker by seed decodes exactly as one carrying the sampled string."""
+    by_seed = SegmentRequest(text="你好。", spk_emb=None, spk_seed=2222, seed=5, max_new_tokens=16, target_tokens=16)
+    explicit = dataclasses.replace(by_seed, spk_emb=speaker_from_seed(speaker, 2222), spk_seed=None)
+    engine = make_engine()
+    a, b = engine.submit(by_seed), engine.submit(explicit)
+    engine.run_until_idle()
+    assert torch.equal(drain(a)[1], drain(b)[1])
 
 
 @pytest.mark.parametrize(
@@ -163,9 +162,9 @@ def test_speaker_string_round_trips(speaker):
         ("x" * 400, "speaker string"),
     ],
 )
-def test_bad_voices_raise_voice_error(speaker, voice, message):
+def test_bad_voices_raise_voice_error(voice, message):
     with pytest.raises(VoiceError, match=message) as err:
-        VoiceResolver(speaker).resolve(voice)
+        VoiceResolver().resolve(voice)
     assert isinstance(err.value, ValueError)
     assert len(str(err.value)) < 300  # a long input is not echoed in full
 
@@ -241,7 +240,7 @@ def test_rows_finish_at_own_length_with_chunk_schedule(engine, spk):
 
 
 @pytest.mark.timeout(120)
-def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk, monkeypatch):
+def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
     """The in-place KV buffers (regrown every KV_HEADROOM steps, re-packed on merge and filter)
     give what transformers' own DynamicLayer (torch.cat every step) gives."""
     from transformers.cache_utils import DynamicLayer
@@ -261,8 +260,10 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk, 
     # middle row ends first, so the last row moves into its slot.
     reqs = [seg(spk, 2 * acoustic.KV_HEADROOM + 20, seed=1), seg(spk, 30, seed=3), seg(spk, 90, seed=2, text="hello world")]
 
-    def run() -> list[torch.Tensor]:
+    def run(layer_cls=None) -> list[torch.Tensor]:
         eng = make_engine()
+        if layer_cls is not None:
+            eng.batch.layer_cls = layer_cls
         streams = [eng.submit(reqs[0])]
         for _ in range(10):
             eng.step()
@@ -271,8 +272,7 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk, 
         return [drain(s)[1] for s in streams]
 
     buffered = run()
-    monkeypatch.setattr(acoustic, "_BufferedLayer", StockLayer)
-    stock = run()
+    stock = run(StockLayer)
     for b, s in zip(buffered, stock):
         assert b.shape == s.shape
         assert torch.allclose(b, s, atol=1e-5, rtol=0)
@@ -314,7 +314,7 @@ def test_engine_thread_matches_synchronous_drive(make_engine, spk):
 
 
 def test_seeded_rows_same_alone_and_in_a_staggered_batch(engine, tiny_model, speaker):
-    voices = VoiceResolver(speaker)
+    voices = SpeakerSampler(speaker)
     texts = [
         "你好，欢迎使用语音合成服务。",
         "hello world",
@@ -332,7 +332,7 @@ def test_seeded_rows_same_alone_and_in_a_staggered_batch(engine, tiny_model, spe
         reqs.append(
             SegmentRequest(
                 text=text,
-                spk_emb=voices.resolve(f"seed:{100 + i}").spk_emb if i != 5 else None,
+                spk_emb=voices.from_seed(100 + i) if i != 5 else None,
                 seed=1000 + 17 * i,
                 max_new_tokens=20 + 9 * i,
                 target_tokens=20 + 9 * i,
@@ -439,17 +439,18 @@ def test_batch_is_released_after_a_burst(engine, spk):
             ]
         if engine.running_rows:
             # KV bookkeeping: one KV row per running row, as wide as the mask, no all-padding column.
-            b, width = engine._mask.shape
-            assert b == engine.running_rows == len(engine._pos)
-            assert all(k.shape[0] == b and k.shape[2] == width for k in engine._keys + engine._values)
-            assert bool(engine._mask[:, 0].any())
+            batch = engine.batch
+            b, width = batch.mask.shape
+            assert b == engine.running_rows == len(batch.pos)
+            assert all(k.shape[0] == b and k.shape[2] == width for k in batch.keys + batch.values)
+            assert bool(batch.mask[:, 0].any())
             # Every row's next position is its number of real tokens.
-            assert torch.equal(engine._pos, engine._mask.sum(1))
+            assert torch.equal(batch.pos, batch.mask.sum(1))
     for n, s in zip(lengths, streams):
         assert drain(s)[1].shape[0] == n
     assert engine.running_rows == 0 and engine.waiting_rows == 0
-    assert engine._rows == [] and engine._keys == [] and engine._values == []
-    assert engine._mask is None and engine._pos is None
+    assert engine.batch.rows == [] and engine.batch.keys == [] and engine.batch.values == []
+    assert engine.batch.mask is None and engine.batch.pos is None
     # Batching happened: fewer forward passes than the rows' tokens together.
     assert engine.stats.steps < sum(lengths) - len(lengths)
     assert engine.stats.max_rows >= 4
@@ -536,7 +537,7 @@ def test_priority_is_admitted_first(make_engine, spk):
     low = engine.submit(seg(spk, 10, seed=1, priority=0))
     high = engine.submit(seg(spk, 10, seed=2, priority=5))
     engine.step()
-    assert [r.stream for r in engine._rows] == [high] and engine.waiting_rows == 1
+    assert [r.stream for r in engine.batch.rows] == [high] and engine.waiting_rows == 1
     engine.run_until_idle()
     assert high.first_chunk_at < low.first_chunk_at
 
@@ -548,7 +549,7 @@ def test_later_segments_join_after_the_first_sends_audio(make_engine, spk):
     reqs = [seg(spk, 30, seed=1), seg(spk, 20, seed=2, text="hello world"), seg(spk, 25, seed=3)]
     streams = engine.submit_all(reqs)
     engine.step()
-    assert [r.stream for r in engine._rows] == [streams[0]] and engine.waiting_rows == 2
+    assert [r.stream for r in engine.batch.rows] == [streams[0]] and engine.waiting_rows == 2
     while streams[0].first_chunk_at is None:
         engine.step()
         assert engine.running_rows == 1
@@ -633,28 +634,14 @@ def long_utterance(tiny_model, spk) -> list[HiddenChunk]:
     return chunks
 
 
-def stream_decode(vocoder: Vocoder, chunks: list[HiddenChunk], cfg: VocoderConfig | None = None) -> np.ndarray:
-    vs = vocoder.stream(cfg)
-    parts = [vs.push(c.hidden) for c in chunks]
-    parts.append(vs.finish())
-    return np.concatenate(parts)
-
-
 def test_streamed_vocoder_matches_one_shot_decode(tiny_model, long_utterance):
-    vocoder = Vocoder(tiny_model)  # default VocoderConfig
-    hidden = torch.cat([c.hidden for c in long_utterance])
-    ref = vocoder.decode(hidden)
-    assert len(ref) == 512 * 600 - 256
-    y = stream_decode(vocoder, long_utterance)
-    assert len(y) == len(ref)
-    snr = snr_db(ref, y)
     # Around every chunk edge too (no click where windows meet).
-    edges = np.cumsum([c.hidden.shape[0] for c in long_utterance])[:-1] * SAMPLES_PER_TOKEN
-    worst_edge = max(float(np.abs(ref[e - 256 : e + 256] - y[e - 256 : e + 256]).max()) for e in edges)
-    print(f"\nvocoder streamed vs one-shot: SNR {snr:.1f} dB over {len(ref) / SR:.1f} s "
-          f"(peak {np.abs(ref).max():.3f}, worst error near a chunk edge {worst_edge:.2e})")
-    assert snr >= 30.0
-    assert worst_edge <= 0.03 * float(np.abs(ref).max())
+    r = streamed_vs_one_shot(Vocoder(tiny_model), long_utterance)  # default VocoderConfig
+    assert r["samples"] == 512 * 600 - 256
+    print(f"\nvocoder streamed vs one-shot: SNR {r['snr_db']:.1f} dB over {r['samples'] / SR:.1f} s "
+          f"(peak {r['peak']:.3f}, worst error near a chunk edge {r['worst_edge']:.2e})")
+    assert r["snr_db"] >= 30.0
+    assert r["worst_edge"] <= 0.03 * r["peak"]
 
 
 def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
@@ -663,14 +650,16 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
     sizes = {}
     for n_chunks in (6, len(long_utterance)):  # 132 tokens and 600 tokens
         vocoder = Vocoder(tiny_model)
+        windows: list[int] = []
+        vocoder.on_decode = windows.append
         chunks = long_utterance[:n_chunks]
         total = sum(c.hidden.shape[0] for c in chunks)
         y = stream_decode(vocoder, chunks)
         assert len(y) == 512 * total - 256
-        sizes[total] = list(vocoder.window_sizes)
-        assert max(vocoder.window_sizes) <= bound
+        sizes[total] = windows
+        assert max(windows) <= bound
         # Linear work: every token is decoded a bounded number of times.
-        assert sum(vocoder.window_sizes) <= 2.5 * total
+        assert sum(windows) <= 2.5 * total
     short, long = sizes.values()
     assert max(short) == max(long)  # window size does not grow with the utterance
 

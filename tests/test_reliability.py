@@ -20,6 +20,7 @@ import pytest
 from ray import serve
 
 from serve_fixtures import APP_NAME, acoustic_stats, report
+from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -46,7 +47,7 @@ def ingress_settings(**changes):
 
 def _ingress_settings() -> dict:
     # Defaults of IngressSettings are what the shared app runs with (see serve_fixtures).
-    from deployments.ingress import IngressSettings
+    from serve_app.settings import IngressSettings
 
     return IngressSettings().model_dump()
 
@@ -126,10 +127,18 @@ async def test_overload_answers_fast_with_retry_after_and_admitted_requests_fini
 
 async def test_busy_switch_answers_429(app_url):
     with ingress_settings(busy_queue_rows=1), acoustic_config(max_rows=1):
-        await asyncio.sleep(1.0)  # the ingress polls the queue length every 0.5 s
         async with httpx.AsyncClient(base_url=app_url, timeout=120) as client:
+
+            async def refused_as_busy() -> bool:
+                # Nothing to speak: 429 while the ingress counts the queue as busy (it polls the
+                # queue's length), else the planner's 400 at once: no synthesis either way.
+                r = await client.post("/v1/audio/speech", json=_speech("。。。!!!"))
+                assert r.status_code in (400, 429), r.text
+                return r.status_code == 429
+
+            await wait_until_async(refused_as_busy, 30, until=lambda busy: not busy, what="the ingress seeing an idle queue")
             first = [asyncio.create_task(client.post("/v1/audio/speech", json=_speech(LONG_TEXT))) for _ in range(3)]
-            await asyncio.sleep(2.0)
+            await wait_until_async(refused_as_busy, 60, what="the ingress seeing the queue fill")
             probe = await client.post("/v1/audio/speech", json=_speech("忙吗？"))
             done = await asyncio.gather(*first)
     assert probe.status_code == 429, probe.text
@@ -175,14 +184,8 @@ def test_fifty_disconnects_free_their_work(app_url):
     cancelled0 = acoustic_stats()["rows_cancelled"]
     for _ in range(50):
         _disconnect_after_first_chunk(app_url, LONG_TEXT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = acoustic_stats()
-        if s["running_rows"] == 0 and s["waiting_rows"] == 0:
-            break
-        time.sleep(0.2)
-    s = acoustic_stats()
-    assert s["running_rows"] == 0 and s["waiting_rows"] == 0, s
+    s = wait_until(acoustic_stats, 30, 0.2, until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
+                   what="no rows left in the decode loop")
     assert s["rows_cancelled"] - cancelled0 >= 50  # every disconnect freed its rows
     after_s = min(_timed_request(app_url) for _ in range(3))
     rss1 = _rss_mb(pids)
@@ -394,14 +397,16 @@ def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     import ray
 
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
-    deadline = time.monotonic() + 20
-    lines: list[dict] = []
-    while time.monotonic() < deadline and not lines:
-        for f in logs.rglob("*Ingress*"):
-            for line in f.read_text(errors="replace").splitlines():
-                if '"event": "speech"' in line and rid in line:
-                    lines.append(json.loads(line[line.index("{"):]))
-        time.sleep(0.5)
+
+    def speech_lines() -> list[dict]:
+        return [
+            json.loads(line[line.index("{"):])
+            for f in logs.rglob("*Ingress*")
+            for line in f.read_text(errors="replace").splitlines()
+            if '"event": "speech"' in line and rid in line
+        ]
+
+    lines = wait_until(speech_lines, 20, 0.5, what=f"the speech log line of {rid}")
     assert len(lines) == 1, lines
     rec = lines[0]
     for k in ("request_id", "voice", "chars", "format", "status", "ttfb_s", "total_s", "batch_rows"):
@@ -420,17 +425,21 @@ async def test_killed_replica_fails_only_its_requests_and_is_replaced(app_url, s
 
     pids_before = _replica_pids()
     async with httpx.AsyncClient(base_url=app_url, timeout=httpx.Timeout(120, read=60)) as client:
+        streaming = [asyncio.Event() for _ in range(3)]
 
         async def stream_one(i: int):
             try:
                 async with client.stream("POST", "/v1/audio/speech", json=_speech(LONG_TEXT + str(i))) as r:
+                    streaming[i].set()  # the ingress answers with its first audio chunk: mid-stream now
                     body = b"".join([b async for b in r.aiter_bytes()])
                     return r.status_code, len(body), None
             except httpx.HTTPError as exc:  # a cut stream is a clean failure, a hang is not
                 return None, 0, exc.__class__.__name__
+            finally:
+                streaming[i].set()
 
         tasks = [asyncio.create_task(stream_one(i)) for i in range(3)]
-        await asyncio.sleep(2.0)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), timeout=120)
         t_kill = time.monotonic()
         actor = ray.get_actor(_replica_actor_name(stage), namespace="serve")
         ray.kill(actor, no_restart=True)
@@ -438,18 +447,16 @@ async def test_killed_replica_fails_only_its_requests_and_is_replaced(app_url, s
     # In-flight requests on the killed replica fail cleanly (5xx body or a cut stream).
     for status, n, err in results:
         assert err is not None or status is not None
-    recovered = None
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def answers_with_audio() -> bool:
         try:
             r = httpx.post(app_url + "/v1/audio/speech", json=_speech("恢复了吗？"), timeout=60)
-            if r.status_code == 200 and r.content[:4] == b"RIFF":
-                recovered = time.monotonic() - t_kill
-                break
         except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    assert recovered is not None, f"{stage} not replaced within 180 s"
+            return False
+        return r.status_code == 200 and r.content[:4] == b"RIFF"
+
+    wait_until(answers_with_audio, 180, 1.0, what=f"a good response after the {stage} replica was killed")
+    recovered = time.monotonic() - t_kill
     assert _replica_pids().get(stage) != pids_before.get(stage)
     report(f"fault: {stage} replica killed -> first good response", f"{recovered:.1f} s")
 

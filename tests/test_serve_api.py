@@ -24,19 +24,14 @@ import openai
 import pytest
 import soundfile as sf
 
+# The format -> content-type contract itself is asserted in test_audio.
+from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
+from serve_app.engine.audio import CONTENT_TYPES
 from serve_fixtures import SERVE_APP_ARGS, acoustic_stats, report
+from waiting import wait_until
 
 SR = 24000
 SAMPLES_PER_TOKEN = 512
-FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-CONTENT_TYPES = {
-    "mp3": "audio/mpeg",
-    "opus": "audio/ogg",
-    "aac": "audio/aac",
-    "flac": "audio/flac",
-    "wav": "audio/wav",
-    "pcm": "audio/pcm",
-}
 DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav"}
 LOSSY = ("mp3", "opus", "aac")
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
@@ -62,11 +57,10 @@ DISCONNECT_TEXT = "".join(_SENTENCES)
 @pytest.fixture(scope="module")
 def planner():
     """The app's own planner (same segment limits), to compute the exact expected durations."""
-    from deployments.normalizer import chattts_speaker
     from serve_app.engine.config import SegmentLimits
-    from serve_app.engine.pipeline import Planner
+    from serve_app.engine.planner import Planner
 
-    return Planner(chattts_speaker(), SegmentLimits.model_validate(SERVE_APP_ARGS["segments"]))
+    return Planner(SegmentLimits.model_validate(SERVE_APP_ARGS["segments"]))
 
 
 def expected_samples(planner, text: str, voice: str = "alloy", speed: float = 1.0) -> int:
@@ -417,17 +411,6 @@ async def test_concurrent_requests_are_batched(app_url):
 # ---------------------------------------------------------------------------------------- disconnect
 
 
-def _wait_for(predicate, timeout_s: float, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = acoustic_stats()
-        if predicate(last):
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s; last stats {last}")
-
-
 def test_client_disconnect_cancels_generation(app_url, planner):
     plan_samples = expected_samples(planner, DISCONNECT_TEXT, "alloy")
     assert plan_samples / SR > 30, "the request should be far longer than this test waits"
@@ -442,15 +425,15 @@ def test_client_disconnect_cancels_generation(app_url, planner):
         assert next(body)
         # While the client stays connected (not even reading), decoding goes on.
         connected = acoustic_stats()
-        time.sleep(0.5)
-        during = acoustic_stats()
+        during = wait_until(acoustic_stats, 10, until=lambda s: s["steps"] > connected["steps"],
+                            what="decode steps while the client is connected")
         assert during["running_rows"] >= 1, during
-        assert during["steps"] > connected["steps"], (connected, during)
         body.close()  # hang up with the rest of the response unread
     client.close()
     closed = time.monotonic()
 
-    after = _wait_for(lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0, timeout_s=5.0)
+    after = wait_until(acoustic_stats, 5.0, until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
+                       what="the disconnected request's rows stopping")
     stop_s = time.monotonic() - closed
     assert after["rows_cancelled"] > before["rows_cancelled"], after
     assert after["rows_finished"] == before["rows_finished"], "a disconnected row ran to its end"

@@ -1,10 +1,15 @@
-"""Tests for serve_app.engine.text (language detection, splitting, normalisation)."""
+"""Tests for serve_app.engine.text (language detection, splitting, normalisation).
+
+The torch-free import and the package data are checked in test_text_import.py."""
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +254,16 @@ def test_split_by_expected_seconds_is_the_same_for_every_script() -> None:
         split_segments(zh, 120, max_seconds=0)
 
 
+def test_expected_seconds_counts_stray_bracket_words_as_speech() -> None:
+    from serve_app.engine.pacing import expected_seconds
+
+    # Not a control tag: the front end turns the brackets into spaces and the word is spoken.
+    assert expected_seconds("[spk_emb] hello") == expected_seconds("spk emb hello") > expected_seconds("hello")
+    # Control tags take no letters' time; break tags take a pause's.
+    assert expected_seconds("[laugh_2]hello") == expected_seconds("hello")
+    assert expected_seconds("hello[uv_break]") > expected_seconds("hello")
+
+
 def test_split_never_cuts_tags() -> None:
     text = ("你好[uv_break]世界[laugh_0]" * 40) + "[break_6]" + "abc[oral_2]def " * 30
     for max_chars in (5, 13, 40, 120):
@@ -415,6 +430,58 @@ def test_no_user_text_logged_at_info(frontend: TextFrontend, caplog: pytest.LogC
             assert not set(message) & set("這個國家😀机密"), message
 
 
+def _equivalence_inputs() -> list[str]:
+    """Corpus sentences and seeded random strings, prepared as TextFrontend.normalize hands them on."""
+    from serve_app.engine.text.chars import sanitize
+    from serve_app.engine.text.segment import split_sentences
+    from serve_app.engine.text.tags import strip_stray_brackets
+
+    corpus = Path(__file__).parent.parent / "bench" / "text_corpus.txt"
+    texts = [ln.split("\t", 1)[1] for ln in corpus.read_text(encoding="utf-8").splitlines() if "\t" in ln]
+    rng = random.Random(7)
+    pool = (list("0123456789.,:;!?-+*/=%$€£¥￥~_#@&|()<>{}'\"“”‘’「」『』【】《》（）！？：；，。、…－＜＞＃") + list("abXYZ")
+            + list("你好的是這個國家爲") + ["\u3400", "\uf900", "😀", "\u200b", "\x00", "Ａ", "３", "\u3000", " ", "\n"]
+            + ["[uv_break]", "[laugh_2]", "[break_6]", "[speed_5]", "[spk_emb]", "[foo", "bar]", "2024-03-05", "10:30",
+               "$3.50", "3.5%", "13812345678", "5km", "March 5"])
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 30))) for _ in range(250)]
+    prepared = [s.replace("\n", " ") for t in texts for s in split_sentences(strip_stray_brackets(sanitize(t)))]
+    return [s for s in prepared if s.strip()]
+
+
+def test_chattts_normalizer_matches_chattts() -> None:
+    """The torch-free reimplementation gives exactly what ChatTTS's own Normalizer gives."""
+    from ChatTTS.norm import Normalizer
+
+    from serve_app.engine.text.chattts_norm import (
+        ChatTTSNormalizer,
+        default_homophones_path,
+    )
+
+    rules = {"zh": normalize_numbers_zh, "en": normalize_numbers_en}
+    quiet = logging.getLogger("test_text.chattts")
+    quiet.setLevel(logging.ERROR)
+    theirs = Normalizer(default_homophones_path(), quiet)
+    for name, fn in rules.items():
+        assert theirs.register(name, fn)
+    ours = ChatTTSNormalizer(rules)
+    inputs = _equivalence_inputs()
+    assert len(inputs) > 500
+    checked = 0
+    for text in inputs:
+        for lang in ("zh", "en"):
+            for do_normalize in (True, False):
+                for do_homophones in (True, False):
+                    expected = theirs(text, do_text_normalization=do_normalize,
+                                      do_homophone_replacement=do_homophones, lang=lang)
+                    assert ours(text, lang, do_normalize, do_homophones) == expected, (text, lang, do_normalize)
+                    checked += 1
+    # The inputs exercise every step: homophones, widened and mapped marks, dropped characters.
+    homophones = json.loads(Path(default_homophones_path()).read_text(encoding="utf-8"))
+    joined = "".join(inputs)
+    assert any(c in homophones for c in joined) and "😀" in joined and "（" in joined and "-" in joined
+    assert checked == 8 * len(inputs)
+
+
 def test_thread_safety(frontend: TextFrontend) -> None:
     texts = [
         f"第{i}段：价格是${i}.50，时间{i % 24}:30。This is sentence {i}, costing {i}%! 這個國家[uv_break]很好。" * 3
@@ -424,3 +491,17 @@ def test_thread_safety(frontend: TextFrontend) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for _ in range(3):
             assert list(pool.map(lambda t: frontend.process(t, max_chars=50), texts)) == expected
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("The offer is valid until 2023-12-31.", "December thirty first, twenty twenty three."),
+        ("We met on July 1, 2022.", "July first, twenty twenty two."),
+        ("It closes on Oct 31.", "October thirty first."),
+        ("Version 2.4.1 is out.", "two point four point one"),  # not a date
+    ],
+)
+def test_dates_before_a_sentence_final_stop(text, spoken):
+    frontend = TextFrontend()
+    assert spoken in " ".join(s.text for s in frontend.process(text))

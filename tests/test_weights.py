@@ -252,3 +252,23 @@ def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
     assert model.weights.root == final and model.is_random
     assert (final / MANIFEST).stat().st_mtime_ns == mtime
     assert time.perf_counter() - t0 < 60
+
+
+def test_vocoder_stage_loads_only_decoder_and_vocos(tiny_model, tiny_weights_config):
+    """``load_vocoder`` builds the Decoder and Vocos alone from the same assets: the same audio
+    as the full ``Chat``'s modules, without a GPT in the process."""
+    from serve_app.engine.weights import load_model, load_vocoder
+
+    parts = load_vocoder(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
+    full = tiny_model.vocoder_weights()
+    hidden = torch.randn(1, 768, 10, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a = full.vocos.decode(full.decoder(hidden.clone()))
+        b = parts.vocos.decode(parts.decoder(hidden.clone()))
+    assert torch.equal(a, b)
+    assert parts.weights.weights_id == tiny_model.weights.weights_id
+    # The Acoustic stage's model frees the audio modules it never runs.
+    gpt_only = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
+    gpt_only.drop_audio_modules()
+    assert not any(hasattr(gpt_only.chat, n) for n in ("decoder", "vocos", "dvae"))
+    assert gpt_only.chat.gpt is not None and gpt_only.chat.speaker is not None

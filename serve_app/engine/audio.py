@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal, get_args
 
-import av
 import numpy as np
 
 SAMPLE_RATE = 24000  # ChatTTS output rate; mono throughout
@@ -174,9 +173,12 @@ class PyAVEncoder(AudioEncoder):
     """mp3 / Ogg Opus / ADTS AAC / FLAC through one PyAV muxer per stream."""
 
     def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+        import av  # imported here: the Ingress reads this module's tables without loading ffmpeg
+
         super().__init__(fmt, sample_rate)
         spec = _CODECS[fmt]
         self._sink = _Sink()
+        self._frame_type = av.AudioFrame
         self._container = av.open(
             self._sink,
             mode="w",
@@ -208,7 +210,7 @@ class PyAVEncoder(AudioEncoder):
             packets = self._stream.encode(None)
         else:
             # PyAV converts s16 to the codec's native format (s32p / flt / fltp).
-            frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
+            frame = self._frame_type.from_ndarray(samples[None, :], format="s16", layout="mono")
             frame.sample_rate = self.sample_rate
             frame.time_base = self._time_base
             frame.pts = self._pts

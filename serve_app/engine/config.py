@@ -20,6 +20,11 @@ DType = Literal["float32", "float16", "bfloat16"]
 WEIGHTS_ENV = "CHATTTS_WEIGHTS"
 WEIGHTS_PATH_ENV = "CHATTTS_WEIGHTS_PATH"
 CACHE_ENV = "CHATTTS_SERVE_CACHE"
+# Tokens the sliding-window vocoder holds back as right context (VocoderConfig), so what a
+# listener has heard lags what the Acoustic stage sent by that much (AcousticConfig).
+HOLD_BACK_TOKENS = 4
+# New tokens the vocoder waits for before it decodes a window (fewer play nothing yet).
+MIN_WINDOW_TOKENS = 8
 
 
 def default_cache_dir() -> Path:
@@ -78,12 +83,24 @@ class ModelConfig(_Strict):
     cpu_dual_layout: bool = Field(
         default=True,
         description="On CPU in float32, keep a transposed copy of each GPT linear weight for steps "
-        "of 4+ rows (engine/linear.py: ~20% faster batch-8 steps, one more copy of those weights).",
+        "of 4+ rows (engine/linear.py: faster few-row decode steps for one more copy of those weights).",
     )
+    quantize: Literal["none", "int8"] = Field(
+        default="none",
+        description="int8: the GPT's attention and MLP weights in int8 on CPU (engine/quant.py: a "
+        "quarter of the bytes per decode step, ~1% error per layer; replaces cpu_dual_layout). CPU "
+        "and float32 only: refused with device cuda/mps, ignored with a warning when auto finds a GPU.",
+    )
+
+    @model_validator(mode="after")
+    def _check_quantize(self) -> "ModelConfig":
+        if self.quantize != "none" and (self.device in ("cuda", "mps") or self.dtype != "float32"):
+            raise ValueError(f"quantize {self.quantize} is for device cpu (or auto) in float32")
+        return self
 
 
 class AcousticConfig(_Strict):
-    """Decode-loop knobs (DESIGN.md section 7)."""
+    """Decode-loop knobs (docs/architecture.md, "The decode loop")."""
 
     max_rows: int = Field(default=16, ge=1, description="Rows decoded together at most.")
     token_budget: int = Field(
@@ -95,23 +112,54 @@ class AcousticConfig(_Strict):
         default=12, ge=1, description="Tokens in a row's first chunk (first audio sooner)."
     )
     chunk_tokens: int = Field(default=24, ge=1, description="Tokens per chunk after the first.")
+    listener_margin_s: Optional[float] = Field(
+        default=None,
+        ge=0,
+        description="Send a chunk before chunk_tokens are pending (at least min_early_chunk_tokens) when "
+        "waiting for the full chunk would let a listener who started playing at the row's first audio run "
+        "dry within this many seconds; only while decode steps are faster than real time (a slower "
+        "batch cannot keep up anyway, and smaller chunks would only cost vocoder calls). None: fixed "
+        "chunk sizes, the same for every run (the engine tests rely on them).",
+    )
+    min_early_chunk_tokens: int = Field(
+        default=MIN_WINDOW_TOKENS,
+        ge=1,
+        description="An early chunk's tokens at least: the vocoder's min_window_tokens, fewer play nothing (the app sets it from there).",
+    )
+    listener_lag_tokens: int = Field(
+        default=HOLD_BACK_TOKENS,
+        ge=0,
+        description="Tokens sent but not yet heard: the vocoder's hold_back_tokens (the app sets it from there).",
+    )
     continuous: bool = Field(
         default=True,
         description="Admit new rows between steps (iteration-level batching); "
         "False runs each batch to its end (window batching, for comparison).",
     )
     max_queued_rows: int = Field(default=256, ge=1, description="Rows waiting for a slot at most.")
-    repetition_penalty: float = Field(default=1.05, gt=0)
+    cuda_graphs: bool = Field(
+        default=False,
+        description="CUDA only: replay each decode step from a CUDA graph captured per batch-size bucket "
+        "(1, 2, 4 ... 64 rows; a batch is padded up) over static KV buffers; a step no graph fits runs "
+        "eagerly (logged once per cause). Read when the engine is built.",
+    )
+    cuda_graph_kv_tokens: int = Field(
+        default=2048,
+        ge=64,
+        description="KV columns of the static buffers (cuda_graphs): a batch whose KV is longer steps "
+        "eagerly. They take largest bucket x this x 2 x layers x hidden x dtype bytes of GPU memory "
+        "(~61 KB per token and row for the full-size GPT in bfloat16), and attention reads all of them.",
+    )
 
 
 class VocoderConfig(_Strict):
-    """Sliding-window decode (DESIGN.md section 6)."""
+    """Sliding-window decode (docs/architecture.md, "The sliding-window vocoder")."""
 
     left_context_tokens: int = Field(default=16, ge=0)
     # >= 1: the centred ISTFT of a window lacks the last half token (256 samples) of its end.
-    hold_back_tokens: int = Field(default=4, ge=1)
+    hold_back_tokens: int = Field(default=HOLD_BACK_TOKENS, ge=1)
     min_window_tokens: int = Field(
-        default=8, ge=1, description="Decode once at least this many new tokens are ready."
+        default=MIN_WINDOW_TOKENS, ge=1, description="Decode once at least this many new tokens are ready."
     )
 
 
@@ -125,7 +173,6 @@ class SegmentLimits(_Strict):
         description="Expected speech per segment at most (None: characters only). Shorter segments "
         "are more rows decoded in parallel: lower latency for long inputs, bigger batches.",
     )
-    tokens_per_second: float = Field(default=46.875, gt=0, description="24000 / 512.")
     cap_factor: float = Field(
         default=3.0, gt=1, description="max_new_token = cap_factor * expected + cap_slack."
     )
@@ -137,6 +184,13 @@ class SegmentLimits(_Strict):
         if self.cap_slack > self.max_new_token:
             raise ValueError("cap_slack must not exceed max_new_token")
         return self
+
+
+def acoustic_heard_through(acoustic: AcousticConfig, vocoder: VocoderConfig) -> AcousticConfig:
+    """``acoustic`` with what its listener model takes from this vocoder: the tokens it holds back
+    (``listener_lag_tokens``) and the fewest new tokens it decodes (``min_early_chunk_tokens``)."""
+    return acoustic.model_copy(update={"listener_lag_tokens": vocoder.hold_back_tokens,
+                                       "min_early_chunk_tokens": vocoder.min_window_tokens})
 
 
 class EngineConfig(_Strict):

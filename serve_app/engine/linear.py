@@ -1,12 +1,12 @@
 """CPU decode GEMMs: each GPT linear layer also keeps its weight in (in, out) layout.
 
 torch stores a linear weight as (out, in) and ``F.linear`` multiplies by its transpose. For the
-few-row products of a decode step, MKL's kernel for that layout is slow on this CPU: at 8 rows a
-768 -> 3072 layer runs at 64 GFLOP/s and 3072 -> 768 at 48, against 78 and 87 with an (in, out)
-copy, and a full-size batch-8 GPT step takes ~100 ms instead of ~120 (8-client in-process
-closed loop: 1.43 -> 1.70 audio s/s). At 2-3 rows the (in, out) kernel is ~30 % slower, at 1 row
-and from ~64 rows on the two are even, so each call picks its layout by row count. The price is
-a second copy of the GPT's linear weights in RAM (~0.76 GB at full size). GPUs do not need it.
+few-row products of a decode step, MKL's kernel for that layout can be much slower than the same
+product with an (in, out) copy of the weight; at 2-3 rows the (in, out) kernel is the slower
+one, and at 1 row and at prefill sizes the two are even, so each call picks its layout by row
+count (the measurements: bench/README.md, "Measurements behind code choices"). The price is a
+second copy of the GPT's linear weights in RAM (about 0.76 GB at full size: one float32 copy of
+the GPT's linear layers). GPUs do not need it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Rows (tokens in the call) from which the (in, out) layout wins, measured on full-size layers.
+# Rows (tokens in the call) from which the (in, out) layout wins on full-size layers
+# (bench/README.md, "Measurements behind code choices").
 MIN_ROWS = 4
 
 

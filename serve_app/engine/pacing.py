@@ -12,15 +12,14 @@ a pause mark (。，！？.,!?;:、) ~0.2 s, a break tag ([uv_break], [break_N],
 from __future__ import annotations
 
 import math
-import re
 
 from .config import SegmentLimits
+from .text.chars import SAYABLE_CJK_RE
+from .text.tags import BREAK_TAG_RE, CONTROL_TAG_RE
 
 TOKENS_PER_SECOND = 24000 / 512
 SAMPLES_PER_TOKEN = 512
 
-_TAG_RE = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]")
-_BREAK_TAG_RE = re.compile(r"\[(?:uv_break|v_break|lbreak|break_\d)\]")
 _PAUSE_CHARS = set("。，！？.,!?;:；：、…")
 
 CJK_SECONDS = 0.21
@@ -45,9 +44,9 @@ def speed_factor(level: int) -> float:
 
 
 def expected_seconds(text: str, speed_level: int = 5) -> float:
-    breaks = len(_BREAK_TAG_RE.findall(text))
-    plain = _TAG_RE.sub("", text)
-    cjk = sum(1 for c in plain if "\u4e00" <= c <= "\u9fff")
+    breaks = len(BREAK_TAG_RE.findall(text))
+    plain = CONTROL_TAG_RE.sub("", text)
+    cjk = len(SAYABLE_CJK_RE.findall(plain))  # the ideographs ChatTTS says; it drops the others
     latin = sum(1 for c in plain if c.isascii() and c.isalnum())
     pauses = sum(1 for c in plain if c in _PAUSE_CHARS)
     seconds = cjk * CJK_SECONDS + latin * LATIN_SECONDS + pauses * PAUSE_SECONDS + breaks * BREAK_SECONDS

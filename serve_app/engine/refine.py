@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from .text.chars import SAYABLE_CJK_RE
 from .weights import LoadedModel
 
 # Refined text is the input plus a few tags: cap the generation near the input's length.
@@ -63,4 +64,4 @@ def _join_cjk(text: str) -> str:
 
 
 def _is_cjk(ch: str) -> bool:
-    return bool(ch) and "\u4e00" <= ch <= "\u9fff"
+    return bool(ch) and SAYABLE_CJK_RE.match(ch) is not None

@@ -3,9 +3,9 @@
 PyTorch on Linux runs its intra-op parallelism on libgomp. Every thread that ever runs a
 parallel region keeps its own team of OpenMP threads until it exits, and libgomp counts them all.
 Once that count exceeds the CPUs, every team waits at each barrier on a futex instead of
-spinning ("throttled" spin). A GPT forward has ~300 barriers: on this 2-core box (2 threads,
-20-layer GPT, batch 8, one token) a forward took 108-116 ms with no context switch on the thread
-that loaded the model, and 139-157 ms with ~315 futex sleeps on a second thread. A Serve replica
+spinning ("throttled" spin), and a GPT forward has a few hundred barriers, so a forward on a
+second thread sleeps at nearly every one of them and runs markedly slower than on the thread
+that loaded the model (bench/README.md, "Measurements behind code choices"). A Serve replica
 hits this by default: ``__init__`` loads the model on one thread and the work runs on another
 (the decode thread, ``asyncio.to_thread``'s pool).
 

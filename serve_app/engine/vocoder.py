@@ -15,29 +15,31 @@ samples (Vocos's centred ISTFT), and so does the concatenated stream.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from .config import VocoderConfig
 from .pacing import SAMPLES_PER_TOKEN
-from .weights import LoadedModel
+from .weights import LoadedModel, VocoderWeights
 
 
 class Vocoder:
     """Stateless decode of hidden states; safe to share between streams (one lock per call)."""
 
-    def __init__(self, model: LoadedModel, config: VocoderConfig = VocoderConfig()):
-        self.model = model
+    def __init__(self, model: LoadedModel | VocoderWeights, config: VocoderConfig = VocoderConfig()):
+        parts = model.vocoder_weights() if isinstance(model, LoadedModel) else model
         self.cfg = config
-        self.decoder = model.chat.decoder
-        self.vocos = model.chat.vocos
-        self.device = model.device
+        self.weights = parts.weights
+        self.decoder = parts.decoder
+        self.vocos = parts.vocos
+        self.device = parts.device
         # Vocos runs on CPU for mps/npu in ChatTTS; follow the module's own device.
         self.vocos_device = next(self.vocos.parameters()).device
         self._lock = threading.Lock()
-        self.window_sizes: list[int] = []  # tokens per decode call (tests check they are bounded)
+        # Called with the tokens of every decode call (an observer: metrics, tests of the window).
+        self.on_decode: Optional[Callable[[int], None]] = None
 
     @torch.inference_mode()
     def decode(self, hidden: torch.Tensor) -> np.ndarray:
@@ -46,9 +48,8 @@ class Vocoder:
             return np.zeros(0, dtype=np.float32)
         x = hidden.to(self.device, torch.float32).T.unsqueeze(0)  # (1, 768, T)
         with self._lock:
-            self.window_sizes.append(int(hidden.shape[0]))
-            if len(self.window_sizes) > 10000:
-                del self.window_sizes[:5000]
+            if self.on_decode is not None:
+                self.on_decode(int(hidden.shape[0]))
             mel = self.decoder(x)  # (1, 100, 2T)
             wav = self.vocos.decode(mel.to(self.vocos_device))
         return wav[0].float().cpu().numpy()

@@ -14,7 +14,6 @@ overrides the tiny variant needs; real weights have no manifest and load with Ch
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,9 +21,11 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Optional
+
+from filelock import FileLock
 
 from .config import ModelConfig, WeightsConfig
 
@@ -229,37 +230,33 @@ def build_random_weights(kind: str, cache_dir: Path, seed: int = 0) -> Path:
     if (final / MANIFEST).is_file():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / f".{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(cache_dir / f".{key}.lock"):
+        if (final / MANIFEST).is_file():  # another process built it while we waited
+            return final
+        tmp = cache_dir / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
         try:
-            if (final / MANIFEST).is_file():  # another process built it while we waited
-                return final
-            tmp = cache_dir / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            t0 = time.perf_counter()
-            try:
-                _write_random_assets(tmp / "asset", overrides, seed)
-                manifest = {
-                    "kind": kind,
-                    "seed": seed,
-                    "layout": LAYOUT_VERSION,
-                    "overrides": overrides,
-                    "weights_id": key,
-                }
-                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-                if final.exists():  # a stale, incomplete tree without manifest
-                    shutil.rmtree(final)
-                os.rename(tmp, final)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-            log.warning(
-                "built %s ChatTTS weights (RANDOM, not a real voice) in %.1fs at %s",
-                kind,
-                time.perf_counter() - t0,
-                final,
-            )
+            _write_random_assets(tmp / "asset", overrides, seed)
+            manifest = {
+                "kind": kind,
+                "seed": seed,
+                "layout": LAYOUT_VERSION,
+                "overrides": overrides,
+                "weights_id": key,
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            if final.exists():  # a stale, incomplete tree without manifest
+                shutil.rmtree(final)
+            os.rename(tmp, final)
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.warning(
+            "built %s ChatTTS weights (RANDOM, not a real voice) in %.1fs at %s",
+            kind,
+            time.perf_counter() - t0,
+            final,
+        )
     return final
 
 
@@ -376,10 +373,63 @@ class LoadedModel:
     dtype: Any  # torch.dtype of the GPT
     load_seconds: float
     torch_threads: int = 1  # intra-op threads load_model applied (each torch thread applies it too)
+    quantize: str = "none"  # model.quantize in effect (engine/quant.py)
 
     @property
     def is_random(self) -> bool:
         return self.weights.kind == "random"
+
+    def vocoder_weights(self) -> "VocoderWeights":
+        return VocoderWeights(self.chat.decoder, self.chat.vocos, self.device, self.weights)
+
+    def drop_audio_modules(self) -> None:
+        """Free the Decoder, Vocos and DVAE: a process that only runs the GPT (the Acoustic
+        stage) keeps none of them. ``Chat._load`` always loads all of them."""
+        for name in ("decoder", "vocos", "dvae"):
+            if hasattr(self.chat, name):
+                delattr(self.chat, name)
+
+
+@dataclass
+class VocoderWeights:
+    """What turns hidden states into audio: ChatTTS's Decoder (hidden -> mel) and Vocos."""
+
+    decoder: Any  # ChatTTS.model.DVAE (decoder only)
+    vocos: Any  # vocos.Vocos
+    device: Any  # torch.device of the decoder
+    weights: ResolvedWeights
+
+
+def load_vocoder(cfg: ModelConfig) -> VocoderWeights:
+    """Load only the Decoder and Vocos (the vocoder stage needs nothing else: no GPT, no DVAE
+    encoder, no tokenizer), built the way ``Chat._load`` builds them, from the same asset files."""
+    import torch
+    from ChatTTS.model import DVAE
+    from ChatTTS.utils import load_safetensors
+    from vocos import Vocos
+    from vocos.pretrained import instantiate_class
+
+    from .quiet import quiet_libraries
+
+    quiet_libraries()
+    torch.set_num_threads(cfg.torch_threads or torch.get_num_threads())
+    weights = resolve_weights(cfg.weights)
+    device = select_device(cfg.device)
+    config = _fresh_chattts_config(weights.overrides)
+    paths = weights.asset_paths
+    with torch.no_grad():
+        vocos = Vocos(
+            feature_extractor=instantiate_class(args=(), init=asdict(config.vocos.feature_extractor)),
+            backbone=instantiate_class(args=(), init=asdict(config.vocos.backbone)),
+            head=instantiate_class(args=(), init=asdict(config.vocos.head)),
+        )
+        # ChatTTS keeps Vocos on CPU for mps (its complex ISTFT crashes there).
+        vocos = vocos.to("cpu" if device.type == "mps" else device).eval()
+        vocos.load_state_dict(load_safetensors(paths["vocos_ckpt_path"]))
+        # ``coef`` is a buffer of the checkpoint: the value passed here is overwritten on load.
+        decoder = DVAE(decoder_config=asdict(config.decoder), dim=config.decoder.idim, device=device)
+        decoder.load_pretrained(paths["decoder_ckpt_path"], device)
+    return VocoderWeights(decoder.eval(), vocos, device, weights)
 
 
 def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> LoadedModel:
@@ -392,7 +442,8 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
     quiet_libraries()
     # Always call it, even to keep the default (OMP_NUM_THREADS): besides the count it turns off
     # MKL's dynamic threading, which otherwise rebuilds OpenMP teams at every MKL/non-MKL
-    # boundary (pytorch#13757): a batch-8 GPT step took 141 ms instead of 99 ms here without it.
+    # boundary (pytorch#13757) and slows every GPT step (bench/README.md, "Measurements behind
+    # code choices").
     threads = cfg.torch_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -410,10 +461,18 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         if device.type == "cpu":
             log.warning("dtype %s on CPU is slow; consider float32", cfg.dtype)
         chat.gpt.gpt.to(dtype=dtype)
-    if cfg.cpu_dual_layout and device.type == "cpu" and dtype == torch.float32:
+    quantize = "none"
+    if cfg.quantize != "none":
+        from .quant import quantize_gpt
+
+        quantize = quantize_gpt(chat.gpt.gpt, cfg.quantize, device)
+    if quantize != "none":
+        # Cache keys include the weights id: quantized weights decode to different audio.
+        weights = replace(weights, weights_id=f"{weights.weights_id}+{quantize}")
+    elif cfg.cpu_dual_layout and device.type == "cpu" and dtype == torch.float32:
         from .linear import use_dual_layout
 
         use_dual_layout(chat.gpt.gpt)
     elapsed = time.perf_counter() - t0
     log.info("loaded %s weights (%s) on %s in %.1fs", weights.kind, weights.source, device, elapsed)
-    return LoadedModel(chat, weights, device, dtype, elapsed, threads)
+    return LoadedModel(chat, weights, device, dtype, elapsed, threads, quantize)

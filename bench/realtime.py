@@ -1,0 +1,334 @@
+"""``python -m bench realtime``: speaking while an LLM is still writing, over the WebSocket.
+
+Each session replays an assistant's reply as an LLM streams it: tokens (a word or word piece; one
+or two Chinese characters) sent at ``--tokens-per-s`` (30) over ``WS /v1/audio/speech/stream``,
+then ``close``; pcm audio comes back. At each concurrency level (``--levels``, default 1 and 8)
+the rounds alternate between the two ways a client could speak the reply's first sentence:
+
+* **WebSocket**: time from sending the token that ends the first sentence to the first audio
+  frame. (A final "." is only known to end a sentence once the next token comes, 1/30 s later:
+  that wait is part of the number.)
+* **HTTP**: the first sentence alone as one ``POST /v1/audio/speech`` (pcm, streamed, no cache)
+  at the same concurrency: its time to the first audio byte.
+
+Target: WebSocket / HTTP (medians) <= 1.2. And the **playback gaps** of each session: a player
+that starts with the first frame and plays in real time runs dry whenever the next frame comes
+after the audio it has ends; the sum of those waits per session. Target: 0 at 1 session. Also
+the start-up buffer a player would need to play the session without any gap, and, as a control,
+the gaps of the whole reply sent as one HTTP request (all its text known at once): gaps the
+decode speed causes whatever the protocol.
+
+    python -m bench realtime --weights random-tiny --out bench/results/realtime-<date>   # starts the app
+    python -m bench realtime --url http://127.0.0.1:8000                                 # a running app
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+TOKENS_PER_S = 30.0
+BYTES_PER_SECOND = 2 * 24000  # pcm: s16le, 24 kHz mono
+TARGET_RATIO = 1.2
+# A row plays in real time only if its decode steps take at most this long: one token per step,
+# 512 samples a token at 24 kHz.
+REAL_TIME_STEP_MS = 1000 * 512 / 24000
+
+# Assistant replies, first sentence first. English and Chinese, as a chat assistant answers.
+REPLIES = (
+    "Sure, here is a quick summary of the plan. We start with the data you sent yesterday and clean "
+    "it up. Then we train a small model and check how it does on the test set. If the numbers look "
+    "good, we ship it on Friday.",
+    "That is a great question. The short answer is that the cache keeps the last few thousand "
+    "results in memory. When it fills up, the oldest entries are dropped first. You can also turn it "
+    "off per request with a header.",
+    "好的，我来帮你安排一下明天的行程。上午九点我们先去博物馆，大概参观两个小时。中午在附近的餐厅吃饭，"
+    "下午可以去公园散散步。晚上如果还有精力，可以去看一场电影。",
+    "I found three flights that match your dates. The earliest leaves at seven in the morning and "
+    "lands just before noon. The second one is in the afternoon and costs a little less. The last "
+    "one is a late night flight with a short stop on the way.",
+    "这个问题其实不难。首先要把数据按时间排好序，然后每隔一分钟取一次平均值。最后把结果画成一张图，"
+    "就能很清楚地看出变化的趋势了。",
+    "Thanks for waiting. I checked your account and everything looks fine. The payment went through "
+    "this morning, and the receipt should be in your inbox within the hour.",
+)
+
+_TOKEN_RE = re.compile(r"[\u4e00-\u9fff]{1,2}|\s*[A-Za-z]{1,6}|\s*\d+|\s*[^\sA-Za-z\d\u4e00-\u9fff]|\s+")
+
+
+def llm_tokens(text: str) -> list[str]:
+    """The text as an LLM streams it: words and word pieces with their leading space, one or two
+    Chinese characters, punctuation on its own. Joined, they give the text back."""
+    tokens = _TOKEN_RE.findall(text)
+    assert "".join(tokens) == text
+    return tokens
+
+
+def first_sentence(text: str) -> tuple[str, int]:
+    """The reply's first sentence (as the segmenter ends it) and the index of the token that
+    completes it."""
+    from serve_app.engine.text.segment import split_sentences
+
+    sentence = split_sentences(text)[0]
+    end, pos = len(sentence.rstrip()), 0
+    for i, tok in enumerate(llm_tokens(text)):
+        pos += len(tok)
+        if pos >= end:
+            return sentence.strip(), i
+    raise ValueError("no sentence end")
+
+
+def playback_gaps(frames: list[tuple[float, float]]) -> tuple[float, int]:
+    """(seconds a real-time player waited for audio, times it ran dry) for frames given as
+    (arrival time, audio seconds), the player starting with the first frame."""
+    if not frames:
+        return 0.0, 0
+    waited, dry = 0.0, 0
+    play_end = frames[0][0]
+    for t, seconds in frames:
+        if t > play_end + 1e-3:  # the buffer ran out before this frame came (1 ms: timer noise)
+            waited += t - play_end
+            dry += 1
+            play_end = t
+        play_end += seconds
+    return waited, dry
+
+
+def buffer_needed(frames: list[tuple[float, float]]) -> float:
+    """The smallest start-up delay after the first frame that plays the session without a gap:
+    frame i must have come by the time the audio before it has played."""
+    if not frames:
+        return 0.0
+    t0, played, need = frames[0][0], 0.0, 0.0
+    for t, seconds in frames:
+        need = max(need, t - t0 - played)
+        played += seconds
+    return need
+
+
+def _pct(values: list[float], q: float) -> Optional[float]:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+# ---------------------------------------------------------------------------------------- clients
+
+
+async def ws_session(url: str, reply: str, seed: int, tokens_per_s: float) -> dict[str, Any]:
+    """One reply written at ``tokens_per_s`` into a session; the timings of its audio."""
+    from serve_app.client import AsyncSpeechClient
+
+    tokens = llm_tokens(reply)
+    _, end_token = first_sentence(reply)
+    sent_end: Optional[float] = None
+    frames: list[tuple[float, float]] = []
+    first_segment_audio: Optional[float] = None
+    async with AsyncSpeechClient(url) as client, client.session(voice="alloy", seed=seed, response_format="pcm") as s:
+        items = s.receive()
+        created = await items.__anext__()
+        assert created["type"] == "session.created", created
+        t0 = time.perf_counter()
+
+        async def write() -> None:
+            nonlocal sent_end
+            for i, tok in enumerate(tokens):
+                await asyncio.sleep(max(0.0, t0 + i / tokens_per_s - time.perf_counter()))
+                await s.append(tok)
+                if i == end_token:
+                    sent_end = time.perf_counter()
+            await s.close()
+
+        writer = asyncio.ensure_future(write())
+        segment = None
+        async for item in items:
+            now = time.perf_counter()
+            if isinstance(item, bytes):
+                frames.append((now, len(item) / BYTES_PER_SECOND))
+                if segment == 0 and first_segment_audio is None:
+                    first_segment_audio = now
+            elif item["type"] == "segment.start":
+                segment = item["index"]
+        await writer
+    done = time.perf_counter()
+    waited, dry = playback_gaps(frames)
+    buffer = buffer_needed(frames)
+    audio_s = sum(sec for _, sec in frames)
+    return {
+        "first_audio_after_sentence_s": first_segment_audio - sent_end,
+        "write_s": len(tokens) / tokens_per_s,
+        "audio_s": audio_s,
+        "wall_s": done - t0,
+        "gap_s": waited,
+        "gaps": dry,
+        "buffer_needed_s": buffer,
+    }
+
+
+async def http_frames(client: httpx.AsyncClient, text: str, seed: int) -> tuple[float, list[tuple[float, float]]]:
+    """One streamed HTTP request (pcm, no cache): time to the first audio byte, and every chunk
+    as (arrival time, audio seconds)."""
+    body = {"model": "chattts", "input": text, "voice": "alloy", "seed": seed, "response_format": "pcm"}
+    t0 = time.perf_counter()
+    frames = []
+    async with client.stream("POST", "/v1/audio/speech", json=body, headers={"Cache-Control": "no-store"}) as r:
+        r.raise_for_status()
+        async for chunk in r.aiter_raw():
+            frames.append((time.perf_counter(), len(chunk) / BYTES_PER_SECOND))
+    return frames[0][0] - t0, frames
+
+
+async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: float, seed: int) -> dict[str, Any]:
+    """Each round, at the same concurrency: HTTP requests of the replies' first sentences (TTFB),
+    WebSocket sessions of the whole replies (each its own reply and seed), and, as the control
+    for playback gaps, HTTP requests of the whole replies (all the text known at once)."""
+    ws: list[dict] = []
+    http: list[float] = []
+    whole_gaps: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as client:
+        for r in range(rounds):
+            picks = [(r * sessions + i) % len(REPLIES) for i in range(sessions)]
+            seeds = [seed + 1000 * r + i for i in range(sessions)]
+            firsts = await asyncio.gather(*(http_frames(client, first_sentence(REPLIES[p])[0], s) for p, s in zip(picks, seeds)))
+            http += [ttfb for ttfb, _ in firsts]
+            ws += await asyncio.gather(*(ws_session(url, REPLIES[p], s, tokens_per_s) for p, s in zip(picks, seeds)))
+            wholes = await asyncio.gather(*(http_frames(client, REPLIES[p], s) for p, s in zip(picks, seeds)))
+            whole_gaps += [playback_gaps(frames)[0] for _, frames in wholes]
+    latency = [x["first_audio_after_sentence_s"] for x in ws]
+    gaps = [x["gap_s"] for x in ws]
+    buffers = [x["buffer_needed_s"] for x in ws]
+    ws_p50, http_p50 = statistics.median(latency), statistics.median(http)
+    return {
+        "sessions": sessions,
+        "rounds": rounds,
+        "ws_first_audio_s": {"p50": round(ws_p50, 4), "p90": round(_pct(latency, 0.9), 4), "max": round(max(latency), 4)},
+        "http_ttfb_s": {"p50": round(http_p50, 4), "p90": round(_pct(http, 0.9), 4), "max": round(max(http), 4)},
+        "ratio_p50": round(ws_p50 / http_p50, 3),
+        "gap_s": {"p50": round(statistics.median(gaps), 3), "max": round(max(gaps), 3), "total": round(sum(gaps), 3)},
+        "sessions_with_gaps": sum(1 for x in ws if x["gaps"]),
+        "http_whole_reply_gap_s": {"p50": round(statistics.median(whole_gaps), 3), "max": round(max(whole_gaps), 3)},
+        "buffer_needed_s": {"p50": round(statistics.median(buffers), 3), "max": round(max(buffers), 3)},
+        "audio_s_per_session": round(statistics.median(x["audio_s"] for x in ws), 2),
+        "write_s_per_session": round(statistics.median(x["write_s"] for x in ws), 2),
+        "wall_s_per_session": round(statistics.median(x["wall_s"] for x in ws), 2),
+        "raw": {"ws": ws, "http_ttfb_s": http},
+    }
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+def targets(levels: dict[str, dict]) -> dict[str, dict]:
+    out = {}
+    for n, lv in levels.items():
+        out[f"ws_first_audio/http_ttfb c{n}"] = {"value": lv["ratio_p50"], "target": f"<= {TARGET_RATIO}",
+                                                 "met": lv["ratio_p50"] <= TARGET_RATIO}
+    if "1" in levels:
+        gap = levels["1"]["gap_s"]["total"]
+        out["playback gaps c1 (s)"] = {"value": gap, "target": "0", "met": gap == 0}
+    return out
+
+
+def to_markdown(report: dict) -> str:
+    lines = [f"# Realtime (WebSocket) benchmark, {report['meta']['date']}", "",
+             f"`{report['meta']['command']}`", "",
+             f"weights: {report['meta']['weights']}, LLM: {report['meta']['tokens_per_s']} tokens/s, "
+             f"load average at start {report['meta']['loadavg_start']}", "",
+             "| sessions | WS first audio after sentence p50 / p90 (ms) | HTTP TTFB of the sentence p50 / p90 (ms) | ratio p50 "
+             "| playback gaps per session p50 / max (s) | sessions with gaps | start-up buffer for no gap p50 / max (s) "
+             "| control: gaps of the whole reply over HTTP p50 / max (s) "
+             "| audio / writing / wall per session (s) "
+             f"| decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f}) | mean rows per step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, lv in report["levels"].items():
+        w, h, g = lv["ws_first_audio_s"], lv["http_ttfb_s"], lv["gap_s"]
+        lines.append(f"| {n} | {1000 * w['p50']:.0f} / {1000 * w['p90']:.0f} | {1000 * h['p50']:.0f} / {1000 * h['p90']:.0f} "
+                     f"| {lv['ratio_p50']:.2f} | {g['p50']:.2f} / {g['max']:.2f} | {lv['sessions_with_gaps']} of "
+                     f"{lv['sessions'] * lv['rounds']} | {lv['buffer_needed_s']['p50']:.2f} / {lv['buffer_needed_s']['max']:.2f} "
+                     f"| {lv['http_whole_reply_gap_s']['p50']:.2f} / {lv['http_whole_reply_gap_s']['max']:.2f} "
+                     f"| {lv['audio_s_per_session']} / {lv['write_s_per_session']} / "
+                     f"{lv['wall_s_per_session']} | {lv.get('ms_per_decode_step', '–')} "
+                     f"| {lv.get('engine', {}).get('mean_rows_per_step', '–')} |")
+    lines += ["", "| target | value | met |", "|---|---|---|"]
+    for name, t in report["targets"].items():
+        lines.append(f"| {name} {t['target']} | {t['value']} | {t['met']} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- command
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("realtime", help="WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, playback gaps")
+    p.add_argument("--url", help="a running app (default: start config/serve.yaml locally with --weights)")
+    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
+    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
+    p.add_argument("--ray-cpus", type=float)
+    p.add_argument("--levels", default="1,8", help="concurrent sessions, comma list")
+    p.add_argument("--rounds", default="3", help="rounds per level (each: HTTP first sentences, WebSocket, HTTP whole "
+                   "replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)")
+    p.add_argument("--tokens-per-s", type=float, default=TOKENS_PER_S)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write realtime.json and report.md here")
+
+
+def cmd_realtime(a: argparse.Namespace) -> int:
+    import shlex
+
+    from .procs import free_port, load_average
+    from .serve_runner import ServeRunner, apply_overrides, load_config
+
+    levels = [int(x) for x in a.levels.split(",") if x.strip()]
+    rounds = [int(x) for x in a.rounds.split(",") if x.strip()]
+    rounds = rounds * len(levels) if len(rounds) == 1 else rounds
+    if len(rounds) != len(levels):
+        raise SystemExit("--rounds: one number, or one per level")
+    runner = None
+    url = a.url
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m bench " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+            "weights": a.weights if not a.url else "as served", "tokens_per_s": a.tokens_per_s,
+            "loadavg_start": load_average()}
+    try:
+        if url is None:
+            runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
+            meta["serve_start_s"] = round(runner.start(), 1)
+            url = runner.base_url
+        report: dict[str, Any] = {"meta": meta, "levels": {}}
+        # One unmeasured round first: the first socket, session and request of each kind after
+        # start-up pay one-off costs.
+        asyncio.run(measure_level(url, 1, 1, a.tokens_per_s, a.seed + 10**6))
+        for n, level_rounds in zip(levels, rounds):
+            before = runner.acoustic_stats() if runner else None
+            level = asyncio.run(measure_level(url, n, level_rounds, a.tokens_per_s, a.seed))
+            if runner:
+                from .serve_runner import engine_delta
+
+                level["engine"] = engine_delta(before, runner.acoustic_stats())
+                steps = level["engine"].get("steps")
+                level["ms_per_decode_step"] = round(1000 * level["engine"]["decode_s"] / steps, 1) if steps else None
+            report["levels"][str(n)] = level
+            print(f"c{n}: WS first audio p50 {1000 * level['ws_first_audio_s']['p50']:.0f} ms, HTTP TTFB p50 "
+                  f"{1000 * level['http_ttfb_s']['p50']:.0f} ms (ratio {level['ratio_p50']:.2f}); playback gaps p50 "
+                  f"{level['gap_s']['p50']:.2f} s, max {level['gap_s']['max']:.2f} s", file=sys.stderr)
+    finally:
+        if runner:
+            runner.stop()
+    meta["loadavg_end"] = load_average()
+    report["targets"] = targets(report["levels"])
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "realtime.json").write_text(json.dumps(report, indent=1))
+        (out / "report.md").write_text(to_markdown(report))
+    print(to_markdown(report))
+    return 0

@@ -1,0 +1,133 @@
+"""What crosses a stage boundary: plain data, no torch.
+
+The Ingress sends the text and its ``SynthesisOptions`` to the TextNormalizer and gets a
+``Plan`` (its ``SegmentRequest`` rows) back; it hands the plan to the Vocoder, which sends the
+segments to the Acoustic stage and receives ``WireChunk`` hidden states back, and ends each
+stream with a ``StreamSummary`` for the Ingress (docs/architecture.md, "What crosses each
+boundary"). Every stage imports this module, so it must stay light: dataclasses, pydantic,
+numpy, the standard library (the Ingress and TextNormalizer replicas never import torch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .text import CONTROL_TAG_RE
+
+
+class SynthesisOptions(BaseModel):
+    """What a caller may choose about one synthesis: the one home of these defaults and ranges.
+
+    The HTTP/handle request (``protocol.SpeechRequest``) extends it and converts itself with
+    ``to_options()``; the planner reads it; ``SegmentRequest``'s defaults come from it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: str = Field(default="alloy", max_length=4096, description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.")
+    seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    temperature: float = Field(default=0.3, ge=0.01, le=2.0)
+    top_p: float = Field(default=0.7, ge=0.01, le=1.0)
+    top_k: int = Field(default=20, ge=1, le=625)
+    prompt: str = Field(default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")
+    normalize: bool = True
+    lang: Optional[Literal["zh", "en"]] = None
+    priority: int = Field(default=0, ge=-10, le=10)
+
+    @field_validator("prompt")
+    @classmethod
+    def _only_control_tags(cls, v: str) -> str:
+        # Only the whitelisted prosody tags: internal tokens like [spk_emb] must not get in.
+        if CONTROL_TAG_RE.sub("", v).strip():
+            raise ValueError("prompt may only contain ChatTTS control tags such as [oral_2][laugh_0][break_6]")
+        return v
+
+
+DEFAULT_OPTIONS = SynthesisOptions()
+
+
+@dataclass
+class SegmentRequest:
+    """One segment to decode. Text is already normalised; prompt carries control tags.
+
+    The speaker is either a ChatTTS speaker string (``spk_emb``) or a seed to sample one from
+    (``spk_seed``): sampling needs torch, so the stage that runs the GPT resolves it
+    (``voices.SpeakerSampler``, called by ``AcousticEngine.submit``).
+    """
+
+    text: str
+    spk_emb: Optional[str]
+    seed: int
+    max_new_tokens: int  # hard cap, real or random weights
+    min_new_tokens: int = 1  # end-of-speech is masked before this many tokens
+    target_tokens: Optional[int] = None  # random weights: the segment's length (see pacing.py)
+    prompt: str = "[speed_5]"
+    temperature: float = DEFAULT_OPTIONS.temperature
+    top_p: float = DEFAULT_OPTIONS.top_p
+    top_k: int = DEFAULT_OPTIONS.top_k
+    repetition_penalty: float = 1.05  # ChatTTS's default; not a request option
+    priority: int = DEFAULT_OPTIONS.priority  # higher first
+    first_chunk_tokens: Optional[int] = None
+    chunk_tokens: Optional[int] = None
+    spk_seed: Optional[int] = None
+    # A reference clip (ChatTTS's zero-shot prompt): its audio codes as ChatTTS's prompt string
+    # (``Chat.sample_audio_speaker``) and its transcript, used with or without ``spk_emb``.
+    spk_smp: Optional[str] = None
+    txt_smp: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A resolved voice: where its speaker comes from."""
+
+    name: str  # what the caller asked for (a speaker string is abbreviated)
+    seed: Optional[int]  # the speaker is sampled from this seed ...
+    spk_emb: Optional[str] = None  # ... or given as a ChatTTS speaker string
+    spk_smp: Optional[str] = None  # a reference clip's audio codes (ChatTTS prompt string) ...
+    txt_smp: Optional[str] = None  # ... and its transcript
+
+    @property
+    def cache_id(self) -> str:
+        """What identifies the speaker in a cache key: its content, never its name (a stored
+        voice can be deleted and re-created under the same name with other content)."""
+        if self.spk_smp is not None:
+            content = "\0".join((self.spk_emb or "", self.spk_smp, self.txt_smp or ""))
+            return "smp:" + hashlib.sha256(content.encode()).hexdigest()[:32]
+        if self.spk_emb is not None:
+            return "spk:" + hashlib.sha256(self.spk_emb.encode()).hexdigest()[:32]
+        return f"seed:{self.seed}"
+
+
+@dataclass
+class Plan:
+    voice: Voice
+    segments: list[SegmentRequest]
+    texts: list[str]  # the normalised segment texts
+
+
+@dataclass
+class WireChunk:
+    """A hidden-state chunk between stages: fp16 halves the bytes."""
+
+    segment: int
+    hidden: np.ndarray  # (n, 768) float16
+    final: bool
+    finish_reason: Optional[str] = None
+    batch_rows: int = 0  # rows decoding together when this chunk left (for logs)
+
+
+@dataclass
+class StreamSummary:
+    """The last item of a Vocoder stream: what the Ingress logs and reports."""
+
+    audio_seconds: float
+    segments: int
+    batch_rows: int  # rows in the acoustic batch when this request's first chunk was decoded
+    vocode_seconds: float
+    encode_seconds: float

@@ -1,0 +1,35 @@
+"""Speaking while the text is still being written: the session behind ``WS /v1/audio/speech/stream``.
+
+``session``: the text buffer, incremental cutting, segment numbering and seeds, audio in order,
+cancel (barge-in), the message loop (``serve_session``). ``ogg``: one Ogg Opus stream per session
+from per-segment encoders. Plain Python (no Ray, no torch, no PyAV): the Ingress runs it over its
+Serve handles, the unit tests over an in-process engine.
+"""
+
+from .ogg import OggOpusJoiner
+from .session import (
+    NORMAL_CLOSURE,
+    RealtimeSession,
+    SessionLimits,
+    SessionStats,
+    SpeechBackend,
+    Transport,
+    close_code,
+    receive_message,
+    send_error,
+    serve_session,
+)
+
+__all__ = [
+    "NORMAL_CLOSURE",
+    "OggOpusJoiner",
+    "RealtimeSession",
+    "SessionLimits",
+    "SessionStats",
+    "SpeechBackend",
+    "Transport",
+    "close_code",
+    "receive_message",
+    "send_error",
+    "serve_session",
+]

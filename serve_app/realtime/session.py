@@ -1,0 +1,493 @@
+"""A WebSocket session: text in as it is written, audio out in order, barge-in.
+
+The text buffer is cut with the text front end's ``split_unfinished`` as soon as a sentence is
+complete (or, past ``clause_seconds`` of speech / ``max_chars``, at a clause). A complete sentence
+is spoken at once when nothing is queued before it; behind queued audio, sentences are packed up
+to ``clause_seconds`` (as HTTP packs them) until that audio is about to run out. Each cut is planned
+by the backend (the TextNormalizer) and each of its segments is sent into the graph
+(``backend.audio``: one ``Vocoder.stream`` per segment, as an HTTP request does) as soon as the
+segment before it has its first audio and fewer than ``decoding_segments`` of the session are
+decoding, so segments decode as parallel rows while earlier ones play, and a first audio never
+waits for the rows behind it. Audio leaves strictly in segment order: the
+frames of segment ``i`` between ``segment.start`` and ``segment.done``, later segments' audio
+waiting in their queues meanwhile.
+
+Each segment has the seed an HTTP request of the same text would give it
+(``segment_seed(request seed, index)`` with the session-wide index), so a session cut at the
+same places as an HTTP request speaks the same audio.
+
+Encoders: each segment is encoded by its own encoder in the Vocoder (a stage call holds no state
+between calls, and the Ingress never loads PyAV). pcm needs nothing more; mp3 is bare MPEG
+frames, which concatenate into one valid stream; Ogg Opus is re-paged into one logical stream
+(``OggOpusJoiner``), since a chain of Ogg streams is not what players expect.
+
+Plain Python over two small interfaces, a ``SpeechBackend`` (the Serve graph in the Ingress, an
+in-process engine in the unit tests) and a ``Transport`` (a Starlette ``WebSocket``): no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol, Union
+
+from pydantic import BaseModel, ValidationError
+
+from ..engine.errors import EmptyInputError
+from ..engine.planner import segment_seed
+from ..engine.text import is_speakable, segment_fits, split_unfinished
+from ..engine.types import Plan, StreamSummary, SynthesisOptions
+from ..engine.voices import effective_seed
+from ..protocol import (
+    CLIENT_MESSAGES,
+    APIError,
+    Cancel,
+    Cancelled,
+    Close,
+    Done,
+    ErrorEvent,
+    ErrorObject,
+    SegmentDone,
+    SegmentStart,
+    SessionCreated,
+    SessionStart,
+    TextAppend,
+    TextFlush,
+    to_api_error,
+)
+from .ogg import OggOpusJoiner
+
+log = logging.getLogger("chattts_serve.realtime")
+
+NORMAL_CLOSURE = 1000
+MIN_PRIORITY = next(m.ge for m in SynthesisOptions.model_fields["priority"].metadata if getattr(m, "ge", None) is not None)
+
+
+def close_code(status: int) -> int:
+    """The close code after an error event: 4000 + the HTTP status the same error gets."""
+    return 4000 + status
+
+
+class SpeechBackend(Protocol):
+    async def plan(self, text: str, options: SynthesisOptions) -> Plan: ...
+
+    def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
+        """Encoded audio of the plan, then a ``StreamSummary``. Closing the iterator early (task
+        cancelled) must stop the synthesis."""
+        ...
+
+
+class Transport(Protocol):
+    """What a session needs of a WebSocket (Starlette's has it): ASGI receive messages."""
+
+    async def receive(self) -> dict[str, Any]: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_text_chars: int = 4096  # text ahead of the audio: buffered, or cut and not yet sent
+    max_message_bytes: int = 64 * 1024
+    segment_timeout_s: float = 300.0  # a segment's audio must be complete this long after it starts
+    max_chars: int = 120  # an unfinished sentence longer than this is cut (see split_unfinished)
+    # Segments of one session decoding at once: the one being sent and the next. More would decode
+    # further ahead, but every row slows every decode step of the batch, and so other sessions'
+    # first audio.
+    decoding_segments: int = 2
+
+
+@dataclass
+class SessionStats:
+    status: str = "pending"  # done, client_disconnect, or the status of the error that ended it
+    chars: int = 0  # text received
+    segments: int = 0  # sent whole
+    cancelled_segments: int = 0
+    audio_seconds: float = 0.0
+    first_audio_s: Optional[float] = None  # from the session's start
+
+
+# ------------------------------------------------------------------ messages
+
+
+def _invalid(exc: ValidationError) -> APIError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    if first.get("type") == "missing":
+        return APIError(400, f"missing required parameter: {param}", param=param, code="missing_required_parameter")
+    return APIError(400, f"invalid value for {param}: {first.get('msg', 'invalid')}", param=param, code="invalid_value")
+
+
+async def receive_message(transport: Transport, limits: SessionLimits) -> Optional[BaseModel]:
+    """The client's next message, validated; None once the client has gone. Raises APIError for
+    a message the protocol does not allow (the session then ends with an error event)."""
+    message = await transport.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    text = message.get("text")
+    if text is None:
+        raise APIError(400, "binary frames are not accepted: send JSON text frames", code="invalid_message")
+    if len(text.encode()) > limits.max_message_bytes:
+        raise APIError(413, f"message exceeds {limits.max_message_bytes} bytes", code="message_too_large")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise APIError(400, "message is not valid JSON", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, 'a message must be a JSON object with a "type"', code="invalid_message")
+    model = CLIENT_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
+    if model is None:
+        raise APIError(400, f"unknown message type {str(obj.get('type'))[:40]!r}; expected one of "
+                       f"{', '.join(CLIENT_MESSAGES)}", param="type", code="unknown_type")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+async def _send_event(transport: Transport, event: BaseModel) -> None:
+    await transport.send_text(event.model_dump_json())
+
+
+async def send_error(transport: Transport, exc: APIError) -> None:
+    """The error event, then the close code for its status (the client may be gone already)."""
+    try:
+        await _send_event(transport, ErrorEvent(error=ErrorObject(**exc.body()["error"])))
+        await transport.close(close_code(exc.status), exc.code or "")
+    except Exception:  # noqa: BLE001 - nobody left to tell
+        pass
+
+
+def _as_api_error(exc: BaseException) -> APIError:
+    known = to_api_error(exc)
+    if known is not None:
+        return known
+    log.error("session failed", exc_info=exc)
+    return APIError(500, "synthesis failed", type="server_error", code="synthesis_failed")
+
+
+# ------------------------------------------------------------------ the session
+
+
+class _PassThrough:
+    """pcm and mp3: each segment's bytes go out as they are."""
+
+    def feed(self, data: bytes) -> bytes:
+        return data
+
+    def end_segment(self) -> None:
+        pass
+
+    def finish(self) -> bytes:
+        return b""
+
+
+_END = object()  # a segment's audio is complete
+
+
+@dataclass
+class _Piece:
+    """Text cut from the buffer, being planned."""
+
+    text: str
+    task: asyncio.Task  # -> Plan
+
+
+@dataclass
+class _Segment:
+    index: int
+    text: str  # normalised, as spoken
+    chars: int  # received characters it accounts for (text-ahead limit)
+    opened: float
+    queue: asyncio.Queue
+    pump: Optional[asyncio.Task] = None
+    audio_seconds: float = 0.0
+    # Set at its first audio (or its end): the next segment starts decoding then, so the
+    # first audio does not share its decode steps with the rows behind it (HTTP's rule too).
+    started: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class RealtimeSession:
+    """One session after its ``session.start``: ``run()`` until done, an error or a disconnect."""
+
+    def __init__(self, backend: SpeechBackend, start: SessionStart, transport: Transport,
+                 limits: SessionLimits = SessionLimits(), on_first_audio: Optional[Callable[[], None]] = None):
+        self.backend = backend
+        self.transport = transport
+        self.limits = limits
+        self.options = start.to_options()
+        self.format = start.response_format
+        self.clause_seconds = start.clause_seconds
+        self.stats = SessionStats()
+        self._on_first_audio = on_first_audio
+        self._t0 = time.perf_counter()
+        self._buffer = ""  # the unfinished sentence
+        self._held = ""  # complete sentences waiting to be packed (see _release)
+        self._pieces: deque[_Piece] = deque()
+        self._segments: deque[_Segment] = deque()
+        self._next_index = 0
+        self._closing = False
+        self._joiner = OggOpusJoiner() if self.format == "opus" else _PassThrough()
+        self._piece_added = asyncio.Event()
+        self._segment_added = asyncio.Event()
+        self._loops: list[asyncio.Task] = []
+        self._decoding = asyncio.Semaphore(limits.decoding_segments)
+        self._outcome: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    # -------------------------------------------------------------- client messages
+
+    def append(self, text: str) -> None:
+        if self._closing:
+            raise APIError(400, "text after close", param="type", code="session_closing")
+        self.stats.chars += len(text)
+        self._buffer += text
+        ahead = self._ahead_chars()
+        if ahead > self.limits.max_text_chars:
+            raise APIError(413, f"{ahead} characters are waiting to be spoken; the limit is "
+                           f"{self.limits.max_text_chars}", param="text", code="input_too_long")
+        complete, self._buffer = split_unfinished(self._buffer, self.limits.max_chars, self.clause_seconds)
+        self._held += complete
+        self._release()
+
+    def flush(self) -> None:
+        self._held, self._buffer = self._held + self._buffer, ""
+        self._release(now=True)
+
+    def _release(self, now: bool = False) -> None:
+        """Send the held sentences to be spoken: at once when no audio is queued before them (a
+        listener is waiting), else once they would speak ``clause_seconds`` (sentences packed into
+        segments as an HTTP request's are: fewer rows to prefill, prosody across sentences), or
+        when the audio before them is about to run out (``_forward``), or ``now``."""
+        waiting = not self._segments and not self._pieces
+        if now or waiting or not segment_fits(self._held, self.limits.max_chars, self.clause_seconds):
+            text, self._held = self._held, ""
+            self._add_piece(text)
+
+    def close(self) -> None:
+        self.flush()
+        self._closing = True
+        self._segment_added.set()
+
+    async def cancel(self) -> None:
+        """Barge-in: no frame of any unsent segment goes out after this; the text buffer is dropped."""
+        dropped = [s.index for s in self._segments]
+        await self._stop()
+        self._buffer = self._held = ""
+        self._joiner.end_segment()
+        self.stats.cancelled_segments += len(dropped)
+        await _send_event(self.transport, Cancelled(segments=dropped))
+        self._start()
+
+    async def _handle(self, msg: BaseModel) -> None:
+        if isinstance(msg, TextAppend):
+            self.append(msg.text)
+        elif isinstance(msg, TextFlush):
+            self.flush()
+        elif isinstance(msg, Cancel):
+            await self.cancel()
+        elif isinstance(msg, Close):
+            self.close()
+        else:
+            raise APIError(400, "the session has started already", param="type", code="session_already_started")
+
+    # -------------------------------------------------------------- running
+
+    async def run(self) -> SessionStats:
+        """Read the client's messages until the session is done, fails, or the client leaves."""
+        self._start()
+        try:
+            while True:
+                receive = asyncio.ensure_future(receive_message(self.transport, self.limits))
+                await asyncio.wait({receive, self._outcome}, return_when=asyncio.FIRST_COMPLETED)
+                if self._outcome.done():
+                    receive.cancel()
+                    self._outcome.result()  # raises the failure of a loop
+                    self.stats.status = "done"
+                    await self.transport.close(NORMAL_CLOSURE)
+                    return self.stats
+                msg = receive.result()
+                if msg is None:
+                    self.stats.status = "client_disconnect"
+                    return self.stats
+                await self._handle(msg)
+        except asyncio.CancelledError:
+            self.stats.status = "client_disconnect"
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure ends the session with an error event
+            error = _as_api_error(exc)
+            self.stats.status = str(error.status)
+            await self._stop()
+            await send_error(self.transport, error)
+            return self.stats
+        finally:
+            await self._stop()
+
+    def _start(self) -> None:
+        for loop in (self._dispatch(), self._forward()):
+            task = asyncio.ensure_future(loop)
+            task.add_done_callback(self._loop_ended)
+            self._loops.append(task)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self._outcome.done():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._outcome.set_exception(exc)
+        else:
+            self._outcome.set_result(None)
+
+    async def _stop(self) -> None:
+        """Cancel every loop, plan and segment (the backend stops their synthesis)."""
+        tasks = self._loops + [p.task for p in self._pieces] + [s.pump for s in self._segments if s.pump]
+        self._loops = []
+        self._pieces.clear()
+        self._segments.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _ahead_chars(self) -> int:
+        return len(self._buffer) + len(self._held) + sum(len(p.text) for p in self._pieces) + sum(s.chars for s in self._segments)
+
+    def _add_piece(self, text: str) -> None:
+        if not is_speakable(text):  # only punctuation or whitespace: nothing to say
+            return
+        task = asyncio.ensure_future(self.backend.plan(text, self.options))
+        self._pieces.append(_Piece(text, task))
+        self._piece_added.set()
+
+    async def _dispatch(self) -> None:
+        """Pieces in order: number their segments and start each one's synthesis at once."""
+        while True:
+            while not self._pieces:
+                self._piece_added.clear()
+                await self._piece_added.wait()
+            piece = self._pieces[0]
+            try:
+                plan: Optional[Plan] = await piece.task
+            except EmptyInputError:  # nothing speakable after normalisation
+                plan = None
+            self._pieces.popleft()
+            if plan is not None:
+                self._open_segments(plan, len(piece.text))
+            self._segment_added.set()  # also when nothing was added: the forwarder may be done
+
+    def _open_segments(self, plan: Plan, chars: int) -> None:
+        seed = effective_seed(plan.voice, self.options.seed)
+        last = len(plan.segments) - 1
+        for i, (req, text) in enumerate(zip(plan.segments, plan.texts)):
+            index = self._next_index
+            self._next_index += 1
+            # A segment behind audio still to be sent is needed later: it yields one priority
+            # level (admission order only) to first audio, this session's or anyone's.
+            priority = req.priority if not self._segments else max(MIN_PRIORITY, req.priority - 1)
+            one = Plan(plan.voice, [dataclasses.replace(req, seed=segment_seed(seed, index), priority=priority)], [text])
+            seg = _Segment(index, text, chars if i == last else 0, time.perf_counter(), asyncio.Queue())
+            after = self._segments[-1].started if self._segments else None
+            seg.pump = asyncio.ensure_future(self._pump(seg, one, after))
+            self._segments.append(seg)
+
+    async def _pump(self, seg: _Segment, plan: Plan, after: Optional[asyncio.Event]) -> None:
+        try:
+            if after is not None:
+                await after.wait()
+            async with self._decoding:
+                async for item in self.backend.audio(plan, self.format):
+                    seg.started.set()
+                    seg.queue.put_nowait(item)
+            seg.queue.put_nowait(_END)
+        except Exception as exc:  # noqa: BLE001 - raised where the segment's audio is sent
+            seg.queue.put_nowait(exc)
+        finally:
+            seg.started.set()
+
+    async def _forward(self) -> None:
+        """Segments in order, each whole before the next; ``done`` once closed and all sent."""
+        while True:
+            while not self._segments:
+                if self._closing and not self._pieces:
+                    tail = self._joiner.finish()
+                    if tail:
+                        await self.transport.send_bytes(tail)
+                    await _send_event(self.transport, Done(segments=self.stats.segments,
+                                                           audio_seconds=round(self.stats.audio_seconds, 4)))
+                    return
+                self._segment_added.clear()
+                await self._segment_added.wait()
+            seg = self._segments[0]
+            await self._send_segment(seg)
+            self._segments.popleft()
+            if len(self._segments) <= 1 and not self._pieces:
+                self._release(now=True)  # the queued audio is about to run out: speak what is held
+
+    async def _send_segment(self, seg: _Segment) -> None:
+        started = False
+        timeout = self.limits.segment_timeout_s
+        while True:
+            try:
+                item = await asyncio.wait_for(seg.queue.get(), max(0.001, seg.opened + timeout - time.perf_counter()))
+            except asyncio.TimeoutError:
+                raise APIError(504, f"segment {seg.index} had no complete audio within {timeout:g}s",
+                               type="server_error", code="timeout") from None
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, StreamSummary):
+                seg.audio_seconds = item.audio_seconds
+                continue
+            data = self._joiner.feed(item)
+            if not data:
+                continue
+            if not started:
+                await _send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
+                started = True
+            if self.stats.first_audio_s is None:
+                self.stats.first_audio_s = time.perf_counter() - self._t0
+                if self._on_first_audio is not None:
+                    self._on_first_audio()
+            await self.transport.send_bytes(data)
+        self._joiner.end_segment()
+        if not started:
+            await _send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
+        self.stats.segments += 1
+        self.stats.audio_seconds += seg.audio_seconds
+        await _send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4)))
+
+
+async def serve_session(
+    transport: Transport,
+    backend: SpeechBackend,
+    admit: Callable[[SessionStart], Awaitable[SessionCreated]],
+    limits: SessionLimits = SessionLimits(),
+    on_first_audio: Optional[Callable[[], None]] = None,
+) -> tuple[Optional[SessionStart], SessionStats]:
+    """A whole WebSocket session after the handshake's accept: the ``session.start`` message,
+    ``admit`` (keys, limits, model, voice: raises APIError), ``session.created``, then the
+    session. Returns the start message (None if there was none) and what the session did."""
+    start: Optional[SessionStart] = None
+    try:
+        msg = await receive_message(transport, limits)
+        if msg is None:
+            return None, SessionStats(status="client_disconnect")
+        if not isinstance(msg, SessionStart):
+            raise APIError(400, "the first message must be session.start", param="type", code="session_not_started")
+        start = msg
+        created = await admit(start)
+        await _send_event(transport, created)
+    except Exception as exc:  # noqa: BLE001 - an error event, never a crash
+        error = _as_api_error(exc)
+        await send_error(transport, error)
+        return start, SessionStats(status=str(error.status))
+    session = RealtimeSession(backend, start, transport, limits, on_first_audio)
+    return start, await session.run()

@@ -1,0 +1,187 @@
+"""The voices API behind ``/v1/audio/voices`` (the Ingress's routes call it; no torch here).
+
+``POST /v1/audio/voices`` takes JSON or a multipart form with ``name`` and exactly one of
+
+- ``speaker``: a ChatTTS speaker string (kept as given);
+- ``seed``: the speaker of ``seed:<n>``, sampled once by the Vocoder stage and kept, so the voice
+  stays the same speaker whatever happens to seed sampling later;
+- ``audio`` (multipart only) + ``transcript``: a reference clip of 2-30 s, decoded, checked and
+  encoded by the Vocoder stage (``Vocoder.encode_clip``: the DVAE encoder).
+
+Every check that needs no model runs before any remote call (name, transcript, exactly one
+source, a name already taken), and nothing is stored unless the voice is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Optional
+
+from fastapi import Request
+
+from .engine.errors import VoiceError
+from .engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
+from .api import stage_error
+from .protocol import APIError
+from .voice_store import (
+    VOICE_ID_RE,
+    StoredVoice,
+    VoiceDirectory,
+    VoiceStoreConfig,
+    check_name,
+    clean_transcript,
+    make_voice_store,
+    stored_voice,
+)
+
+log = logging.getLogger("ray.serve")
+
+VOICES_PATH = "/v1/audio/voices"
+_FIELDS = ("name", "speaker", "seed", "audio", "transcript")
+
+
+def _bad(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+async def _fields(request: Request) -> dict[str, Any]:
+    """The create request's fields from a JSON body or a form (``audio``, a file part, as bytes)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        try:
+            form = await request.form(max_files=1, max_fields=len(_FIELDS))
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - malformed multipart (Starlette raises several kinds)
+            cause = exc.__cause__ if isinstance(exc.__cause__, APIError) else None
+            if cause is not None:  # the body limit, raised while the form was read
+                raise cause from None
+            raise _bad(f"could not read the form: {exc}", code="invalid_form") from None
+        out: dict[str, Any] = {}
+        for key in _FIELDS:
+            value = form.get(key)
+            if value is None:
+                continue
+            if key == "audio":
+                if isinstance(value, str):
+                    raise _bad("'audio' must be a file part", param="audio")
+                out[key] = await value.read()
+            elif isinstance(value, str):
+                out[key] = value
+            else:
+                raise _bad(f"'{key}' must be a text field", param=key)
+        await form.close()
+        return out
+    if ctype in ("application/json", ""):
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError:
+            raise _bad("request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise _bad("send a JSON object: {\"name\", \"speaker\"} or {\"name\", \"seed\"}, or a multipart form with "
+                       "'name', 'audio' and 'transcript'")
+        unknown = sorted(set(body) - set(_FIELDS) - {"audio"})
+        if unknown:
+            raise _bad(f"unknown field {unknown[0]!r}", param=unknown[0])
+        if "audio" in body:
+            raise _bad("send a clip as a multipart form ('name', 'audio' file, 'transcript')", param="audio")
+        return body
+    raise APIError(415, f"unsupported content type {ctype!r}: use application/json or multipart/form-data",
+                   code="unsupported_media_type")
+
+
+def _seed(value: Any) -> int:
+    try:
+        seed = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        seed = None
+    if seed is None or not 0 <= seed <= MAX_SEED:
+        raise _bad(f"seed must be an integer from 0 to {MAX_SEED}", param="seed")
+    return seed
+
+
+class VoicesAPI:
+    """The store plus the Vocoder stage's encoder (``encode_clip``, ``speaker_for_seed``)."""
+
+    def __init__(self, cfg: VoiceStoreConfig, encoder: Any):
+        self.cfg = cfg
+        self.store = make_voice_store(cfg)
+        self.directory = VoiceDirectory(self.store)
+        self.encoder = encoder
+
+    async def _remote(self, call: Any) -> Any:
+        try:
+            return await call
+        except Exception as exc:  # noqa: BLE001
+            raise stage_error(exc, "voice encoding failed", "voice_encoding_failed") from None
+
+    async def create(self, request: Request) -> dict[str, Any]:
+        fields = await _fields(request)
+        name = check_name(fields.get("name"))
+        sources = [k for k in ("speaker", "seed", "audio") if fields.get(k) not in (None, "", b"")]
+        if len(sources) != 1:
+            if not sources and "transcript" in fields:
+                raise _bad("a clip voice needs its 'audio' file", param="audio", code="missing_audio")
+            raise _bad("give exactly one of 'speaker' (a ChatTTS speaker string), 'seed', or 'audio' (a clip, "
+                       "with its 'transcript')", param=sources[1] if len(sources) > 1 else None,
+                       code="missing_required_parameter")
+        if await self.store.get_by_name(name) is not None:  # before any encoding; create checks again
+            raise APIError(409, f"a voice named {name!r} exists already; delete it first or pick another name",
+                           param="name", code="voice_exists")
+        source = sources[0]
+        if source == "speaker":
+            speaker = fields["speaker"]
+            try:
+                if not isinstance(speaker, str):
+                    raise VoiceError("speaker must be a string")
+                resolved = VoiceResolver().resolve(speaker)
+            except VoiceError as exc:
+                raise _bad(f"invalid speaker: {exc}", param="speaker", code="invalid_speaker") from None
+            if resolved.spk_emb is None:  # a built-in name or seed:<n>, not a speaker string
+                raise _bad("speaker must be a ChatTTS speaker string; for a seed send 'seed'", param="speaker",
+                           code="invalid_speaker")
+            voice = stored_voice(name, "speaker", speaker=speaker)
+        elif source == "seed":
+            seed = _seed(fields["seed"])
+            speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
+            voice = stored_voice(name, "seed", seed=seed, speaker=speaker)
+        else:
+            transcript = clean_transcript(fields.get("transcript"), self.cfg.max_transcript_chars)
+            clip = await self._remote(
+                self.encoder.encode_clip.remote(fields["audio"], self.cfg.min_clip_seconds, self.cfg.max_clip_seconds))
+            voice = stored_voice(name, "clip", sample=clip.spk_smp, transcript=transcript,
+                                 clip_seconds=round(clip.seconds, 2))
+        await self.store.create(voice)
+        log.info(json.dumps({"event": "voice_created", "id": voice.id, "kind": voice.kind}))
+        return voice.summary()
+
+    async def list(self) -> dict[str, Any]:
+        return {"object": "list", "data": await self.directory.cards()}
+
+    async def get(self, voice_id: str) -> dict[str, Any]:
+        seed = OPENAI_VOICES.get(voice_id.lower())
+        if seed is not None:  # a built-in voice: its speaker string too, so it can be kept
+            speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
+            return {"id": voice_id.lower(), "object": "voice", "name": voice_id.lower(), "kind": "builtin", "seed": seed,
+                    "speaker": speaker}
+        return (await self._stored(voice_id)).detail()
+
+    async def delete(self, voice_id: str) -> dict[str, Any]:
+        if voice_id.lower() in OPENAI_VOICES:
+            raise _bad("built-in voices cannot be deleted", param="voice_id", code="builtin_voice")
+        voice = await self._stored(voice_id)
+        if not await self.store.delete(voice.id):
+            raise self._not_found(voice_id)
+        log.info(json.dumps({"event": "voice_deleted", "id": voice.id}))
+        return {"id": voice.id, "object": "voice.deleted", "deleted": True}
+
+    async def _stored(self, voice_id: str) -> StoredVoice:
+        voice = await self.store.get(voice_id) if VOICE_ID_RE.match(voice_id) else None
+        if voice is None:
+            raise self._not_found(voice_id)
+        return voice
+
+    @staticmethod
+    def _not_found(voice_id: str) -> APIError:
+        return APIError(404, f"no voice with id {voice_id[:64]!r}", param="voice_id", code="voice_not_found")
