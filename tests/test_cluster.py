@@ -14,6 +14,7 @@ The tests run in file order and each leaves the cluster as the next one expects.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import json
 import re
@@ -22,11 +23,13 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from bench.autoscale import ONE_ROW_TEXTS, StepLoad, complete, expected_pcm_bytes
 from bench.cluster import LocalCluster, cluster_config, wait_for, write_config
 from bench.serve_runner import get_path
+from engine_helpers import snr_db
 from serve_fixtures import free_port, report
 from waiting import wait_until_async
 
@@ -117,9 +120,15 @@ def test_handle_call_from_another_serve_application(app):
     r = httpx.post(app.url + "/caller/synthesize", json=body, timeout=120)
     assert r.status_code == 200, r.text[:500]
     out = r.json()
+    whole, streamed = base64.b64decode(out["whole"]), base64.b64decode(out["stream"])
     pcm = expected_pcm_bytes((body["input"],), get_path(app.config(), SEGMENTS))[body["input"]]
-    assert out["riff"] and out["stream_equal"] and out["stream_pieces"] >= 1, out
-    assert out["bytes"] == 44 + pcm, out  # a WAV header and exactly the planned audio
+    assert whole[:4] == b"RIFF" and len(whole) == 44 + pcm, len(whole)  # a header and exactly the planned audio
+    assert out["stream_pieces"] >= 1 and streamed[:44] == whole[:44] and len(streamed) == len(whole)
+    # Same tokens, so the same audio; not always the same bytes: this config sends early chunks
+    # when the engine's pace would let a listener run dry (listener_margin_s), and on this busy
+    # box the two calls' chunks can fall differently, which moves only the vocoder's seams.
+    a, b = (np.frombuffer(x[44:], dtype="<i2").astype(np.float64) for x in (whole, streamed))
+    assert snr_db(a, b) >= 30.0, snr_db(a, b)
 
 
 def _wait_acoustic(app: App, n: int, timeout_s: float, what: str) -> list[dict]:
