@@ -142,6 +142,20 @@ _YEAR_RE = re.compile(
 )
 
 
+# "from 2010 to 2015", "between 1990 and 2000": the second year has no context word of its own.
+_YEAR_SPAN_RE = re.compile(
+    r"(?i)(?<![A-Za-z])((?:from|between)\s+)(\d{4})(\s+(?:to|and|until|till|through)\s+)(\d{4})"
+    r"(?![\d%]|\.\d|\s?%)"
+)
+
+
+def _year_span(m: Match[str]) -> str:
+    first_word, first, joiner, second = m.groups()
+    if not (_is_year(first) and _is_year(second)):
+        return m.group()
+    return first_word + _pad(en_year(int(first))) + joiner.strip() + _pad(en_year(int(second)))
+
+
 def _year_in_context(m: Match[str]) -> str:
     prefix, year, bare = m.groups()
     y = year or bare
@@ -316,6 +330,7 @@ PASSES: Tuple[Rule, ...] = (
     (MONEY_RE, _money),
     (UNIT_RE, _unit),
     (re.compile(r"(?<![\d.])'?(1[0-9]|20)?(\d0)s(?![A-Za-z])"), _decade),  # 1990s, '80s
+    (_YEAR_SPAN_RE, _year_span),
     (_YEAR_RE, _year_in_context),
     (ORDINAL_RE, lambda m: _pad(en_ordinal(int(m.group(1))))),
     (RANGE_RE, _range),

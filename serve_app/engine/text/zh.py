@@ -114,7 +114,7 @@ def _time(m: Match[str]) -> str:
         return m.group()
     out = zh_integer(int(h)) + "点"
     if int(mi) == 0 and not s:
-        return out + "整"
+        return out if m.string.startswith("整", m.end()) else out + "整"  # "12:00整" has its own
     out += ("零" if mi.startswith("0") and mi != "00" else "") + zh_integer(int(mi)) + "分"
     return out + (zh_integer(int(s)) + "秒" if s else "")
 
@@ -162,6 +162,19 @@ def _domain(m: Match[str]) -> str:
     return s.replace(".", "点").replace("/", " ")
 
 
+def _time_span(m: Match[str]) -> str:
+    """"8:00-22:00": two clock times joined by a dash read 到 between them."""
+    a, b = (TIME_RE.fullmatch(t) for t in m.groups())
+    return _time(a) + "到" + _time(b) if a and b else m.group()
+
+
+_TIME_SPAN_RE = re.compile(r"(?<![\d:.])(\d{1,2}:\d{2}(?::\d{2})?)\s*[-~～–—至]\s*(\d{1,2}:\d{2}(?::\d{2})?)(?![\d:])")
+# Service numbers ("12345热线", "拨打110") are read digit by digit, as phone numbers are.
+_SERVICE_NUMBER_RE = re.compile(
+    r"(?:(?<=拨打)|(?<=致电)|(?<=呼叫)|(?<=拨))\s*(\d{3,6})(?![\d.])|(?<![\d.])(\d{3,6})(?=热线|专线|客服电话|服务电话)"
+)
+
+
 # "/" after a measure word reads 每 (元/斤); other slashes become a space.
 _PER_RE = re.compile(rf"(?<=[{CJK}])/(?=(?:{'|'.join(_TABLES['per_words'])}))")
 
@@ -170,8 +183,10 @@ PASSES: Tuple[Rule, ...] = (
     (ISO_DATE_RE, _date),
     (re.compile(r"(?<![\d.])(\d{4})(?=\s*年)"), lambda m: _digits(m.group(1))),  # years digit by digit
     (EXPR_RE, _expr),
+    (_TIME_SPAN_RE, _time_span),
     (TIME_RE, _time),
     (PHONE_RE, _phone),
+    (_SERVICE_NUMBER_RE, lambda m: _digits(m.group(1) or m.group(2), one="幺")),
     (MONEY_RE, _money),
     (UNIT_RE, _unit),
     (ORDINAL_RE, lambda m: "第" + zh_number(m.group(1))),
