@@ -163,7 +163,7 @@ def _domain(m: Match[str]) -> str:
 
 
 def _time_span(m: Match[str]) -> str:
-    """"8:00-22:00": two clock times joined by a dash read 到 between them."""
+    """Two clock times joined by a dash ("8:00-22:00") read 到 between them."""
     a, b = (TIME_RE.fullmatch(t) for t in m.groups())
     return _time(a) + "到" + _time(b) if a and b else m.group()
 
