@@ -20,8 +20,8 @@ import ray
 from pydantic import BaseModel, Field
 from ray import serve
 
-from serve_app import metrics
-from serve_app.autoscaling import engine_stats
+from serve_app.serving import metrics
+from serve_app.serving.autoscaling import engine_stats
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.errors import EngineOverloaded
@@ -131,7 +131,7 @@ class Acoustic:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics: the engine's queue, read by the Acoustic policy
-        (serve_app/autoscaling.py) in the controller."""
+        (serve_app/serving/autoscaling.py) in the controller."""
         return engine_stats(self.engine.waiting_rows, self.engine.running_rows, self.engine.cfg.max_rows)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:

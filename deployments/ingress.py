@@ -25,9 +25,9 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from serve_app import metrics
-from serve_app.api import BodyLimits, error_response, make_app, overloaded, sse_stream, stage_error
-from serve_app.cache import CacheConfig, make_cache, request_key
+from serve_app.serving import metrics
+from serve_app.http.app import BodyLimits, error_response, make_app, overloaded, sse_stream, stage_error
+from serve_app.storage.cache import CacheConfig, make_cache, request_key
 from serve_app.engine.types import Plan, StreamSummary, Voice
 from serve_app.engine.voices import VoiceResolver, list_voices
 from serve_app.protocol import (
@@ -43,11 +43,11 @@ from serve_app.protocol import (
     to_api_error,
 )
 from serve_app.realtime import SessionLimits, serve_session
-from serve_app.security import APIKeyAuth, StreamLimiter, load_api_keys
+from serve_app.http.security import APIKeyAuth, StreamLimiter, load_api_keys
 from serve_app.settings import IngressSettings
-from serve_app.voice_store import VoiceStoreConfig
-from serve_app.voices_api import VOICES_PATH, VoicesAPI
-from serve_app.webui import page_response
+from serve_app.storage.voices import VoiceStoreConfig
+from serve_app.http.voices import VOICES_PATH, VoicesAPI
+from serve_app.http.webui import page_response
 
 log = logging.getLogger("ray.serve")
 
@@ -479,7 +479,7 @@ class Ingress:
         self._authorize(request)
         return VoiceList(data=[VoiceCard(id=v["id"], seed=v["seed"], description="OpenAI voice name; any 'seed:<n>' works too") for v in list_voices()])
 
-    # ------------------------------------------------------------------ voices users own (serve_app/voices_api.py)
+    # ------------------------------------------------------------------ voices users own (serve_app/http/voices.py)
 
     @api.post(VOICES_PATH, openapi_extra={"requestBody": {"content": {
         "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
@@ -509,7 +509,7 @@ class Ingress:
         self._authorize(request)
         return await self.voice_api.delete(voice_id)
 
-    # ------------------------------------------------------------------ the web page (serve_app/static/)
+    # ------------------------------------------------------------------ the web page (serve_app/http/static/)
 
     @api.get("/", include_in_schema=False)
     async def root(self):

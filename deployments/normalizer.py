@@ -12,7 +12,7 @@ from typing import Optional
 
 from ray import serve
 
-from serve_app import metrics
+from serve_app.serving import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import Plan, SynthesisOptions, Voice

@@ -18,7 +18,7 @@ import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app import metrics
+from serve_app.serving import metrics
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig

@@ -10,7 +10,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .security import SecuritySettings
+from .http.security import SecuritySettings
 
 DEFAULT_MAX_INPUT_CHARS = 4096
 

@@ -197,7 +197,7 @@ def app_url(ray_session: dict[str, Any]) -> Iterator[str]:
     """The ``chattts`` app (tiny random weights) at route ``/``, ready (``/readyz`` = 200)."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from serve_app.serving.app import build_app
 
     args = copy.deepcopy(SERVE_APP_ARGS)
     # Explicit, so the driver (which builds the weights once) and replicas agree without env.

@@ -1,4 +1,4 @@
-"""How a failed call to another stage becomes the client's answer (``serve_app.api.stage_error``):
+"""How a failed call to another stage becomes the client's answer (``serve_app.http.app.stage_error``):
 the status comes from the error's type, never from its text, also when Ray wraps it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from serve_app.api import stage_error
+from serve_app.http.app import stage_error
 from serve_app.engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, UnknownVoiceError
 
 

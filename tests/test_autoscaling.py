@@ -1,4 +1,4 @@
-"""The Acoustic autoscaling policy (serve_app/autoscaling.py) as a pure function of Serve's
+"""The Acoustic autoscaling policy (serve_app/serving/autoscaling.py) as a pure function of Serve's
 ``AutoscalingContext``, wrapped the way Serve's controller wraps it; and the configs that name it.
 
 No Ray is started here: the policy is called directly, as the controller calls it. The cluster
@@ -20,7 +20,7 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
-from serve_app.autoscaling import (
+from serve_app.serving.autoscaling import (
     DESIRED_METRIC,
     MAX_ROWS,
     RUNNING_ROWS,
@@ -32,7 +32,7 @@ from serve_app.autoscaling import (
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"cpu": REPO / "config" / "serve.yaml", "gpu": REPO / "config" / "serve.gpu.yaml"}
-POLICY = "serve_app.autoscaling:EngineQueuePolicy"
+POLICY = "serve_app.serving.autoscaling:EngineQueuePolicy"
 DEP = DeploymentID(name="Acoustic", app_name="chattts")
 
 
@@ -231,7 +231,7 @@ def test_streaming_stages_drain_for_the_longest_stream(name):
     """A replica removed by a downscale waits for its open streams; the longest lasts
     ingress.request_timeout_s (the Ingress cuts it there), so every stage a stream passes through
     must wait at least that long."""
-    from serve_app.app import AppArgs
+    from serve_app.serving.app import AppArgs
 
     deps, app = _deployments(name)
     longest = AppArgs.model_validate(copy.deepcopy(app["args"])).ingress.request_timeout_s

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from bench.procs import free_port
-from serve_app.cache import (
+from serve_app.storage.cache import (
     CacheConfig,
     MemoryCache,
     NullCache,
@@ -72,7 +72,7 @@ def test_key_format_and_golden_value():
 def test_key_same_in_another_process():
     code = (
         "import json, sys\n"
-        "from serve_app.cache import request_key\n"
+        "from serve_app.storage.cache import request_key\n"
         "from serve_app.engine.voices import VoiceResolver\n"
         "from serve_app.protocol import SpeechRequest\n"
         "req = SpeechRequest(**json.loads(sys.argv[1]))\n"

@@ -15,7 +15,7 @@ import av
 import pytest
 import soundfile as sf
 
-from serve_app.cli import _format_for, build_parser
+from serve_app.tools.cli import _format_for, build_parser
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.config import EngineConfig, ModelConfig
 from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
@@ -30,7 +30,7 @@ def cli_command() -> list[str]:
     if script.is_file():
         return [str(script)]
     found = shutil.which("chattts-serve")
-    return [found] if found else [sys.executable, "-m", "serve_app.cli"]
+    return [found] if found else [sys.executable, "-m", "serve_app.tools.cli"]
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -117,7 +117,7 @@ def test_format_from_suffix_and_flags():
 
 
 def test_say_stdin_needs_a_server_and_a_stream_format():
-    from serve_app.cli import main
+    from serve_app.tools.cli import main
 
     for argv in (["say", "--stdin", "-o", "x.pcm"], ["say", "--stdin", "-o", "x.wav", "--url", "http://h"],
                  ["say", "hi", "--stdin", "-o", "x.pcm", "--url", "http://h"], ["say", "-o", "x.wav"]):

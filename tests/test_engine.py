@@ -766,7 +766,7 @@ def test_engine_modules_do_not_import_ray():
         "import sys\n"
         "import serve_app.engine.pipeline, serve_app.engine.weights, serve_app.engine.acoustic\n"
         "import serve_app.engine.vocoder, serve_app.engine.voices, serve_app.engine.pacing\n"
-        "import serve_app.cli\n"
+        "import serve_app.tools.cli\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
         "assert not bad, bad\n"
     )

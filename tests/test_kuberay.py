@@ -1,5 +1,5 @@
 """deploy/kuberay/rayservice.yaml, validated offline (no Kubernetes here): it loads, it is what
-``python -m serve_app.kuberay`` generates from config/serve.gpu.yaml, it carries the fields KubeRay
+``python -m serve_app.serving.kuberay`` generates from config/serve.gpu.yaml, it carries the fields KubeRay
 and the Prometheus operator need, and its pods can hold what the Serve config asks for."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ray
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app import kuberay
+from serve_app.serving import kuberay
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
@@ -47,7 +47,7 @@ def _pods(service: dict) -> dict[str, dict]:
 
 def test_the_committed_manifest_is_the_generated_one():
     assert MANIFEST.read_text() == kuberay.render(GPU_CONFIG), (
-        "deploy/kuberay/rayservice.yaml is stale: python -m serve_app.kuberay > deploy/kuberay/rayservice.yaml")
+        "deploy/kuberay/rayservice.yaml is stale: python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml")
 
 
 def test_serve_config_is_the_gpu_configs(docs):

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_app.metrics import METRICS
+from serve_app.serving.metrics import METRICS
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "chattts-serve.json"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")

@@ -458,7 +458,7 @@ def test_client_disconnect_cancels_generation(app_url, planner):
 
 
 def test_speech_client_sync(app_url, planner, tmp_path):
-    from serve_app.client import SpeechClient, SpeechError
+    from serve_app.tools.client import SpeechClient, SpeechError
 
     out = tmp_path / "sync.wav"
     with SpeechClient(app_url) as client:
@@ -477,7 +477,7 @@ def test_speech_client_sync(app_url, planner, tmp_path):
 
 @pytest.mark.asyncio
 async def test_speech_client_async(app_url, planner, tmp_path):
-    from serve_app.client import AsyncSpeechClient, SpeechError
+    from serve_app.tools.client import AsyncSpeechClient, SpeechError
 
     out = tmp_path / "async.mp3"
     async with AsyncSpeechClient(app_url) as client:

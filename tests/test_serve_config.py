@@ -39,13 +39,13 @@ def deployments(config: dict) -> dict[str, dict]:
 def test_config_validates_with_ray_schema(name):
     schema = ServeDeploySchema.model_validate(load(name))
     (app,) = [a for a in schema.applications if a.name == "chattts"]
-    assert app.import_path == "serve_app.app:build_app"
+    assert app.import_path == "serve_app.serving.app:build_app"
     assert app.route_prefix == "/"
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_args_validate_with_app_args(name):
-    from serve_app.app import AppArgs
+    from serve_app.serving.app import AppArgs
 
     args = AppArgs.model_validate(chattts_app(load(name))["args"])
     assert args.model.weights.source == "auto"  # works offline: CHATTTS_WEIGHTS / fallback decide
@@ -67,7 +67,7 @@ def test_gpu_config_shares_gpus_between_acoustic_replicas():
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_deployments_exist_in_graph(name, serve_weights_cache):
-    from serve_app.app import build_app
+    from serve_app.serving.app import build_app
 
     args = copy.deepcopy(chattts_app(load(name))["args"])
     # Building the graph resolves the weights: use the session's tiny ones, not the hub.
@@ -100,7 +100,7 @@ def test_config_is_the_one_source_of_deployment_numbers(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_ingress_args_refuse_typos(name):
-    from serve_app.app import AppArgs
+    from serve_app.serving.app import AppArgs
 
     args = copy.deepcopy(chattts_app(load(name))["args"])
     args.setdefault("ingress", {})["max_input_charz"] = 10

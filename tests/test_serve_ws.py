@@ -287,7 +287,7 @@ async def security(**settings: Any) -> AsyncIterator[None]:
     """The Ingress's security settings changed live (its user_config), then back to defaults."""
     from ray import serve
 
-    from serve_app.security import SecuritySettings
+    from serve_app.http.security import SecuritySettings
 
     ingress = serve.get_app_handle(APP_NAME)
     await ingress.reconfigure.remote({"security": {**SecuritySettings().model_dump(), **settings}})
@@ -325,7 +325,7 @@ async def test_api_keys_and_stream_limit(app_url, tmp_path):
 
 
 async def test_python_client_stream_text_and_session(app_url):
-    from serve_app.client import AsyncSpeechClient, SpeechError
+    from serve_app.tools.client import AsyncSpeechClient, SpeechError
 
     async def llm() -> AsyncIterator[str]:
         for d in deltas(TEXT, seed=3):

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from clips import encode, speechlike
-from serve_app.cache import request_key
+from serve_app.storage.cache import request_key
 from serve_app.engine.clips import ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidClipError, UnknownVoiceError
 from serve_app.engine.voices import encode_speaker
 from serve_app.protocol import APIError, SpeechRequest
-from serve_app.voice_store import (
+from serve_app.storage.voices import (
     VOICE_ID_RE,
     DirectoryVoiceStore,
     VoiceDirectory,
@@ -128,7 +128,7 @@ async def test_directory_store_backend_failure_is_a_503(tmp_path):
 
 _RACE = """
 import asyncio, sys
-from serve_app.voice_store import VoiceStoreConfig, make_voice_store, stored_voice
+from serve_app.storage.voices import VoiceStoreConfig, make_voice_store, stored_voice
 from serve_app.protocol import APIError
 store = make_voice_store(VoiceStoreConfig(backend="directory", path=sys.argv[1], max_voices=25))
 async def main():

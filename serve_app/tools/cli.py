@@ -25,8 +25,8 @@ def _format_for(path: str, fmt: Optional[str]) -> str:
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from .engine.config import EngineConfig, ModelConfig, WeightsConfig
-    from .engine.pipeline import AudioAssembler, SynthesisOptions, Synthesizer
+    from ..engine.config import EngineConfig, ModelConfig, WeightsConfig
+    from ..engine.pipeline import AudioAssembler, SynthesisOptions, Synthesizer
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
     synth = Synthesizer(EngineConfig(model=ModelConfig(weights=weights, device=args.device)))
@@ -110,8 +110,8 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
 
 
 def _weights_build(args: argparse.Namespace) -> int:
-    from .engine.config import WeightsConfig
-    from .engine.weights import build_random_weights
+    from ..engine.config import WeightsConfig
+    from ..engine.weights import build_random_weights
 
     t0 = time.perf_counter()
     path = build_random_weights(args.source, WeightsConfig(cache_dir=args.dir).cache_path, args.seed)
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .engine.quiet import quiet_libraries
+    from ..engine.quiet import quiet_libraries
 
     quiet_libraries()
     if args.command == "say":

@@ -20,11 +20,11 @@ from typing import Any, Optional
 
 from fastapi import Request
 
-from .engine.errors import VoiceError
-from .engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
-from .api import stage_error
-from .protocol import APIError
-from .voice_store import (
+from ..engine.errors import VoiceError
+from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
+from .app import stage_error
+from ..protocol import APIError
+from ..storage.voices import (
     VOICE_ID_RE,
     StoredVoice,
     VoiceDirectory,

@@ -39,11 +39,11 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .engine.errors import UnknownVoiceError, VoiceError
-from .engine.text.tags import strip_stray_brackets
-from .engine.types import Voice
-from .engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver, list_voices
-from .protocol import APIError
+from ..engine.errors import UnknownVoiceError, VoiceError
+from ..engine.text.tags import strip_stray_brackets
+from ..engine.types import Voice
+from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver, list_voices
+from ..protocol import APIError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 text streamed in over the WebSocket (``AsyncSpeechClient.stream_text`` / ``.session``) on
 websockets.
 
-    from serve_app.client import SpeechClient
+    from serve_app.tools.client import SpeechClient
     with SpeechClient("http://127.0.0.1:8000") as c:
         c.speak_to_file("你好", "hello.mp3", voice="alloy")
 """

@@ -28,8 +28,8 @@ from typing import Any, Callable, Literal, Optional
 from cachetools import Cache, TLRUCache
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .engine.types import Voice
-from .engine.voices import effective_seed
+from ..engine.types import Voice
+from ..engine.voices import effective_seed
 
 log = logging.getLogger(__name__)
 

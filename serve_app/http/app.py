@@ -18,7 +18,7 @@ from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .protocol import APIError, error_body, to_api_error
+from ..protocol import APIError, error_body, to_api_error
 
 log = logging.getLogger("chattts_serve.api")
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .protocol import APIError
+from ..protocol import APIError
 
 
 class SecuritySettings(BaseModel):

@@ -1,4 +1,4 @@
-"""``python -m serve_app.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
+"""``python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
 service, generated from config/serve.gpu.yaml so the two cannot drift (tests/test_kuberay.py
 checks the committed file is this output).
 
@@ -42,8 +42,8 @@ HEAD_POD = {"cpu": 4, "memory": "16Gi"}
 
 HEADER = f"""\
 # KubeRay manifests of chattts-serve: a RayService and a PodMonitor. GENERATED from
-# config/serve.gpu.yaml by `python -m serve_app.kuberay > deploy/kuberay/rayservice.yaml`: edit
-# the config (or serve_app/kuberay.py), not this file.
+# config/serve.gpu.yaml by `python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml`: edit
+# the config (or serve_app/serving/kuberay.py), not this file.
 #
 # What you provide:
 #   - the image, {IMAGE} below: rayproject/ray:{RAY_VERSION}-py311-gpu with this

@@ -1,4 +1,4 @@
-"""The application builder: ``serve_app.app:build_app`` is the config's ``import_path``.
+"""The application builder: ``serve_app.serving.app:build_app`` is the config's ``import_path``.
 
 ``args`` (validated by ``AppArgs``) select the weights, device, dtype, limits and engine knobs;
 per-deployment resources, replicas and autoscaling come from the config's ``deployments``.
@@ -12,10 +12,10 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 from ray.serve import Application
 
-from serve_app.cache import CacheConfig
+from serve_app.storage.cache import CacheConfig
 from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig, acoustic_heard_through
 from serve_app.settings import IngressSettings
-from serve_app.voice_store import VoiceStoreConfig
+from serve_app.storage.voices import VoiceStoreConfig
 
 log = logging.getLogger("ray.serve")
 
