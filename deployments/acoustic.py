@@ -13,11 +13,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator
 
 import numpy as np
 import ray
-from pydantic import BaseModel, Field
 from ray import serve
 
 from serve_app.serving import metrics
@@ -31,21 +30,9 @@ from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights import load_model
+from serve_app.settings import AcousticLive
 
 log = logging.getLogger("ray.serve")
-
-
-class AcousticUserConfig(BaseModel):
-    """Runtime-tunable knobs (Serve ``user_config``: applied without restarting replicas)."""
-
-    max_batch_size: int = Field(default=8, ge=1, le=64)
-    batch_wait_timeout_s: float = Field(default=0.05, ge=0.0, le=2.0)
-    max_rows: Optional[int] = Field(default=None, ge=1)
-    first_chunk_tokens: Optional[int] = Field(default=None, ge=1)
-    chunk_tokens: Optional[int] = Field(default=None, ge=1)
-    continuous: Optional[bool] = None
-    max_queued_rows: Optional[int] = Field(default=None, ge=1)
-    token_budget: Optional[int] = Field(default=None, ge=64)
 
 
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml), which must
@@ -75,18 +62,17 @@ class Acoustic:
             pass
 
     def reconfigure(self, user_config: dict) -> None:
-        cfg = AcousticUserConfig.model_validate(user_config or {})
-        self._admit.set_max_batch_size(cfg.max_batch_size)
-        self._admit.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
-        changes = {k: v for k, v in cfg.model_dump().items() if k in AcousticConfig.model_fields and v is not None}
-        if changes:
-            self.engine.reconfigure(**changes)
+        live = AcousticLive.model_validate(user_config or {})
+        self._admit.set_max_batch_size(live.max_batch_size)
+        self._admit.set_batch_wait_timeout_s(live.batch_wait_timeout_s)
+        if live.engine_changes():
+            self.engine.reconfigure(**live.engine_changes())
 
     # The window's size and wait are set from user_config at start (reconfigure); these are
-    # AcousticUserConfig's defaults until then.
+    # AcousticLive's defaults until then.
     @serve.batch(
-        max_batch_size=AcousticUserConfig.model_fields["max_batch_size"].default,
-        batch_wait_timeout_s=AcousticUserConfig.model_fields["batch_wait_timeout_s"].default,
+        max_batch_size=AcousticLive.model_fields["max_batch_size"].default,
+        batch_wait_timeout_s=AcousticLive.model_fields["batch_wait_timeout_s"].default,
     )
     async def _admit(self, plans: list[list[SegmentRequest]]) -> list:
         """Submit a window's requests together; each caller gets its rows' streams (or an error)."""

@@ -26,6 +26,7 @@ from serve_app.engine.pipeline import AudioAssembler
 from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
+from serve_app.engine.wav import with_true_length
 from serve_app.engine.weights import load_vocoder
 
 log = logging.getLogger("ray.serve")
@@ -101,4 +102,4 @@ class Vocoder:
         return await self._torch_thread.acall(self.voice_encoder.speaker_for_seed, seed)
 
     async def synthesize(self, plan: Plan, response_format: str) -> bytes:
-        return b"".join([b async for b in self.stream(plan, response_format) if isinstance(b, bytes)])
+        return with_true_length(b"".join([b async for b in self.stream(plan, response_format) if isinstance(b, bytes)]))

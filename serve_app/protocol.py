@@ -1,17 +1,14 @@
-"""The API contract: request/response models and OpenAI-style errors.
-
-One module for every shape that crosses the API, used by the HTTP ingress, the handle API and
-the client alike.
+"""The API contract: every request and response shape that crosses the API, used by the HTTP
+ingress, the handle API, the WebSocket sessions and the client alike. Errors: ``errors.py``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .engine.audio import CONTENT_TYPES, AudioFormat
-from .engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, InvalidVoiceError, UnknownVoiceError
 from .engine.types import SynthesisOptions
 
 ResponseFormat = AudioFormat
@@ -77,37 +74,6 @@ class SpeechRequest(_ApiOptions):
         return "text/event-stream" if self.stream_format == "sse" else CONTENT_TYPES[self.response_format]
 
 
-class APIError(Exception):
-    """An error the API reports with an OpenAI-style body and a status code."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: Optional[str] = None,
-        code: Optional[str] = None,
-        headers: Optional[dict[str, str]] = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def __reduce__(self):  # picklable across Ray processes with all its fields
-        return (APIError, (self.status, self.message, self.type, self.param, self.code, self.headers))
-
-
-def error_body(message: str, type: str = "invalid_request_error", param: Optional[str] = None, code: Optional[str] = None) -> dict[str, Any]:
-    return APIError(0, message, type, param, code).body()
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -121,9 +87,15 @@ class ModelList(BaseModel):
 
 
 class VoiceCard(BaseModel):
+    """A voice in ``GET /v1/audio/voices`` (also ``GET /v1/voices``): built-in or custom."""
+
     id: str
+    object: Literal["voice"] = "voice"
+    name: str
+    kind: Literal["builtin", "speaker", "seed", "clip"]
     seed: Optional[int] = None
-    description: str = ""
+    created_at: Optional[int] = None
+    clip_seconds: Optional[float] = None
 
 
 class VoiceList(BaseModel):
@@ -192,7 +164,6 @@ class Close(BaseModel):
     type: Literal["close"]
 
 
-ClientMessage = Union[TextAppend, TextFlush, Cancel, Close]
 CLIENT_MESSAGES: dict[str, type[BaseModel]] = {"session.start": SessionStart, "text.append": TextAppend,
                                                 "text.flush": TextFlush, "cancel": Cancel, "close": Close}
 
@@ -244,35 +215,3 @@ class ErrorEvent(BaseModel):
 
     type: Literal["error"] = "error"
     error: ErrorObject
-
-
-# ------------------------------------------------------------------ errors by type
-# The one place that turns an exception into an HTTP status and an OpenAI body: by its type,
-# never by its message. Engine errors cross Ray as RayTaskError subclasses of the original
-# type, so isinstance still holds in the Ingress.
-_ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str]], ...] = (
-    # (type, status, OpenAI error type, code, param, headers) - first match wins
-    (UnknownVoiceError, 404, "invalid_request_error", "voice_not_found", "voice", {}),
-    (InvalidVoiceError, 400, "invalid_request_error", "invalid_voice", "voice", {}),
-    (EmptyInputError, 400, "invalid_request_error", "empty_input", "input", {}),
-    (InvalidClipError, 400, "invalid_request_error", "invalid_audio", "audio", {}),
-    (EngineOverloaded, 503, "server_error", "overloaded", None, {"Retry-After": "1"}),
-    (ValidationError, 400, "invalid_request_error", "invalid_value", None, {}),
-)
-
-
-def to_api_error(exc: BaseException) -> Optional[APIError]:
-    """The APIError for ``exc`` (itself if it is one), or None when it is not a known error
-    (the caller answers 500 and logs it)."""
-    cause = getattr(exc, "cause", None)  # Ray's wrapper keeps the replica's exception here
-    for candidate in (exc, cause):
-        if isinstance(candidate, APIError):
-            return candidate
-    for kind, status, err_type, code, param, headers in _ERRORS:
-        if isinstance(exc, kind) or isinstance(cause, kind):
-            original = cause if isinstance(cause, kind) else exc
-            message = original.args[0] if original.args and isinstance(original.args[0], str) else str(original)
-            if kind is ValidationError:
-                message = f"invalid request: {original}"
-            return APIError(status, message, type=err_type, param=param, code=code, headers=dict(headers))
-    return None

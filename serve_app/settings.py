@@ -1,25 +1,49 @@
-"""The Ingress stage's settings (``args.ingress`` in the config; live via its ``user_config``).
+"""Settings of the serving layer: the config file's ``args`` (``AppArgs``) and the live
+``user_config`` of the Acoustic stage (``AcousticLive``).
 
-Light on purpose: ``AppArgs`` validates it when the app is built, so a typo in the config file is
-refused at ``serve run``, not inside a replica.
+The engine's own knobs (weights, device, decode loop, vocoder, segments) are
+``engine/config.py``'s, shared with the in-process CLI; everything else a deployment reads is
+here, each default once. The values these classes default to are the shipped ones:
+``config/serve.yaml`` sets only what is deployment-specific (resources, replicas, weights
+source, device) and a few commented knobs. Light on purpose (pydantic only): ``AppArgs``
+validates the whole ``args`` when the app is built, so a typo in the config file is refused at
+``serve run``, not inside a replica.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .http.security import SecuritySettings
+from .engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
 
-DEFAULT_MAX_INPUT_CHARS = 4096
+KiB = 1024
+MiB = 1024 * KiB
 
 
-class IngressSettings(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_input_chars: int = Field(default=DEFAULT_MAX_INPUT_CHARS, ge=1)
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+
+class SecuritySettings(_Strict):
+    """API keys, per-key stream limits and CORS (``args.ingress.security``)."""
+
+    api_keys_env: Optional[str] = Field(
+        default="CHATTTS_API_KEYS", description="Env var with comma-separated keys (unset/empty: no auth)."
+    )
+    api_keys_file: Optional[str] = Field(default=None, description="File with one key per line.")
+    max_streams_per_key: int = Field(
+        default=0, ge=0, description="Concurrent speech streams per API key (or client address without keys); 0 = unlimited."
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty = CORS off.")
+
+
+class IngressSettings(_Strict):
+    """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
+
+    max_input_chars: int = Field(default=4096, ge=1)
+    max_body_bytes: int = Field(default=64 * KiB, ge=1024)
     warmup: bool = True
     security: SecuritySettings = SecuritySettings()
     request_timeout_s: float = Field(default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this.")
@@ -28,3 +52,95 @@ class IngressSettings(BaseModel):
     busy_queue_rows: Optional[int] = Field(default=None, ge=1)
     skip_refine_queue_rows: Optional[int] = Field(default=None, ge=0)
     log_text: bool = Field(default=False, description="Log request text (DEBUG only); off: no user text in logs.")
+
+
+class CacheConfig(_Strict):
+    """``args.cache``: the response cache (``storage/cache.py``)."""
+
+    backend: Literal["memory", "redis", "none"] = "memory"
+    max_bytes: int = Field(default=256 * MiB, ge=1, description="Memory backend: byte budget (LRU).")
+    ttl_s: float = Field(default=3600.0, gt=0)
+    jitter: float = Field(default=0.1, ge=0.0, lt=1.0, description="TTL spread: ttl * uniform(1-j, 1+j).")
+    redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis.")
+    max_item_bytes: int = Field(default=16 * MiB, ge=1, description="Larger responses are not cached.")
+    redis_timeout_s: float = Field(default=0.2, gt=0)
+    redis_backoff_s: float = Field(default=5.0, ge=0, description="Skip redis this long after a failure.")
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> "CacheConfig":
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("cache backend 'redis' needs redis_url")
+        return self
+
+
+class VoiceStoreConfig(_Strict):
+    """``args.voices``: the store of voices users make (``storage/voices.py``)."""
+
+    backend: Literal["directory", "memory", "redis"] = "directory"
+    path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/voices")
+    redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis")
+    redis_prefix: str = Field(default="chattts:voices", min_length=1, max_length=64)
+    redis_timeout_s: float = Field(default=1.0, gt=0)
+    max_voices: int = Field(default=1000, ge=1, description="Custom voices at most (all users together).")
+    max_voice_bytes: int = Field(default=64 * KiB, ge=1024, description="A stored voice's JSON at most.")
+    max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/voices.")
+    min_clip_seconds: float = Field(default=2.0, gt=0)
+    max_clip_seconds: float = Field(default=30.0, gt=0, le=60)
+    max_transcript_chars: int = Field(default=500, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "VoiceStoreConfig":
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("voices backend 'redis' needs redis_url")
+        if self.min_clip_seconds >= self.max_clip_seconds:
+            raise ValueError("min_clip_seconds must be below max_clip_seconds")
+        return self
+
+
+# Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what
+# the app derives from the vocoder) are read when the engine is built.
+LIVE_ACOUSTIC_FIELDS = ("max_rows", "token_budget", "first_chunk_tokens", "chunk_tokens", "listener_margin_s",
+                        "continuous", "max_queued_rows")
+
+
+class AcousticLive(BaseModel):
+    """The Acoustic stage's ``user_config``: what changes without restarting its replicas.
+
+    The ``@serve.batch`` admission window, plus any of ``LIVE_ACOUSTIC_FIELDS`` of
+    ``AcousticConfig`` (validated with its ranges when applied: ``engine_config``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_batch_size: int = Field(default=8, ge=1, le=64, description="Requests submitted together at most.")
+    # Rows join the running batch at the next step anyway (continuous batching): the window only
+    # groups prefills, and every request's first audio waits for it.
+    batch_wait_timeout_s: float = Field(default=0.01, ge=0.0, le=2.0)
+
+    @model_validator(mode="after")
+    def _only_live_fields(self) -> "AcousticLive":
+        unknown = sorted(set(self.model_extra or {}) - set(LIVE_ACOUSTIC_FIELDS))
+        if unknown:
+            raise ValueError(f"not a live Acoustic setting: {', '.join(unknown)} (live: max_batch_size, "
+                             f"batch_wait_timeout_s, {', '.join(LIVE_ACOUSTIC_FIELDS)})")
+        return self
+
+    def engine_changes(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
+
+    def engine_config(self, current: AcousticConfig) -> AcousticConfig:
+        """``current`` with this config's engine fields, validated as ``AcousticConfig``."""
+        return AcousticConfig.model_validate({**current.model_dump(), **self.engine_changes()})
+
+
+class AppArgs(_Strict):
+    """The config's ``args``: the engine's knobs and the serving layer's settings."""
+
+    model: ModelConfig = ModelConfig()
+    acoustic: AcousticConfig = AcousticConfig()
+    vocoder: VocoderConfig = VocoderConfig()
+    segments: SegmentLimits = SegmentLimits()
+    ingress: IngressSettings = IngressSettings()
+    cache: CacheConfig = CacheConfig()
+    voices: VoiceStoreConfig = VoiceStoreConfig()
+    # Vocoder replicas never need the GPU or its dtype: CPU float32.
+    vocoder_device: str = "cpu"

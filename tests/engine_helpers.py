@@ -8,12 +8,18 @@ import numpy as np
 import torch
 
 from serve_app.engine.acoustic import AcousticEngine, HiddenChunk, RowStream, SegmentRequest
-from serve_app.engine.config import VocoderConfig
+from serve_app.engine.config import AcousticConfig, VocoderConfig
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.vocoder import Vocoder
 
 SR = 24000
 HIDDEN = 768
+
+
+def fixed_chunks(**cfg) -> AcousticConfig:
+    """Decode-loop settings with fixed chunk sizes (no early chunk for a listener): the chunk
+    schedule these tests check is then the same on every run, whatever the machine's pace."""
+    return AcousticConfig(**{"listener_margin_s": None, **cfg})
 
 
 def seg(spk: str | None, n: int, seed: int = 1, text: str = "你好，欢迎使用语音合成服务。", **kw) -> SegmentRequest:

@@ -25,23 +25,48 @@ from waiting import wait_until
 APP_NAME = "chattts"
 READY_TIMEOUT_S = 180.0
 
-# Small, CPU-sized args (the same engine knobs as config/serve.yaml), weights: random-tiny.
-SERVE_APP_ARGS: dict[str, Any] = {
-    "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "dtype": "float32", "torch_threads": 1},
-    "acoustic": {"max_rows": 16, "first_chunk_tokens": 12, "chunk_tokens": 24, "continuous": True},
-    "vocoder": {"left_context_tokens": 16, "hold_back_tokens": 4},
-    "segments": {"max_chars": 120},
-    "ingress": {"max_input_chars": 4096},
-    # As config/serve.yaml: tests that need a fresh synthesis use text no other test sends.
-    # 8 MiB: the soak fills it during its warm-up, so RSS after warm-up measures leaks, not cache fill.
-    "cache": {"backend": "memory", "max_bytes": 8 * 1024 * 1024, "ttl_s": 3600, "jitter": 0.1},
+_CONFIG_FILE = Path(__file__).resolve().parents[1] / "config" / "serve.yaml"
+
+# What the test app changes in config/serve.yaml's args; everything else is the shipped config.
+TEST_ARGS: dict[str, Any] = {
+    "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "torch_threads": 1},
+    # Fixed chunk sizes: two syntheses of one request are byte-identical, which tests compare
+    # (docs/architecture.md, "The decode loop"). The shipped 0.1 s is tested by its own tests.
+    "acoustic": {"listener_margin_s": None},
+    # Tests that need a fresh synthesis use text no other test sends. 8 MiB: the soak fills it
+    # during its warm-up, so RSS after warm-up measures leaks, not cache fill.
+    "cache": {"max_bytes": 8 * 1024 * 1024},
 }
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in, key by key at every level (new dicts, inputs untouched)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
+
+
+def _shipped_args() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(_CONFIG_FILE.read_text())["applications"][0]["args"]
+
+
+SERVE_APP_ARGS: dict[str, Any] = merged(_shipped_args(), TEST_ARGS)
+
+
+def app_args() -> Any:
+    """``SERVE_APP_ARGS`` validated: the settings the test app runs with (``AppArgs``)."""
+    from serve_app.settings import AppArgs
+
+    return AppArgs.model_validate(SERVE_APP_ARGS)
+
 
 # One replica per stage (no autoscaling: counters read through a handle must come from the one
 # Acoustic replica). Everything else per deployment comes from config/serve.yaml, the one source
 # of those numbers, except the runtime env (tests pin torch threads through the model args) and
 # the batch window (wider here, so concurrent test requests reliably share a batch).
-_CONFIG_FILE = Path(__file__).resolve().parents[1] / "config" / "serve.yaml"
 _ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
 _TEST_USER_CONFIG = {"Acoustic": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}}
 

@@ -1,4 +1,4 @@
-"""How a failed call to another stage becomes the client's answer (``serve_app.http.app.stage_error``):
+"""How a failed call to another stage becomes the client's answer (``serve_app.errors.as_api_error``):
 the status comes from the error's type, never from its text, also when Ray wraps it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from serve_app.http.app import stage_error
+from serve_app.errors import as_api_error
 from serve_app.engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, UnknownVoiceError
 
 
 def test_a_full_stage_queue_is_503_with_retry_after():
-    err = stage_error(BackPressureError(num_queued_requests=5, max_queued_requests=5), "x failed", "x_failed")
+    err = as_api_error(BackPressureError(num_queued_requests=5, max_queued_requests=5), "x failed", "x_failed")
     assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "overloaded", "1")
 
 
@@ -27,13 +27,13 @@ def test_a_full_stage_queue_is_503_with_retry_after():
 @pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "ray-wrapped"])
 def test_known_errors_keep_their_status_through_ray(exc, status, code, wrapped):
     raised = RayTaskError("plan", "Traceback ...", exc) if wrapped else exc
-    err = stage_error(raised, "x failed", "x_failed")
+    err = as_api_error(raised, "x failed", "x_failed")
     assert (err.status, err.code, err.message) == (status, code, str(exc))
 
 
 def test_anything_else_is_a_logged_500_without_the_traceback(caplog):
     with caplog.at_level(logging.ERROR, logger="ray.serve"):
-        err = stage_error(RuntimeError("CUDA error: secret internals"), "voice encoding failed", "voice_encoding_failed")
+        err = as_api_error(RuntimeError("CUDA error: secret internals"), "voice encoding failed", "voice_encoding_failed")
     assert (err.status, err.type, err.code) == (500, "server_error", "voice_encoding_failed")
     assert "secret" not in err.message and err.message == "voice encoding failed"
     assert any(r.exc_info and "secret internals" in str(r.exc_info[1]) for r in caplog.records)

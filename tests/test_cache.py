@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from bench.procs import free_port
+from serve_app.settings import CacheConfig
 from serve_app.storage.cache import (
-    CacheConfig,
     MemoryCache,
     NullCache,
     RedisCache,

@@ -17,7 +17,7 @@ import soundfile as sf
 
 from serve_app.tools.cli import _format_for, build_parser
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
-from serve_app.engine.config import EngineConfig, ModelConfig
+from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
 from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
 from serve_app.engine.weights import MANIFEST
 
@@ -64,7 +64,8 @@ def test_say_writes_a_24khz_mono_wav(tmp_path, expected_frames, tiny_model, tiny
     trees = [p for p in chattts_cache_dir.iterdir() if p.name.startswith("random-tiny")]
     assert trees == [tiny_model.weights.root]
     # Same text + voice + seed in another process: the same audio as in-process synthesis.
-    synth = Synthesizer(EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu")), model=tiny_model)
+    cfg = EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=AcousticConfig(listener_margin_s=None))
+    synth = Synthesizer(cfg, model=tiny_model)
     try:
         local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
     finally:
@@ -131,14 +132,13 @@ def test_say_stdin_speaks_lines_as_they_arrive(app_url, tmp_path):
     """Through the server's WebSocket: the first line's audio is in the file before the second
     line is written; the whole file is exactly both lines' audio (random weights: each segment
     lasts its planned number of tokens)."""
-    from serve_fixtures import SERVE_APP_ARGS
+    from serve_fixtures import app_args
 
-    from serve_app.engine.config import SegmentLimits
     from serve_app.engine.planner import Planner
     from waiting import wait_until
 
     lines = ["第一行，边写边说。", "Second line, spoken as it arrives."]
-    planner = Planner(SegmentLimits.model_validate(SERVE_APP_ARGS["segments"]))
+    planner = Planner(app_args().segments)
     segments = [r for line in lines for r in planner.plan(line, SynthesisOptions(voice="nova")).segments]
     expected = sum(r.target_tokens * SAMPLES_PER_TOKEN - 256 for r in segments)
     out = tmp_path / "lines.pcm"
@@ -155,3 +155,24 @@ def test_say_stdin_speaks_lines_as_they_arrive(app_url, tmp_path):
         proc.kill()
     assert out.stat().st_size == 2 * expected
     assert f"{len(segments)} segment(s)" in proc.stderr.read()
+
+
+def test_say_cuts_text_into_the_segments_the_server_does(app_url):
+    """``say`` and the server share their defaults (one home for each): the running TextNormalizer
+    and the CLI's planner cut a long text into the same segments with the same token caps."""
+    from ray import serve
+
+    from serve_app.engine.planner import Planner
+    from serve_app.tools.cli import engine_config
+    from serve_fixtures import APP_NAME
+
+    text = ("今天我们来聊一聊语音合成服务的部署，从单机到集群，再到自动扩缩容。它需要低延迟，也需要高吞吐量，"
+            "还需要在异常输入面前保持稳定。Then we speak some English too: it costs $12.50, and the meeting is at 10:30.")
+    opts = SynthesisOptions(voice="nova", seed=5)
+    local = Planner(engine_config(build_parser().parse_args(["say", text, "-o", "x.wav"])).segments).plan(text, opts)
+    normalizer = serve.get_deployment_handle("TextNormalizer", app_name=APP_NAME)
+    served = normalizer.plan.remote(text, opts).result(timeout_s=60)
+    assert len(local.segments) >= 3  # max_seconds cuts it (characters alone would not)
+    assert served.texts == local.texts
+    assert [(r.max_new_tokens, r.target_tokens, r.seed) for r in served.segments] == \
+        [(r.max_new_tokens, r.target_tokens, r.seed) for r in local.segments]

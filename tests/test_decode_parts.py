@@ -22,6 +22,7 @@ from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.errors import EngineOverloaded
 from serve_app.engine.types import SegmentRequest
 from serve_fixtures import report
+from engine_helpers import fixed_chunks
 
 
 def make_row(seq: int, priority: int = 0, max_new: int = 10, text: str = "abc", submitted_at: float = 0.0, after=None) -> Row:
@@ -333,7 +334,7 @@ class FailingLayer:
 
 
 def test_a_failed_step_fails_every_running_row_and_the_engine_goes_on(tiny_model, spk):
-    engine = AcousticEngine(tiny_model, AcousticConfig())
+    engine = AcousticEngine(tiny_model, fixed_chunks())
     streams = [engine.submit(seg(spk, 30, seed=i)) for i in range(3)]
     for _ in range(3):
         engine.step()
@@ -351,7 +352,7 @@ def test_a_failed_step_fails_every_running_row_and_the_engine_goes_on(tiny_model
 
 
 def test_a_failed_merge_fails_only_the_new_rows(tiny_model, spk, monkeypatch):
-    engine = AcousticEngine(tiny_model, AcousticConfig())
+    engine = AcousticEngine(tiny_model, fixed_chunks())
     running = engine.submit(seg(spk, 25, seed=1))
     engine.step()
 
@@ -408,7 +409,7 @@ def assert_same_decode(got: list[list], expected: list[list], atol: float) -> No
 
 
 def static_engine(model, buckets: tuple[int, ...], kv_tokens: int, capture: bool) -> AcousticEngine:
-    engine = AcousticEngine(model, AcousticConfig(max_rows=8))
+    engine = AcousticEngine(model, fixed_chunks(max_rows=8))
     engine.graphs = GraphRunner(engine.gpt, engine.embed, buckets, kv_tokens, capture=capture)
     return engine
 
@@ -418,7 +419,7 @@ def test_padded_static_step_decodes_like_the_eager_step_on_cpu(tiny_model, spk, 
     """The static step (padded to a bucket, KV in fixed-size buffers, mask over the capacity)
     run without graphs gives the eager step's hidden states, hence its tokens; steps it cannot
     take (6 rows > bucket 4, KV beyond the capacity) run eagerly, said once per cause."""
-    expected = static_workload(AcousticEngine(tiny_model, AcousticConfig(max_rows=8)), spk)
+    expected = static_workload(AcousticEngine(tiny_model, fixed_chunks(max_rows=8)), spk)
     engine = static_engine(tiny_model, (1, 2, 4), kv_tokens=120, capture=False)
     with caplog.at_level("WARNING", logger="serve_app.engine.decode.cuda_graph"):
         got = static_workload(engine, spk)
@@ -439,7 +440,7 @@ def test_padded_static_step_decodes_like_the_eager_step_on_cpu(tiny_model, spk, 
 
 def test_cuda_graphs_switch_is_a_no_op_without_cuda(tiny_model, spk, caplog):
     with caplog.at_level("WARNING", logger="serve_app.engine.acoustic"):
-        engine = AcousticEngine(tiny_model, AcousticConfig(cuda_graphs=True))
+        engine = AcousticEngine(tiny_model, fixed_chunks(cuda_graphs=True))
     assert engine.graphs is None and "not a CUDA device" in caplog.text
     stream = engine.submit(seg(spk, 12, seed=1))
     engine.run_until_idle()
@@ -484,8 +485,8 @@ def test_cuda_graphs_switch_decodes_like_eager_steps(cuda_model, dtype):
 
     model = cuda_model(dtype)
     spk_ = speaker_from_seed(model.chat.speaker, 1)
-    expected = static_workload(AcousticEngine(model, AcousticConfig(max_rows=8)), spk_)
-    engine = AcousticEngine(model, AcousticConfig(max_rows=8, cuda_graphs=True, cuda_graph_kv_tokens=512))
+    expected = static_workload(AcousticEngine(model, fixed_chunks(max_rows=8)), spk_)
+    engine = AcousticEngine(model, fixed_chunks(max_rows=8, cuda_graphs=True, cuda_graph_kv_tokens=512))
     got = static_workload(engine, spk_)
     assert engine.graphs is not None and engine.graphs.disabled is None
     assert engine.stats.graph_steps == engine.stats.steps > 0
@@ -576,7 +577,7 @@ def test_early_chunks_keep_a_listener_fed_and_change_no_token(tiny_model, spk):
     starve a listener after the first chunk; chunks sent for the listener do not, and carry the
     same tokens and hidden states."""
     req = seg(spk, 100, seed=3)
-    fixed = AcousticEngine(tiny_model, AcousticConfig(first_chunk_tokens=12, chunk_tokens=24))
+    fixed = AcousticEngine(tiny_model, fixed_chunks(first_chunk_tokens=12, chunk_tokens=24))
     fed = AcousticEngine(tiny_model, AcousticConfig(first_chunk_tokens=12, chunk_tokens=24, listener_margin_s=0.1))
     h_fixed, s_fixed, _ = _listen(fixed, req, pause_s=0.005)
     h_fed, s_fed, pace = _listen(fed, req, pause_s=0.005)

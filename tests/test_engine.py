@@ -26,7 +26,7 @@ from serve_app.engine.acoustic import (
     HiddenChunk,
     SegmentRequest,
 )
-from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig, SegmentLimits, VocoderConfig
+from serve_app.engine.config import EngineConfig, ModelConfig, SegmentLimits, VocoderConfig
 from serve_app.engine.pacing import (
     SAMPLES_PER_TOKEN,
     TOKENS_PER_SECOND,
@@ -47,7 +47,8 @@ from serve_app.engine.voices import (
     speaker_from_seed,
 )
 
-from engine_helpers import HIDDEN, SR, decode_alone, drain, seg, snr_db, stream_decode, streamed_vs_one_shot
+from serve_app.engine.wav import with_true_length
+from engine_helpers import HIDDEN, SR, decode_alone, drain, fixed_chunks, seg, snr_db, stream_decode, streamed_vs_one_shot
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
@@ -71,7 +72,7 @@ def make_engine(tiny_model):
     engines: list[AcousticEngine] = []
 
     def make(**cfg) -> AcousticEngine:
-        engine = AcousticEngine(tiny_model, AcousticConfig(**cfg))
+        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg))
         engines.append(engine)
         return engine
 
@@ -626,7 +627,7 @@ def test_stop_ends_every_open_stream(make_engine, spk):
 @pytest.fixture(scope="module")
 def long_utterance(tiny_model, spk) -> list[HiddenChunk]:
     """600 tokens (12.8 s) decoded by the engine, as the chunks it streamed."""
-    engine = AcousticEngine(tiny_model)
+    engine = AcousticEngine(tiny_model, fixed_chunks())
     stream = engine.submit(seg(spk, 600, seed=11, text="你好，欢迎使用语音合成服务。" * 4))
     engine.run_until_idle()
     chunks = list(stream)
@@ -669,7 +670,9 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
 
 @pytest.fixture(scope="module")
 def synth(tiny_model, tiny_weights_config):
-    s = Synthesizer(EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu")), model=tiny_model)
+    # Fixed chunk sizes: two syntheses of one request are then byte-identical (docs/architecture.md).
+    s = Synthesizer(EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=fixed_chunks()),
+                    model=tiny_model)
     yield s
     s.close()
 
@@ -712,7 +715,7 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
     pcm, sr = sf.read(io.BytesIO(wav), dtype="float32")
     assert sr == SR and len(pcm) == expected_frames(plan)
     # Segment k of the response is the one-shot decode of segment k's hidden states, in order.
-    engine, vocoder = AcousticEngine(tiny_model), Vocoder(tiny_model)
+    engine, vocoder = AcousticEngine(tiny_model, fixed_chunks()), Vocoder(tiny_model)
     ref = np.concatenate([vocoder.decode(decode_alone(engine, r)) for r in plan.segments])
     assert len(ref) == len(pcm)
     assert snr_db(ref, pcm) >= 30.0
@@ -724,7 +727,7 @@ async def test_synthesizer_async_stream_matches_sync(synth):
     text = "你好，世界。"
     sync = synth.synthesize(text, "wav", opts)
     parts = [b async for b in synth.astream(text, "wav", opts)]
-    assert b"".join(parts) == sync
+    assert with_true_length(b"".join(parts)) == sync  # the whole file says its length; a stream cannot
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,12 @@ import torch
 import torch.nn.utils.parametrize as P
 
 from serve_app.engine.acoustic import KV_HEADROOM, AcousticEngine
-from serve_app.engine.config import AcousticConfig, ModelConfig
+from serve_app.engine.config import ModelConfig
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import speaker_from_seed
 from serve_app.engine.weights import load_model
 
-from engine_helpers import drain, seg, streamed_vs_one_shot
+from engine_helpers import drain, fixed_chunks, seg, streamed_vs_one_shot
 
 REPO = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -95,7 +95,7 @@ def model_on(tiny_weights_config):
 
 
 def decode_rows(model, spk: str) -> list[torch.Tensor]:
-    engine = AcousticEngine(model, AcousticConfig(max_rows=len(ROWS)))
+    engine = AcousticEngine(model, fixed_chunks(max_rows=len(ROWS)))
     streams = [engine.submit(seg(spk, TOKENS, seed=s, text=t, **NEAR_GREEDY)) for t, s in ROWS]
     engine.run_until_idle()
     assert engine.stats.max_rows == len(ROWS)
@@ -169,7 +169,7 @@ def test_streamed_audio_matches_one_shot(device, dtype, model_on, spk, record_pr
     """The sliding-window vocoder on the device against one decode of the same hidden states
     (those of a decode in the dtype; the vocoder itself always runs in float32)."""
     model = model_on(device, dtype)
-    engine = AcousticEngine(model)
+    engine = AcousticEngine(model, fixed_chunks())
     stream = engine.submit(seg(spk, 240, seed=11, text="你好，欢迎使用语音合成服务。" * 2))
     engine.run_until_idle()
     chunks = drain(stream)[0]
@@ -202,7 +202,7 @@ def test_cancel_and_retire_free_kv_memory(device, dtype, model_on, spk, record_p
     """Cancelled and finished rows give their KV memory back: the engine's buffers shrink to the
     live rows within two re-allocations, and to nothing when idle; on CUDA the allocator's count
     returns to its baseline too."""
-    engine = AcousticEngine(model_on(device, dtype), AcousticConfig(max_rows=4))
+    engine = AcousticEngine(model_on(device, dtype), fixed_chunks(max_rows=4))
 
     def used() -> int:
         if device != "cuda":

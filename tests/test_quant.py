@@ -11,11 +11,12 @@ from pydantic import ValidationError
 from torch import nn
 
 from serve_app.engine.acoustic import AcousticEngine, SegmentRequest
-from serve_app.engine.config import AcousticConfig, ModelConfig
+from serve_app.engine.config import ModelConfig
 from serve_app.engine.linear import DualLayoutLinear
 from serve_app.engine.quant import Int8Linear, quantize_gpt, quantize_linears
 from serve_app.engine.voices import speaker_from_seed
 from serve_app.engine.weights import load_model
+from engine_helpers import fixed_chunks
 
 TEXT = "你好，欢迎使用语音合成服务。"
 
@@ -99,7 +100,7 @@ def expected_chunks(n: int, first: int, size: int) -> list[int]:
 
 
 def test_engine_decodes_int8_rows_with_the_right_chunks_alone_or_batched(int8_model, tiny_model):
-    engine = AcousticEngine(int8_model, AcousticConfig(first_chunk_tokens=5, chunk_tokens=8))
+    engine = AcousticEngine(int8_model, fixed_chunks(first_chunk_tokens=5, chunk_tokens=8))
     spk = int8_model.chat.speaker
     reqs = [SegmentRequest(text=TEXT, spk_emb=speaker_from_seed(spk, 10 + i), seed=i, max_new_tokens=n, target_tokens=n)
             for i, n in enumerate((23, 9, 30))]

@@ -18,17 +18,19 @@ import numpy as np
 import pytest
 
 from serve_app.engine.audio import SAMPLE_RATE, new_encoder
-from serve_app.engine.config import AcousticConfig, SegmentLimits
+from serve_app.engine.config import SegmentLimits
 from serve_app.engine.errors import EmptyInputError
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.planner import segment_seed
 from serve_app.engine.text import split_unfinished
 from serve_app.engine.types import Plan, StreamSummary, SynthesisOptions
-from serve_app.protocol import APIError, SessionCreated, SessionStart
+from serve_app.errors import APIError
+from serve_app.protocol import SessionCreated, SessionStart
 from serve_app.realtime import OggOpusJoiner, SessionLimits, receive_message, serve_session
 from serve_app.realtime.ogg import ogg_crc, opus_packet_samples
 from stream_helpers import assert_same_audio, deltas
 from waiting import wait_until_async
+from engine_helpers import fixed_chunks
 
 # Three sentences without clause marks, each ~1.6 s of speech: with segments of at most 1 s
 # (BACKEND_LIMITS) the planner makes each sentence a segment of its own, as the session's cuts
@@ -272,7 +274,7 @@ class EngineBackend:
         from serve_app.engine.vocoder import Vocoder
 
         self.planner = Planner(BACKEND_LIMITS)
-        self.engine = AcousticEngine(model, AcousticConfig(max_rows=16))
+        self.engine = AcousticEngine(model, fixed_chunks(max_rows=16))
         self.vocoder = Vocoder(model)
         self.thread = TorchThread("vocoder", threads=1)
         self.engine.start()

@@ -14,6 +14,7 @@ import io
 import json
 import subprocess
 import sys
+import struct
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ import soundfile as sf
 # The format -> content-type contract itself is asserted in test_audio.
 from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
 from serve_app.engine.audio import CONTENT_TYPES
-from serve_fixtures import SERVE_APP_ARGS, acoustic_stats, report
+from serve_app.engine.wav import with_true_length
+from serve_fixtures import acoustic_stats, app_args, report
 from waiting import wait_until
 
 SR = 24000
@@ -57,10 +59,9 @@ DISCONNECT_TEXT = "".join(_SENTENCES)
 @pytest.fixture(scope="module")
 def planner():
     """The app's own planner (same segment limits), to compute the exact expected durations."""
-    from serve_app.engine.config import SegmentLimits
     from serve_app.engine.planner import Planner
 
-    return Planner(SegmentLimits.model_validate(SERVE_APP_ARGS["segments"]))
+    return Planner(app_args().segments)
 
 
 def expected_samples(planner, text: str, voice: str = "alloy", speed: float = 1.0) -> int:
@@ -99,6 +100,11 @@ def assert_duration(data: bytes, fmt: str, expected: int) -> float:
     else:
         assert samples == expected, f"{fmt}: {samples} samples, expected {expected}"
     return got
+
+
+def wav_sizes(data: bytes) -> tuple[int, int]:
+    """A WAV's RIFF and data chunk sizes as its header says them."""
+    return struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[40:44])[0]
 
 
 def read_wav(data: bytes) -> np.ndarray:
@@ -161,10 +167,11 @@ def test_openai_sdk_streaming_response(oai, planner):
     data = b"".join(chunks)
     assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
     assert_duration(data, "wav", expected_samples(planner, text, "nova"))
-    # The same request again (now from the result cache): the streamed bytes were all of it.
+    # The same request again (now from the result cache): the streamed bytes were all of it, and
+    # the replay, a whole answer, says its true length (the stream could not).
     whole = oai.audio.speech.create(model="tts-1", voice="nova", input=text, response_format="wav")
     assert whole.response.headers.get("x-cache") == "hit"
-    assert whole.content == data
+    assert whole.content == with_true_length(data) and wav_sizes(whole.content) == (len(data) - 8, len(data) - 44)
 
 
 def test_request_id_is_echoed(app_url):
@@ -274,7 +281,7 @@ def test_same_seed_same_bytes_other_seed_differs(app_url):
     # The same request again: byte-identical (a cache replay now).
     again = speech(app_url, **body)
     assert again.headers.get("x-cache") == "hit"
-    assert again.content == a.content
+    assert again.content == with_true_length(a.content)
     # Cache-Control from the client: no-cache synthesises afresh (same bytes: deterministic) and
     # stores; no-store neither looks up nor stores.
     post = lambda b, cc: httpx.post(app_url + "/v1/audio/speech", json={"model": "chattts", **b}, headers={"Cache-Control": cc}, timeout=120)  # noqa: E731

@@ -15,6 +15,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from serve_fixtures import free_port, report, walk_graph
 from serve_run import REPO, ServeRun, describe, marked_pids
+from serve_app.engine.wav import with_true_length
 
 CONFIGS = {"cpu": REPO / "config" / "serve.yaml", "gpu": REPO / "config" / "serve.gpu.yaml"}
 README_BODY = {"model": "chattts", "input": "你好", "voice": "alloy", "response_format": "wav"}
@@ -110,13 +111,12 @@ def test_ingress_args_refuse_typos(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_acoustic_ongoing_requests_cover_a_batch(name):
-    acoustic = deployments(load(name))["Acoustic"]
-    batch = acoustic["user_config"]["max_batch_size"]
-    # Serve's default max_ongoing_requests (5) would silently cap every admission window at 5 requests.
-    assert acoustic["max_ongoing_requests"] >= batch
-    from deployments.acoustic import AcousticUserConfig
+    from serve_app.settings import AcousticLive
 
-    AcousticUserConfig.model_validate(acoustic["user_config"])
+    acoustic = deployments(load(name))["Acoustic"]
+    live = AcousticLive.model_validate(acoustic.get("user_config", {}))
+    # Serve's default max_ongoing_requests (5) would silently cap every admission window at 5 requests.
+    assert acoustic["max_ongoing_requests"] >= live.max_batch_size
 
 
 # ------------------------------------------------------------------------------ serve run smoke
@@ -170,7 +170,7 @@ def test_serve_run_default_config(serve_weights_cache, tmp_path, front_door):
                 t2 = time.perf_counter()
                 again = client.post("/v1/audio/speech", json=body)
                 hits.append(time.perf_counter() - t2)
-                assert again.headers.get("x-cache") == "hit" and again.content == b"".join(pieces)
+                assert again.headers.get("x-cache") == "hit" and again.content == with_true_length(b"".join(pieces))
         report(f"`serve run` ({front_door}): cache hit p50", f"{1000 * sorted(hits)[len(hits) // 2]:.1f} ms ({len(again.content)} bytes)")
         assert marked_pids(run.marker), "no processes found for the serve run subprocess"
     report(f"`serve run` ({front_door}) shutdown", f"exit code {run.returncode}; killed by the test: {run.killed or 'none'}")

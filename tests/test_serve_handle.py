@@ -4,12 +4,14 @@ Serve application (the way other Ray apps compose with chattts)."""
 from __future__ import annotations
 
 import io
+import wave
 
 import pytest
 import soundfile as sf
 from ray import serve
 
-from serve_app.protocol import APIError, SpeechRequest
+from serve_app.errors import APIError
+from serve_app.protocol import SpeechRequest
 
 SR = 24000
 
@@ -43,7 +45,7 @@ def _caller_app():
             return {"chunks": len(chunks), "sizes": [len(c) for c in chunks], "audio": b"".join(chunks)}
 
         async def error(self) -> dict:
-            from serve_app.protocol import APIError
+            from serve_app.errors import APIError
 
             try:
                 await self.tts.synthesize.remote({"input": "你好", "voice": "no-such-voice"})
@@ -81,6 +83,9 @@ def test_handle_from_driver(chattts_handle):
     text = "驱动程序直接调用。"
     data = chattts_handle.synthesize.remote({"input": text, "response_format": "wav"}).result(timeout_s=120)
     assert wav_samples(data) > SR
+    # A whole answer carries its true length (a streamed WAV cannot: its sizes say "unknown").
+    with wave.open(io.BytesIO(data)) as w:
+        assert w.getnframes() * 2 == len(data) - 44 and w.getframerate() == SR
 
     # stream() with a SpeechRequest. pcm is another cache entry than the wav above, so this is a
     # second, streamed synthesis: several chunks that add up to the same samples.

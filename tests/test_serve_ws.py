@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from serve_fixtures import APP_NAME, SERVE_APP_ARGS, acoustic_stats, report
+from serve_fixtures import APP_NAME, acoustic_stats, app_args, report
 from stream_helpers import assert_same_audio, deltas
 from waiting import wait_until_async
 
@@ -115,11 +115,10 @@ async def idle_stats(timeout_s: float = 10) -> dict:
 
 
 async def test_deltas_give_the_same_audio_as_one_http_request(app_url):
-    from serve_app.engine.config import SegmentLimits
     from serve_app.engine.planner import Planner
     from serve_app.engine.types import SynthesisOptions
 
-    plan = Planner(SegmentLimits.model_validate(SERVE_APP_ARGS["segments"])).plan(TEXT, SynthesisOptions(voice="echo", seed=99))
+    plan = Planner(app_args().segments).plan(TEXT, SynthesisOptions(voice="echo", seed=99))
     assert plan.texts == [S1.strip(), S2.strip()], "premise: HTTP cuts this text at its sentence end"
     reference = await asyncio.to_thread(http_pcm, app_url, TEXT, voice="echo", seed=99)
 
@@ -287,7 +286,7 @@ async def security(**settings: Any) -> AsyncIterator[None]:
     """The Ingress's security settings changed live (its user_config), then back to defaults."""
     from ray import serve
 
-    from serve_app.http.security import SecuritySettings
+    from serve_app.settings import SecuritySettings
 
     ingress = serve.get_app_handle(APP_NAME)
     await ingress.reconfigure.remote({"security": {**SecuritySettings().model_dump(), **settings}})

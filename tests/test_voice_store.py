@@ -20,12 +20,13 @@ from serve_app.storage.cache import request_key
 from serve_app.engine.clips import ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidClipError, UnknownVoiceError
 from serve_app.engine.voices import encode_speaker
-from serve_app.protocol import APIError, SpeechRequest
+from serve_app.errors import APIError
+from serve_app.protocol import SpeechRequest
+from serve_app.settings import VoiceStoreConfig
 from serve_app.storage.voices import (
     VOICE_ID_RE,
     DirectoryVoiceStore,
-    VoiceDirectory,
-    VoiceStoreConfig,
+    VoiceCatalog,
     check_name,
     clean_transcript,
     make_voice_store,
@@ -128,8 +129,9 @@ async def test_directory_store_backend_failure_is_a_503(tmp_path):
 
 _RACE = """
 import asyncio, sys
-from serve_app.storage.voices import VoiceStoreConfig, make_voice_store, stored_voice
-from serve_app.protocol import APIError
+from serve_app.settings import VoiceStoreConfig
+from serve_app.storage.voices import make_voice_store, stored_voice
+from serve_app.errors import APIError
 store = make_voice_store(VoiceStoreConfig(backend="directory", path=sys.argv[1], max_voices=25))
 async def main():
     made = 0
@@ -176,42 +178,42 @@ async def test_redis_store_outage_is_a_503_not_a_miss():
 # ------------------------------------------------------------------ resolution and the cache key
 
 
-async def test_directory_resolves_every_way_to_name_a_voice(tmp_path):
+async def test_catalog_resolves_every_way_to_name_a_voice(tmp_path):
     store = make_voice_store(VoiceStoreConfig(backend="memory"))
-    directory = VoiceDirectory(store)
+    catalog = VoiceCatalog(store)
     mine = await store.create(stored_voice("Narrator", "seed", seed=9, speaker=SPEAKER))
     clip = await store.create(stored_voice("x" * 40, "clip", sample="smp", transcript="words"))
-    assert (await directory.resolve("alloy")).seed == 2222
-    assert (await directory.resolve("seed:5")).seed == 5
-    assert (await directory.resolve(SPEAKER)).spk_emb == SPEAKER
+    assert (await catalog.resolve("alloy")).seed == 2222
+    assert (await catalog.resolve("seed:5")).seed == 5
+    assert (await catalog.resolve(SPEAKER)).spk_emb == SPEAKER
     for name in ("Narrator", "narrator", mine.id):
-        v = await directory.resolve(name)
+        v = await catalog.resolve(name)
         assert (v.seed, v.spk_emb) == (9, SPEAKER)
-    v = await directory.resolve("x" * 40)  # a name long enough to be read as a speaker string first
+    v = await catalog.resolve("x" * 40)  # a name long enough to be read as a speaker string first
     assert (v.spk_smp, v.txt_smp, v.spk_emb) == ("smp", "words", None)
-    assert (await directory.resolve(clip.id)) == v
+    assert (await catalog.resolve(clip.id)) == v
     with pytest.raises(UnknownVoiceError, match="custom voice"):
-        await directory.resolve("nobody")
+        await catalog.resolve("nobody")
     with pytest.raises(UnknownVoiceError, match="no voice with id"):
-        await directory.resolve("voice_" + "0" * 24)
-    cards = await directory.cards()
+        await catalog.resolve("voice_" + "0" * 24)
+    cards = await catalog.cards()
     assert [c["kind"] for c in cards] == ["builtin"] * 11 + ["seed", "clip"]
 
 
 async def test_cache_key_follows_the_voices_content_not_its_name():
     """Deleting a voice and making another under the same name must not replay the old audio."""
     store = make_voice_store(VoiceStoreConfig(backend="memory"))
-    directory = VoiceDirectory(store)
+    catalog = VoiceCatalog(store)
     req = SpeechRequest(input="你好", voice="mine")
     old = await store.create(stored_voice("mine", "speaker", speaker=SPEAKER))
-    key_old = request_key(req, await directory.resolve("mine"), weights_id="w")
+    key_old = request_key(req, await catalog.resolve("mine"), weights_id="w")
     await store.delete(old.id)
     await store.create(stored_voice("mine", "speaker", speaker=OTHER_SPEAKER))
-    key_new = request_key(req, await directory.resolve("mine"), weights_id="w")
+    key_new = request_key(req, await catalog.resolve("mine"), weights_id="w")
     assert key_old != key_new
     # The same content under another name shares entries (it is the same audio).
     await store.create(stored_voice("alias", "speaker", speaker=OTHER_SPEAKER))
-    assert request_key(SpeechRequest(input="你好", voice="alias"), await directory.resolve("alias"), weights_id="w") == key_new
+    assert request_key(SpeechRequest(input="你好", voice="alias"), await catalog.resolve("alias"), weights_id="w") == key_new
 
 
 @pytest.mark.parametrize("name", ["", " pad", "pad ", "alloy", "Nova", "seed:1", "voice_abc", "a\nb", "x" * 65])

@@ -8,13 +8,14 @@ memory sink, so bytes leave as soon as the codec emits a packet.
 
 from __future__ import annotations
 
-import struct
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal, get_args
 
 import numpy as np
+
+from .wav import wav_header
 
 SAMPLE_RATE = 24000  # ChatTTS output rate; mono throughout
 
@@ -101,22 +102,14 @@ class PcmEncoder(AudioEncoder):
 
 
 class WavEncoder(PcmEncoder):
-    """PCM behind a RIFF/WAVE header whose sizes are unknown up front."""
-
-    # 0xFFFFFFFF = "unknown length": ffmpeg and libsndfile read the data to EOF.
-    _UNKNOWN = 0xFFFFFFFF
+    """PCM behind a RIFF/WAVE header whose sizes are unknown up front (``wav.py``)."""
 
     def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__(fmt, sample_rate)
         self._header_sent = False
 
     def _header(self) -> bytes:
-        fmt_chunk = struct.pack("<HHIIHH", 1, 1, self.sample_rate, self.sample_rate * 2, 2, 16)
-        return (
-            b"RIFF" + struct.pack("<I", self._UNKNOWN) + b"WAVE"
-            + b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk
-            + b"data" + struct.pack("<I", self._UNKNOWN)
-        )
+        return wav_header(self.sample_rate)
 
     def _write(self, samples: np.ndarray) -> bytes:
         head = b"" if self._header_sent else self._header()
@@ -126,6 +119,7 @@ class WavEncoder(PcmEncoder):
     def _close(self) -> bytes:
         # An empty stream still gets its header, so the result is a valid file.
         return self._write(np.zeros(0, np.int16))
+
 
 
 @dataclass(frozen=True)

@@ -113,13 +113,13 @@ class AcousticConfig(_Strict):
     )
     chunk_tokens: int = Field(default=24, ge=1, description="Tokens per chunk after the first.")
     listener_margin_s: Optional[float] = Field(
-        default=None,
+        default=0.1,
         ge=0,
         description="Send a chunk before chunk_tokens are pending (at least min_early_chunk_tokens) when "
         "waiting for the full chunk would let a listener who started playing at the row's first audio run "
         "dry within this many seconds; only while decode steps are faster than real time (a slower "
         "batch cannot keep up anyway, and smaller chunks would only cost vocoder calls). None: fixed "
-        "chunk sizes, the same for every run (the engine tests rely on them).",
+        "chunk sizes, the same for every run, so repeats are byte-identical (docs/architecture.md).",
     )
     min_early_chunk_tokens: int = Field(
         default=MIN_WINDOW_TOKENS,
@@ -168,10 +168,11 @@ class SegmentLimits(_Strict):
 
     max_chars: int = Field(default=120, ge=8, description="Segment length cut by the splitter.")
     max_seconds: Optional[float] = Field(
-        default=None,
+        default=4.0,
         gt=0,
-        description="Expected speech per segment at most (None: characters only). Shorter segments "
-        "are more rows decoded in parallel: lower latency for long inputs, bigger batches.",
+        description="Expected speech per segment at most (cut at sentence ends, then clauses; None: "
+        "characters only). Shorter segments are more rows decoded in parallel: a long input's latency "
+        "and the batch's width do not hinge on its longest sentence (bench/README.md).",
     )
     cap_factor: float = Field(
         default=3.0, gt=1, description="max_new_token = cap_factor * expected + cap_slack."

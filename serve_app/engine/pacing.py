@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 
+from .audio import SAMPLE_RATE
 from .config import SegmentLimits
 from .text.chars import SAYABLE_CJK_RE
 from .text.tags import BREAK_TAG_RE, CONTROL_TAG_RE
 
-TOKENS_PER_SECOND = 24000 / 512
-SAMPLES_PER_TOKEN = 512
+SAMPLES_PER_TOKEN = 512  # one GPT token = 2 mel frames
+TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN
 
 _PAUSE_CHARS = set("。，！？.,!?;:；：、…")
 

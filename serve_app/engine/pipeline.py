@@ -25,6 +25,7 @@ from .planner import Planner, segment_seed  # noqa: F401  (re-exported)
 from .threads import TorchThread, on_new_thread
 from .types import Plan, SynthesisOptions  # noqa: F401  (re-exported)
 from .vocoder import Vocoder, VocoderStream
+from .wav import with_true_length
 
 log = logging.getLogger(__name__)
 
@@ -160,4 +161,4 @@ class Synthesizer:
             yield tail
 
     def synthesize(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> bytes:
-        return b"".join(self.stream(text, fmt, opts))
+        return with_true_length(b"".join(self.stream(text, fmt, opts)))

@@ -15,22 +15,10 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ..protocol import APIError
 
 
-class SecuritySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    api_keys_env: Optional[str] = Field(
-        default="CHATTTS_API_KEYS", description="Env var with comma-separated keys (unset/empty: no auth)."
-    )
-    api_keys_file: Optional[str] = Field(default=None, description="File with one key per line.")
-    max_streams_per_key: int = Field(
-        default=0, ge=0, description="Concurrent speech streams per API key (or client address without keys); 0 = unlimited."
-    )
-    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty = CORS off.")
+from ..errors import APIError
+from ..settings import SecuritySettings
 
 
 def load_api_keys(settings: SecuritySettings) -> list[bytes]:

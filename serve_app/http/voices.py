@@ -22,13 +22,12 @@ from fastapi import Request
 
 from ..engine.errors import VoiceError
 from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
-from .app import stage_error
-from ..protocol import APIError
+from ..errors import APIError, as_api_error
+from ..settings import VoiceStoreConfig
 from ..storage.voices import (
     VOICE_ID_RE,
     StoredVoice,
-    VoiceDirectory,
-    VoiceStoreConfig,
+    VoiceCatalog,
     check_name,
     clean_transcript,
     make_voice_store,
@@ -39,6 +38,14 @@ log = logging.getLogger("ray.serve")
 
 VOICES_PATH = "/v1/audio/voices"
 _FIELDS = ("name", "speaker", "seed", "audio", "transcript")
+
+# The create route reads its body itself (JSON or a form), so FastAPI cannot infer this schema.
+CREATE_VOICE_OPENAPI = {"requestBody": {"content": {
+    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "speaker": {"type": "string"}, "seed": {"type": "integer"}}}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["name", "audio", "transcript"], "properties": {
+        "name": {"type": "string"}, "audio": {"type": "string", "format": "binary"}, "transcript": {"type": "string"}}}},
+}}}
 
 
 def _bad(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
@@ -105,16 +112,17 @@ class VoicesAPI:
     """The store plus the Vocoder stage's encoder (``encode_clip``, ``speaker_for_seed``)."""
 
     def __init__(self, cfg: VoiceStoreConfig, encoder: Any):
+        """``encoder``: the Vocoder stage's handle (it encodes clips and samples seeds' speakers)."""
         self.cfg = cfg
         self.store = make_voice_store(cfg)
-        self.directory = VoiceDirectory(self.store)
+        self.catalog = VoiceCatalog(self.store)
         self.encoder = encoder
 
     async def _remote(self, call: Any) -> Any:
         try:
             return await call
         except Exception as exc:  # noqa: BLE001
-            raise stage_error(exc, "voice encoding failed", "voice_encoding_failed") from None
+            raise as_api_error(exc, "voice encoding failed", "voice_encoding_failed") from None
 
     async def create(self, request: Request) -> dict[str, Any]:
         fields = await _fields(request)
@@ -157,7 +165,7 @@ class VoicesAPI:
         return voice.summary()
 
     async def list(self) -> dict[str, Any]:
-        return {"object": "list", "data": await self.directory.cards()}
+        return {"object": "list", "data": await self.catalog.cards()}
 
     async def get(self, voice_id: str) -> dict[str, Any]:
         seed = OPENAI_VOICES.get(voice_id.lower())

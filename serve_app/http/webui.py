@@ -12,7 +12,7 @@ from importlib.resources import files
 
 from fastapi.responses import Response
 
-from ..protocol import APIError
+from ..errors import APIError
 
 _TYPES = {
     "index.html": "text/html; charset=utf-8",

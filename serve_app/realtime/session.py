@@ -38,14 +38,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol, 
 
 from pydantic import BaseModel, ValidationError
 
+from ..engine.config import SegmentLimits
 from ..engine.errors import EmptyInputError
 from ..engine.planner import segment_seed
 from ..engine.text import is_speakable, segment_fits, split_unfinished
 from ..engine.types import Plan, StreamSummary, SynthesisOptions
 from ..engine.voices import effective_seed
+from ..errors import APIError, as_api_error, invalid_value
 from ..protocol import (
     CLIENT_MESSAGES,
-    APIError,
     Cancel,
     Cancelled,
     Close,
@@ -58,8 +59,8 @@ from ..protocol import (
     SessionStart,
     TextAppend,
     TextFlush,
-    to_api_error,
 )
+from ..settings import IngressSettings
 from .ogg import OggOpusJoiner
 
 log = logging.getLogger("chattts_serve.realtime")
@@ -94,12 +95,17 @@ class Transport(Protocol):
     async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
 
 
+_INGRESS = IngressSettings()
+
+
 @dataclass(frozen=True)
 class SessionLimits:
-    max_text_chars: int = 4096  # text ahead of the audio: buffered, or cut and not yet sent
-    max_message_bytes: int = 64 * 1024
-    segment_timeout_s: float = 300.0  # a segment's audio must be complete this long after it starts
-    max_chars: int = 120  # an unfinished sentence longer than this is cut (see split_unfinished)
+    """The Ingress's limits as a session applies them (``graph.session_limits``)."""
+
+    max_text_chars: int = _INGRESS.max_input_chars  # text ahead of the audio: buffered, or cut and not yet sent
+    max_message_bytes: int = _INGRESS.max_body_bytes
+    segment_timeout_s: float = _INGRESS.request_timeout_s  # a segment's audio must be complete this long after it starts
+    max_chars: int = SegmentLimits().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
     # Segments of one session decoding at once: the one being sent and the next. More would decode
     # further ahead, but every row slows every decode step of the batch, and so other sessions'
     # first audio.
@@ -117,14 +123,6 @@ class SessionStats:
 
 
 # ------------------------------------------------------------------ messages
-
-
-def _invalid(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ())) or None
-    if first.get("type") == "missing":
-        return APIError(400, f"missing required parameter: {param}", param=param, code="missing_required_parameter")
-    return APIError(400, f"invalid value for {param}: {first.get('msg', 'invalid')}", param=param, code="invalid_value")
 
 
 async def receive_message(transport: Transport, limits: SessionLimits) -> Optional[BaseModel]:
@@ -151,7 +149,7 @@ async def receive_message(transport: Transport, limits: SessionLimits) -> Option
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
-        raise _invalid(exc) from None
+        raise invalid_value(exc.errors()) from None
 
 
 async def _send_event(transport: Transport, event: BaseModel) -> None:
@@ -165,14 +163,6 @@ async def send_error(transport: Transport, exc: APIError) -> None:
         await transport.close(close_code(exc.status), exc.code or "")
     except Exception:  # noqa: BLE001 - nobody left to tell
         pass
-
-
-def _as_api_error(exc: BaseException) -> APIError:
-    known = to_api_error(exc)
-    if known is not None:
-        return known
-    log.error("session failed", exc_info=exc)
-    return APIError(500, "synthesis failed", type="server_error", code="synthesis_failed")
 
 
 # ------------------------------------------------------------------ the session
@@ -323,7 +313,7 @@ class RealtimeSession:
             self.stats.status = "client_disconnect"
             raise
         except Exception as exc:  # noqa: BLE001 - every failure ends the session with an error event
-            error = _as_api_error(exc)
+            error = as_api_error(exc)
             self.stats.status = str(error.status)
             await self._stop()
             await send_error(self.transport, error)
@@ -486,7 +476,7 @@ async def serve_session(
         created = await admit(start)
         await _send_event(transport, created)
     except Exception as exc:  # noqa: BLE001 - an error event, never a crash
-        error = _as_api_error(exc)
+        error = as_api_error(exc)
         await send_error(transport, error)
         return start, SessionStats(status=str(error.status))
     session = RealtimeSession(backend, start, transport, limits, on_first_audio)

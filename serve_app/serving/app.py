@@ -9,31 +9,14 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict
 from ray.serve import Application
 
-from serve_app.storage.cache import CacheConfig
-from serve_app.engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig, acoustic_heard_through
-from serve_app.settings import IngressSettings
-from serve_app.storage.voices import VoiceStoreConfig
+from serve_app.engine.config import ModelConfig, acoustic_heard_through
+from serve_app.settings import AppArgs
 
 log = logging.getLogger("ray.serve")
 
 APP_NAME = "chattts"
-
-
-class AppArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: ModelConfig = ModelConfig()
-    acoustic: AcousticConfig = AcousticConfig()
-    vocoder: VocoderConfig = VocoderConfig()
-    segments: SegmentLimits = SegmentLimits()
-    ingress: IngressSettings = IngressSettings()
-    cache: CacheConfig = CacheConfig()
-    voices: VoiceStoreConfig = VoiceStoreConfig()
-    # Vocoder/normaliser replicas never need the GPU or its dtype: CPU float32.
-    vocoder_device: str = "cpu"
 
 
 def _pin_weights_source(model: ModelConfig) -> ModelConfig:

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
 NAME = "chattts-serve"
 RAY_VERSION = "2.60.0"

@@ -23,13 +23,14 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Optional
 
 from cachetools import Cache, TLRUCache
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 
 from ..engine.types import Voice
 from ..engine.voices import effective_seed
+from ..settings import CacheConfig
 
 log = logging.getLogger(__name__)
 
@@ -387,25 +388,6 @@ class RedisCache(AudioCache):
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------
-
-
-class CacheConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["memory", "redis", "none"] = "memory"
-    max_bytes: int = Field(default=256 * MiB, ge=1, description="Memory backend: byte budget (LRU).")
-    ttl_s: float = Field(default=3600.0, gt=0)
-    jitter: float = Field(default=0.1, ge=0.0, lt=1.0, description="TTL spread: ttl * uniform(1-j, 1+j).")
-    redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis.")
-    max_item_bytes: int = Field(default=16 * MiB, ge=1, description="Larger responses are not cached.")
-    redis_timeout_s: float = Field(default=0.2, gt=0)
-    redis_backoff_s: float = Field(default=5.0, ge=0, description="Skip redis this long after a failure.")
-
-    @model_validator(mode="after")
-    def _redis_needs_url(self) -> "CacheConfig":
-        if self.backend == "redis" and not self.redis_url:
-            raise ValueError("cache backend 'redis' needs redis_url")
-        return self
 
 
 def make_cache(cfg: CacheConfig) -> AudioCache:

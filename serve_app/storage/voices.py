@@ -17,7 +17,7 @@ Unlike the cache, the store is not optional: a backend failure is a 503, never a
 User input never reaches a filesystem path or a Redis key other than through a generated id or
 a hash of the name.
 
-``VoiceDirectory`` resolves what a speech request names (built-in name, ``seed:<n>``, speaker
+``VoiceCatalog`` resolves what a speech request names (built-in name, ``seed:<n>``, speaker
 string, custom name or id) into an engine ``Voice``. The cache key takes the voice's content
 (``Voice.cache_id``), never its name or id, so replacing a voice never serves stale audio.
 """
@@ -37,13 +37,14 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.errors import UnknownVoiceError, VoiceError
 from ..engine.text.tags import strip_stray_brackets
 from ..engine.types import Voice
 from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver, list_voices
-from ..protocol import APIError
+from ..errors import APIError
+from ..settings import VoiceStoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,32 +61,6 @@ def default_voices_dir() -> Path:
     """``$XDG_DATA_HOME/chattts-serve/voices`` (``~/.local/share/...``): user data, not a cache."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "chattts-serve" / "voices"
-
-
-class VoiceStoreConfig(BaseModel):
-    """``args.voices`` in the config."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["directory", "memory", "redis"] = "directory"
-    path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/voices")
-    redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis")
-    redis_prefix: str = Field(default="chattts:voices", min_length=1, max_length=64)
-    redis_timeout_s: float = Field(default=1.0, gt=0)
-    max_voices: int = Field(default=1000, ge=1, description="Custom voices at most (all users together).")
-    max_voice_bytes: int = Field(default=64 * KiB, ge=1024, description="A stored voice's JSON at most.")
-    max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/voices.")
-    min_clip_seconds: float = Field(default=2.0, gt=0)
-    max_clip_seconds: float = Field(default=30.0, gt=0, le=60)
-    max_transcript_chars: int = Field(default=500, ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> "VoiceStoreConfig":
-        if self.backend == "redis" and not self.redis_url:
-            raise ValueError("voices backend 'redis' needs redis_url")
-        if self.min_clip_seconds >= self.max_clip_seconds:
-            raise ValueError("min_clip_seconds must be below max_clip_seconds")
-        return self
 
 
 class StoredVoice(BaseModel):
@@ -459,7 +434,7 @@ def make_voice_store(cfg: VoiceStoreConfig) -> VoiceStore:
 # ------------------------------------------------------------------ resolving a request's voice
 
 
-class VoiceDirectory:
+class VoiceCatalog:
     """Every voice a request may name: built-ins, ``seed:<n>``, speaker strings (``VoiceResolver``,
     no store access) and the store's custom voices, by id or by name."""
 

@@ -9,7 +9,10 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import AsyncIterator, Optional, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Optional, Sequence
+
+if TYPE_CHECKING:
+    from ..engine.config import EngineConfig
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 STREAM_FORMATS = ("pcm", "opus", "mp3")  # one stream for text that arrives over time (the WebSocket)
@@ -22,14 +25,24 @@ def _format_for(path: str, fmt: Optional[str]) -> str:
     return {"ogg": "opus", "raw": "pcm", "m4a": "aac"}.get(suffix, suffix if suffix in FORMATS else "wav")
 
 
+def engine_config(args: argparse.Namespace) -> "EngineConfig":
+    """The server's defaults (the same classes), with this command's weights and device. Chunks
+    have fixed sizes: a file has no listener to send early audio to, and fixed chunks make two
+    runs byte-identical."""
+    from ..engine.config import AcousticConfig, EngineConfig, ModelConfig, WeightsConfig
+
+    weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
+    return EngineConfig(model=ModelConfig(weights=weights, device=args.device), acoustic=AcousticConfig(listener_margin_s=None))
+
+
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from ..engine.config import EngineConfig, ModelConfig, WeightsConfig
+    from ..engine.audio import SAMPLE_RATE
     from ..engine.pipeline import AudioAssembler, SynthesisOptions, Synthesizer
+    from ..engine.wav import finish_file
 
-    weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
-    synth = Synthesizer(EngineConfig(model=ModelConfig(weights=weights, device=args.device)))
+    synth = Synthesizer(engine_config(args))
     if synth.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
     opts = SynthesisOptions(voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang)
@@ -38,12 +51,13 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     assembler = AudioAssembler(synth.vocoder, fmt)
     t0 = time.perf_counter()
     try:
-        with open(args.output, "wb") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
+        with open(args.output, "w+b") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
             for data in synth.stream(args.text, fmt, opts, plan=plan, assembler=assembler, on_tokens=bar.update):
                 out.write(data)
+            finish_file(out, out.tell())
     finally:
         synth.close()
-    seconds = assembler.samples / 24000
+    seconds = assembler.samples / SAMPLE_RATE
     elapsed = time.perf_counter() - t0
     print(
         f"wrote {args.output}: {seconds:.2f} s of audio ({fmt}) in {elapsed:.2f} s, "

@@ -18,6 +18,8 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator, Option
 
 import httpx
 
+from ..engine.wav import finish_file, with_true_length
+
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
 
 
@@ -71,10 +73,12 @@ class _FileSink:
         self.bytes = 0
 
     def __enter__(self) -> "_FileSink":
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "w+b")
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if not any(exc):  # the file is whole: a WAV's header gets its true sizes
+            finish_file(self._file, self.bytes)
         self._file.close()
 
     def write(self, data: bytes) -> None:
@@ -111,7 +115,8 @@ class SpeechClient:
             yield from resp.iter_bytes()
 
     def speech(self, text: str, voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> bytes:
-        return b"".join(self.stream(text, voice, response_format, **extra))
+        """The whole file (a WAV with its true length)."""
+        return with_true_length(b"".join(self.stream(text, voice, response_format, **extra)))
 
     def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
         sink = _FileSink(path)
@@ -124,7 +129,11 @@ class SpeechClient:
             return sink.result(resp)
 
     def voices(self) -> list[dict[str, Any]]:
-        return self._http.get("/v1/voices").json()["data"]
+        """Built-in and custom voices (``GET /v1/audio/voices``)."""
+        resp = self._http.get("/v1/audio/voices")
+        if resp.status_code >= 400:
+            _raise_for(resp, resp.content)
+        return resp.json()["data"]
 
     def ready(self) -> bool:
         try:
@@ -216,7 +225,8 @@ class AsyncSpeechClient:
                 yield data
 
     async def speech(self, text: str, voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> bytes:
-        return b"".join([b async for b in self.stream(text, voice, response_format, **extra)])
+        """The whole file (a WAV with its true length)."""
+        return with_true_length(b"".join([b async for b in self.stream(text, voice, response_format, **extra)]))
 
     async def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
         sink = _FileSink(path)

@@ -1,0 +1,61 @@
+"""One record per request (HTTP, handle or WebSocket session): the metrics at its milestones and
+one JSON log line at its end. No user text unless ``ingress.log_text`` (then at DEBUG only)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from ..protocol import SpeechRequest
+from ..serving import metrics
+
+log = logging.getLogger("ray.serve")
+
+
+def voice_label(voice: str) -> str:
+    """A voice as logs show it: a speaker string is long (and the user's), so only its start."""
+    return voice if len(voice) <= 32 else f"speaker:{voice[:8]}"
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    voice: str
+    chars: int
+    format: str
+    stream_format: str
+    client: str
+    text: Optional[str] = None  # only with log_text, and then at DEBUG
+    cache: str = "bypass"
+    status: str = "pending"
+    ttfb_s: Optional[float] = None
+    total_s: Optional[float] = None
+    segments: int = 0
+    audio_s: float = 0.0
+    batch_rows: int = 0
+    t0: float = field(default_factory=time.perf_counter, repr=False)
+
+    @classmethod
+    def start(cls, req: SpeechRequest, request_id: str, client: str, log_text: bool = False) -> "RequestRecord":
+        return cls(request_id, voice_label(req.voice), len(req.input), req.response_format, req.stream_format, client,
+                   text=req.input if log_text else None)
+
+    def first_byte(self) -> None:
+        self.ttfb_s = time.perf_counter() - self.t0
+        metrics.observe("tts_ttfb_seconds", self.ttfb_s, format=self.format)
+
+    def finish(self, status: str) -> None:
+        if self.status != "pending":
+            return
+        self.status = status
+        self.total_s = time.perf_counter() - self.t0
+        metrics.inc("tts_requests_total", status=status, format=self.format)
+        if status == "200":
+            metrics.observe("tts_request_duration_seconds", self.total_s, format=self.format)
+        line = {k: v for k, v in asdict(self).items() if k not in ("t0", "text")}
+        log.info(json.dumps({"event": "speech", **line}, ensure_ascii=False))
+        if self.text is not None:
+            log.debug(json.dumps({"event": "speech_text", "request_id": self.request_id, "text": self.text}, ensure_ascii=False))

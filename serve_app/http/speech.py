@@ -1,0 +1,286 @@
+"""The speech pipeline behind ``POST /v1/audio/speech`` and the handle API: checks, voice, cache,
+plan, stream, errors.
+
+Every request is validated and planned (normalised, split, voice resolved) before any byte is
+sent, and the first audio chunk is awaited before the response starts, so an error before audio
+still gets its proper status and an OpenAI-style body. The stages are Serve handles: the
+TextNormalizer plans, the Acoustic stage refines text (``refine_text``) and reports its queue,
+the Vocoder drives the stream (it pulls hidden states from the Acoustic stage itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Optional, Union
+
+from fastapi.responses import Response, StreamingResponse
+
+from ..engine.wav import with_true_length
+from ..engine.types import Plan, StreamSummary, Voice
+from ..errors import APIError, as_api_error, to_api_error
+from ..protocol import MODEL_IDS, SpeechRequest
+from ..serving import metrics
+from ..settings import CacheConfig, IngressSettings
+from ..storage.cache import make_cache, request_key
+from ..storage.voices import VoiceCatalog
+from .request_log import RequestRecord
+from .security import StreamLimiter
+from .sse import sse_stream
+
+log = logging.getLogger("ray.serve")
+
+
+def as_request(request: Union[SpeechRequest, dict]) -> SpeechRequest:
+    """A handle caller's request (the model or a dict), validated like an HTTP body."""
+    if isinstance(request, SpeechRequest):
+        return request
+    try:
+        return SpeechRequest.model_validate(request)
+    except Exception as exc:  # noqa: BLE001 - pydantic.ValidationError
+        raise as_api_error(exc) from None
+
+
+def check_model(model: str) -> None:
+    if model not in MODEL_IDS:
+        raise APIError(404, f"model {model!r} does not exist; use one of {', '.join(MODEL_IDS)}", param="model",
+                       code="model_not_found")
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chattts-serve")
+    except PackageNotFoundError:
+        return "dev"
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _released(audio: AsyncIterator[bytes], limiter: StreamLimiter, client: str) -> AsyncIterator[bytes]:
+    try:
+        async for data in audio:
+            yield data
+    finally:
+        limiter.release(client)
+
+
+class SpeechService:
+    def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
+                 settings: IngressSettings):
+        self.normalizer = normalizer
+        self.vocoder = vocoder
+        self.acoustic = acoustic
+        self.voices = voices
+        self.cache_config = cache
+        self.cache = make_cache(cache)
+        self.weights_kind = "unknown"
+        self.weights_id = "unknown"  # cached audio is only valid for the same weights and engine code
+        self._queue_rows = 0
+        self._poll_task: Optional[asyncio.Task] = None
+        self.apply(settings)
+
+    def apply(self, settings: IngressSettings) -> None:
+        self.settings = settings
+        needs_queue = settings.busy_queue_rows is not None or settings.skip_refine_queue_rows is not None
+        if needs_queue and self._poll_task is None:
+            self._poll_task = asyncio.get_event_loop().create_task(self._poll_queue())
+
+    async def warmup(self, request_id: str) -> None:
+        """Before ``/readyz`` says ready: the weights' identity (a cache-key input), then, unless
+        ``ingress.warmup`` is off, one synthesis through every stage."""
+        info = await self.acoustic.weights_info.remote()
+        self.weights_kind = info["kind"]
+        self.weights_id = f"{info['id']}:{_package_version()}"
+        if self.settings.warmup:
+            req = SpeechRequest(input="你好。", response_format="wav")
+            audio = await self.synthesize(req, RequestRecord.start(req, request_id, client="warmup"))
+            if len(audio) <= 44:
+                raise RuntimeError("warm-up synthesis produced no audio")
+
+    async def _poll_queue(self) -> None:
+        """Keep the acoustic queue length at hand for the degradation switches."""
+        while True:
+            try:
+                stats = await self.acoustic.stats.remote()
+                self._queue_rows = int(stats["waiting_rows"])
+            except Exception:  # noqa: BLE001 - keep the last value; the stage may be restarting
+                pass
+            await asyncio.sleep(0.5)
+
+    def check_busy(self) -> None:
+        limit = self.settings.busy_queue_rows
+        if limit is not None and self._queue_rows >= limit:
+            raise APIError(429, "server busy: too many requests queued; retry shortly", type="rate_limit_error",
+                           code="busy", headers={"Retry-After": "2"})
+
+    def _check(self, req: SpeechRequest) -> None:
+        check_model(req.model)
+        if len(req.input) > self.settings.max_input_chars:
+            raise APIError(413, f"input is {len(req.input)} characters; the limit is {self.settings.max_input_chars}",
+                           param="input", code="input_too_long")
+
+    # ------------------------------------------------------------------ the pipeline
+
+    async def _plan(self, req: SpeechRequest, voice: Voice) -> Plan:
+        options = req.to_options()
+        plan = await self.normalizer.plan.remote(req.input, options, voice)
+        if req.refine_text:
+            busy = self.settings.skip_refine_queue_rows
+            if busy is not None and self._queue_rows >= busy:
+                log.info("queue at %d rows: skipping refine_text", self._queue_rows)
+            else:
+                seed = plan.segments[0].seed if plan.segments else 0
+                texts = await self.acoustic.refine.remote(plan.texts, seed)
+                plan = await self.normalizer.replan.remote(texts, options, voice)
+        return plan
+
+    async def _open(self, req: SpeechRequest, voice: Voice) -> tuple[Any, bytes, Plan]:
+        """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
+        gen = None
+        try:
+            plan = await self._plan(req, voice)
+            gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
+            try:
+                first = await gen.__anext__()
+            except StopAsyncIteration:
+                first = b""
+            return gen, first, plan
+        except asyncio.CancelledError:
+            if gen is not None:
+                gen.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise as_api_error(exc) from None
+
+    async def audio(self, req: SpeechRequest, rec: RequestRecord, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
+        """The request's audio: the cached bytes on a hit, else a stream.
+
+        ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
+        synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
+        byte raise APIError.
+        """
+        directives = {d.strip().lower() for d in cache_control.split(",")}
+        try:
+            self._check(req)
+            # Built-in or custom (the voice store): an unknown voice fails here, before any work.
+            voice = await self.voices.resolve(req.voice)
+            key = request_key(req, voice, weights_id=self.weights_id) if self.weights_id != "unknown" else None
+            if key is not None and "no-store" in directives:
+                key = None
+                metrics.inc("tts_cache_total", result="bypass")
+            elif key is not None and "no-cache" in directives:
+                rec.cache = "miss"
+                metrics.inc("tts_cache_total", result="miss")
+            elif key is not None:
+                cached = await self.cache.get(key)
+                rec.cache = "hit" if cached is not None else "miss"
+                metrics.inc("tts_cache_total", result=rec.cache)
+                if cached is not None:
+                    rec.first_byte()
+                    rec.finish("200")
+                    return cached
+            else:
+                metrics.inc("tts_cache_total", result="bypass")
+            self.check_busy()
+            try:
+                gen, first, plan = await asyncio.wait_for(self._open(req, voice), self.settings.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
+                               code="timeout") from None
+        except Exception as exc:
+            api_exc = to_api_error(exc)
+            if api_exc is None:
+                raise
+            rec.finish(str(api_exc.status))
+            raise api_exc from None
+        rec.segments = len(plan.segments)
+        return self._chain(first, gen, rec, key)
+
+    async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str]) -> AsyncIterator[bytes]:
+        """Forward the stream within the deadline; record metrics and the log line; cache it."""
+        status = "aborted"
+        kept: Optional[list[bytes]] = [] if key else None
+        size = 0
+        limit = self.cache_config.max_item_bytes
+        deadline = rec.t0 + self.settings.request_timeout_s
+        rec.first_byte()
+        try:
+            data: Any = first
+            while True:
+                if isinstance(data, StreamSummary):
+                    rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                elif data:
+                    if kept is not None:
+                        size += len(data)
+                        kept = kept if size <= limit else None
+                        if kept is not None:
+                            kept.append(data)
+                    yield data
+                try:
+                    data = await asyncio.wait_for(gen.__anext__(), max(0.001, deadline - time.perf_counter()))
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    status = "timeout"
+                    log.warning("request %s hit its %gs timeout mid-stream", rec.request_id, self.settings.request_timeout_s)
+                    return
+            status = "200"
+        except asyncio.CancelledError:
+            status = "client_disconnect"
+            raise
+        except Exception:
+            status = "error"
+            log.exception("stream failed after the first byte")
+            raise
+        finally:
+            if status == "200":
+                if kept:  # stored whole: a hit is one answer, with its true length
+                    await self.cache.put(key, with_true_length(b"".join(kept)))
+            else:  # client gone, timeout or a stage failed: stop every stage's work
+                gen.cancel()
+                metrics.inc("tts_stream_aborted_total", reason=status)
+            rec.finish(status)
+
+    # ------------------------------------------------------------------ the two ways in
+
+    async def synthesize(self, req: SpeechRequest, rec: RequestRecord) -> bytes:
+        """The whole audio file (handle API, warm-up), with its true length."""
+        audio = await self.audio(req, rec)
+        if isinstance(audio, bytes):
+            return audio
+        return with_true_length(b"".join([b async for b in audio]))
+
+    async def stream(self, req: SpeechRequest, rec: RequestRecord) -> AsyncIterator[bytes]:
+        """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
+        audio = await self.audio(req, rec)
+        if isinstance(audio, bytes):
+            yield audio
+            return
+        async for data in audio:
+            yield data
+
+    async def respond(self, body: SpeechRequest, rec: RequestRecord, client: str, limiter: StreamLimiter,
+                      cache_control: str) -> Response:
+        """The HTTP answer: the stream (or a hit's bytes) under the client's stream slot."""
+        limiter.acquire(client)
+        try:
+            audio = await self.audio(body, rec, cache_control)
+        except BaseException:
+            limiter.release(client)
+            raise
+        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
+        if isinstance(audio, bytes):
+            if body.stream_format != "sse":
+                # A hit goes out as one plain response: no streaming round trips through the proxy.
+                limiter.release(client)
+                return Response(audio, media_type=body.content_type, headers=headers)
+            audio = _once(audio)
+        if body.stream_format == "sse":
+            usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
+            audio = sse_stream(audio, usage)
+        return StreamingResponse(_released(audio, limiter, client), media_type=body.content_type, headers=headers)
