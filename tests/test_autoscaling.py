@@ -231,7 +231,7 @@ def test_streaming_stages_drain_for_the_longest_stream(name):
     """A replica removed by a downscale waits for its open streams; the longest lasts
     ingress.request_timeout_s (the Ingress cuts it there), so every stage a stream passes through
     must wait at least that long."""
-    from serve_app.serving.app import AppArgs
+    from serve_app.settings import AppArgs
 
     deps, app = _deployments(name)
     longest = AppArgs.model_validate(copy.deepcopy(app["args"])).ingress.request_timeout_s

@@ -46,13 +46,13 @@ def test_config_validates_with_ray_schema(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_args_validate_with_app_args(name):
-    from serve_app.serving.app import AppArgs
+    from serve_app.settings import AppArgs
 
     args = AppArgs.model_validate(chattts_app(load(name))["args"])
     assert args.model.weights.source == "auto"  # works offline: CHATTTS_WEIGHTS / fallback decide
     # A typo in the args must not pass silently.
     bad = copy.deepcopy(chattts_app(load(name))["args"])
-    bad["acoustic"]["max_rowz"] = 1
+    bad.setdefault("acoustic", {})["max_rowz"] = 1
     with pytest.raises(ValueError):
         AppArgs.model_validate(bad)
 
@@ -101,7 +101,7 @@ def test_config_is_the_one_source_of_deployment_numbers(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_ingress_args_refuse_typos(name):
-    from serve_app.serving.app import AppArgs
+    from serve_app.settings import AppArgs
 
     args = copy.deepcopy(chattts_app(load(name))["args"])
     args.setdefault("ingress", {})["max_input_charz"] = 10

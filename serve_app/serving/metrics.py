@@ -53,8 +53,3 @@ def observe(name: str, value: float, **tags: str) -> None:
 
 def set_gauge(name: str, value: float, **tags: str) -> None:
     metric(name).set(value, tags=tags or None)
-
-
-def exported_names() -> list[str]:
-    """Names as Prometheus sees them (Ray adds the ``ray_`` prefix)."""
-    return ["ray_" + n for n in METRICS]

@@ -86,9 +86,6 @@ class BatchState:
         """T: KV columns in use (padding included)."""
         return self.keys[0].shape[2] if self.keys else 0
 
-    def budget_used(self) -> int:
-        return sum(r.budget for r in self.rows)
-
     def set_kv(self, kbuf: list[torch.Tensor], vbuf: list[torch.Tensor], t: int) -> None:
         """Install per-layer buffers and their filled views (T = t)."""
         self.kbuf, self.vbuf = kbuf, vbuf
