@@ -8,7 +8,7 @@ child in its own process group, carries a marker in its environment (so are the 
 starts: raylet, agents, workers) and gets its own ports, so several nodes share the host and the
 cluster never touches another Ray running on it. ``kill_worker`` SIGKILLs one node's processes
 (a machine that dies); ``stop`` ends all of them. Nothing here runs ``ray stop``, which would
-end every Ray on the host.
+end every Ray on the host. Each node is a ``ManagedProcess`` (bench/lib/procs.py) with a marker.
 
 ``cluster_config`` derives the Serve config the tests and the benchmark deploy from
 config/serve.gpu.yaml: tiny random weights on the CPU, small bounds, short delays, the proxy on the
@@ -28,19 +28,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import httpx
-import psutil
 import yaml
 
-from .procs import free_port
-from .serve_runner import set_path
+from .procs import MARKER_ENV, REPO_ROOT, ManagedProcess, free_port, kill_marked
+from .serve import GPU_CONFIG, get_path, set_path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
 HEAD_RESOURCE = "head_only"  # a custom resource only the head declares
-MARKER_ENV = "CHATTTS_LOCAL_CLUSTER"
 APP = "chattts"
 
 
@@ -52,53 +48,13 @@ def serve_exe() -> str:
     return str(Path(sys.executable).with_name("serve"))
 
 
-def _marked(marker: str) -> list[psutil.Process]:
-    """Live processes whose environment holds ``MARKER_ENV=marker`` (everything one node started)."""
-    needle = f"{MARKER_ENV}={marker}"
-    out = []
-    for p in psutil.process_iter():
-        if p.pid == os.getpid():
-            continue
-        try:
-            env = p.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        if f"{MARKER_ENV}={env.get(MARKER_ENV)}" == needle:
-            out.append(p)
-    return out
+class Node(ManagedProcess):
+    """One ``ray start --block`` process, marked: ``kill()`` takes every process of the node."""
 
-
-def _kill(marker: str) -> int:
-    procs = _marked(marker)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-    return len(procs)
-
-
-class Node:
     def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
-        self.name = name
-        self.marker = env[MARKER_ENV]
+        super().__init__(name, argv, log_path, env=env, marker=env[MARKER_ENV])
         self.metrics_port = int(argv[argv.index("--metrics-export-port") + 1])
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT)
         self.node_id: Optional[str] = None
-
-    def kill(self) -> int:
-        """SIGKILL every process of this node at once (the node's machine dies)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        n = _kill(self.marker)
-        self.proc.wait(timeout=30)
-        self._log.close()
-        return n
 
 
 class LocalCluster:
@@ -198,24 +154,15 @@ class LocalCluster:
         """SIGTERM every node at once, then SIGKILL what is left after ``grace_s`` (a raylet
         would otherwise drain for up to 30 s; nothing here needs that)."""
         for node in self.nodes:
-            if node.proc.poll() is None:
-                try:
-                    os.killpg(node.proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            if node.alive():
+                node.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for node in self.nodes:
-            try:
-                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+            node.wait(max(0.1, deadline - time.monotonic()))
         for node in self.nodes:
-            _kill(node.marker)
-            try:
-                node.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            node._log.close()
+            kill_marked(node.marker)
+            node.wait(10)
+            node.close()
 
     # ------------------------------------------------------------------ state through the dashboard (no ray.init here)
 
@@ -254,7 +201,7 @@ class LocalCluster:
 # ---------------------------------------------------------------------- the deployed config
 
 
-def cluster_config(*, port: int, weights_cache: str, max_rows: int = 4, target_fill: float = 0.5,
+def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: int = 4, target_fill: float = 0.5,
                    acoustic_bounds: tuple[int, int] = (1, 3), upscale_delay_s: float = 2.0,
                    downscale_delay_s: float = 6.0, look_back_period_s: float = 3.0,
                    extra_apps: Optional[list[dict]] = None,
@@ -263,7 +210,8 @@ def cluster_config(*, port: int, weights_cache: str, max_rows: int = 4, target_f
 
     Kept from the GPU config: the graph, the Acoustic policy and its resources (num_gpus 0.5,
     num_cpus 1: two replicas per GPU node), the user_config, the drain timeouts. Changed: tiny random
-    weights on the CPU in float32 (torch has no GPU here), one torch thread, ``max_rows`` and
+    weights on the CPU in float32 (torch has no GPU here) from ``weights_cache`` (None: the default
+    cache directory, which the nodes inherit from this environment), one torch thread, ``max_rows`` and
     ``target_fill`` small enough that a few streams ask for several replicas, delays and the
     metrics push interval in seconds instead of minutes, one replica of each CPU stage pinned to the
     head, the proxy on the head only, loopback HTTP on ``port``.
@@ -272,8 +220,8 @@ def cluster_config(*, port: int, weights_cache: str, max_rows: int = 4, target_f
     cfg["proxy_location"] = "HeadOnly"  # only one node per host can bind the HTTP port
     cfg["http_options"] = {**cfg.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = "applications.chattts"
-    set_path(cfg, f"{app}.args.model", {"weights": {"source": "random-tiny", "cache_dir": weights_cache},
-                                         "device": "cpu", "dtype": "float32", "torch_threads": 1})
+    weights = {"source": "random-tiny", **({"cache_dir": weights_cache} if weights_cache else {})}
+    set_path(cfg, f"{app}.args.model", {"weights": weights, "device": "cpu", "dtype": "float32", "torch_threads": 1})
     set_path(cfg, f"{app}.args.acoustic.max_rows", max_rows)
     set_path(cfg, f"{app}.args.cache", {"backend": "none"})  # every request is a synthesis
     for dep in ("Ingress", "TextNormalizer", "Vocoder"):
@@ -281,7 +229,7 @@ def cluster_config(*, port: int, weights_cache: str, max_rows: int = 4, target_f
         set_path(cfg, f"{app}.deployments.{dep}.autoscaling_config", {"min_replicas": 1, "max_replicas": 1})
     acoustic = f"{app}.deployments.Acoustic"
     low, high = acoustic_bounds
-    auto = copy.deepcopy(_get(cfg, f"{acoustic}.autoscaling_config"))
+    auto = copy.deepcopy(get_path(cfg, f"{acoustic}.autoscaling_config"))
     auto.update(min_replicas=low, max_replicas=high, initial_replicas=low, upscale_delay_s=upscale_delay_s,
                 downscale_delay_s=downscale_delay_s, look_back_period_s=look_back_period_s,
                 # How often replicas push their stats to the controller (Serve's default 10 s).
@@ -292,27 +240,6 @@ def cluster_config(*, port: int, weights_cache: str, max_rows: int = 4, target_f
     return cfg
 
 
-def _get(cfg: dict, dotted: str) -> Any:
-    from .serve_runner import get_path
-
-    return get_path(cfg, dotted)
-
-
 def write_config(cfg: dict, path: Path) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
-
-
-def wait_for(probe: Callable[[], Any], timeout_s: float, interval_s: float = 1.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:g} s (last: {last!r})")

@@ -1,4 +1,12 @@
-"""Processes the benchmark starts: free ports, subprocesses that always get stopped, RSS sampling."""
+"""Processes the bench starts and watches: free ports, subprocesses that always get stopped,
+process groups by title, waits, per-thread CPU time.
+
+``ManagedProcess`` is the one class for every process the bench starts (the ceiling, the
+baseline server, the GPU check's pytest and ceiling, py-spy, the nodes of a local cluster): its
+own process group, its output in a log file, ``stop()`` that escalates SIGINT, SIGTERM, SIGKILL
+and then ends whatever is left in the group, and, with a ``marker``, every process it started
+anywhere (found by that variable in their environment: Ray's processes leave the group).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import psutil
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MARKER_ENV = "CHATTTS_LOCAL_CLUSTER"  # name kept: the cluster tests and Ray's processes carry it
 
 # Ports handed out are drawn from 20000-32767: below Linux's ephemeral range (32768-60999), from
 # which the OS picks the local port of every outgoing connection and every bind to port 0, and
@@ -53,13 +61,23 @@ def bench_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class ManagedProcess:
-    """A subprocess in its own process group; ``stop()`` ends the group (TERM, then KILL)."""
+def bench_command(subcommand: str, *args: str) -> list[str]:
+    """``python -m bench SUBCOMMAND ARGS...`` with this interpreter (run from ``REPO_ROOT``)."""
+    return [sys.executable, "-m", "bench", subcommand, *args]
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Optional[dict] = None, cwd: Optional[str] = None):
+
+class ManagedProcess:
+    """A subprocess in its own process group, output to ``log_path``; see the module docstring."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Optional[dict] = None,
+                 cwd: Optional[str | Path] = REPO_ROOT, marker: Optional[str] = None):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.marker = marker
+        env = dict(env or bench_env())
+        if marker:
+            env[MARKER_ENV] = marker
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
@@ -67,7 +85,7 @@ class ManagedProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env or bench_env(),
+            env=env,
             cwd=cwd,
             start_new_session=True,
         )
@@ -80,6 +98,7 @@ class ManagedProcess:
         return self.proc.poll() is None
 
     def wait(self, timeout: float) -> Optional[int]:
+        """The exit status, or None if still running after ``timeout`` seconds."""
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -92,28 +111,52 @@ class ManagedProcess:
             return ""
         return "\n".join(lines[-n:])
 
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, timeout / 2), (signal.SIGTERM, timeout / 2), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        # Anything left in its process group (children) goes too.
+    def signal(self, sig: int) -> bool:
+        """``sig`` to the whole process group; False if it is gone."""
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, sig)
+            return True
         except (ProcessLookupError, PermissionError):
-            pass
+            return False
+
+    def kill(self, timeout: float = 30.0) -> int:
+        """SIGKILL the group and every marked process at once (a machine that dies); how many
+        marked processes there were."""
+        self.signal(signal.SIGKILL)
+        n = kill_marked(self.marker) if self.marker else 0
+        self.wait(timeout)
+        self.close()
+        return n
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGINT, then SIGTERM (``timeout / 2`` each), then SIGKILL; then whatever is left in its
+        group and, with a marker, anywhere."""
+        if self.alive():
+            for sig, wait in ((signal.SIGINT, timeout / 2), (signal.SIGTERM, timeout / 2), (signal.SIGKILL, 5)):
+                if not self.signal(sig) or self.wait(wait) is not None:
+                    break
+        self.signal(signal.SIGKILL)  # anything left in its process group (children) goes too
+        if self.marker:
+            kill_marked(self.marker)
+        self.close()
+
+    def close(self) -> None:
         self._log.close()
 
 
-def python_module(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+def run_to_end(name: str, argv: Sequence[str], log_path: Path, timeout_s: float,
+               env: Optional[dict] = None) -> tuple[Optional[int], str]:
+    """Run ``argv`` as a ``ManagedProcess`` until it exits or ``timeout_s`` passes (then it is
+    stopped); its exit status (None: timed out) and the tail of its log."""
+    proc = ManagedProcess(name, argv, log_path, env=env)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        proc.stop()
+    return rc, proc.log_tail()
+
+
+# ------------------------------------------------------------------ processes by title or marker
 
 
 def _title(p: psutil.Process) -> str:
@@ -136,83 +179,36 @@ def serve_process_group(title: str) -> Optional[str]:
     return None
 
 
-class RssSampler:
-    """Samples RSS of groups of processes every ``interval`` seconds on a thread.
-
-    ``groups`` maps a process to a group name (or None to skip it); ``roots`` gives the pids
-    whose descendants are looked at. ``window()`` returns the peaks since the last call.
-    """
-
-    def __init__(self, roots: Callable[[], list[int]], classify: Callable[[psutil.Process], Optional[str]], interval: float = 0.5):
-        self.roots = roots
-        self.classify = classify
-        self.interval = interval
-        self._peaks: dict[str, int] = defaultdict(int)
-        self._peak_total = 0
-        self._last: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def start(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def sample(self) -> dict[str, int]:
-        per: dict[str, int] = defaultdict(int)
-        seen: set[int] = set()
-        for root in self.roots():
-            try:
-                rp = psutil.Process(root)
-                procs = [rp] + rp.children(recursive=True)
-            except psutil.NoSuchProcess:
-                continue
-            for p in procs:
-                if p.pid in seen:
-                    continue
-                seen.add(p.pid)
-                try:
-                    group = self.classify(p)
-                    if group is None:
-                        continue
-                    per[group] += p.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-        return dict(per)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            per = self.sample()
-            with self._lock:
-                self._last = per
-                for k, v in per.items():
-                    self._peaks[k] = max(self._peaks[k], v)
-                self._peak_total = max(self._peak_total, sum(per.values()))
-            self._stop.wait(self.interval)
-
-    def window(self) -> dict:
-        """Peak RSS (MiB) per group and of the total since the last call; resets the peaks."""
-        with self._lock:
-            out = {
-                "peak_total_mib": round(self._peak_total / 2**20, 1),
-                "peak_by_process_mib": {k: round(v / 2**20, 1) for k, v in sorted(self._peaks.items())},
-                "last_total_mib": round(sum(self._last.values()) / 2**20, 1),
-            }
-            self._peaks = defaultdict(int)
-            self._peak_total = 0
-        return out
-
-
 def classify_serve(p: psutil.Process) -> Optional[str]:
     return serve_process_group(_title(p))
 
 
 def classify_all(p: psutil.Process) -> Optional[str]:
     return "process"
+
+
+def processes_by_group(roots: Iterable[int], classify: Callable[[psutil.Process], Optional[str]]
+                       ) -> dict[str, list[psutil.Process]]:
+    """The roots and all their descendants, each once, by ``classify`` (None: left out)."""
+    out: dict[str, list[psutil.Process]] = {}
+    seen: set[int] = set()
+    for root in roots:
+        try:
+            rp = psutil.Process(root)
+            procs = [rp] + rp.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                group = classify(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if group is not None:
+                out.setdefault(group, []).append(p)
+    return out
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -241,6 +237,36 @@ def kill_descendants(pid: int, grace: float = 5.0) -> list[str]:
     return names
 
 
+def marked(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment holds ``MARKER_ENV=marker`` (everything one
+    ``ManagedProcess`` with that marker started, wherever it went)."""
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if env.get(MARKER_ENV) == marker:
+            out.append(p)
+    return out
+
+
+def kill_marked(marker: str) -> int:
+    procs = marked(marker)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return len(procs)
+
+
+# ------------------------------------------------------------------ the machine, waiting
+
+
 def load_average() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -248,13 +274,33 @@ def load_average() -> list[float]:
         return []
 
 
+def wait_for(probe: Callable[[], Any], timeout_s: float, interval_s: float = 1.0, what: str = "condition") -> Any:
+    """Call ``probe`` every ``interval_s`` until it returns something true, and return that; an
+    HTTP, value or key error counts as not yet. TimeoutError after ``timeout_s``."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        try:
+            last = probe()
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
+        time.sleep(interval_s)
+
+
 def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()
+    """``wait_for`` as a yes or no: whether ``pred`` came true within ``timeout``."""
+    try:
+        wait_for(pred, timeout, interval)
+        return True
+    except TimeoutError:
+        return False
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[float, Optional[float]]]:

@@ -1,42 +1,37 @@
-"""One benchmark run: ceiling → baseline → project (closed loop, then open loop continuous vs
-window), each alone on the machine, everything it starts stopped at the end (also on errors and
-Ctrl-C), and the report written (also partially, if a phase failed)."""
+"""``python -m bench run``: ceiling → baseline → project (closed loop, then open loop continuous
+vs window batching), each alone on the machine, everything it starts stopped at the end (also on
+errors, Ctrl-C and SIGTERM), and the report written (also partially, if a phase failed).
+
+The ceiling (bench/ceiling.py) and the baseline server (bench/baseline.py) are subprocesses
+(``python -m bench ceiling`` / ``baseline``); the project is a local Ray cluster started in this
+process (bench/lib/serve.py). The report: bench/run_report.py.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
-import signal
-import subprocess
-import threading
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+import yaml
 
-from . import cache_hit, loadgen
-from .corpus import corpus_summary, plan_corpus, text_stream
-from .procs import (
-    ManagedProcess,
-    RssSampler,
-    bench_env,
-    classify_all,
-    classify_serve,
-    free_port,
-    kill_descendants,
-    load_average,
-    busy_threads,
-    python_module,
-    thread_cpu,
-    wait_until,
-)
-from .report import load_key, write_all
-from .serve_runner import ServeRunner, args_path, engine_delta, get_path
+from . import cache_hit
+from .lib import loadgen
+from .lib.corpus import corpus_summary, expected_audio_s, plan_corpus, text_stream
+from .lib.harness import Harness, floats, ints
+from .lib.procs import (ManagedProcess, bench_command, busy_threads, classify_all, classify_serve, free_port,
+                        kill_descendants, run_to_end, thread_cpu, wait_until)
+from .lib.sampler import Periodic, RssSampler
+from .lib.serve import (ServeRunner, apply_overrides, args_path, deployment_path, engine_delta, get_path, load_config,
+                        set_path, set_replicas, set_threads)
+from .run_report import load_key, write_all
 
 PHASES = ("ceiling", "baseline", "serve", "open")
 
@@ -79,21 +74,20 @@ class RunPlan:
         return float(self.closed_s[max(k for k in self.closed_s if k <= c)] if any(k <= c for k in self.closed_s) else 60)
 
 
-class Progress:
-    """One bar over the whole run, in seconds of planned work; the current phase in its label."""
+class Progress(Periodic):
+    """One bar over the whole run, in seconds of planned work; the current phase in its label
+    (moved on once a second)."""
 
     def __init__(self, total_s: float, enabled: bool = True):
         from tqdm import tqdm
 
+        super().__init__(1.0, "progress")
         self.bar = tqdm(total=round(total_s), unit="s", desc="bench", disable=not enabled, dynamic_ncols=True,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} planned s [{elapsed}<{remaining}]")
         self.done_s = 0.0
         self.phase_s = 0.0
         self.phase_t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._t = threading.Thread(target=self._tick, daemon=True)
-        self._t.start()
+        self.start()
 
     def phase(self, name: str, planned_s: float) -> None:
         with self._lock:
@@ -109,16 +103,15 @@ class Progress:
         if n > self.bar.n:
             self.bar.update(n - self.bar.n)
 
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            with self._lock:
-                self._update()
+    def tick(self) -> None:
+        with self._lock:
+            self._update()
 
     def write(self, msg: str) -> None:
         self.bar.write(msg)
 
     def close(self) -> None:
-        self._stop.set()
+        self.stop()
         with self._lock:
             self.done_s += self.phase_s
             self.phase_s = 0
@@ -126,32 +119,17 @@ class Progress:
         self.bar.close()
 
 
-def _git() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                               cwd=Path(__file__).parent).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def _now() -> str:
-    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
 class BenchRun:
     def __init__(self, plan: RunPlan, out: Path, serve_cfg: dict, overrides: dict, ray_cpus: Optional[float],
-                 command: str, show_progress: bool = True):
+                 argv: list[str], show_progress: bool = True):
         self.plan = plan
         self.out = out
         self.logs = out / "logs"
         self.serve_cfg = serve_cfg
         self.overrides = overrides
         self.ray_cpus = ray_cpus
-        self.report: dict[str, Any] = {"meta": {}, "warnings": []}
-        self.command = command
+        self.harness = Harness(out, write_all, argv, quick=plan.quick, weights=plan.weights, plan=asdict(plan))
+        self.report = self.harness.report
         self.show_progress = show_progress
         self._procs: list[ManagedProcess] = []
         self._serve: Optional[ServeRunner] = None
@@ -183,57 +161,27 @@ class BenchRun:
     # -------------------------------------------------------------- phases
 
     def run(self) -> dict:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(exist_ok=True)
-        t_start = time.perf_counter()
-        import psutil
-
-        self.report["meta"] = {
-            "started": _now(),
-            "quick": self.plan.quick,
-            "command": self.command,
-            "cpus": os.cpu_count(),
-            "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "platform": f"{platform.system()} {platform.machine()} python {platform.python_version()}",
-            "loadavg_start": load_average(),
-            "weights": self.plan.weights,
-            "git": _git(),
-            "plan": asdict(self.plan),
-        }
-        planned = plan_corpus(segments=self.segments)
-        self.expected = {text: sum(512 * t - 256 for t in toks) / 24000 for text, toks, _ in planned}
-        self.corpus = corpus_summary(planned)
-        self.report["corpus"] = self.corpus
-        est = self.planned_seconds()
-        self.progress = Progress(sum(est.values()), enabled=self.show_progress)
-        self._install_signal_handlers()
-        try:
-            if "ceiling" in self.plan.phases:
-                self.progress.phase("ceiling", est["ceiling"])
-                self.run_ceiling()
-            if "baseline" in self.plan.phases:
-                self.progress.phase("baseline", est["baseline"])
-                self.run_baseline()
-            if "serve" in self.plan.phases or "open" in self.plan.phases:
-                self.run_serve(est)
-        except BaseException as exc:  # noqa: BLE001 - write what we have, then re-raise
-            self.report["error"] = f"{exc.__class__.__name__}: {exc}"
-            raise
-        finally:
-            self.cleanup()
-            self.progress.close()
-            self.report["meta"]["finished"] = _now()
-            self.report["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
-            self.report["meta"]["loadavg_end"] = load_average()
-            write_all(self.report, self.out)
+        with self.harness:
+            self.logs.mkdir(exist_ok=True)
+            planned = plan_corpus(segments=self.segments)
+            self.expected = expected_audio_s(planned)
+            self.corpus = corpus_summary(planned)
+            self.report["corpus"] = self.corpus
+            est = self.planned_seconds()
+            self.progress = Progress(sum(est.values()), enabled=self.show_progress)
+            try:
+                if "ceiling" in self.plan.phases:
+                    self.progress.phase("ceiling", est["ceiling"])
+                    self.run_ceiling()
+                if "baseline" in self.plan.phases:
+                    self.progress.phase("baseline", est["baseline"])
+                    self.run_baseline()
+                if "serve" in self.plan.phases or "open" in self.plan.phases:
+                    self.run_serve(est)
+            finally:
+                self.cleanup()
+                self.progress.close()
         return self.report
-
-    def _install_signal_handlers(self) -> None:
-        def on_term(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, on_term)
 
     def cleanup(self) -> None:
         for p in self._procs:
@@ -244,27 +192,23 @@ class BenchRun:
             self._serve = None
         left = kill_descendants(os.getpid())
         if left:
-            self.report["warnings"].append(f"stopped leftover child processes: {left}")
+            self.harness.warn(f"stopped leftover child processes: {left}")
 
     # ---------------------------------------------------------- ceiling
 
     def run_ceiling(self) -> None:
         p = self.plan
         path = self.out / "ceiling.json"
-        argv = python_module(
-            "bench.ceiling", "--out", str(path), "--weights", p.weights,
+        argv = bench_command(
+            "ceiling", "--out", str(path), "--weights", p.weights,
             "--batches", ",".join(map(str, p.ceiling_batches)), "--methods", ",".join(p.ceiling_methods),
             "--reps", str(p.ceiling_reps), "--tokens", str(p.ceiling_tokens), "--segments", json.dumps(self.segments),
             "--first-chunk-tokens", str(self.first_chunk_tokens), "--chunk-tokens", str(self.chunk_tokens),
             "--first-chunk-reps", str(p.first_chunk_reps), "--vocoder", json.dumps(self.vocoder_cfg),
         )
-        proc = ManagedProcess("ceiling", argv, self.logs / "ceiling.log", env=bench_env(), cwd=str(Path(__file__).parents[1]))
-        self._procs.append(proc)
-        rc = proc.wait(timeout=3600)
-        proc.stop()
-        self._procs.remove(proc)
+        rc, log_tail = run_to_end("ceiling", argv, self.logs / "ceiling.log", timeout_s=3600)
         if rc != 0 or not path.exists():
-            raise RuntimeError(f"ceiling failed (rc {rc}):\n{proc.log_tail()}")
+            raise RuntimeError(f"ceiling failed (rc {rc}):\n{log_tail}")
         self.report["ceiling"] = json.loads(path.read_text())
         c = self.report["ceiling"]
         self.progress.write(f"ceiling: {c['ceiling']} audio s/s by batch; first chunk raw {c.get('first_chunk', {}).get('raw_s')} s")
@@ -296,10 +240,10 @@ class BenchRun:
     def run_baseline(self) -> None:
         p = self.plan
         port = free_port()
-        argv = python_module("bench.baseline", "--port", str(port), "--weights", p.weights, "--segments", json.dumps(self.segments))
+        argv = bench_command("baseline", "--port", str(port), "--weights", p.weights, "--segments", json.dumps(self.segments))
         if p.baseline_threads:
             argv += ["--threads", str(p.baseline_threads)]
-        proc = ManagedProcess("baseline", argv, self.logs / "baseline.log", env=bench_env(), cwd=str(Path(__file__).parents[1]))
+        proc = ManagedProcess("baseline", argv, self.logs / "baseline.log")
         self._procs.append(proc)
         url = f"http://127.0.0.1:{port}"
 
@@ -334,7 +278,7 @@ class BenchRun:
                 base["closed"][str(c)] = s
                 self.progress.write(self._line("baseline", f"c{c}", s))
                 if not wait_until(idle, timeout=p.timeout_s, interval=0.5):
-                    self.report["warnings"].append(f"baseline still busy {p.timeout_s}s after c{c}")
+                    self.harness.warn(f"baseline still busy {p.timeout_s}s after c{c}")
             base["rss_peak"] = self._overall_rss(base["closed"])
             try:
                 base["server_stats"] = httpx.get(f"{url}/stats", timeout=5, trust_env=False).json()
@@ -363,7 +307,7 @@ class BenchRun:
         self._serve = serve
         start_s = serve.start()
         res: dict[str, Any] = {"start_s": round(start_s, 1), "closed": {}, "open": {}, "overrides": self.overrides,
-                               "config": self.serve_cfg, "ray_session_dir": serve.session_dir}
+                               "config": self.serve_cfg, "ray_session": serve.session_dir and self.harness.path(serve.session_dir)}
         self.report["serve"] = res
         res["replica_env"] = serve.replica_env()
         sampler = RssSampler(lambda: [os.getpid()], classify_serve).start()
@@ -402,13 +346,13 @@ class BenchRun:
         cpu0 = {g: [thread_cpu(pid) for pid in p] for g, p in pids.items()}
         rec = None
         if profile:
-            from .profile import Recorder
+            from .lib.pyspy import Recorder
 
-            rec = Recorder(self.out / "profile")
+            rec = Recorder(self.out / "profile", self.harness.path)
             for g in ("Acoustic", "Vocoder", "Ingress"):
                 for i, pid in enumerate(pids.get(g, [])):
                     if not rec.start(f"{g.lower()}{i or ''}_{profile}", pid, profile_s):
-                        self.report["warnings"].append("py-spy not found: no profile")
+                        self.harness.warn("py-spy not found: no profile")
         t0 = time.perf_counter()
         s = fn()
         wall = time.perf_counter() - t0
@@ -417,10 +361,10 @@ class BenchRun:
         s["replica_threads"] = {g: [busy_threads(b, thread_cpu(pid), wall) for b, pid in zip(cpu0[g], p)]
                                 for g, p in pids.items()}
         if s.get("cache_hits"):
-            self.report["warnings"].append(f"{s['cache_hits']} responses came from the response cache")
+            self.harness.warn(f"{s['cache_hits']} responses came from the response cache")
         s["rss"] = sampler.window()
         if not serve.wait_idle(self.plan.timeout_s):
-            self.report["warnings"].append("Acoustic engine still busy after a phase")
+            self.harness.warn("Acoustic engine still busy after a phase")
         s["engine"] = engine_delta(before, serve.acoustic_stats())
         return s
 
@@ -451,3 +395,145 @@ class BenchRun:
                                     f"p95 {s['latency_s']['p95']} s, TTFB mean {s['ttfb_s']['mean']} s, done {s['completed']}/{s['sent']}, "
                                     f"err {s['errors']} cut {s['cut']}, mean batch {(s.get('engine') or {}).get('mean_rows_per_step')}")
         serve.reconfigure_acoustic(continuous=True)
+
+
+# ------------------------------------------------------------------ command line
+
+
+def add_arguments(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--quick", action="store_true", help="short run (< 10 min on 2 cores): c1 and c8, ceiling b1/b8, open loop at 70%%")
+    r.add_argument("--out", default=None, help="output directory (default bench/results/tmp-<date-time>, git-ignored)")
+    r.add_argument("--weights", default="random", choices=["random", "random-tiny"],
+                   help="random = full-size ChatTTS with random weights (the benchmark); random-tiny only checks the tooling")
+    r.add_argument("--phases", default=",".join(PHASES),
+                   help="comma list of ceiling,baseline,serve,open (default all)")
+    r.add_argument("--levels", type=ints, help="closed-loop concurrencies for baseline and project, e.g. 1,2,4,8,16")
+    r.add_argument("--baseline-levels", type=ints)
+    r.add_argument("--serve-levels", type=ints)
+    r.add_argument("--loads", type=floats, help="open-loop loads (fractions of capacity), continuous batching")
+    r.add_argument("--window-loads", type=floats, help="open-loop loads for window batching")
+    r.add_argument("--duration-scale", type=float, default=1.0, help="multiply every closed/open phase's duration")
+    r.add_argument("--open-s", type=float, help="open-loop arrival period per load point (s)")
+    r.add_argument("--timeout-s", type=float, help="per-request timeout")
+    r.add_argument("--ceiling-batches", type=ints)
+    r.add_argument("--ceiling-reps", type=int)
+    r.add_argument("--ceiling-tokens", type=int, help="tokens per row in the ceiling (default: corpus mean segment)")
+    r.add_argument("--baseline-threads", type=int, help="torch threads of the baseline (default: torch's, all cores)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--front-door", default="proxy", choices=["proxy", "haproxy"],
+                   help="HTTP front door of the project: Serve's proxy, or Ray's HAProxy (RAY_SERVE_ENABLE_HA_PROXY)")
+    r.add_argument("--profile", action="store_true", help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase")
+    r.add_argument("--profile-level", type=int, default=8, help="the closed-loop concurrency to profile (default 8)")
+    r.add_argument("--no-progress", action="store_true")
+    g = r.add_argument_group("project deployment (overrides of the Serve config)")
+    g.add_argument("--config", help="Serve config file (default config/serve.yaml)")
+    g.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="any config value by dotted path, e.g. applications.chattts.deployments.Acoustic.max_ongoing_requests=64 "
+                        "(list items by name; VALUE is YAML)")
+    g.add_argument("--ray-cpus", type=float, help="CPUs Ray may schedule (default: os.cpu_count())")
+    g.add_argument("--acoustic-cpus", type=float)
+    g.add_argument("--vocoder-cpus", type=float)
+    g.add_argument("--ingress-cpus", type=float)
+    g.add_argument("--normalizer-cpus", type=float)
+    g.add_argument("--acoustic-threads", type=int, help="OMP/MKL threads (torch intra-op) of the Acoustic replicas")
+    g.add_argument("--vocoder-threads", type=int, help="OMP/MKL threads of the Vocoder replicas")
+    g.add_argument("--torch-threads", type=int, help="args.model.torch_threads (torch.set_num_threads in every model stage)")
+    g.add_argument("--acoustic-replicas", type=int, help="fixed Acoustic replica count (autoscaling off)")
+    g.add_argument("--vocoder-replicas", type=int, help="fixed Vocoder replica count (autoscaling off)")
+    g.add_argument("--max-batch-size", type=int, help="Acoustic user_config.max_batch_size (@serve.batch)")
+    g.add_argument("--batch-wait-s", type=float, help="Acoustic user_config.batch_wait_timeout_s")
+    g.add_argument("--max-ongoing", type=int, help="Acoustic max_ongoing_requests")
+    g.add_argument("--max-rows", type=int, help="args.acoustic.max_rows (rows decoded together)")
+    g.add_argument("--first-chunk-tokens", type=int, help="args.acoustic.first_chunk_tokens")
+    g.add_argument("--chunk-tokens", type=int, help="args.acoustic.chunk_tokens")
+
+
+def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
+    """The Serve config with the command line's overrides, and those overrides as the report
+    lists them (``serve.overrides``)."""
+    base = load_config(a.config)
+    overrides: dict = {}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set needs PATH=VALUE, got {item!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    cfg = apply_overrides(base, weights=a.weights, port=port, overrides=overrides)
+    shown = dict(overrides)
+    args = args_path(cfg)
+
+    def dep(name: str, rest: str, value) -> None:
+        set_path(cfg, f"{deployment_path(cfg, name)}.{rest}", value)
+        shown[f"{name}.{rest}"] = value
+
+    for flag, name in (("acoustic_cpus", "Acoustic"), ("vocoder_cpus", "Vocoder"), ("ingress_cpus", "Ingress"),
+                       ("normalizer_cpus", "TextNormalizer")):
+        if getattr(a, flag) is not None:
+            dep(name, "ray_actor_options.num_cpus", getattr(a, flag))
+    for flag, name, setter, what in (("acoustic_threads", "Acoustic", set_threads, "threads"),
+                                     ("vocoder_threads", "Vocoder", set_threads, "threads"),
+                                     ("acoustic_replicas", "Acoustic", set_replicas, "replicas"),
+                                     ("vocoder_replicas", "Vocoder", set_replicas, "replicas")):
+        if getattr(a, flag):
+            setter(cfg, name, getattr(a, flag))
+            shown[f"{name}.{what}"] = getattr(a, flag)
+    if a.max_batch_size is not None:
+        dep("Acoustic", "user_config.max_batch_size", a.max_batch_size)
+    if a.batch_wait_s is not None:
+        dep("Acoustic", "user_config.batch_wait_timeout_s", a.batch_wait_s)
+    if a.max_ongoing is not None:
+        dep("Acoustic", "max_ongoing_requests", a.max_ongoing)
+    for flag in ("max_rows", "first_chunk_tokens", "chunk_tokens"):
+        if getattr(a, flag) is not None:
+            set_path(cfg, f"{args}.acoustic.{flag}", getattr(a, flag))
+            shown[f"acoustic.{flag}"] = getattr(a, flag)
+    if a.torch_threads is not None:
+        set_path(cfg, f"{args}.model.torch_threads", a.torch_threads)
+        shown["model.torch_threads"] = a.torch_threads
+    return cfg, shown
+
+
+# Command-line option -> RunPlan field it overrides.
+_PLAN_OPTIONS = {
+    "baseline_levels": "baseline_levels", "serve_levels": "serve_levels", "loads": "loads_continuous",
+    "window_loads": "loads_window", "open_s": "open_s", "timeout_s": "timeout_s",
+    "ceiling_batches": "ceiling_batches", "ceiling_reps": "ceiling_reps", "ceiling_tokens": "ceiling_tokens",
+    "baseline_threads": "baseline_threads",
+}
+
+
+def main(a: argparse.Namespace) -> int:
+    phases = tuple(x.strip() for x in a.phases.split(",") if x.strip())
+    bad = [x for x in phases if x not in PHASES]
+    if bad:
+        raise SystemExit(f"unknown phase(s) {bad}; choose from {PHASES}")
+    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed, "front_door": a.front_door}
+    plan = RunPlan.quick_plan(**kw) if a.quick else RunPlan(**kw)
+    if a.levels:
+        plan.baseline_levels = plan.serve_levels = a.levels
+    for option, plan_field in _PLAN_OPTIONS.items():
+        value = getattr(a, option)
+        # Load lists may be given empty (no open-loop points); other options only when set.
+        if value is not None if option in ("loads", "window_loads") else value:
+            setattr(plan, plan_field, value)
+    plan.profile, plan.profile_level = a.profile, a.profile_level
+    if a.duration_scale != 1.0:
+        plan.closed_s = {k: v * a.duration_scale for k, v in plan.closed_s.items()}
+        plan.open_s *= a.duration_scale
+    if "8" not in map(str, plan.ceiling_batches) and "ceiling" in phases:
+        plan.ceiling_batches = sorted(set(plan.ceiling_batches) | {8})
+    cfg, shown = serve_config(a, free_port())
+    if a.out is None:
+        a.out = str(Path(__file__).parent / "results" / time.strftime("tmp-%Y%m%d-%H%M%S"))
+    out = Path(a.out)
+    run = BenchRun(plan, out, cfg, shown, a.ray_cpus, a.argv, show_progress=not a.no_progress)
+    try:
+        report = run.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; everything started was stopped; partial report in {out}/", file=sys.stderr)
+        return 130
+    print(f"\nreport: {out}/report.json, report.md, report.png (wall {report['meta']['wall_s']} s)")
+    for name, t in report["targets"].items():
+        flag = {True: "ok  ", False: "MISS", None: "n/a "}[t["met"]]
+        print(f"  [{flag}] {name} = {t['value']} (target {t['target']})")
+    return 0

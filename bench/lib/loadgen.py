@@ -1,4 +1,5 @@
-"""Async httpx load generator: closed loop (N clients back to back) and open loop (Poisson).
+"""Async httpx load generator: closed loop (N clients back to back), open loop (Poisson) and a
+step load (a number of closed-loop clients that changes while it runs, for autoscaling).
 
 Every request records its send time, the arrival time and size of every piece of audio it
 receives (WAV header skipped), its end, status and error. All traffic goes to 127.0.0.1.
@@ -23,12 +24,13 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import httpx
-import numpy as np
 
-BYTES_PER_AUDIO_SECOND = 48000  # 16-bit mono 24 kHz
+from .corpus import BYTES_PER_AUDIO_SECOND, ONE_ROW_TEXTS
+from .stats import percentiles
+
 ERROR_BACKOFF_S = 0.5
 
 
@@ -252,15 +254,6 @@ async def open_loop(target: Target, rate_rps: float, duration_s: float, texts: I
                     {"rate_rps": rate_rps, "duration_s": duration_s, "arrivals": len(schedule), "seed": seed, "drain_s": drain_s})
 
 
-def _pct(values: list[float], qs=(50, 95, 99)) -> dict:
-    if not values:
-        return {f"p{q}": None for q in qs} | {"mean": None, "max": None, "n": 0}
-    a = np.asarray(values, dtype=float)
-    out = {f"p{q}": round(float(np.percentile(a, q)), 4) for q in qs}
-    out.update(mean=round(float(a.mean()), 4), max=round(float(a.max()), 4), n=len(values))
-    return out
-
-
 def summarize(run: PhaseRun) -> dict:
     recs = run.records
     ok = [r for r in recs if r.ok]
@@ -298,9 +291,89 @@ def summarize(run: PhaseRun) -> dict:
         "span_s": round(span, 3),
         "audio_s_per_s": round(audio_bytes / BYTES_PER_AUDIO_SECOND / span, 4) if span > 0 else None,
         "requests_per_s": round(completed_in_span / span, 4) if span > 0 else None,
-        "ttfb_s": _pct([r.ttfb for r in ok if r.ttfb is not None]),
-        "latency_s": _pct([r.latency for r in ok]),
+        "ttfb_s": percentiles([r.ttfb for r in ok if r.ttfb is not None]),
+        "latency_s": percentiles([r.latency for r in ok]),
         "audio_s_total": round(sum(audio), 3),
         "audio_s_expected_total": round(sum(expected), 3) if len(expected) == len(ok) else None,
         "mean_audio_s_per_request": round(sum(audio) / len(audio), 3) if audio else None,
     }
+
+
+# ---------------------------------------------------------------------- step load (autoscaling)
+
+
+def complete(rec: RequestRecord, expected: dict[str, int]) -> bool:
+    """Answered 200 and every byte of the planned audio arrived (``expected``: text -> pcm bytes,
+    ``corpus.expected_pcm_bytes``)."""
+    return rec.ok and rec.audio_bytes == expected.get(rec.text, -1)
+
+
+class StepLoad:
+    """Closed-loop clients whose number can change while it runs (``set_clients``).
+
+    Client ``i`` sends requests back to back while ``i < clients``; above the level it finishes
+    the request it is in and waits, so stepping down never cuts a request.
+    """
+
+    def __init__(self, base_url: str, texts: tuple[str, ...] = ONE_ROW_TEXTS, timeout_s: float = 120.0):
+        self.target = Target(base_url, "project", streaming=True, response_format="pcm", timeout_s=timeout_s)
+        self.texts = texts
+        self.clients = 0
+        self.records: list[RequestRecord] = []
+        self.error_bodies: list[tuple[int, bytes]] = []  # (status, body) of every error answer
+        self.t0 = time.perf_counter()
+        self._tasks: list[asyncio.Task] = []
+        self._changed: Optional[asyncio.Event] = None
+        self._stopping = False
+        self._client: Optional[httpx.AsyncClient] = None
+        self.steps: list[tuple[float, int]] = []
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def __aenter__(self) -> "StepLoad":
+        self._client = self.target.client(256)
+        self._client.event_hooks = {"response": [self._keep_error_body]}
+        self._changed = asyncio.Event()
+        return self
+
+    async def _keep_error_body(self, response: httpx.Response) -> None:
+        if response.status_code >= 400:
+            self.error_bodies.append((response.status_code, (await response.aread())[:2000]))
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+        await self._client.aclose()
+
+    def set_clients(self, n: int) -> None:
+        self.clients = n
+        self.steps.append((self.clock(), n))
+        while len(self._tasks) < n:
+            self._tasks.append(asyncio.create_task(self._client_loop(len(self._tasks))))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _client_loop(self, i: int) -> None:
+        texts = self._texts(i)
+        while not self._stopping:
+            if i >= self.clients:
+                await self._changed.wait()
+                continue
+            rec = RequestRecord(len(self.records), next(texts), seed=len(self.records) + 1)
+            self.records.append(rec)
+            await one_request(self._client, self.target, rec, self.clock)
+
+    def _texts(self, i: int) -> Iterator[str]:
+        k = i
+        while True:
+            yield self.texts[k % len(self.texts)]
+            k += 1
+
+    async def stop(self) -> None:
+        """Let every request in flight finish, then end the clients."""
+        self._stopping = True
+        self.set_clients(0)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def in_flight(self) -> int:
+        return sum(1 for r in self.records if r.t_end is None and r.error is None and not r.cut)

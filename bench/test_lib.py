@@ -1,16 +1,24 @@
-"""Unit tests of the benchmark's own arithmetic (no model, no Ray): ``pytest bench/test_bench.py``."""
+"""Unit tests of the bench's shared library (no model, no Ray): ``pytest bench/test_lib.py``."""
 
 from __future__ import annotations
 
+import os
 import struct
+import sys
+import time
 
+import psutil
 import pytest
 
-from bench import loadgen
 from bench.baseline import wav_bytes
-from bench.profile import summarize_raw
-from bench.report import check_targets, compute_ratios, load_key, to_markdown
-from bench.serve_runner import apply_overrides, get_path, set_path, set_replicas, set_threads
+from bench.lib import loadgen
+from bench.lib.corpus import expected_audio_s, planned_samples
+from bench.lib.harness import Harness, command_line, relative_path
+from bench.lib.procs import REPO_ROOT, ManagedProcess, busy_threads, free_port, thread_cpu, wait_for, wait_until
+from bench.lib.pyspy import summarize_raw
+from bench.lib.sampler import Periodic
+from bench.lib.serve import apply_overrides, get_path, set_path, set_replicas, set_threads
+from bench.lib.stats import median, nearest_rank, percentiles, ratio
 
 
 def test_wav_header_len_finds_data_after_other_chunks():
@@ -91,28 +99,6 @@ def test_config_paths_by_name():
     assert out["applications"][0]["route_prefix"] == "/"
 
 
-def test_ratios_and_targets():
-    report = {
-        "ceiling": {"ceiling": {"1": 0.5, "8": 1.4}, "first_chunk": {"raw_s": 0.5}},
-        "baseline": {"closed": {"8": {"audio_s_per_s": 0.4, "latency_s": {"p99": 80.0}}}},
-        "serve": {
-            "closed": {"1": {"ttfb_s": {"p50": 0.6}}, "8": {"audio_s_per_s": 1.3, "latency_s": {"p99": 30.0}}},
-            "open": {"continuous": {load_key(0.7): {"latency_s": {"mean": 10.0}}},
-                     "window": {load_key(0.7): {"latency_s": {"mean": 20.0}}}},
-        },
-    }
-    r = compute_ratios(report)
-    assert r["serve_vs_baseline_c8"] == pytest.approx(3.25)
-    assert r["serve_vs_ceiling_c8"] == pytest.approx(1.3 / 1.4, abs=1e-4)
-    assert r["ttfb_vs_first_chunk"] == pytest.approx(1.2)
-    assert r["p99_vs_baseline_c8"] == pytest.approx(0.375)
-    assert r["continuous_vs_window_mean_latency_70"] == pytest.approx(2.0)
-    t = check_targets(r)
-    assert t["serve_vs_baseline_c8"]["met"] is False and t["p99_vs_baseline_c8"]["met"] is True
-    report["ratios"], report["targets"] = r, t
-    assert "serve_vs_ceiling_c8" in to_markdown(report)
-
-
 def test_profile_summary():
     raw = ("run (t.py:1);_decode_step (a.py:2);forward (llama.py:3) 6\n"
            "run (t.py:1);_sample_and_advance (a.py:4);softmax (f.py:5) 3\n"
@@ -125,10 +111,6 @@ def test_profile_summary():
 
 
 def test_thread_sampling_splits_on_cpu_and_runqueue_time():
-    import os
-
-    from bench.procs import busy_threads, thread_cpu
-
     me = thread_cpu(os.getpid())
     assert me and all(run >= 0 and (wait is None or wait >= 0) for run, wait in me.values())
     before = {1: (10.0, 1.0), 2: (5.0, 0.5)}
@@ -139,3 +121,105 @@ def test_thread_sampling_splits_on_cpu_and_runqueue_time():
     assert out["threads_over_25pct"] == 2 and out["cpu_cores_used"] == 1.2
     # psutil fallback (no schedstat): the wait is unknown, not zero
     assert busy_threads({1: (1.0, None)}, {1: (1.5, None)}, 1.0)["top_thread_runqueue"] == [None]
+
+
+# ------------------------------------------------------------------ stats
+
+
+def test_percentiles_interpolate_and_nearest_rank_does_not():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentiles(values) == {"p50": 2.5, "p95": 3.85, "p99": 3.97, "mean": 2.5, "max": 4.0, "n": 4}
+    assert percentiles(values, (50, 95), 3, ()) == {"p50": 2.5, "p95": 3.85, "n": 4}
+    assert percentiles([]) == {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0}
+    # rank round(q * (n - 1)) of the sorted values: 0.9 * 3 = 2.7 -> rank 3; 0.5 * 3 = 1.5 -> 2 (half to even)
+    assert nearest_rank(values, 0.9) == 4.0 and nearest_rank(values, 0.5) == 3.0 and nearest_rank([], 0.5) is None
+    assert median(values) == 2.5 and median([]) is None
+    assert ratio(1.0, 3.0) == 0.3333 and ratio(1.0, 0) is None and ratio(None, 1.0) is None
+
+
+def test_planned_audio_is_half_a_token_short_per_segment():
+    assert planned_samples([10, 2]) == 512 * 12 - 2 * 256
+    assert expected_audio_s([("a", [10], ["a"])]) == {"a": (512 * 10 - 256) / 24000}
+
+
+# ------------------------------------------------------------------ processes, waits, sampler
+
+
+def test_free_port_draws_below_the_ephemeral_range():
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) == 20 and all(20000 <= p <= 32767 for p in ports)
+
+
+def test_managed_process_stops_its_group_and_keeps_its_log(tmp_path):
+    log = tmp_path / "p.log"
+    code = "import subprocess, sys, time; print('up', flush=True); subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    p = ManagedProcess("sleeper", [sys.executable, "-c", code], log)
+    assert wait_until(lambda: "up" in log.read_text(), 20, 0.05)
+    children = psutil.Process(p.pid).children()
+    p.stop(timeout=2)
+    assert not p.alive() and "up" in p.log_tail()
+    _, alive = psutil.wait_procs(children, timeout=5)  # the group went too
+    assert len(children) == 1 and not alive
+
+
+def test_wait_for_returns_the_value_or_times_out():
+    calls = []
+    assert wait_for(lambda: calls.append(1) or (len(calls) >= 3 and "ok"), 5, 0.01) == "ok"
+    with pytest.raises(TimeoutError, match="never"):
+        wait_for(lambda: False, 0.05, 0.01, what="never")
+    assert wait_until(lambda: False, 0.05, 0.01) is False
+
+
+def test_periodic_ticks_until_stopped_and_counts_failures():
+    class Ticker(Periodic):
+        n = 0
+
+        def tick(self):
+            self.n += 1
+            if self.n == 2:
+                raise RuntimeError("one bad sample")
+
+    t = Ticker(0.01, "ticker").start()
+    time.sleep(0.2)
+    t.stop()
+    n = t.n
+    time.sleep(0.05)
+    assert n >= 5 and t.n == n and t.missed == 1
+
+
+# ------------------------------------------------------------------ harness: paths and partial reports
+
+
+def test_paths_are_recorded_relative_to_the_output(tmp_path):
+    out = tmp_path / "run1"
+    assert relative_path(out, out) == "."
+    assert relative_path(out / "profile" / "a.txt", out) == "profile/a.txt"
+    assert relative_path(REPO_ROOT / "config" / "serve.yaml", out) == "config/serve.yaml"
+    ray_session = os.path.join(os.sep, "tmp", "ray", "session_2026-12-01_01-58-40_1")  # outside the output
+    assert relative_path(ray_session, out) == "session_2026-12-01_01-58-40_1"
+    assert relative_path("config/x.yaml", None) == "config/x.yaml"
+    argv = ["run", "--quick", "--out", str(out), "--config", "/etc/x/serve.yaml", "--junitxml=" + str(out / "p.xml"),
+            "--loads", "0.5,0.7", "--set", "a.b=1"]
+    cmd = command_line(argv, out)
+    assert cmd == "python -m bench run --quick --out . --config serve.yaml --junitxml=p.xml --loads 0.5,0.7 --set a.b=1"
+    assert str(tmp_path) not in cmd
+
+
+def test_harness_writes_a_partial_report_with_the_error(tmp_path):
+    written = []
+
+    def render(report, out):
+        written.append((dict(report), out))
+
+    h = Harness(tmp_path / "o", render, ["run", "--out", str(tmp_path / "o")], quick=True)
+    meta = h.meta  # held before the run starts: still the report's
+    with pytest.raises(RuntimeError):
+        with h:
+            h.report["phase"] = 1
+            raise RuntimeError("phase 2 failed")
+    report, out = written[-1]
+    assert out == tmp_path / "o" and out.is_dir() and report["meta"] is meta
+    assert report["error"] == "RuntimeError: phase 2 failed" and report["phase"] == 1
+    meta = report["meta"]
+    assert meta["command"] == "python -m bench run --out ." and meta["quick"] is True
+    assert {"started", "finished", "wall_s", "git", "cpus", "loadavg_start", "loadavg_end"} <= set(meta)

@@ -15,8 +15,11 @@ Three measurements, all in one process on one set of weights:
   float32 run's exact inputs (its prompt and its tokens) and their hidden states are compared
   position by position.
 
-    python -m bench.numerics layers --out layers.json [--reps 7]
-    python -m bench.ceiling --out ceiling.json --quantize-only     # throughput + numerics
+    python -m bench numerics layers --out layers.json [--reps 7]
+    python -m bench numerics profile --out profile.json [--quantize int8] [--batches 1,8]
+    python -m bench ceiling --out ceiling.json --quantize-only     # throughput + numerics
+
+``quantize_markdown`` renders the ceiling's int8 section in the run report (bench/run_report.py).
 """
 
 from __future__ import annotations
@@ -26,22 +29,17 @@ import copy
 import dataclasses
 import json
 import os
-import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..lib.harness import logger
+from ..lib.render import fmt as _f, get as _get
+from ..lib.stats import mean, median as _median
+
 VARIANTS = ("fp32", "fp32-dual", "int8")
-
-
-def _log(msg: str) -> None:
-    print(f"[numerics {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def _median(xs: list[float]) -> Optional[float]:
-    return statistics.median(xs) if xs else None
+_log = logger("numerics")
 
 
 # ---------------------------------------------------------------------------------- variants
@@ -134,7 +132,7 @@ def interleaved_steps(run_engine: Callable[[int, int], dict], recorder: GptRecor
     for v in VARIANTS:
         mine = [dt for name, dt in steps if name == v]
         out[f"{v}_ms"] = round(1e3 * _median(mine), 2)
-        out[f"{v}_mean_ms"] = round(1e3 * statistics.mean(mine), 2)  # tails count for throughput
+        out[f"{v}_mean_ms"] = round(1e3 * mean(mine), 2)  # tails count for throughput
     for base in ("fp32", "fp32-dual"):
         out[f"int8_speedup_vs_{base}"] = round(_median([t[base] / t["int8"] for t in triples]), 3)
         out[f"int8_speedup_of_means_vs_{base}"] = round(out[f"{base}_mean_ms"] / out["int8_mean_ms"], 3)
@@ -255,7 +253,7 @@ def compare_numerics(model: Any, variants: LinearVariants, recorder: GptRecorder
         "temperature": 1e-5,
         "segments": per_seg,
         "tf_cosine_min": min(s["tf_cosine_min"] for s in per_seg),
-        "tf_cosine_mean": round(statistics.mean(s["tf_cosine_mean"] for s in per_seg), 5),
+        "tf_cosine_mean": round(mean(s["tf_cosine_mean"] for s in per_seg), 5),
         "tokens_equal_before_first_difference": [s["tokens_equal_before_first_difference"] for s in per_seg],
         "control_fp32_vs_dual": [s["control_fp32_vs_dual_tokens_equal_before_first_difference"] for s in per_seg],
         "agree_tokens": agree_tokens,
@@ -381,8 +379,48 @@ def profile_steps(quantize: str, batch: int, tokens: int, threads: int, weights:
     }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.numerics", description=__doc__.split("\n")[0])
+def quantize_markdown(q: Optional[dict]) -> list[str]:
+    """The ceiling's int8 vs float32 rows and numerics table (this module), if it has them."""
+    if not q:
+        return []
+    variants = q.get("variants", [])
+    lines = ["", "### int8 vs float32 (`model.quantize`)", "",
+             f"{q.get('tokens_per_row')} tokens per row. GPT step: the GPT forward of a decode step, median over one run "
+             "whose steps rotate through the variants (speed-up: median of the per-rotation ratios / ratio of the mean "
+             "steps). Engine step (the "
+             f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
+             "variant, interleaved.", "",
+             "| batch | " + " | ".join(f"GPT step {v} ms" for v in variants) + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
+             + " | ".join(f"engine step {v} ms" for v in variants) + " | " + " | ".join(f"audio s/s {v}" for v in variants)
+             + " | int8 audio s/s vs fp32-dual |",
+             "|---|" + "---|" * (3 * len(variants) + 3)]
+    for n, row in sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0])):
+        step = row.get("gpt_step") or {}
+        cells = [_f(step.get(f"{v}_ms"), 1) for v in variants]
+        cells += [f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
+                  for b in ("fp32", "fp32-dual")]
+        cells += [_f(_get(row, v, "engine_step_ms"), 1) for v in variants]
+        cells += [_f(_get(row, v, "audio_s_per_s"), 3) for v in variants]
+        cells.append(_f(row.get("int8_audio_ratio_vs_fp32-dual")))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    num = q.get("numerics")
+    if num:
+        lines += ["", f"Numerics, int8 against {num.get('reference')} on the same weights:", "",
+                  "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
+                  "(control) | teacher-forced positions | hidden cosine min | p01 | mean |", "|---|---|---|---|---|---|---|---|"]
+        for i, s in enumerate(num.get("segments", [])):
+            lines.append(f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
+                         f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
+                         f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
+                         f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |")
+    return lines
+
+
+
+# ---------------------------------------------------------------------------------- command
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("what", choices=["layers", "profile"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=7, help="layers: repetitions")
@@ -391,7 +429,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batches", default="1,8", help="profile: batch sizes")
     ap.add_argument("--tokens", type=int, default=40, help="profile: tokens per row")
     ap.add_argument("--weights", default="random", help="profile: weights source")
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
@@ -404,7 +444,3 @@ def main(argv: Optional[list[str]] = None) -> int:
             _log(f"{p['quantize']} batch {p['batch']}: {p['ms_per_step']} ms/step (profiled), {p['share_pct']}")
     Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,11 +11,12 @@ decode loop (inclusive). Raw stacks stay in DIR/profile/ for flame graphs
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+from .procs import ManagedProcess
 
 # Inclusive buckets: a sample counts for the first of these frames found in its stack.
 STAGES = [
@@ -38,9 +39,13 @@ def py_spy() -> Optional[str]:
 
 
 class Recorder:
-    def __init__(self, out_dir: Path):
+    """``start()`` one py-spy per process, ``finish()`` waits for them and summarises each; the
+    report names each raw file by ``record_path`` (the run's path relative to its output)."""
+
+    def __init__(self, out_dir: Path, record_path: Callable[[Path], str] = str):
         self.out_dir = out_dir
-        self.procs: list[tuple[str, Path, subprocess.Popen]] = []
+        self.record_path = record_path
+        self.procs: list[tuple[str, Path, ManagedProcess]] = []
 
     def start(self, name: str, pid: int, duration_s: float, rate: int = 50) -> bool:
         exe = py_spy()
@@ -50,21 +55,17 @@ class Recorder:
         out = self.out_dir / f"{name}.txt"
         argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(duration_s))), "--rate", str(rate),
                 "--format", "raw", "--nonblocking", "--output", str(out)]
-        log = open(self.out_dir / f"{name}.log", "wb")
-        self.procs.append((name, out, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+        self.procs.append((name, out, ManagedProcess(f"py-spy {name}", argv, self.out_dir / f"{name}.log")))
         return True
 
     def finish(self, timeout_s: float = 60) -> dict:
         out = {}
         for name, path, proc in self.procs:
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            proc.wait(timeout=timeout_s)
+            proc.stop()
             if path.exists():
                 out[name] = summarize_raw(path.read_text(errors="replace"))
-                out[name]["raw"] = str(path)
+                out[name]["raw"] = self.record_path(path)
             else:
                 out[name] = {"error": (self.out_dir / f"{name}.log").read_text(errors="replace")[-500:]}
         self.procs.clear()

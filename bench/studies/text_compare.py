@@ -1,7 +1,7 @@
 """Our number/date/symbol rules against WeTextProcessing's text normalisers, on bench/text_corpus.txt.
 
     pip install wetext WeTextProcessing        # only for this comparison, not project dependencies
-    python -m bench.text_compare [--repeat 3] [--examples 4] [--json out.json]
+    python -m bench text-compare [--repeat 3] [--examples 4] [--json out.json]
 
 Each engine runs in its own fresh interpreter (so its peak RSS and load time are its own): ours
 (``normalize_numbers_zh`` / ``normalize_numbers_en``, the pass that WeTextProcessing would
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
-CORPUS_PATH = Path(__file__).with_name("text_corpus.txt")
+CORPUS_PATH = Path(__file__).resolve().parents[1] / "text_corpus.txt"
 ENGINES = ("ours", "wetext", "wetextprocessing")
 
 
@@ -104,22 +104,28 @@ def compare(corpus: List[Tuple[str, str]], results: Dict[str, dict], n_examples:
     return summary
 
 
-def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.text_compare", description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed passes over the corpus per engine")
     ap.add_argument("--examples", type=int, default=4, help="disagreements shown per language")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--json", help="write the whole comparison here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine, print JSON
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.worker:
         print(json.dumps(run_engine(args.worker, args.repeat), ensure_ascii=False))
         return 0
+    # A worker imports nothing of the bench beyond this module: its RSS is the engine's.
+    from ..lib.procs import REPO_ROOT, bench_command
+
     corpus = load_corpus()
     results = {}
     for engine in args.engines.split(","):
-        proc = subprocess.run([sys.executable, "-m", "bench.text_compare", "--worker", engine,
-                               "--repeat", str(args.repeat)], capture_output=True, text=True)
+        # A fresh interpreter per engine (its load time and peak RSS its own); ``python -m bench``
+        # imports only the subcommand it runs.
+        proc = subprocess.run(bench_command("text-compare", "--worker", engine, "--repeat", str(args.repeat)),
+                              capture_output=True, text=True, cwd=REPO_ROOT)
         if proc.returncode:
             print(f"{engine}: failed (not installed?)\n{proc.stderr.strip()[-600:]}", file=sys.stderr)
             continue
@@ -141,7 +147,3 @@ def main(argv: List[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

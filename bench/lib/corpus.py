@@ -1,4 +1,10 @@
-"""The request texts: a fixed corpus of Chinese and English sentences of mixed lengths."""
+"""The request texts (bench/corpus.txt: Chinese and English of mixed lengths; the autoscale
+load's one-segment texts) and the audio they must produce.
+
+With random weights a segment decodes exactly its planned tokens (``pacing.expected_tokens``),
+and ``n`` tokens are ``512 * n - 256`` samples at 24 kHz (docs/architecture.md): so every
+request's audio length is known before it is sent.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,21 @@ from typing import Iterator, Optional
 
 from serve_app.engine.text.chars import SAYABLE_CJK_RE
 
-CORPUS_PATH = Path(__file__).with_name("corpus.txt")
+CORPUS_PATH = Path(__file__).resolve().parents[1] / "corpus.txt"
+
+SAMPLE_RATE = 24000
+SAMPLES_PER_TOKEN = 512
+BYTES_PER_AUDIO_SECOND = 2 * SAMPLE_RATE  # 16-bit mono
+
+# One segment each (under segments.max_seconds), so a stream is one engine row.
+ONE_ROW_TEXTS = (
+    "今天天气很好，我们一起去公园散步吧。",
+    "请在下一个路口向左转，然后直走两百米。",
+    "会议改到明天下午三点，请大家准时参加。",
+    "这本书讲的是一个小镇上发生的故事。",
+    "The quick brown fox jumps over the lazy dog.",
+    "Please remember to bring your umbrella today.",
+)
 
 
 @lru_cache(maxsize=None)
@@ -55,6 +75,21 @@ def plan_corpus(texts: Optional[tuple[str, ...]] = None, segments: Optional[dict
     return out
 
 
+def planned_samples(tokens: list[int]) -> int:
+    """Samples of audio a request of segments of ``tokens`` tokens each decodes to."""
+    return sum(SAMPLES_PER_TOKEN * t - SAMPLES_PER_TOKEN // 2 for t in tokens)
+
+
+def expected_audio_s(planned) -> dict[str, float]:
+    """Text -> seconds of audio, for ``plan_corpus`` output."""
+    return {text: planned_samples(toks) / SAMPLE_RATE for text, toks, _ in planned}
+
+
+def expected_pcm_bytes(texts: tuple[str, ...], segments: Optional[dict] = None) -> dict[str, int]:
+    """Text -> bytes of s16le audio it must produce (random weights)."""
+    return {text: 2 * planned_samples(tokens) for text, tokens, _ in plan_corpus(texts, segments)}
+
+
 def corpus_summary(planned) -> dict:
     """Tokens and audio seconds per request of the corpus (random weights: exact)."""
     per_req = [sum(toks) for _, toks, _ in planned]
@@ -67,8 +102,8 @@ def corpus_summary(planned) -> dict:
         "en": sum(1 for t, _, _ in planned if lang_of(t) == "en"),
         "mixed": sum(1 for t, _, _ in planned if lang_of(t) == "mixed"),
         "mean_tokens_per_request": sum(per_req) / n,
-        "mean_audio_s_per_request": sum(per_req) / n * 512 / 24000,
-        "min_audio_s": min(per_req) * 512 / 24000,
-        "max_audio_s": max(per_req) * 512 / 24000,
+        "mean_audio_s_per_request": sum(per_req) / n * SAMPLES_PER_TOKEN / SAMPLE_RATE,
+        "min_audio_s": min(per_req) * SAMPLES_PER_TOKEN / SAMPLE_RATE,
+        "max_audio_s": max(per_req) * SAMPLES_PER_TOKEN / SAMPLE_RATE,
         "mean_tokens_per_segment": sum(segs) / len(segs),
     }

@@ -1,4 +1,4 @@
-"""The project on Ray Serve, started and stopped by the benchmark.
+"""The project on Ray Serve, started and stopped by the bench: its config and ``ServeRunner``.
 
 The deployment is the project's own config file (``config/serve.yaml`` by default) with the
 benchmark's overrides applied (weights, loopback port, resources, batching knobs), deployed the
@@ -21,16 +21,23 @@ from typing import Any, Optional
 import httpx
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .procs import REPO_ROOT, classify_serve, processes_by_group
+
 DEFAULT_CONFIG = REPO_ROOT / "config" / "serve.yaml"
+GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
 
 log = logging.getLogger("bench.serve")
 
 
 # ------------------------------------------------------------------ config editing
 
-def load_config(path: Optional[str] = None) -> dict:
-    with open(path or DEFAULT_CONFIG, encoding="utf-8") as f:
+def load_config(path: Optional[str | Path] = None) -> dict:
+    """A Serve config file (default config/serve.yaml); a relative path that is not found from
+    the current directory is read from the repository root."""
+    path = Path(path or DEFAULT_CONFIG)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path
+    with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
 
 
@@ -91,7 +98,7 @@ def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides:
     """A copy of ``cfg`` for the benchmark: loopback port, chosen weights on CPU, overrides.
 
     ``overrides`` maps dotted paths (see ``set_path``) to values; a ``{deployment}.replicas``
-    style convenience is handled by the caller (``bench.__main__``).
+    style convenience is handled by the caller (``bench.run``).
     """
     cfg = copy.deepcopy(cfg)
     cfg["http_options"] = {**(cfg.get("http_options") or {}), "host": "127.0.0.1", "port": port}
@@ -292,20 +299,8 @@ class ServeRunner:
         return False
 
     def replica_pids(self) -> dict[str, list[int]]:
-        import psutil
-
-        from .procs import serve_process_group
-
-        out: dict[str, list[int]] = {}
-        for p in psutil.Process(os.getpid()).children(recursive=True):
-            try:
-                cmd = p.cmdline()
-                group = serve_process_group(cmd[0] if cmd else "")
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            if group is not None:
-                out.setdefault(group, []).append(p.pid)
-        return out
+        """pids of the Serve processes (replicas by deployment, ServeController, ProxyActor)."""
+        return {g: [p.pid for p in procs] for g, procs in processes_by_group([os.getpid()], classify_serve).items()}
 
     def replica_env(self) -> dict:
         """Thread settings of each Serve replica: OMP/MKL_NUM_THREADS in its start environment
