@@ -1,5 +1,5 @@
 """``python -m bench autoscale --out DIR``: a load that steps up and down against the app on a
-local multi-node cluster (bench/cluster.py: a head and GPU-declaring worker nodes on this host),
+local multi-node cluster (bench/lib/cluster.py: a head and GPU-declaring worker nodes on this host),
 recording every second the offered load, each stage's replicas, the Acoustic engine's queue per
 replica, the policy's decision and TTFB/latency percentiles; ``report.json`` and
 ``timeline.png``.
@@ -12,128 +12,32 @@ request's audio length is known from its plan, so a cut stream is seen even when
 ends it cleanly). When the load steps down, clients finish the request they are in and stop:
 nothing is cut by the load generator. The per-replica rows come from the replicas'
 ``tts_queue_rows`` / ``tts_running_rows`` gauges on every node's metrics port (the cluster's
-nodes report metrics every second instead of Ray's 10 s), replicas from Serve's REST API.
+nodes report metrics every second instead of Ray's 10 s), replicas from Serve's REST API. The
+load (``StepLoad``), the texts (``ONE_ROW_TEXTS``) and what each must bring
+(``expected_pcm_bytes``, ``complete``) are in bench/lib/; the cluster tests use them too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import os
 import shutil
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import httpx
-import numpy as np
 
-from .loadgen import RequestRecord, Target, one_request
+from .lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
+from .lib.harness import Harness
+from .lib.loadgen import RequestRecord, StepLoad, complete
+from .lib.render import pyplot, render_files, save, write_files
+from .lib.sampler import Periodic
+from .lib.stats import percentiles
 
 STAGES = ("Ingress", "TextNormalizer", "Acoustic", "Vocoder")
-# One segment each (under segments.max_seconds), so a stream is one engine row.
-ONE_ROW_TEXTS = (
-    "今天天气很好，我们一起去公园散步吧。",
-    "请在下一个路口向左转，然后直走两百米。",
-    "会议改到明天下午三点，请大家准时参加。",
-    "这本书讲的是一个小镇上发生的故事。",
-    "The quick brown fox jumps over the lazy dog.",
-    "Please remember to bring your umbrella today.",
-)
-
-
-# ---------------------------------------------------------------------- what a request must bring
-
-
-def expected_pcm_bytes(texts: tuple[str, ...], segments: Optional[dict] = None) -> dict[str, int]:
-    """Bytes of s16le audio each text must produce: with random weights every segment decodes
-    exactly its planned tokens, 512 samples each less half a token (architecture.md)."""
-    from .corpus import plan_corpus
-
-    return {text: 2 * sum(t * 512 - 256 for t in tokens) for text, tokens, _ in plan_corpus(texts, segments)}
-
-
-def complete(rec: RequestRecord, expected: dict[str, int]) -> bool:
-    """Answered 200 and every byte of the planned audio arrived."""
-    return rec.ok and rec.audio_bytes == expected.get(rec.text, -1)
-
-
-# ---------------------------------------------------------------------- the load
-
-
-class StepLoad:
-    """Closed-loop clients whose number can change while it runs (``set_clients``).
-
-    Client ``i`` sends requests back to back while ``i < clients``; above the level it finishes
-    the request it is in and waits, so stepping down never cuts a request.
-    """
-
-    def __init__(self, base_url: str, texts: tuple[str, ...] = ONE_ROW_TEXTS, timeout_s: float = 120.0):
-        self.target = Target(base_url, "project", streaming=True, response_format="pcm", timeout_s=timeout_s)
-        self.texts = texts
-        self.clients = 0
-        self.records: list[RequestRecord] = []
-        self.error_bodies: list[tuple[int, bytes]] = []  # (status, body) of every error answer
-        self.t0 = time.perf_counter()
-        self._tasks: list[asyncio.Task] = []
-        self._changed: Optional[asyncio.Event] = None
-        self._stopping = False
-        self._client: Optional[httpx.AsyncClient] = None
-        self.steps: list[tuple[float, int]] = []
-
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
-
-    async def __aenter__(self) -> "StepLoad":
-        self._client = self.target.client(256)
-        self._client.event_hooks = {"response": [self._keep_error_body]}
-        self._changed = asyncio.Event()
-        return self
-
-    async def _keep_error_body(self, response: httpx.Response) -> None:
-        if response.status_code >= 400:
-            self.error_bodies.append((response.status_code, (await response.aread())[:2000]))
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-        await self._client.aclose()
-
-    def set_clients(self, n: int) -> None:
-        self.clients = n
-        self.steps.append((self.clock(), n))
-        while len(self._tasks) < n:
-            self._tasks.append(asyncio.create_task(self._client_loop(len(self._tasks))))
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _client_loop(self, i: int) -> None:
-        texts = self._texts(i)
-        while not self._stopping:
-            if i >= self.clients:
-                await self._changed.wait()
-                continue
-            rec = RequestRecord(len(self.records), next(texts), seed=len(self.records) + 1)
-            self.records.append(rec)
-            await one_request(self._client, self.target, rec, self.clock)
-
-    def _texts(self, i: int) -> Iterator[str]:
-        k = i
-        while True:
-            yield self.texts[k % len(self.texts)]
-            k += 1
-
-    async def stop(self) -> None:
-        """Let every request in flight finish, then end the clients."""
-        self._stopping = True
-        self.set_clients(0)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def in_flight(self) -> int:
-        return sum(1 for r in self.records if r.t_end is None and r.error is None and not r.cut)
 
 
 # ---------------------------------------------------------------------- what the cluster does
@@ -150,37 +54,26 @@ def parse_metrics(text: str, names: tuple[str, ...]) -> list[tuple[str, dict, fl
     return out
 
 
-class Sampler:
-    """Every ``interval_s`` on a thread: replicas per stage (Serve REST), rows per Acoustic
-    replica (its gauges on the nodes' metrics ports) and the policy's desired replicas (head)."""
+class ClusterSampler(Periodic):
+    """Every ``interval_s``: replicas per stage (Serve REST), rows per Acoustic replica (its
+    gauges on the nodes' metrics ports) and the policy's desired replicas (head); a second that
+    failed is kept as its error."""
 
     ROW_METRICS = ("ray_tts_queue_rows", "ray_tts_running_rows")
     POLICY_METRIC = "ray_tts_autoscale_desired_replicas"
 
     def __init__(self, cluster, clock, interval_s: float = 1.0):
+        super().__init__(interval_s, "cluster-sampler")
         self.cluster = cluster
         self.clock = clock
-        self.interval_s = interval_s
         self.samples: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
 
-    def start(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t = self.clock()
-            try:
-                self.samples.append(self.sample(t))
-            except Exception as exc:  # noqa: BLE001 - a missed second is recorded, not fatal
-                self.samples.append({"t": round(t, 2), "error": f"{exc.__class__.__name__}: {exc}"})
-            self._stop.wait(max(0.0, self.interval_s - (self.clock() - t)))
+    def tick(self) -> None:
+        t = self.clock()
+        try:
+            self.samples.append(self.sample(t))
+        except Exception as exc:  # noqa: BLE001 - a missed second is recorded, not fatal
+            self.samples.append({"t": round(t, 2), "error": f"{exc.__class__.__name__}: {exc}"})
 
     def sample(self, t: float) -> dict:
         apps = (self.cluster.serve_details().get("applications") or {}).get("chattts") or {}
@@ -194,7 +87,7 @@ class Sampler:
                 acoustic = {r["replica_id"]: {"state": r["state"], "node_id": r["node_id"][:8]} for r in reps}
         desired = None
         for node in self.cluster.nodes:
-            if node.proc.poll() is not None:
+            if not node.alive():
                 continue
             try:
                 text = httpx.get(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5, trust_env=False).text
@@ -212,13 +105,6 @@ class Sampler:
 # ---------------------------------------------------------------------- the report
 
 
-def _pct(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p95": None, "n": 0}
-    a = np.asarray(values)
-    return {"p50": round(float(np.percentile(a, 50)), 3), "p95": round(float(np.percentile(a, 95)), 3), "n": len(values)}
-
-
 def per_second(records: list[RequestRecord], samples: list[dict], steps: list[tuple[float, int]],
                expected: dict[str, int], window_s: float = 5.0) -> list[dict]:
     """One row per sample: clients offered, requests started/finished in the last second, and
@@ -234,8 +120,8 @@ def per_second(records: list[RequestRecord], samples: list[dict], steps: list[tu
             "started_1s": sum(1 for r in records if t - 1 < r.t_send <= t),
             "finished_1s": sum(1 for r in records if r.t_end is not None and t - 1 < r.t_end <= t),
             "failed_so_far": sum(1 for r in records if r.t_send <= t and (r.error or (r.t_end is not None and not complete(r, expected)))),
-            "ttfb_s": _pct([r.ttfb for r in done if r.ttfb is not None]),
-            "latency_s": _pct([r.latency for r in done if r.latency is not None]),
+            "ttfb_s": percentiles([r.ttfb for r in done if r.ttfb is not None], (50, 95), 3, ()),
+            "latency_s": percentiles([r.latency for r in done if r.latency is not None], (50, 95), 3, ()),
         })
     return rows
 
@@ -285,14 +171,9 @@ def failures(records: list[RequestRecord], expected: dict[str, int]) -> dict:
 
 
 def to_png(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report["timeline"] if "replicas" in r]
     t = [r["t"] for r in rows]
-    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
+    fig, axes = pyplot().subplots(4, 1, figsize=(11, 12), sharex=True)
     ax = axes[0]
     ax.step(t, [r["clients"] for r in rows], where="post", label="clients (offered load)", color="black")
     ax.plot(t, [r["finished_1s"] for r in rows], label="requests finished / s", alpha=0.7)
@@ -324,18 +205,26 @@ def to_png(report: dict, path: Path) -> None:
             if ev.get(key) is not None:
                 a.axvline(ev[key], color="grey", lw=0.8)
     fig.suptitle(f"autoscale: {report['meta']['command']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
+
+
+def _timeline_png(report: dict, path: Path) -> None:
+    if report.get("timeline"):  # a run that failed before its load ran has none to draw
+        to_png(report, path)
+
+
+def write_report(report: dict, out: Path) -> None:
+    write_files(report, out, "report.json", None, _timeline_png, png="timeline.png", indent=1)
+
+
+def render(report: dict, out: Path) -> None:
+    render_files(report, out, None, _timeline_png, png="timeline.png")
 
 
 # ---------------------------------------------------------------------- the command
 
 
-@dataclass
-class Plan:
-    steps: list[tuple[float, int]] = field(default_factory=lambda: [(0, 1), (25, 6), (100, 1), (150, 0)])
-    drain_s: float = 40.0  # after the last step: requests in flight finish, replicas settle
+DRAIN_S = 40.0  # after the last step: requests in flight finish, replicas settle
 
 
 def parse_steps(s: str) -> list[tuple[float, int]]:
@@ -347,17 +236,16 @@ def parse_steps(s: str) -> list[tuple[float, int]]:
     return out
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    a = sub.add_parser("autoscale", help="step load on a local multi-node cluster: replicas, engine queue, latency per second")
-    a.add_argument("--out", required=True, help="output directory (report.json, timeline.png)")
-    a.add_argument("--steps", default="0:1,25:6,100:1,150:0", help="AT:CLIENTS,... (seconds since the load started)")
+def add_arguments(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--out", required=True, help="output directory (report.json, timeline.png, serve.cluster.yaml)")
+    a.add_argument("--steps", type=parse_steps, default="0:1,25:6,100:1,150:0",
+                   help="AT:CLIENTS,... (seconds since the load started)")
     a.add_argument("--workers", type=int, default=2, help="worker nodes, one declared GPU each")
     a.add_argument("--max-replicas", type=int, default=3, help="Acoustic max_replicas (two per GPU node fit)")
     a.add_argument("--max-rows", type=int, default=4, help="args.acoustic.max_rows")
     a.add_argument("--target-fill", type=float, default=0.5, help="the policy's target_fill")
     a.add_argument("--upscale-delay-s", type=float, default=2.0)
     a.add_argument("--downscale-delay-s", type=float, default=6.0)
-    return a
 
 
 async def _drive(load: StepLoad, steps: list[tuple[float, int]]) -> None:
@@ -366,62 +254,58 @@ async def _drive(load: StepLoad, steps: list[tuple[float, int]]) -> None:
         load.set_clients(n)
 
 
-def cmd_autoscale(a: argparse.Namespace) -> int:
-    from serve_app.engine.config import default_cache_dir
+def main(a: argparse.Namespace) -> int:
+    import json
 
-    from .cluster import LocalCluster, cluster_config, wait_for, write_config
-    from .procs import free_port, load_average
-    from .runner import _git
-    from .serve_runner import get_path
+    from .lib.cluster import LocalCluster, cluster_config, write_config
+    from .lib.procs import free_port, wait_for
+    from .lib.serve import get_path
 
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    steps = parse_steps(a.steps)
+    steps = a.steps
     port = free_port()
-    cfg = cluster_config(port=port, weights_cache=str(default_cache_dir()), max_rows=a.max_rows, target_fill=a.target_fill,
+    # The weights from the default cache directory, which the nodes find as this process does.
+    cfg = cluster_config(port=port, max_rows=a.max_rows, target_fill=a.target_fill,
                          acoustic_bounds=(1, a.max_replicas), upscale_delay_s=a.upscale_delay_s,
                          downscale_delay_s=a.downscale_delay_s)
     segments = get_path(cfg, "applications.chattts.args.segments")
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, segments)
     cluster = LocalCluster(workers=a.workers)
-    meta: dict[str, Any] = {"command": "python -m bench autoscale " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("cmd", "out")),
-                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "git": _git(),
-                            "cpus": os.cpu_count(), "loadavg_start": load_average()}
-    try:
-        meta["cluster_start_s"] = round(cluster.start(), 1)
-        t0 = time.monotonic()
-        deployed = cluster.serve("deploy", str(write_config(cfg, out / "serve.cluster.yaml")))
-        if deployed.returncode != 0:
-            raise SystemExit(f"serve deploy failed: {deployed.stderr[-2000:]}")
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(url + "/readyz", timeout=5).status_code == 200, 600, what="/readyz 200")
-        meta["deploy_to_ready_s"] = round(time.monotonic() - t0, 1)
-        print(f"cluster up in {meta['cluster_start_s']} s, app ready in {meta['deploy_to_ready_s']} s", flush=True)
+    harness = Harness(out, write_report, a.argv)
+    report, meta = harness.report, harness.meta
+    report["config"] = {"steps": steps, "max_rows": a.max_rows, "target_fill": a.target_fill,
+                        "acoustic_bounds": [1, a.max_replicas], "upscale_delay_s": a.upscale_delay_s,
+                        "downscale_delay_s": a.downscale_delay_s, "workers": a.workers}
+    with harness:
+        try:
+            meta["cluster_start_s"] = round(cluster.start(), 1)
+            t0 = time.monotonic()
+            deployed = cluster.serve("deploy", str(write_config(cfg, out / "serve.cluster.yaml")))
+            if deployed.returncode != 0:
+                raise RuntimeError(f"serve deploy failed: {deployed.stderr[-2000:]}")
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda: httpx.get(url + "/readyz", timeout=5).status_code == 200, 600, what="/readyz 200")
+            meta["deploy_to_ready_s"] = round(time.monotonic() - t0, 1)
+            print(f"cluster up in {meta['cluster_start_s']} s, app ready in {meta['deploy_to_ready_s']} s", flush=True)
 
-        async def main() -> tuple[list, list, list]:
-            async with StepLoad(url) as load:
-                sampler = Sampler(cluster, load.clock).start()
-                try:
-                    await _drive(load, steps)
-                    await load.stop()
-                    await asyncio.sleep(Plan().drain_s)
-                finally:
-                    sampler.stop()
-                return load.records, sampler.samples, load.steps
+            async def drive() -> tuple[list, list, list]:
+                async with StepLoad(url) as load:
+                    sampler = ClusterSampler(cluster, load.clock).start()
+                    try:
+                        await _drive(load, steps)
+                        await load.stop()
+                        await asyncio.sleep(DRAIN_S)
+                    finally:
+                        sampler.stop(timeout_s=30)
+                    return load.records, sampler.samples, load.steps
 
-        records, samples, done_steps = asyncio.run(main())
-    finally:
-        meta["loadavg_end"] = load_average()
-        cluster.stop()
-    shutil.rmtree(cluster.root, ignore_errors=True)  # Ray's logs of the run (kept when it failed)
-    timeline = per_second(records, samples, done_steps, expected)
-    report = {"meta": meta, "config": {"steps": steps, "max_rows": a.max_rows, "target_fill": a.target_fill,
-                                       "acoustic_bounds": [1, a.max_replicas], "upscale_delay_s": a.upscale_delay_s,
-                                       "downscale_delay_s": a.downscale_delay_s, "workers": a.workers},
-              "events": scale_events(samples, done_steps), "requests": failures(records, expected),
-              "timeline": timeline, "records": [_record(r, expected) for r in records]}
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    to_png(report, out / "timeline.png")
+            records, samples, done_steps = asyncio.run(drive())
+        finally:
+            cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)  # Ray's logs of the run (kept when it failed)
+        report.update(events=scale_events(samples, done_steps), requests=failures(records, expected),
+                      timeline=per_second(records, samples, done_steps, expected),
+                      records=[_record(r, expected) for r in records])
     print(json.dumps({"events": report["events"], "requests": report["requests"]}, indent=1))
     return 0 if report["requests"]["failed"] == 0 else 1
 

@@ -8,7 +8,9 @@ project decodes: every segment is one ``Chat.infer`` call with ``max_new_token =
 the segment's target tokens (``pacing.expected_tokens``), ``skip_refine_text=True`` and no text
 normalisation inside ChatTTS (the planner's text is already normalised).
 
-    python -m bench.baseline --port 8100 [--weights random] [--threads N]
+    python -m bench baseline --port 8100 [--weights random] [--threads N]
+
+``python -m bench run`` starts it as a subprocess for its phase "baseline".
 
 Endpoints: ``POST /v1/audio/speech`` (OpenAI-style JSON; answers ``audio/wav``), ``GET /healthz``
 (200 once the model is loaded and warmed up), ``GET /stats`` (busy, waiting, served, pid).
@@ -33,9 +35,9 @@ from fastapi.responses import JSONResponse, Response
 
 from serve_app.engine.threads import TorchThread
 
-log = logging.getLogger("bench.baseline")
+from .lib.corpus import SAMPLE_RATE
 
-SAMPLE_RATE = 24000
+log = logging.getLogger("bench.baseline")
 
 
 def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
@@ -190,15 +192,16 @@ def make_app(synth_factory) -> FastAPI:
     return app
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.baseline", description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--weights", default="random", help="weights source (as the project's model.weights.source)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON: the same segments")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     import uvicorn
@@ -206,7 +209,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     app = make_app(lambda: BaselineSynth(args.weights, args.device, json.loads(args.segments), args.threads))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

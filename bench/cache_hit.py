@@ -4,7 +4,10 @@ One ~10-second utterance (wav) is synthesised once (miss), then requested again 
 answer must be ``X-Cache: hit`` and byte-identical. Reports p50/p95 latency of a hit through HTTP
 (sequential) and hit throughput at a given concurrency.
 
-    python -m bench.cache_hit --url http://127.0.0.1:8000 [--n 200] [--concurrency 8]
+    python -m bench cache-hit --url http://127.0.0.1:8000 [--n 200] [--concurrency 8]
+
+``python -m bench run`` measures it at the end of its Serve phases (``serve.cache_hit``).
+p50 is the median of the sequential hits, p95 their nearest-rank 95th percentile.
 """
 
 from __future__ import annotations
@@ -12,19 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import sys
 import time
 
 import httpx
 
+from .lib.corpus import BYTES_PER_AUDIO_SECOND
+from .lib.stats import median, nearest_rank
+
 # ~10 s of audio at the project's pacing (Chinese ~0.21 s per character + pauses).
 TEN_SECOND_TEXT = "今天的天气非常好，阳光明媚，微风轻轻吹过，我们决定一起去公园散步，顺便看看湖边盛开的花。"
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
 async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242) -> dict:
@@ -34,7 +33,7 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
         first = await client.post("/v1/audio/speech", json=body)
         miss_s = time.perf_counter() - t0
         first.raise_for_status()
-        audio_s = (len(first.content) - 44) / 48000
+        audio_s = (len(first.content) - 44) / BYTES_PER_AUDIO_SECOND
 
         misses = 0
 
@@ -68,8 +67,8 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
     return {
         "audio_seconds": round(audio_s, 3),
         "miss_latency_s": round(miss_s, 3),
-        "hit_p50_ms": round(1000 * statistics.median(sequential), 2),
-        "hit_p95_ms": round(1000 * _pct(sequential, 0.95), 2),
+        "hit_p50_ms": round(1000 * median(sequential), 2),
+        "hit_p95_ms": round(1000 * nearest_rank(sequential, 0.95), 2),
         "hits": len(sequential),
         "misses": misses,
         "concurrency": concurrency,
@@ -78,15 +77,12 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=8)
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     print(json.dumps(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

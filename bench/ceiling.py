@@ -16,13 +16,16 @@ both ways and of the repetitions ("the most this model can do on this box").
 its first chunk (``first_chunk_tokens``) is vocoded by the same sliding-window vocoder the project
 streams with, and ``Chat.infer`` of just ``first_chunk_tokens`` tokens; ``raw_s`` is the smaller.
 
-``--quantize``: also int8 against float32 (``model.quantize``, bench/numerics.py): the engine at
+``--quantize``: also int8 against float32 (``model.quantize``, bench/studies/numerics.py): the engine at
 each batch size with the GPT's linear layers swapped between float32, float32 dual layout and
 int8, interleaved (decode step time, audio s/s), and the numerics table (near-greedy token
 agreement, teacher-forced hidden-state cosine). ``--quantize-only`` runs just that.
 
-    python -m bench.ceiling --out ceiling.json [--batches 1,4,8,16] [--reps 2]
-    python -m bench.ceiling --out int8.json --quantize-only --batches 1,8,16 --reps 3
+    python -m bench ceiling --out ceiling.json [--batches 1,4,8,16] [--reps 2]
+    python -m bench ceiling --out int8.json --quantize-only --batches 1,8,16 --reps 3
+
+``python -m bench run`` runs it as a subprocess (its phase "ceiling"); the GPU check's ceiling
+step (bench/gpu.py) drives the same ``Ceiling`` on cuda.
 """
 
 from __future__ import annotations
@@ -31,17 +34,15 @@ import argparse
 import dataclasses
 import json
 import logging
-import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-SAMPLE_RATE = 24000
+from .lib.corpus import SAMPLE_RATE, SAMPLES_PER_TOKEN
+from .lib.harness import ints, logger
+from .lib.stats import mean, median
 
-
-def _log(msg: str) -> None:
-    print(f"[ceiling {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+_log = logger("ceiling")
 
 
 class Ceiling:
@@ -56,7 +57,7 @@ class Ceiling:
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights import load_model
 
-        from .corpus import load_corpus
+        from .lib.corpus import load_corpus
 
         t0 = time.perf_counter()
         self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype,
@@ -76,7 +77,7 @@ class Ceiling:
             plan = planner.plan(text, SynthesisOptions())
             segs += [dataclasses.replace(s, spk_emb=speakers.embedding(plan.voice)) for s in plan.segments]
         self.segments = segs
-        self.mean_tokens = round(statistics.mean(s.target_tokens for s in segs))
+        self.mean_tokens = round(mean(s.target_tokens for s in segs))
 
     def pick(self, n: int, tokens: int) -> list:
         """The n segments whose target is closest to ``tokens`` (stable order)."""
@@ -120,18 +121,23 @@ class Ceiling:
         wall = time.perf_counter() - t0
         return {"wall_s": wall, "audio_s": sum(len(w.reshape(-1)) for w in wavs) / SAMPLE_RATE}
 
+    @staticmethod
+    def best_of(fn: Callable[[int, int], dict], n: int, tokens: int, reps: int, label: str) -> tuple[dict, list[dict]]:
+        """``reps`` runs of ``fn(n, tokens)``, each with its ``audio_s_per_s``; the fastest, and all."""
+        runs = []
+        for r in range(reps):
+            res = fn(n, tokens)
+            res["audio_s_per_s"] = res["audio_s"] / res["wall_s"]
+            runs.append(res)
+            _log(f"{label} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s")
+        return max(runs, key=lambda x: x["audio_s_per_s"]), runs
+
     def throughput(self, method: str, batches: list[int], tokens: int, reps: int) -> dict:
         fn = {"engine": self.run_engine, "chat_infer": self.run_chat_infer}[method]
         fn(2, 8)  # warm-up (first calls allocate)
         out = {}
         for n in batches:
-            runs = []
-            for r in range(reps):
-                res = fn(n, tokens)
-                res["audio_s_per_s"] = res["audio_s"] / res["wall_s"]
-                runs.append(res)
-                _log(f"{method} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s")
-            best = max(runs, key=lambda x: x["audio_s_per_s"])
+            best, runs = self.best_of(fn, n, tokens, reps, method)
             out[str(n)] = {
                 "batch": n,
                 "tokens_per_row": tokens,
@@ -139,14 +145,14 @@ class Ceiling:
                 "audio_s_per_s_runs": [round(x["audio_s_per_s"], 4) for x in runs],
                 "wall_s_runs": [round(x["wall_s"], 3) for x in runs],
                 "audio_s": round(best["audio_s"], 3),
-                "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / 512, 2),
+                "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / SAMPLES_PER_TOKEN, 2),
             }
         return out
 
     def quantize(self, batches: list[int], tokens: int, reps: int, numerics_segments: int, tf_tokens: int,
                  agree_tokens: int) -> dict:
-        """int8 vs float32 on this model (bench/numerics.py); the GPT is left as loaded."""
-        from .numerics import GptRecorder, LinearVariants, compare_numerics, compare_throughput
+        """int8 vs float32 on this model (bench/studies/numerics.py); the GPT is left as loaded."""
+        from .studies.numerics import GptRecorder, LinearVariants, compare_numerics, compare_throughput
 
         if self.model.device.type != "cpu":
             raise ValueError("model.quantize int8 is CPU only")
@@ -208,8 +214,8 @@ class Ceiling:
                             split_text=False, params_infer_code=params)
             if r:
                 infer_times.append(time.perf_counter() - t0)
-        e = statistics.median(engine_times) if engine_times else None
-        c = statistics.median(infer_times)
+        e = median(engine_times)
+        c = median(infer_times)
         raw = min(x for x in (e, c) if x is not None)
         _log(f"first chunk ({f} tokens): engine {e and round(e, 3)}s, Chat.infer {c:.3f}s")
         return {
@@ -223,11 +229,10 @@ class Ceiling:
         }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.ceiling", description="raw in-process throughput of the model")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--weights", default="random")
-    ap.add_argument("--batches", default="1,4,8,16")
+    ap.add_argument("--batches", type=ints, default=[1, 4, 8, 16])
     ap.add_argument("--methods", default="engine,chat_infer")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=0, help="tokens per row (0: the corpus mean segment length)")
@@ -237,18 +242,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--first-chunk-reps", type=int, default=5)
     ap.add_argument("--vocoder", default="{}", help="VocoderConfig as JSON")
-    ap.add_argument("--quantize", action="store_true", help="also int8 vs float32 (bench/numerics.py)")
+    ap.add_argument("--quantize", action="store_true", help="also int8 vs float32 (bench/studies/numerics.py)")
     ap.add_argument("--quantize-only", action="store_true", help="only int8 vs float32 (no methods, no first chunk)")
     ap.add_argument("--numerics-segments", type=int, default=3, help="segments of the int8 numerics table")
     ap.add_argument("--tf-tokens", type=int, default=200, help="teacher-forced positions per segment")
     ap.add_argument("--agree-tokens", type=int, default=100, help="near-greedy tokens compared per segment")
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
 
     t_start = time.perf_counter()
     c = Ceiling(args.weights, args.threads, json.loads(args.segments), args.first_chunk_tokens, args.chunk_tokens, json.loads(args.vocoder))
     tokens = args.tokens or c.mean_tokens
-    batches = [int(x) for x in args.batches.split(",") if x]
+    batches = args.batches
     result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}
     if args.first_chunk_reps > 0 and not args.quantize_only:
         result["first_chunk"] = c.first_chunk(args.first_chunk_reps)
@@ -264,7 +271,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
     _log(f"done in {result['wall_s']}s: ceiling {result.get('ceiling')}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,12 +10,13 @@ one runs), under one deadline (default 8 min) after which it stops and still wri
    full-size weights in bfloat16 on cuda: audio seconds per second, decode step time and peak GPU
    memory at batch 1/8/32/64, and the time to the first chunk's audio at batch 1.
 3. ``serve_2x0.5`` / ``serve_1x1``: config/serve.gpu.yaml on random full-size weights
-   (bench/serve_runner.py), closed loops at 1, 16 and 64 clients (bench/loadgen.py): two Acoustic
+   (bench/lib/serve.py), closed loops at 1, 16 and 64 clients (bench/lib/loadgen.py): two Acoustic
    replicas at ``num_gpus: 0.5``, then one at ``num_gpus: 1`` given the same decode slots.
 
 ``--dry-run`` runs every step on CPU with random-tiny weights and tiny sizes, so the script itself
 is tested where there is no GPU. The report is rewritten after every step (report.json, .md, .png),
-so a machine taken away mid-run still leaves the steps done so far.
+so a machine taken away mid-run still leaves the steps done so far. The ceiling step's process is
+``python -m bench gpu-ceiling`` (``ceiling_worker`` below).
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
@@ -38,8 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-REPO = Path(__file__).resolve().parents[1]
-GPU_CONFIG = REPO / "config" / "serve.gpu.yaml"
+from .lib.harness import Harness, command_line, ints, logger
+from .lib.procs import REPO_ROOT, bench_command, free_port, run_to_end
+from .lib.render import (by_clients, fmt as _f, get as _get, log2_panel, pyplot, render_files, save, seconds_vs_clients,
+                         write_files, write_json)
+from .lib.sampler import GpuSampler
+from .lib.serve import GPU_CONFIG
+
 STEPS = ("tests", "ceiling", "serve_2x0.5", "serve_1x1")
 # name -> (Acoustic replicas, num_gpus each). The single replica gets the decode slots of both.
 SERVE_VARIANTS = {"serve_2x0.5": (2, 0.5), "serve_1x1": (1, 1.0)}
@@ -67,7 +69,7 @@ class GpuPlan:
     ray_cpus: Optional[float] = None
     request_timeout_s: float = 120.0
     texts: Optional[tuple] = None  # request texts (None: bench/corpus.txt)
-    config: str = str(GPU_CONFIG)
+    config: str = GPU_CONFIG.relative_to(REPO_ROOT).as_posix()  # from the repository root
 
     @classmethod
     def dry(cls, **kw) -> "GpuPlan":
@@ -92,8 +94,7 @@ class Deadline:
         return self.total_s - (time.monotonic() - self.t0)
 
 
-def _log(msg: str) -> None:
-    print(f"[gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+_log = logger("gpu")
 
 
 # ------------------------------------------------------------------ step 1: pytest -m gpu
@@ -123,8 +124,6 @@ def parse_junit(path: Path) -> dict:
 
 
 def run_tests(plan: GpuPlan, out: Path, budget_s: float) -> dict:
-    from .procs import ManagedProcess, bench_env
-
     xml = out / "pytest.xml"
     # A test module that cannot be imported (a package missing on a bare GPU machine) is reported
     # as an error case; the gpu tests elsewhere still run.
@@ -132,16 +131,14 @@ def run_tests(plan: GpuPlan, out: Path, budget_s: float) -> dict:
             "--continue-on-collection-errors", f"--junitxml={xml}", "-o", "junit_family=xunit1"]
     if plan.tests_filter:
         argv += ["-k", plan.tests_filter]
-    proc = ManagedProcess("tests", argv, out / "pytest.log", env=bench_env(), cwd=str(REPO))
-    rc = proc.wait(timeout=budget_s)
-    proc.stop()
-    result: dict[str, Any] = {"command": shlex.join(argv[1:]), "rc": rc, "timed_out": rc is None}
+    rc, log_tail = run_to_end("tests", argv, out / "pytest.log", timeout_s=budget_s)
+    result: dict[str, Any] = {"command": command_line(argv[1:], out, prefix=""), "rc": rc, "timed_out": rc is None}
     if xml.exists():
         result.update(parse_junit(xml))
     if rc is None:
         raise PartialResult(result, f"pytest still running after {budget_s:.0f}s (killed)")
     if rc not in (0, 1) or not xml.exists():  # 1: some test failed (recorded case by case)
-        raise PartialResult(result, exited("pytest", rc, proc.log_tail()))
+        raise PartialResult(result, exited("pytest", rc, log_tail))
     if rc == 1:
         failed = [c["name"] for c in result["cases"] if c["outcome"] in ("failed", "error")]
         raise PartialResult(result, f"{len(failed)} test(s) failed: {', '.join(failed)}")
@@ -151,21 +148,23 @@ def run_tests(plan: GpuPlan, out: Path, budget_s: float) -> dict:
 # ------------------------------------------------------------------ step 2: the ceiling
 
 
-def ceiling_worker(argv: Optional[list[str]] = None) -> int:
-    """In a subprocess of its own (the GPU is released when it exits): bench/ceiling.py's engine
-    throughput with the step time and peak GPU memory per batch, then the first chunk alone.
-    Writes its JSON after every batch, so a run stopped by the deadline keeps what it measured."""
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu ceiling-worker")
+def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--weights", required=True)
     ap.add_argument("--device", required=True)
     ap.add_argument("--dtype", required=True)
-    ap.add_argument("--batches", required=True)
+    ap.add_argument("--batches", type=ints, required=True)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--first-chunk-reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--args", default="{}", help="the Serve config's args (segments, acoustic, vocoder)")
-    a = ap.parse_args(argv)
+
+
+def ceiling_worker(a: argparse.Namespace) -> int:
+    """``python -m bench gpu-ceiling``, in a subprocess of its own (the GPU is released when it
+    exits): bench/ceiling.py's engine throughput with the step time and peak GPU memory per
+    batch, then the first chunk alone. Writes its JSON after every batch, so a run stopped by the
+    deadline keeps what it measured."""
     import torch
 
     from .ceiling import Ceiling
@@ -185,27 +184,24 @@ def ceiling_worker(argv: Optional[list[str]] = None) -> int:
     }
     path = Path(a.out)
 
-    def save() -> None:
-        path.write_text(json.dumps(res, indent=2, ensure_ascii=False))
+    def run_measured(n: int, tokens: int) -> dict:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        r = c.run_engine(n, tokens)
+        r["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+        return r
 
-    save()
+    write_json(res, path)
     c.run_engine(2, 8)  # warm-up (kernels, allocator)
     res["first_chunk"] = c.first_chunk(a.first_chunk_reps)
-    save()
-    for n in [int(x) for x in a.batches.split(",") if x]:
-        runs = []
-        for _ in range(a.reps):
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            r = c.run_engine(n, tokens)
-            r["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
-            runs.append(r)
-        best = max(runs, key=lambda r: r["audio_s"] / r["wall_s"])
+    write_json(res, path)
+    for n in a.batches:
+        best, runs = c.best_of(run_measured, n, tokens, a.reps, "engine")
         res["batches"][str(n)] = {
             "batch": n,
-            "audio_s_per_s": round(best["audio_s"] / best["wall_s"], 4),
-            "audio_s_per_s_runs": [round(r["audio_s"] / r["wall_s"], 4) for r in runs],
+            "audio_s_per_s": round(best["audio_s_per_s"], 4),
+            "audio_s_per_s_runs": [round(r["audio_s_per_s"], 4) for r in runs],
             "wall_s": round(best["wall_s"], 3),
             "decode_s": round(best["decode_s"], 3),
             "prefill_s": round(best["prefill_s"], 3),
@@ -216,29 +212,25 @@ def ceiling_worker(argv: Optional[list[str]] = None) -> int:
             "peak_gpu_mib": best["peak_gpu_mib"],
         }
         print(f"[ceiling] batch {n}: {res['batches'][str(n)]}", flush=True)
-        save()
+        write_json(res, path)
     return 0
 
 
 def run_ceiling(plan: GpuPlan, out: Path, serve_args: dict, budget_s: float) -> dict:
-    from .procs import ManagedProcess, bench_env, python_module
-
     path = out / "ceiling.json"
-    argv = python_module("bench.gpu", "ceiling-worker", "--out", str(path), "--weights", plan.weights,
+    argv = bench_command("gpu-ceiling", "--out", str(path), "--weights", plan.weights,
                          "--device", plan.device, "--dtype", plan.dtype,
                          "--batches", ",".join(map(str, plan.ceiling_batches)), "--reps", str(plan.ceiling_reps),
                          "--first-chunk-reps", str(plan.first_chunk_reps), "--args", json.dumps(serve_args))
     if plan.ceiling_threads:
         argv += ["--threads", str(plan.ceiling_threads)]
-    proc = ManagedProcess("ceiling", argv, out / "ceiling.log", env=bench_env(), cwd=str(REPO))
-    rc = proc.wait(timeout=budget_s)
-    proc.stop()
+    rc, log_tail = run_to_end("ceiling", argv, out / "ceiling.log", timeout_s=budget_s)
     result = json.loads(path.read_text()) if path.exists() else {}
     missing = [n for n in plan.ceiling_batches if str(n) not in result.get("batches", {})]
     if rc is None:
         raise PartialResult(result, f"ceiling still running after {budget_s:.0f}s (killed); not measured: batch {missing}")
     if rc != 0 or missing or "first_chunk" not in result:
-        raise PartialResult(result, exited("ceiling", rc, proc.log_tail()))
+        raise PartialResult(result, exited("ceiling", rc, log_tail))
     return result
 
 
@@ -259,52 +251,9 @@ class PartialResult(RuntimeError):
 # ------------------------------------------------------------------ steps 3-4: Serve
 
 
-class GpuSampler:
-    """``nvidia-smi`` once a second on a thread: peak memory used and mean utilisation of the GPU
-    between two ``window()`` calls (None without nvidia-smi: dry runs)."""
-
-    QUERY = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"]
-
-    def __init__(self, interval_s: float = 1.0):
-        self.available = shutil.which("nvidia-smi") is not None
-        self.interval_s = interval_s
-        self._samples: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
-
-    def start(self) -> "GpuSampler":
-        if self.available:
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                line = subprocess.run(self.QUERY, capture_output=True, text=True, timeout=5).stdout.splitlines()[0]
-                mem, util = (float(x) for x in line.split(","))
-            except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-                continue
-            with self._lock:
-                self._samples.append((mem, util))
-
-    def window(self) -> Optional[dict]:
-        if not self.available:
-            return None
-        with self._lock:
-            samples, self._samples = self._samples, []
-        if not samples:
-            return {"samples": 0}
-        return {"samples": len(samples), "mem_used_peak_mib": max(m for m, _ in samples),
-                "util_mean_pct": round(sum(u for _, u in samples) / len(samples), 1)}
-
-
 def serve_config(plan: GpuPlan, variant: str, port: int) -> tuple[dict, dict]:
     """config/serve.gpu.yaml for one variant, and the overrides applied to it (for the report)."""
-    from .serve_runner import apply_overrides, args_path, deployment_path, get_path, load_config, set_replicas
+    from .lib.serve import apply_overrides, args_path, deployment_path, get_path, load_config, set_replicas
 
     replicas, num_gpus = SERVE_VARIANTS[variant]
     base = load_config(plan.config)
@@ -331,11 +280,11 @@ def serve_config(plan: GpuPlan, variant: str, port: int) -> tuple[dict, dict]:
     return cfg, shown
 
 
-def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, state: dict) -> dict:
-    from . import loadgen
-    from .corpus import text_stream
-    from .procs import free_port
-    from .serve_runner import ServeRunner, engine_delta
+def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, state: dict,
+              record_path: Callable[[str], str]) -> dict:
+    from .lib import loadgen
+    from .lib.corpus import text_stream
+    from .lib.serve import ServeRunner, engine_delta
 
     t_end = time.monotonic() + budget_s
     cfg, shown = serve_config(plan, variant, free_port())
@@ -347,7 +296,7 @@ def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, 
     gpu = GpuSampler().start()
     try:
         res["start_s"] = round(runner.start(), 1)
-        res["ray_session_dir"] = runner.session_dir
+        res["ray_session"] = runner.session_dir and record_path(runner.session_dir)
         _log(f"{variant}: Serve ready in {res['start_s']} s")
         target = loadgen.Target(runner.base_url, "serve", streaming=True, timeout_s=plan.request_timeout_s)
         # Warm the whole path with concurrent traffic (not measured), then settle.
@@ -392,59 +341,51 @@ def plan_seed(clients: int) -> int:
 
 
 class GpuCheck:
-    def __init__(self, plan: GpuPlan, out: Path, command: str):
+    def __init__(self, plan: GpuPlan, out: Path, argv: list[str]):
         self.plan = plan
         self.out = out
-        self.command = command
         self.deadline = Deadline(plan.deadline_s)
-        self.report: dict[str, Any] = {"meta": {}, "plan": dataclasses.asdict(plan), "steps": {}, "warnings": []}
+        self.harness = Harness(out, write_report, argv, dry_run=plan.dry_run, host_gpu=_gpu_name())
+        self.report = self.harness.report
+        self.report.update(plan={**dataclasses.asdict(plan), "config": self.harness.path(plan.config)}, steps={})
         self._state: dict[str, Any] = {}
-        self._write_lock = threading.Lock()
-        self._done = threading.Event()
 
     def run(self) -> dict:
-        from .runner import _git, _now
-        from .serve_runner import args_path, get_path, load_config
+        from .lib.serve import args_path, get_path, load_config
 
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.report["meta"] = {"started": _now(), "command": self.command, "git": _git(), "dry_run": self.plan.dry_run,
-                               "cpus": os.cpu_count(), "host_gpu": _gpu_name()}
-        t0 = time.perf_counter()
         base = load_config(self.plan.config)
         serve_args = get_path(base, args_path(base)) or {}
-        plan, state = self.plan, self._state
+        plan, state, path = self.plan, self._state, self.harness.path
         steps: dict[str, Callable[[float], dict]] = {
             "tests": lambda b: run_tests(plan, self.out, b),
             "ceiling": lambda b: run_ceiling(plan, self.out, serve_args, b),
-            **{v: (lambda b, v=v: run_serve(plan, v, self.deadline, b, state)) for v in SERVE_VARIANTS},
+            **{v: (lambda b, v=v: run_serve(plan, v, self.deadline, b, state, path)) for v in SERVE_VARIANTS},
         }
         caps = {"tests": plan.tests_timeout_s, "ceiling": plan.ceiling_timeout_s}
-        threading.Thread(target=self._watchdog, name="deadline-watchdog", daemon=True).start()
-        prev = signal.signal(signal.SIGTERM, _raise_interrupt) if threading.current_thread() is threading.main_thread() else None
-        try:
-            for name in [s for s in STEPS if s in plan.steps]:
-                if name in caps:
-                    budget = min(caps[name], self.deadline.left())
-                else:  # each Serve variant: an equal share of what is left when it starts
-                    todo = [v for v in SERVE_VARIANTS if v in plan.steps and v not in self.report["steps"]]
-                    budget = self.deadline.left() / len(todo)
-                self._step(name, budget, steps[name])
-        except KeyboardInterrupt as exc:
-            self.report["warnings"].append(f"interrupted ({exc}); steps after it did not run")
-        finally:
-            if prev is not None:
-                signal.signal(signal.SIGTERM, prev)
-            self._done.set()
-            self.report["meta"]["finished"] = _now()
-            self.report["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
-            self.write()
+        with self.harness:
+            self.harness.watchdog(self.deadline.left, self._mark_killed)
+            try:
+                for name in [s for s in STEPS if s in plan.steps]:
+                    if name in caps:
+                        budget = min(caps[name], self.deadline.left())
+                    else:  # each Serve variant: an equal share of what is left when it starts
+                        todo = [v for v in SERVE_VARIANTS if v in plan.steps and v not in self.report["steps"]]
+                        budget = self.deadline.left() / len(todo)
+                    self._step(name, budget, steps[name])
+            except KeyboardInterrupt as exc:
+                self.harness.warn(f"interrupted ({exc}); steps after it did not run")
         return self.report
+
+    def _mark_killed(self) -> None:
+        for step in self.report["steps"].values():
+            if step.get("status") == "running":
+                step["status"] = "killed"
 
     def _step(self, name: str, budget_s: float, fn: Callable[[float], dict]) -> None:
         key = "serve" if name.startswith("serve_") else name
         if budget_s < 20:
             self.report["steps"][name] = {"status": "skipped", "error": f"deadline: {budget_s:.0f} s left"}
-            self.write()
+            self.harness.write()
             return
         _log(f"step {name} (budget {budget_s:.0f} s, deadline in {self.deadline.left():.0f} s)")
         self.report["steps"][name] = {"status": "running", "budget_s": round(budget_s, 1)}
@@ -466,7 +407,7 @@ class GpuCheck:
         if error:
             self.report["steps"][name]["error"] = error[-4000:]
         _log(f"step {name}: {status} in {self.report['steps'][name]['wall_s']} s")
-        self.write()
+        self.harness.write()
 
     def _record(self, name: str, key: str, result: Optional[dict]) -> None:
         if result is None:
@@ -475,36 +416,6 @@ class GpuCheck:
             self.report.setdefault("serve", {})[name] = result
         else:
             self.report[key] = result
-
-    def _watchdog(self) -> None:
-        """Past the deadline (and a grace for the step's own clean-up), whatever is stuck: write
-        the report, stop what was started and exit."""
-        grace = 45.0
-        if self._done.wait(max(0.0, self.deadline.left()) + grace):
-            return
-        self.report["warnings"].append(f"deadline + {grace:.0f} s passed inside a step: stopped")
-        for step in self.report["steps"].values():
-            if step.get("status") == "running":
-                step["status"] = "killed"
-        self.write()
-        from .procs import kill_descendants
-
-        kill_descendants(os.getpid())
-        os._exit(3)
-
-    def write(self) -> None:
-        with self._write_lock:
-            report = json.loads(json.dumps(self.report, default=str))  # a snapshot: steps go on mutating theirs
-            (self.out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-            (self.out / "report.md").write_text(to_markdown(report))
-            try:
-                to_png(report, self.out / "report.png")
-            except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
-                (self.out / "report.md").write_text(to_markdown(report) + f"\nreport.png failed: {exc!r}\n")
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _gpu_name() -> Optional[str]:
@@ -517,12 +428,19 @@ def _gpu_name() -> Optional[str]:
         return None
 
 
+def write_report(report: dict, out: Path) -> None:
+    """report.json, .md and .png from a snapshot (steps go on mutating theirs)."""
+    write_files(json.loads(json.dumps(report, default=str)), out, "report.json", to_markdown, to_png)
+
+
+def render(report: dict, out: Path) -> None:
+    render_files(report, out, to_markdown, to_png)
+
+
 # ------------------------------------------------------------------ report
 
 
 def to_markdown(report: dict) -> str:
-    from .report import _f, _get
-
     meta = report.get("meta", {})
     plan = report.get("plan", {})
     lines = [
@@ -594,44 +512,33 @@ def to_markdown(report: dict) -> str:
 
 
 def to_png(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .report import _get, _seconds_vs_clients
-
     serve = report.get("serve") or {}
     ceil = report.get("ceiling") or {}
     batches = ceil.get("batches") or {}
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
+    fig, axes = pyplot().subplots(2, 2, figsize=(13, 9.5))
     styles = {"serve_2x0.5": ("tab:blue", "o-"), "serve_1x1": ("tab:orange", "s-")}
-
-    def points(closed: dict, *keys) -> list:
-        pts = [(int(c), _get(closed[c], *keys)) for c in sorted(closed, key=int)]
-        return [p for p in pts if p[1] is not None]
 
     ax = axes[0][0]
     for name, v in serve.items():
-        pts = points(v.get("closed", {}), "audio_s_per_s")
+        pts = by_clients(v.get("closed", {}), "audio_s_per_s")
         if pts:
             ax.plot(*zip(*pts), styles.get(name, ("gray", "o-"))[1], color=styles.get(name, ("gray",))[0], label=f"{name} (N clients)")
     cpts = [(int(n), b.get("audio_s_per_s")) for n, b in sorted(batches.items(), key=lambda x: int(x[0]))]
     if cpts:
         ax.plot(*zip(*cpts), "^--", color="tab:green", label="ceiling (engine, batch N)")
-    _log2_panel(ax, "Throughput", "concurrent clients / batch size", "audio seconds per wall second",
-                [p[1] for p in cpts] + [y for v in serve.values() for _, y in points(v.get("closed", {}), "audio_s_per_s")])
+    log2_panel(ax, "Throughput", "concurrent clients / batch size", "audio seconds per wall second",
+                [p[1] for p in cpts] + [y for v in serve.values() for _, y in by_clients(v.get("closed", {}), "audio_s_per_s")])
 
     for ax, key, title in ((axes[0][1], "ttfb_s", "Time to first audio byte"), (axes[1][0], "latency_s", "Latency (whole response)")):
         for name, v in serve.items():
             color = styles.get(name, ("gray",))[0]
             for q, style in (("p50", "o-"), ("p99", "^:")):
-                pts = points(v.get("closed", {}), key, q)
+                pts = by_clients(v.get("closed", {}), key, q)
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, label=f"{name} {q}")
         if key == "ttfb_s" and _get(ceil, "first_chunk", "raw_s"):
             ax.axhline(ceil["first_chunk"]["raw_s"], color="tab:green", ls="--", label="raw first chunk, batch 1")
-        _seconds_vs_clients(ax, title)
+        seconds_vs_clients(ax, title)
 
     ax = axes[1][1]
     pts = [(int(n), b.get("step_ms"), b.get("peak_gpu_mib")) for n, b in sorted(batches.items(), key=lambda x: int(x[0]))]
@@ -644,57 +551,34 @@ def to_png(report: dict, path: Path) -> None:
             ax2.set_ylabel("peak GPU memory, MiB")
             ax2.set_ylim(bottom=0)
             ax2.legend(fontsize=8, loc="lower right")
-    _log2_panel(ax, "Ceiling: decode step time and peak GPU memory", "batch size", "ms per decode step",
+    log2_panel(ax, "Ceiling: decode step time and peak GPU memory", "batch size", "ms per decode step",
                 [p[1] for p in pts])
 
     meta, plan = report.get("meta", {}), report.get("plan", {})
     fig.suptitle(f"chattts-serve GPU check{' (dry run)' if meta.get('dry_run') else ''}, {meta.get('started', '')}, "
                  f"{meta.get('host_gpu') or 'no GPU'}, {plan.get('weights')} weights, {plan.get('device')} {plan.get('dtype')}",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _log2_panel(ax, title: str, xlabel: str, ylabel: str, ys: list) -> None:
-    """Clients or batch size on a log2 axis, the quantity from 0 to a little above its largest value."""
-    from .report import _legend, _plain_log_axis
-
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.set_xscale("log", base=2)
-    _plain_log_axis(ax)
-    ax.set_ylim(0, 1.15 * max([y for y in ys if y is not None], default=1.0))
-    ax.grid(True, alpha=0.3)
-    _legend(ax)
+    save(fig, path)
 
 
 # ------------------------------------------------------------------ command line
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
-
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    g = sub.add_parser("gpu", help="the one-command GPU check: gpu tests, ceiling, Serve 2x0.5 vs 1x1 GPU (~8 min)",
-                       description="Runs pytest -m gpu, the engine's ceiling at batch 1/8/32/64 and Serve "
-                                   "(config/serve.gpu.yaml) at 1/16/64 clients with 2 Acoustic replicas at 0.5 GPU and "
-                                   "1 at 1 GPU; each step independent, all under one deadline; writes report.json/.md/.png.")
+def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--dry-run", action="store_true", help="every step on CPU with random-tiny weights and tiny sizes (~3 min)")
     g.add_argument("--deadline-s", type=float, help="stop and write the report after this long (default 480)")
     g.add_argument("--steps", help=f"comma list of {','.join(STEPS)} (default all)")
     g.add_argument("--device", help="ceiling and Serve device (default cuda; dry run cpu)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="ceiling dtype (default bfloat16; Serve: the config's)")
-    g.add_argument("--ceiling-batches", type=_ints, help="default 1,8,32,64")
-    g.add_argument("--serve-levels", type=_ints, help="closed-loop clients, default 1,16,64")
+    g.add_argument("--ceiling-batches", type=ints, help="default 1,8,32,64")
+    g.add_argument("--serve-levels", type=ints, help="closed-loop clients, default 1,16,64")
     g.add_argument("--level-s", type=float, help="seconds per closed-loop level (default 20; shortened to meet the deadline)")
     g.add_argument("--vocoder-replicas", type=int, help="fixed Vocoder replicas (default 4)")
     g.add_argument("--config", help="Serve config (default config/serve.gpu.yaml)")
-    return g
 
 
-def cmd_gpu(a: argparse.Namespace) -> int:
+def main(a: argparse.Namespace) -> int:
     options = {"deadline_s": a.deadline_s, "device": a.device, "dtype": a.dtype, "ceiling_batches": a.ceiling_batches,
                "serve_levels": a.serve_levels, "level_s": a.level_s, "vocoder_replicas": a.vocoder_replicas,
                "config": a.config}
@@ -705,15 +589,8 @@ def cmd_gpu(a: argparse.Namespace) -> int:
         if bad:
             raise SystemExit(f"unknown step(s) {bad}; choose from {STEPS}")
     plan = GpuPlan.dry(**kw) if a.dry_run else GpuPlan(**kw)
-    command = "python -m bench " + shlex.join(sys.argv[1:])
-    report = GpuCheck(plan, Path(a.out), command).run()
+    report = GpuCheck(plan, Path(a.out), a.argv).run()
     print(f"\nreport: {a.out}/report.json, report.md, report.png (wall {report['meta'].get('wall_s')} s)")
     for name, s in report["steps"].items():
         print(f"  {name}: {s['status']}" + (f" ({s['error'].splitlines()[0][:200]})" if s.get("error") else ""))
     return 0 if all(s["status"] == "ok" for s in report["steps"].values()) else 1
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["ceiling-worker"]:
-        sys.exit(ceiling_worker(sys.argv[2:]))
-    sys.exit("usage: python -m bench gpu --out DIR [--dry-run] (this module's own entry is the ceiling worker)")

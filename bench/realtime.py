@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,12 +34,16 @@ from typing import Any, Optional
 
 import httpx
 
+from .lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, SAMPLES_PER_TOKEN
+from .lib.harness import Harness, ints
+from .lib.render import render_files, write_files
+from .lib.stats import median, nearest_rank
+
 TOKENS_PER_S = 30.0
-BYTES_PER_SECOND = 2 * 24000  # pcm: s16le, 24 kHz mono
 TARGET_RATIO = 1.2
 # A row plays in real time only if its decode steps take at most this long: one token per step,
 # 512 samples a token at 24 kHz.
-REAL_TIME_STEP_MS = 1000 * 512 / 24000
+REAL_TIME_STEP_MS = 1000 * SAMPLES_PER_TOKEN / SAMPLE_RATE
 
 # Assistant replies, first sentence first. English and Chinese, as a chat assistant answers.
 REPLIES = (
@@ -115,13 +117,6 @@ def buffer_needed(frames: list[tuple[float, float]]) -> float:
     return need
 
 
-def _pct(values: list[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 # ---------------------------------------------------------------------------------------- clients
 
 
@@ -154,7 +149,7 @@ async def ws_session(url: str, reply: str, seed: int, tokens_per_s: float) -> di
         async for item in items:
             now = time.perf_counter()
             if isinstance(item, bytes):
-                frames.append((now, len(item) / BYTES_PER_SECOND))
+                frames.append((now, len(item) / BYTES_PER_AUDIO_SECOND))
                 if segment == 0 and first_segment_audio is None:
                     first_segment_audio = now
             elif item["type"] == "segment.start":
@@ -184,7 +179,7 @@ async def http_frames(client: httpx.AsyncClient, text: str, seed: int) -> tuple[
     async with client.stream("POST", "/v1/audio/speech", json=body, headers={"Cache-Control": "no-store"}) as r:
         r.raise_for_status()
         async for chunk in r.aiter_raw():
-            frames.append((time.perf_counter(), len(chunk) / BYTES_PER_SECOND))
+            frames.append((time.perf_counter(), len(chunk) / BYTES_PER_AUDIO_SECOND))
     return frames[0][0] - t0, frames
 
 
@@ -207,20 +202,20 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
     latency = [x["first_audio_after_sentence_s"] for x in ws]
     gaps = [x["gap_s"] for x in ws]
     buffers = [x["buffer_needed_s"] for x in ws]
-    ws_p50, http_p50 = statistics.median(latency), statistics.median(http)
+    ws_p50, http_p50 = median(latency), median(http)
     return {
         "sessions": sessions,
         "rounds": rounds,
-        "ws_first_audio_s": {"p50": round(ws_p50, 4), "p90": round(_pct(latency, 0.9), 4), "max": round(max(latency), 4)},
-        "http_ttfb_s": {"p50": round(http_p50, 4), "p90": round(_pct(http, 0.9), 4), "max": round(max(http), 4)},
+        "ws_first_audio_s": {"p50": round(ws_p50, 4), "p90": round(nearest_rank(latency, 0.9), 4), "max": round(max(latency), 4)},
+        "http_ttfb_s": {"p50": round(http_p50, 4), "p90": round(nearest_rank(http, 0.9), 4), "max": round(max(http), 4)},
         "ratio_p50": round(ws_p50 / http_p50, 3),
-        "gap_s": {"p50": round(statistics.median(gaps), 3), "max": round(max(gaps), 3), "total": round(sum(gaps), 3)},
+        "gap_s": {"p50": round(median(gaps), 3), "max": round(max(gaps), 3), "total": round(sum(gaps), 3)},
         "sessions_with_gaps": sum(1 for x in ws if x["gaps"]),
-        "http_whole_reply_gap_s": {"p50": round(statistics.median(whole_gaps), 3), "max": round(max(whole_gaps), 3)},
-        "buffer_needed_s": {"p50": round(statistics.median(buffers), 3), "max": round(max(buffers), 3)},
-        "audio_s_per_session": round(statistics.median(x["audio_s"] for x in ws), 2),
-        "write_s_per_session": round(statistics.median(x["write_s"] for x in ws), 2),
-        "wall_s_per_session": round(statistics.median(x["wall_s"] for x in ws), 2),
+        "http_whole_reply_gap_s": {"p50": round(median(whole_gaps), 3), "max": round(max(whole_gaps), 3)},
+        "buffer_needed_s": {"p50": round(median(buffers), 3), "max": round(max(buffers), 3)},
+        "audio_s_per_session": round(median(x["audio_s"] for x in ws), 2),
+        "write_s_per_session": round(median(x["write_s"] for x in ws), 2),
+        "wall_s_per_session": round(median(x["wall_s"] for x in ws), 2),
         "raw": {"ws": ws, "http_ttfb_s": http},
     }
 
@@ -240,7 +235,7 @@ def targets(levels: dict[str, dict]) -> dict[str, dict]:
 
 
 def to_markdown(report: dict) -> str:
-    lines = [f"# Realtime (WebSocket) benchmark, {report['meta']['date']}", "",
+    lines = [f"# Realtime (WebSocket) benchmark, {report['meta']['started']}", "",
              f"`{report['meta']['command']}`", "",
              f"weights: {report['meta']['weights']}, LLM: {report['meta']['tokens_per_s']} tokens/s, "
              f"load average at start {report['meta']['loadavg_start']}", "",
@@ -250,7 +245,9 @@ def to_markdown(report: dict) -> str:
              "| audio / writing / wall per session (s) "
              f"| decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f}) | mean rows per step |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n, lv in report["levels"].items():
+    if report.get("error"):
+        lines[1:1] = ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
+    for n, lv in report.get("levels", {}).items():
         w, h, g = lv["ws_first_audio_s"], lv["http_ttfb_s"], lv["gap_s"]
         lines.append(f"| {n} | {1000 * w['p50']:.0f} / {1000 * w['p90']:.0f} | {1000 * h['p50']:.0f} / {1000 * h['p90']:.0f} "
                      f"| {lv['ratio_p50']:.2f} | {g['p50']:.2f} / {g['max']:.2f} | {lv['sessions_with_gaps']} of "
@@ -260,75 +257,72 @@ def to_markdown(report: dict) -> str:
                      f"{lv['wall_s_per_session']} | {lv.get('ms_per_decode_step', '–')} "
                      f"| {lv.get('engine', {}).get('mean_rows_per_step', '–')} |")
     lines += ["", "| target | value | met |", "|---|---|---|"]
-    for name, t in report["targets"].items():
+    for name, t in report.get("targets", {}).items():
         lines.append(f"| {name} {t['target']} | {t['value']} | {t['met']} |")
     return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, out: Path) -> None:
+    write_files(report, out, "realtime.json", to_markdown, indent=1)
+
+
+def render(report: dict, out: Path) -> None:
+    render_files(report, out, to_markdown)
 
 
 # ---------------------------------------------------------------------------------------- command
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("realtime", help="WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, playback gaps")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="a running app (default: start config/serve.yaml locally with --weights)")
     p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
     p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
     p.add_argument("--ray-cpus", type=float)
-    p.add_argument("--levels", default="1,8", help="concurrent sessions, comma list")
-    p.add_argument("--rounds", default="3", help="rounds per level (each: HTTP first sentences, WebSocket, HTTP whole "
-                   "replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)")
+    p.add_argument("--levels", type=ints, default=[1, 8], help="concurrent sessions, comma list")
+    p.add_argument("--rounds", type=ints, default=[3], help="rounds per level (each: HTTP first sentences, WebSocket, HTTP "
+                   "whole replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)")
     p.add_argument("--tokens-per-s", type=float, default=TOKENS_PER_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write realtime.json and report.md here")
 
 
-def cmd_realtime(a: argparse.Namespace) -> int:
-    import shlex
+def main(a: argparse.Namespace) -> int:
+    from .lib.procs import free_port
+    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
 
-    from .procs import free_port, load_average
-    from .serve_runner import ServeRunner, apply_overrides, load_config
-
-    levels = [int(x) for x in a.levels.split(",") if x.strip()]
-    rounds = [int(x) for x in a.rounds.split(",") if x.strip()]
-    rounds = rounds * len(levels) if len(rounds) == 1 else rounds
+    levels = a.levels
+    rounds = a.rounds * len(levels) if len(a.rounds) == 1 else a.rounds
     if len(rounds) != len(levels):
         raise SystemExit("--rounds: one number, or one per level")
     runner = None
     url = a.url
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m bench " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-            "weights": a.weights if not a.url else "as served", "tokens_per_s": a.tokens_per_s,
-            "loadavg_start": load_average()}
-    try:
-        if url is None:
-            runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
-            meta["serve_start_s"] = round(runner.start(), 1)
-            url = runner.base_url
-        report: dict[str, Any] = {"meta": meta, "levels": {}}
-        # One unmeasured round first: the first socket, session and request of each kind after
-        # start-up pay one-off costs.
-        asyncio.run(measure_level(url, 1, 1, a.tokens_per_s, a.seed + 10**6))
-        for n, level_rounds in zip(levels, rounds):
-            before = runner.acoustic_stats() if runner else None
-            level = asyncio.run(measure_level(url, n, level_rounds, a.tokens_per_s, a.seed))
+    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv,
+                      weights=a.weights if not a.url else "as served", tokens_per_s=a.tokens_per_s)
+    report = harness.report
+    with harness:
+        report["levels"] = {}
+        try:
+            if url is None:
+                runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
+                harness.meta["serve_start_s"] = round(runner.start(), 1)
+                url = runner.base_url
+            # One unmeasured round first: the first socket, session and request of each kind after
+            # start-up pay one-off costs.
+            asyncio.run(measure_level(url, 1, 1, a.tokens_per_s, a.seed + 10**6))
+            for n, level_rounds in zip(levels, rounds):
+                before = runner.acoustic_stats() if runner else None
+                level = asyncio.run(measure_level(url, n, level_rounds, a.tokens_per_s, a.seed))
+                if runner:
+                    level["engine"] = engine_delta(before, runner.acoustic_stats())
+                    steps = level["engine"].get("steps")
+                    level["ms_per_decode_step"] = round(1000 * level["engine"]["decode_s"] / steps, 1) if steps else None
+                report["levels"][str(n)] = level
+                print(f"c{n}: WS first audio p50 {1000 * level['ws_first_audio_s']['p50']:.0f} ms, HTTP TTFB p50 "
+                      f"{1000 * level['http_ttfb_s']['p50']:.0f} ms (ratio {level['ratio_p50']:.2f}); playback gaps p50 "
+                      f"{level['gap_s']['p50']:.2f} s, max {level['gap_s']['max']:.2f} s", file=sys.stderr)
+        finally:
             if runner:
-                from .serve_runner import engine_delta
-
-                level["engine"] = engine_delta(before, runner.acoustic_stats())
-                steps = level["engine"].get("steps")
-                level["ms_per_decode_step"] = round(1000 * level["engine"]["decode_s"] / steps, 1) if steps else None
-            report["levels"][str(n)] = level
-            print(f"c{n}: WS first audio p50 {1000 * level['ws_first_audio_s']['p50']:.0f} ms, HTTP TTFB p50 "
-                  f"{1000 * level['http_ttfb_s']['p50']:.0f} ms (ratio {level['ratio_p50']:.2f}); playback gaps p50 "
-                  f"{level['gap_s']['p50']:.2f} s, max {level['gap_s']['max']:.2f} s", file=sys.stderr)
-    finally:
-        if runner:
-            runner.stop()
-    meta["loadavg_end"] = load_average()
-    report["targets"] = targets(report["levels"])
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "realtime.json").write_text(json.dumps(report, indent=1))
-        (out / "report.md").write_text(to_markdown(report))
+                runner.stop()
+        report["targets"] = targets(report["levels"])
     print(to_markdown(report))
     return 0

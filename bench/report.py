@@ -1,367 +1,52 @@
-"""report.json (everything), report.md (tables) and report.png (plots) of one run."""
+"""``python -m bench report DIR... [--to OUT]``: render reports again from their JSON (after a
+change to a renderer, or to check one): report.md and report.png of ``run`` and ``gpu``,
+report.md of ``realtime``, timeline.png of ``autoscale``. Which runner wrote a directory is read
+from its files: ``realtime.json``; a ``report.json`` with a ``timeline`` (autoscale), with
+``steps`` (gpu), or else a run's. The JSON itself is not rewritten."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any, Optional
-
-TARGETS = {
-    # name: (op, threshold, what)
-    "serve_vs_baseline_c8": (">=", 3.5, "throughput at 8 clients, project / baseline"),
-    "serve_vs_ceiling_c8": (">=", 0.90, "throughput at 8 clients / raw batch-8 ceiling"),
-    "ttfb_vs_first_chunk": ("<=", 1.3, "TTFB p50 at 1 client / raw time to the first chunk's audio"),
-    "p99_vs_baseline_c8": ("<=", 0.5, "latency p99 at 8 clients, project / baseline"),
-    "continuous_vs_window_mean_latency_70": (">=", 1.5, "mean latency at 70% load, window / continuous batching"),
-}
+from typing import Callable
 
 
-def _get(d: Any, *keys: Any) -> Any:
-    for k in keys:
-        if d is None:
-            return None
-        d = d.get(str(k)) if isinstance(d, dict) else None
-    return d
+def renderer(d: Path) -> tuple[Path, Callable[[dict, Path], None]]:
+    """The JSON file of an output directory and the function that renders it."""
+    if (d / "realtime.json").exists():
+        from .realtime import render
 
-
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, 4)
-
-
-def load_key(load: float) -> str:
-    return f"{load:.2f}"
-
-
-def compute_ratios(report: dict) -> dict:
-    serve_c = _get(report, "serve", "closed")
-    base_c = _get(report, "baseline", "closed")
-    ceiling = _get(report, "ceiling", "ceiling")
-    first = _get(report, "ceiling", "first_chunk", "raw_s")
-    cont = _get(report, "serve", "open", "continuous")
-    win = _get(report, "serve", "open", "window")
-    r = {
-        "serve_vs_baseline_c8": _ratio(_get(serve_c, 8, "audio_s_per_s"), _get(base_c, 8, "audio_s_per_s")),
-        "serve_vs_ceiling_c8": _ratio(_get(serve_c, 8, "audio_s_per_s"), _get(ceiling, 8)),
-        "ttfb_vs_first_chunk": _ratio(_get(serve_c, 1, "ttfb_s", "p50"), first),
-        "p99_vs_baseline_c8": _ratio(_get(serve_c, 8, "latency_s", "p99"), _get(base_c, 8, "latency_s", "p99")),
-        "continuous_vs_window_mean_latency_70": _ratio(_get(win, load_key(0.7), "latency_s", "mean"),
-                                                        _get(cont, load_key(0.7), "latency_s", "mean")),
-    }
-    # Extras (not targets): the same comparisons at the other points that were measured.
-    for load in (0.5, 0.9):
-        v = _ratio(_get(win, load_key(load), "latency_s", "mean"), _get(cont, load_key(load), "latency_s", "mean"))
-        if v is not None:
-            r[f"continuous_vs_window_mean_latency_{int(load * 100)}"] = v
-    v = _ratio(_get(win, load_key(0.7), "ttfb_s", "mean"), _get(cont, load_key(0.7), "ttfb_s", "mean"))
-    if v is not None:
-        r["continuous_vs_window_mean_ttfb_70"] = v
-    hit = _get(report, "serve", "cache_hit")
-    if hit:
-        r["cache_hit_p50_ms"] = hit.get("hit_p50_ms")
-        r["cache_hit_req_per_s"] = hit.get("hit_req_per_s")
-    r["serve_vs_baseline_c1"] = _ratio(_get(serve_c, 1, "audio_s_per_s"), _get(base_c, 1, "audio_s_per_s"))
-    r["ceiling_b8_vs_b1"] = _ratio(_get(ceiling, 8), _get(ceiling, 1))
-    r["baseline_c8_vs_ceiling_b1"] = _ratio(_get(base_c, 8, "audio_s_per_s"), _get(ceiling, 1))
-    return {k: v for k, v in r.items() if v is not None or k in TARGETS}
-
-
-def check_targets(ratios: dict) -> dict:
-    out = {}
-    for name, (op, thr, what) in TARGETS.items():
-        v = ratios.get(name)
-        met = None if v is None else (v >= thr if op == ">=" else v <= thr)
-        out[name] = {"value": v, "target": f"{op} {thr}", "met": met, "what": what}
-    return out
-
-
-# ------------------------------------------------------------------ markdown
-
-def _f(x: Any, nd: int = 2) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
-
-
-def _closed_rows(system: str, closed: dict) -> list[str]:
-    rows = []
-    for c in sorted(closed, key=int):
-        s = closed[c]
-        eng = s.get("engine") or {}
-        rows.append(
-            f"| {system} | {c} | {_f(s.get('audio_s_per_s'), 3)} | {_f(s.get('requests_per_s'), 3)} | "
-            f"{_f(_get(s, 'ttfb_s', 'p50'))} | {_f(_get(s, 'ttfb_s', 'p95'))} | "
-            f"{_f(_get(s, 'latency_s', 'p50'))} | {_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | "
-            f"{s.get('completed')} | {s.get('errors')} | {s.get('cut')} | {_f(eng.get('mean_rows_per_step'))} | "
-            f"{_f(_get(s, 'rss', 'peak_total_mib'), 0)} |"
-        )
-    return rows
-
-
-def quantize_markdown(q: Optional[dict]) -> list[str]:
-    """The ceiling's int8 vs float32 rows and numerics table (bench/numerics.py), if it has them."""
-    if not q:
-        return []
-    variants = q.get("variants", [])
-    lines = ["", "### int8 vs float32 (`model.quantize`)", "",
-             f"{q.get('tokens_per_row')} tokens per row. GPT step: the GPT forward of a decode step, median over one run "
-             "whose steps rotate through the variants (speed-up: median of the per-rotation ratios / ratio of the mean "
-             "steps). Engine step (the "
-             f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
-             "variant, interleaved.", "",
-             "| batch | " + " | ".join(f"GPT step {v} ms" for v in variants) + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
-             + " | ".join(f"engine step {v} ms" for v in variants) + " | " + " | ".join(f"audio s/s {v}" for v in variants)
-             + " | int8 audio s/s vs fp32-dual |",
-             "|---|" + "---|" * (3 * len(variants) + 3)]
-    for n, row in sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0])):
-        step = row.get("gpt_step") or {}
-        cells = [_f(step.get(f"{v}_ms"), 1) for v in variants]
-        cells += [f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
-                  for b in ("fp32", "fp32-dual")]
-        cells += [_f(_get(row, v, "engine_step_ms"), 1) for v in variants]
-        cells += [_f(_get(row, v, "audio_s_per_s"), 3) for v in variants]
-        cells.append(_f(row.get("int8_audio_ratio_vs_fp32-dual")))
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    num = q.get("numerics")
-    if num:
-        lines += ["", f"Numerics, int8 against {num.get('reference')} on the same weights:", "",
-                  "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
-                  "(control) | teacher-forced positions | hidden cosine min | p01 | mean |", "|---|---|---|---|---|---|---|---|"]
-        for i, s in enumerate(num.get("segments", [])):
-            lines.append(f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
-                         f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
-                         f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
-                         f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |")
-    return lines
-
-
-def to_markdown(report: dict) -> str:
-    meta = report.get("meta", {})
-    lines = [
-        f"# chattts-serve benchmark ({'quick' if meta.get('quick') else 'full'} run)",
-        "",
-        f"- date: {meta.get('started')} → {meta.get('finished')} (wall {_f(meta.get('wall_s'), 0)} s)",
-        f"- machine: {meta.get('cpus')} CPUs, {meta.get('mem_gib')} GiB RAM, {meta.get('platform')}; "
-        f"load average at start {meta.get('loadavg_start')}, at end {meta.get('loadavg_end')}",
-        f"- weights: {meta.get('weights')}; git {meta.get('git')}; command `{meta.get('command')}`",
-        f"- project's HTTP front door: {(meta.get('plan') or {}).get('front_door', 'proxy')}",
-    ]
-    if report.get("error"):
-        lines += ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
-    if report.get("warnings"):
-        lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
-    lines += ["", "## Targets", "", "| ratio | value | target | met | meaning |", "|---|---|---|---|---|"]
-    for name, t in (report.get("targets") or {}).items():
-        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
-        lines.append(f"| `{name}` | {_f(t['value'], 3)} | {t['target']} | {met} | {t['what']} |")
-    extras = {k: v for k, v in (report.get("ratios") or {}).items() if k not in TARGETS}
-    if extras:
-        lines += ["", "Other ratios: " + ", ".join(f"`{k}` = {_f(v, 3)}" for k, v in extras.items())]
-
-    ceil = report.get("ceiling")
-    if ceil:
-        lines += ["", "## Ceiling (raw in-process, no serving)", "",
-                  f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; audio seconds per wall second:", "",
-                  "| batch | " + " | ".join(ceil.get("methods", {})) + " | ceiling |",
-                  "|---|" + "---|" * (len(ceil.get("methods", {})) + 1)]
-        for n in sorted(ceil.get("ceiling", {}), key=int):
-            vals = [_f(_get(m, n, "audio_s_per_s"), 3) for m in ceil.get("methods", {}).values()]
-            lines.append(f"| {n} | " + " | ".join(vals) + f" | {_f(ceil['ceiling'][n], 3)} |")
-        fc = ceil.get("first_chunk")
-        if fc:
-            lines += ["", f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
-                          f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s"]
-        lines += quantize_markdown(ceil.get("quantize"))
-
-    lines += ["", "## Closed loop (N clients back to back)", "",
-              "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut | mean batch | peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += _closed_rows("baseline", _get(report, "baseline", "closed") or {})
-    lines += _closed_rows("serve", _get(report, "serve", "closed") or {})
-
-    open_ = _get(report, "serve", "open") or {}
-    if open_:
-        cap = _get(report, "serve", "capacity") or {}
-        lines += ["", "## Open loop (Poisson arrivals), continuous vs window batching", "",
-                  f"Capacity: {_f(cap.get('audio_s_per_s'), 3)} audio s/s = {_f(cap.get('requests_per_s'), 3)} req/s "
-                  f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request).", "",
-                  "| batching | load | rate req/s | sent | done | errors | cut | lat mean | lat p50 | lat p95 | lat p99 | TTFB mean | TTFB p95 | mean batch |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for mode in ("continuous", "window"):
-            for load in sorted(open_.get(mode, {})):
-                s = open_[mode][load]
-                lines.append(
-                    f"| {mode} | {int(float(load) * 100)}% | {_f(s.get('rate_rps'), 3)} | {s.get('sent')} | {s.get('completed')} | "
-                    f"{s.get('errors')} | {s.get('cut')} | {_f(_get(s, 'latency_s', 'mean'))} | {_f(_get(s, 'latency_s', 'p50'))} | "
-                    f"{_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | {_f(_get(s, 'ttfb_s', 'mean'))} | "
-                    f"{_f(_get(s, 'ttfb_s', 'p95'))} | {_f(_get(s, 'engine', 'mean_rows_per_step'))} |")
-
-    rss = {k: _get(report, k, "rss_peak") for k in ("baseline", "serve")}
-    if any(rss.values()):
-        lines += ["", "## Peak RSS (MiB)", ""]
-        for k, v in rss.items():
-            if v:
-                parts = ", ".join(f"{p} {m:.0f}" for p, m in v.get("peak_by_process_mib", {}).items())
-                lines.append(f"- {k}: total {v.get('peak_total_mib', 0):.0f} ({parts})")
-    env = _get(report, "serve", "replica_env")
-    if env:
-        lines += ["", "Serve replicas: " + "; ".join(
-            f"{g}: num_cpus {lst[0]['num_cpus']}, OMP threads {[e['omp_threads_effective'] for e in lst]}"
-            for g, lst in env.items() if lst)]
-    busy = _get(report, "serve", "closed", "8", "replica_threads")
-    if busy:
-        lines += ["", "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
-                      "share of the phase on a CPU / waiting for one): " + "; ".join(
-            f"{g}: " + ", ".join(f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads"
-                                 + _thread_shares(x) for x in lst)
-            for g, lst in busy.items())]
-    for phase, procs in (_get(report, "serve", "profile") or {}).items():
-        lines += ["", f"## Profile (py-spy, closed loop {phase}): share of busy samples", ""]
-        for name, prof in procs.items():
-            if "stages_pct" not in prof:
-                lines.append(f"- {name}: {prof.get('error', 'no samples')}")
-                continue
-            stages = ", ".join(f"{k} {v}%" for k, v in prof["stages_pct"].items())
-            top = ", ".join(f"`{k}` {v}%" for k, v in prof["top_self_pct"][:6])
-            lines.append(f"- {name} ({prof['samples']} samples): {stages}. Top self time: {top}")
-    ov = _get(report, "serve", "overrides")
-    if ov:
-        lines += ["", "Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in ov.items())]
-    lines += ["", "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
-                  "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.", ""]
-    return "\n".join(lines)
-
-
-def _thread_shares(x: dict) -> str:
-    on, wait = x.get("top_thread_shares", [])[:2], x.get("top_thread_runqueue", [])[:2]
-    if not on or not wait or None in wait:  # not sampled (older reports, no schedstat)
-        return ""
-    return " (" + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(on, wait)) + ")"
-
-
-# ------------------------------------------------------------------ plot
-
-def _seconds_vs_clients(ax, title: str) -> None:
-    """Log-log seconds vs concurrent clients, shared by the latency and TTFB panels."""
-    ax.set_title(title)
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("seconds")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    _plain_log_axis(ax, y=True)
-    ax.grid(True, alpha=0.3, which="both")
-    _legend(ax)
-
-
-def _plain_log_axis(ax, x: bool = True, y: bool = False) -> None:
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    if x:
-        ax.xaxis.set_major_formatter(fmt)
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    if y:
-        ax.yaxis.set_major_formatter(fmt)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
-
-
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        return d / "realtime.json", render
+    path = d / "report.json"
+    report = json.loads(path.read_text())
+    if "timeline" in report:
+        from .autoscale import render
+    elif "steps" in report:
+        from .gpu import render
     else:
-        ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="gray")
-
-def to_png(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
-    colors = {"serve": "tab:blue", "baseline": "tab:red", "ceiling": "tab:green", "window": "tab:orange"}
-    serve_c = _get(report, "serve", "closed") or {}
-    base_c = _get(report, "baseline", "closed") or {}
-    ceiling = _get(report, "ceiling", "ceiling") or {}
-
-    def series(closed: dict, *keys):
-        xs = sorted(closed, key=int)
-        pts = [(int(x), _get(closed[x], *keys)) for x in xs]
-        return [p for p in pts if p[1] is not None]
-
-    ax = axes[0][0]
-    for name, closed in (("serve", serve_c), ("baseline", base_c)):
-        pts = series(closed, "audio_s_per_s")
-        if pts:
-            ax.plot(*zip(*pts), "o-", color=colors[name], label=f"{name} (N clients)")
-    cpts = sorted((int(k), v) for k, v in ceiling.items() if v is not None)
-    if cpts:
-        ax.plot(*zip(*cpts), "s--", color=colors["ceiling"], label="ceiling (raw batch N)")
-    ax.set_title("Throughput")
-    ax.set_xlabel("concurrent clients / batch size")
-    ax.set_ylabel("audio seconds per wall second")
-    ax.set_xscale("log", base=2)
-    _plain_log_axis(ax)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    _legend(ax)
-
-    ax = axes[0][1]
-    for name, closed in (("serve", serve_c), ("baseline", base_c)):
-        for key, style in (("p50", "o-"), ("p99", "^:")):
-            pts = series(closed, "latency_s", key)
-            if pts:
-                ax.plot(*zip(*pts), style, color=colors[name], label=f"{name} latency {key}")
-    _seconds_vs_clients(ax, "Latency (whole response)")
-
-    ax = axes[1][0]
-    for name, closed in (("serve", serve_c), ("baseline", base_c)):
-        for key, style in (("p50", "o-"), ("p95", "^:")):
-            pts = series(closed, "ttfb_s", key)
-            if pts:
-                ax.plot(*zip(*pts), style, color=colors[name], label=f"{name} TTFB {key}")
-    fc = _get(report, "ceiling", "first_chunk", "raw_s")
-    if fc:
-        ax.axhline(fc, color=colors["ceiling"], ls="--", label="raw first chunk alone")
-    _seconds_vs_clients(ax, "Time to first audio byte")
-
-    ax = axes[1][1]
-    open_ = _get(report, "serve", "open") or {}
-    for mode, color in (("continuous", colors["serve"]), ("window", colors["window"])):
-        d = open_.get(mode) or {}
-        pts = sorted((float(k) * 100, _get(v, "latency_s", "mean"), _get(v, "latency_s", "p95"), _get(v, "ttfb_s", "mean")) for k, v in d.items())
-        pts = [p for p in pts if p[1] is not None]
-        if pts:
-            xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1] for p in pts], "o-", color=color, label=f"{mode}: latency mean")
-            ax.plot(xs, [p[2] for p in pts], "^:", color=color, label=f"{mode}: latency p95")
-            ax.plot(xs, [p[3] for p in pts], "x--", color=color, alpha=0.6, label=f"{mode}: TTFB mean")
-    ax.set_title("Open loop (Poisson): continuous vs window batching")
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("offered load, % of measured capacity")
-    ax.set_ylabel("seconds")
-    ax.grid(True, alpha=0.3)
-    _legend(ax)
-
-    meta = report.get("meta", {})
-    r = report.get("ratios", {})
-    sub = ", ".join(f"{k}={v:.2f}" for k, v in r.items() if k in TARGETS and v is not None)
-    fig.suptitle(f"chattts-serve bench ({'quick' if meta.get('quick') else 'full'}, {meta.get('started', '')}, "
-                 f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        from .run_report import render
+    return path, render
 
 
-def write_all(report: dict, out: Path) -> None:
-    report["ratios"] = compute_ratios(report)
-    report["targets"] = check_targets(report["ratios"])
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str))
-    (out / "report.md").write_text(to_markdown(report))
-    try:
-        to_png(report, out / "report.png")
-    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
-        report.setdefault("warnings", []).append(f"report.png failed: {exc!r}")
-        (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str))
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dirs", nargs="+", help="output directories of run, gpu, realtime or autoscale")
+    p.add_argument("--to", help="write the rendered files here (one subdirectory per DIR) instead of next to the JSON")
+
+
+def main(a: argparse.Namespace) -> int:
+    failed = 0
+    for name in a.dirs:
+        d = Path(name)
+        try:
+            path, render = renderer(d)
+        except (OSError, ValueError) as exc:
+            print(f"{d}: no report ({exc})", file=sys.stderr)
+            failed += 1
+            continue
+        out = Path(a.to) / d.name if a.to else d
+        out.mkdir(parents=True, exist_ok=True)
+        render(json.loads(path.read_text()), out)
+        print(f"{path} rendered into {out}")
+    return 1 if failed else 0

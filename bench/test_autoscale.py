@@ -3,8 +3,9 @@ completeness, the metrics parser, the step syntax."""
 
 from __future__ import annotations
 
-from bench.autoscale import complete, expected_pcm_bytes, failures, parse_metrics, parse_steps, per_second, scale_events
-from bench.loadgen import RequestRecord
+from bench.autoscale import failures, parse_metrics, parse_steps, per_second, scale_events
+from bench.lib.corpus import expected_pcm_bytes
+from bench.lib.loadgen import RequestRecord, complete
 
 
 def _sample(t, acoustic, rows=None):

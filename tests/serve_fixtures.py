@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from bench.procs import free_port  # noqa: F401  (tests import it from here)
+from bench.lib.procs import free_port  # noqa: F401  (tests import it from here)
 from waiting import wait_until
 
 APP_NAME = "chattts"

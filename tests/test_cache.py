@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.procs import free_port
+from bench.lib.procs import free_port
 from serve_app.settings import CacheConfig
 from serve_app.storage.cache import (
     MemoryCache,

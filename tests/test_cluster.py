@@ -26,9 +26,11 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.autoscale import ONE_ROW_TEXTS, StepLoad, complete, expected_pcm_bytes
-from bench.cluster import LocalCluster, cluster_config, wait_for, write_config
-from bench.serve_runner import get_path
+from bench.lib.cluster import LocalCluster, cluster_config, write_config
+from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
+from bench.lib.loadgen import StepLoad, complete
+from bench.lib.procs import wait_for
+from bench.lib.serve import get_path
 from engine_helpers import snr_db
 from serve_fixtures import free_port, report
 from waiting import wait_until_async

@@ -1,0 +1,1 @@
+"""What the bench's subcommands share (see bench/__init__.py)."""

@@ -1,0 +1,352 @@
+"""The project on Ray Serve, started and stopped by the bench: its config and ``ServeRunner``.
+
+The deployment is the project's own config file (``config/serve.yaml`` by default) with the
+benchmark's overrides applied (weights, loopback port, resources, batching knobs), deployed the
+way ``serve run config.yaml`` does it: ``ray.init`` of a local cluster in this process, Serve
+started with the config's HTTP options, then the controller applies the whole config (so
+``deployments:`` overrides, ``user_config`` and autoscaling behave exactly as in production).
+Switching continuous/window batching re-applies the config with a changed Acoustic
+``user_config`` (``reconfigure`` on the running replica, no restart).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import yaml
+
+from .procs import REPO_ROOT, classify_serve, processes_by_group
+
+DEFAULT_CONFIG = REPO_ROOT / "config" / "serve.yaml"
+GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
+
+log = logging.getLogger("bench.serve")
+
+
+# ------------------------------------------------------------------ config editing
+
+def load_config(path: Optional[str | Path] = None) -> dict:
+    """A Serve config file (default config/serve.yaml); a relative path that is not found from
+    the current directory is read from the repository root."""
+    path = Path(path or DEFAULT_CONFIG)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _step(node: Any, key: str, create: bool) -> Any:
+    if isinstance(node, list):
+        for item in node:
+            if isinstance(item, dict) and item.get("name") == key:
+                return item
+        if key.isdigit() and int(key) < len(node):
+            return node[int(key)]
+        if create:
+            item = {"name": key}
+            node.append(item)
+            return item
+        raise KeyError(key)
+    if key not in node or node[key] is None:
+        if not create:
+            raise KeyError(key)
+        node[key] = {}
+    return node[key]
+
+
+def set_path(cfg: dict, dotted: str, value: Any) -> None:
+    """``applications.chattts.deployments.Acoustic.user_config.max_batch_size`` = value.
+
+    List items are found by their ``name`` (or an index); missing dicts/items are created.
+    """
+    parts = dotted.split(".")
+    node: Any = cfg
+    for p in parts[:-1]:
+        node = _step(node, p, create=True)
+    node[parts[-1]] = value
+
+
+def get_path(cfg: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    try:
+        for p in dotted.split("."):
+            node = _step(node, p, create=False)
+        return node
+    except (KeyError, TypeError):
+        return default
+
+
+def app_name(cfg: dict) -> str:
+    return cfg["applications"][0]["name"]
+
+
+def deployment_path(cfg: dict, deployment: str) -> str:
+    return f"applications.{app_name(cfg)}.deployments.{deployment}"
+
+
+def args_path(cfg: dict) -> str:
+    return f"applications.{app_name(cfg)}.args"
+
+
+def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides: Optional[dict] = None) -> dict:
+    """A copy of ``cfg`` for the benchmark: loopback port, chosen weights on CPU, overrides.
+
+    ``overrides`` maps dotted paths (see ``set_path``) to values; a ``{deployment}.replicas``
+    style convenience is handled by the caller (``bench.run``).
+    """
+    cfg = copy.deepcopy(cfg)
+    cfg["http_options"] = {**(cfg.get("http_options") or {}), "host": "127.0.0.1", "port": port}
+    cfg["http_options"].setdefault("request_timeout_s", 600)
+    cfg["proxy_location"] = "HeadOnly"
+    args = args_path(cfg)
+    set_path(cfg, f"{args}.model.weights.source", weights)
+    set_path(cfg, f"{args}.model.device", "cpu")
+    # The response cache stays as configured: the load generator sends Cache-Control: no-store
+    # (and a distinct seed per request), and the cache-hit phase needs the cache.
+    for key, value in (overrides or {}).items():
+        set_path(cfg, key, value)
+    return cfg
+
+
+# Serve's Python HTTP proxy (default), or Ray's bundled HAProxy in front of HTTP servers inside the
+# Ingress replicas.
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}
+FRONT_DOORS = {"proxy": {}, "haproxy": HAPROXY_ENV}
+
+
+def set_replicas(cfg: dict, deployment: str, n: int) -> None:
+    """Fixed replica count for a deployment: autoscaling bounds min = max = n. (``num_replicas``
+    alone does not do it: the deployments' decorators set an autoscaling_config, which Serve
+    keeps when the config file leaves it out, and then starts min_replicas.)"""
+    path = deployment_path(cfg, deployment)
+    d = get_path(cfg, path)
+    if d is not None:
+        d.pop("num_replicas", None)
+    set_path(cfg, f"{path}.autoscaling_config", {"min_replicas": n, "max_replicas": n, "initial_replicas": n})
+
+
+def set_threads(cfg: dict, deployment: str, n: int) -> None:
+    """torch/OpenMP threads of one deployment's replicas (env of the actor, read by torch at import)."""
+    base = f"{deployment_path(cfg, deployment)}.ray_actor_options.runtime_env.env_vars"
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        set_path(cfg, f"{base}.{var}", str(n))
+
+
+# ------------------------------------------------------------------ the running app
+
+class ServeRunner:
+    """``start()`` a local Ray cluster + Serve with the config; ``stop()`` removes all of it."""
+
+    def __init__(self, cfg: dict, ray_cpus: Optional[float] = None, ready_timeout_s: float = 600.0,
+                 front_door: str = "proxy"):
+        if front_door not in FRONT_DOORS:
+            raise ValueError(f"front_door must be one of {sorted(FRONT_DOORS)}")
+        self.front_door = front_door
+        self.cfg = cfg
+        self.app = app_name(cfg)
+        self.port = int(cfg["http_options"]["port"])
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.ray_cpus = ray_cpus or os.cpu_count()
+        self.ready_timeout_s = ready_timeout_s
+        self.session_dir: Optional[str] = None
+        self._client = None
+        self._started = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self, progress=None) -> float:
+        import ray
+        from ray.serve._private import api as serve_api
+        from ray.serve.schema import ServeDeploySchema
+
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # keep the progress bar readable
+        os.environ.pop("CHATTTS_WEIGHTS", None)
+        os.environ.pop("CHATTTS_WEIGHTS_PATH", None)
+        # Read by the controller and the replicas that ray.init starts (docs/operations.md, "Fast front door").
+        for key in HAPROXY_ENV:
+            os.environ.pop(key, None)
+        os.environ.update(FRONT_DOORS[self.front_door])
+        t0 = time.perf_counter()
+        schema = ServeDeploySchema.model_validate(self.cfg)  # fail early on a bad override
+        self._started = True
+        # "local": always a cluster of its own, never one a parent process points at (RAY_ADDRESS).
+        ray.init(
+            address="local",
+            num_cpus=self.ray_cpus,
+            namespace="serve",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        try:
+            self.session_dir = ray._private.worker._global_node.get_session_dir_path()
+        except Exception:  # noqa: BLE001 - only for the report
+            self.session_dir = None
+        self._client = serve_api.serve_start(
+            http_options=schema.http_options.model_dump(),
+            proxy_location=schema.proxy_location,
+        )
+        self._client.deploy_apps(schema)
+        self._wait_running()
+        self._wait_ready()
+        return time.perf_counter() - t0
+
+    def _wait_running(self) -> None:
+        from ray import serve
+
+        deadline = time.monotonic() + self.ready_timeout_s
+        status = None
+        while time.monotonic() < deadline:
+            apps = serve.status().applications
+            app = apps.get(self.app)
+            status = app.status if app else None
+            if status == "RUNNING":
+                return
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"Serve app {self.app} {status}: {app.message}")
+            time.sleep(1.0)
+        raise TimeoutError(f"Serve app {self.app} not RUNNING after {self.ready_timeout_s}s (last: {status})")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        last = None
+        with httpx.Client(base_url=self.base_url, timeout=10, trust_env=False) as c:
+            while time.monotonic() < deadline:
+                try:
+                    r = c.get("/readyz")
+                    if r.status_code == 200:
+                        return
+                    last = r.text
+                    try:
+                        body = r.json()
+                    except ValueError:
+                        body = {}
+                    if isinstance(body, dict) and body.get("status") == "failed":
+                        raise RuntimeError(f"the app's warm-up failed: {body.get('error')}")
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                time.sleep(1.0)
+        raise TimeoutError(f"/readyz not ready after {self.ready_timeout_s}s: {last}")
+
+    def reconfigure_acoustic(self, **user_config: Any) -> None:
+        """Re-apply the config with changed Acoustic ``user_config`` keys (no replica restart)."""
+        from ray.serve.schema import ServeDeploySchema
+
+        cfg = copy.deepcopy(self.cfg)
+        base = f"{deployment_path(cfg, 'Acoustic')}.user_config"
+        for k, v in user_config.items():
+            set_path(cfg, f"{base}.{k}", v)
+        self._client.deploy_apps(ServeDeploySchema.model_validate(cfg))
+        self.cfg = cfg
+        time.sleep(2.0)  # let the controller see the new version before polling its status
+        self._wait_running()
+        # If the replica reports its engine config, wait until it shows the change.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            s = self.acoustic_stats() or {}
+            applied = s.get("config") if isinstance(s.get("config"), dict) else s
+            if all(applied.get(k, v) == v for k, v in user_config.items() if k in ("continuous", "max_rows",
+                                                                                      "first_chunk_tokens", "chunk_tokens")):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"Acoustic did not apply user_config {user_config} within 30 s")
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        import ray
+        from ray import serve
+
+        try:
+            if ray.is_initialized():
+                serve.shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutting down anyway
+            log.warning("serve.shutdown failed: %s", exc)
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            for key in HAPROXY_ENV:
+                os.environ.pop(key, None)
+            self._started = False
+
+    # -------------------------------------------------------------- observation
+
+    def acoustic_stats(self) -> Optional[dict]:
+        from ray import serve
+
+        try:
+            h = serve.get_deployment_handle("Acoustic", app_name=self.app)
+            return h.stats.remote().result(timeout_s=30)
+        except Exception as exc:  # noqa: BLE001 - stats are a bonus, not a failure
+            log.warning("Acoustic.stats() failed: %s", exc)
+            return None
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Until the Acoustic engine has no running or waiting rows (after cut requests)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self.acoustic_stats()
+            if s is None or (s.get("running_rows", 0) == 0 and s.get("waiting_rows", 0) == 0):
+                return True
+            time.sleep(0.5)
+        return False
+
+    def replica_pids(self) -> dict[str, list[int]]:
+        """pids of the Serve processes (replicas by deployment, ServeController, ProxyActor)."""
+        return {g: [p.pid for p in procs] for g, procs in processes_by_group([os.getpid()], classify_serve).items()}
+
+    def replica_env(self) -> dict:
+        """Thread settings of each Serve replica: OMP/MKL_NUM_THREADS in its start environment
+        (a deployment's runtime_env) or, when unset there, what Ray sets inside the worker
+        before the deployment imports torch: floor(num_cpus), at least 1."""
+        import math
+
+        import psutil
+
+        out: dict = {}
+        for group, pids in self.replica_pids().items():
+            if get_path(self.cfg, deployment_path(self.cfg, group)) is None:
+                continue  # controller, proxy
+            opts = get_path(self.cfg, f"{deployment_path(self.cfg, group)}.ray_actor_options") or {}
+            cpus = opts.get("num_cpus", 1) if isinstance(opts, dict) else 1
+            for pid in pids:
+                try:
+                    env = psutil.Process(pid).environ()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                omp = env.get("OMP_NUM_THREADS")
+                out.setdefault(group, []).append({
+                    "pid": pid,
+                    "num_cpus": cpus,
+                    "OMP_NUM_THREADS_env": omp,
+                    "omp_threads_effective": int(omp) if omp else max(math.floor(cpus), 1),
+                })
+        return out
+
+
+def engine_delta(before: Optional[dict], after: Optional[dict]) -> dict:
+    """Batching actually formed during a phase, from the engine's counters."""
+    if not before or not after:
+        return {}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "row_steps", "admissions", "rows_admitted",
+                                                           "rows_finished", "rows_cancelled", "rows_failed",
+                                                           "prefill_seconds", "decode_seconds")}
+    return {
+        "mean_rows_per_step": round(d["row_steps"] / d["steps"], 3) if d["steps"] else None,
+        "mean_rows_per_admission": round(d["rows_admitted"] / d["admissions"], 3) if d["admissions"] else None,
+        "steps": d["steps"],
+        "rows_admitted": d["rows_admitted"],
+        "rows_finished": d["rows_finished"],
+        "rows_cancelled": d["rows_cancelled"],
+        "rows_failed": d["rows_failed"],
+        "prefill_s": round(d["prefill_seconds"], 3),
+        "decode_s": round(d["decode_seconds"], 3),
+        "max_rows_ever": after.get("max_rows"),
+    }

@@ -1,0 +1,265 @@
+"""The report of ``python -m bench run``: report.json (everything), report.md (tables) and
+report.png (plots); the ratios against the targets. Also used by ``compare`` and ``report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .lib.render import (by_clients, fmt as _f, get as _get, legend, plain_log_axis, pyplot, render_files, save,
+                         seconds_vs_clients, write_files)
+from .lib.stats import ratio as _ratio
+
+TARGETS = {
+    # name: (op, threshold, what)
+    "serve_vs_baseline_c8": (">=", 3.5, "throughput at 8 clients, project / baseline"),
+    "serve_vs_ceiling_c8": (">=", 0.90, "throughput at 8 clients / raw batch-8 ceiling"),
+    "ttfb_vs_first_chunk": ("<=", 1.3, "TTFB p50 at 1 client / raw time to the first chunk's audio"),
+    "p99_vs_baseline_c8": ("<=", 0.5, "latency p99 at 8 clients, project / baseline"),
+    "continuous_vs_window_mean_latency_70": (">=", 1.5, "mean latency at 70% load, window / continuous batching"),
+}
+
+
+def load_key(load: float) -> str:
+    return f"{load:.2f}"
+
+
+def compute_ratios(report: dict) -> dict:
+    serve_c = _get(report, "serve", "closed")
+    base_c = _get(report, "baseline", "closed")
+    ceiling = _get(report, "ceiling", "ceiling")
+    first = _get(report, "ceiling", "first_chunk", "raw_s")
+    cont = _get(report, "serve", "open", "continuous")
+    win = _get(report, "serve", "open", "window")
+    r = {
+        "serve_vs_baseline_c8": _ratio(_get(serve_c, 8, "audio_s_per_s"), _get(base_c, 8, "audio_s_per_s")),
+        "serve_vs_ceiling_c8": _ratio(_get(serve_c, 8, "audio_s_per_s"), _get(ceiling, 8)),
+        "ttfb_vs_first_chunk": _ratio(_get(serve_c, 1, "ttfb_s", "p50"), first),
+        "p99_vs_baseline_c8": _ratio(_get(serve_c, 8, "latency_s", "p99"), _get(base_c, 8, "latency_s", "p99")),
+        "continuous_vs_window_mean_latency_70": _ratio(_get(win, load_key(0.7), "latency_s", "mean"),
+                                                        _get(cont, load_key(0.7), "latency_s", "mean")),
+    }
+    # Extras (not targets): the same comparisons at the other points that were measured.
+    for load in (0.5, 0.9):
+        v = _ratio(_get(win, load_key(load), "latency_s", "mean"), _get(cont, load_key(load), "latency_s", "mean"))
+        if v is not None:
+            r[f"continuous_vs_window_mean_latency_{int(load * 100)}"] = v
+    v = _ratio(_get(win, load_key(0.7), "ttfb_s", "mean"), _get(cont, load_key(0.7), "ttfb_s", "mean"))
+    if v is not None:
+        r["continuous_vs_window_mean_ttfb_70"] = v
+    hit = _get(report, "serve", "cache_hit")
+    if hit:
+        r["cache_hit_p50_ms"] = hit.get("hit_p50_ms")
+        r["cache_hit_req_per_s"] = hit.get("hit_req_per_s")
+    r["serve_vs_baseline_c1"] = _ratio(_get(serve_c, 1, "audio_s_per_s"), _get(base_c, 1, "audio_s_per_s"))
+    r["ceiling_b8_vs_b1"] = _ratio(_get(ceiling, 8), _get(ceiling, 1))
+    r["baseline_c8_vs_ceiling_b1"] = _ratio(_get(base_c, 8, "audio_s_per_s"), _get(ceiling, 1))
+    return {k: v for k, v in r.items() if v is not None or k in TARGETS}
+
+
+def check_targets(ratios: dict) -> dict:
+    out = {}
+    for name, (op, thr, what) in TARGETS.items():
+        v = ratios.get(name)
+        met = None if v is None else (v >= thr if op == ">=" else v <= thr)
+        out[name] = {"value": v, "target": f"{op} {thr}", "met": met, "what": what}
+    return out
+
+
+# ------------------------------------------------------------------ markdown
+
+def _closed_rows(system: str, closed: dict) -> list[str]:
+    rows = []
+    for c in sorted(closed, key=int):
+        s = closed[c]
+        eng = s.get("engine") or {}
+        rows.append(
+            f"| {system} | {c} | {_f(s.get('audio_s_per_s'), 3)} | {_f(s.get('requests_per_s'), 3)} | "
+            f"{_f(_get(s, 'ttfb_s', 'p50'))} | {_f(_get(s, 'ttfb_s', 'p95'))} | "
+            f"{_f(_get(s, 'latency_s', 'p50'))} | {_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | "
+            f"{s.get('completed')} | {s.get('errors')} | {s.get('cut')} | {_f(eng.get('mean_rows_per_step'))} | "
+            f"{_f(_get(s, 'rss', 'peak_total_mib'), 0)} |"
+        )
+    return rows
+
+
+def to_markdown(report: dict) -> str:
+    meta = report.get("meta", {})
+    lines = [
+        f"# chattts-serve benchmark ({'quick' if meta.get('quick') else 'full'} run)",
+        "",
+        f"- date: {meta.get('started')} → {meta.get('finished')} (wall {_f(meta.get('wall_s'), 0)} s)",
+        f"- machine: {meta.get('cpus')} CPUs, {meta.get('mem_gib')} GiB RAM, {meta.get('platform')}; "
+        f"load average at start {meta.get('loadavg_start')}, at end {meta.get('loadavg_end')}",
+        f"- weights: {meta.get('weights')}; git {meta.get('git')}; command `{meta.get('command')}`",
+        f"- project's HTTP front door: {(meta.get('plan') or {}).get('front_door', 'proxy')}",
+    ]
+    if report.get("error"):
+        lines += ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
+    if report.get("warnings"):
+        lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
+    lines += ["", "## Targets", "", "| ratio | value | target | met | meaning |", "|---|---|---|---|---|"]
+    for name, t in (report.get("targets") or {}).items():
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        lines.append(f"| `{name}` | {_f(t['value'], 3)} | {t['target']} | {met} | {t['what']} |")
+    extras = {k: v for k, v in (report.get("ratios") or {}).items() if k not in TARGETS}
+    if extras:
+        lines += ["", "Other ratios: " + ", ".join(f"`{k}` = {_f(v, 3)}" for k, v in extras.items())]
+
+    ceil = report.get("ceiling")
+    if ceil:
+        lines += ["", "## Ceiling (raw in-process, no serving)", "",
+                  f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; audio seconds per wall second:", "",
+                  "| batch | " + " | ".join(ceil.get("methods", {})) + " | ceiling |",
+                  "|---|" + "---|" * (len(ceil.get("methods", {})) + 1)]
+        for n in sorted(ceil.get("ceiling", {}), key=int):
+            vals = [_f(_get(m, n, "audio_s_per_s"), 3) for m in ceil.get("methods", {}).values()]
+            lines.append(f"| {n} | " + " | ".join(vals) + f" | {_f(ceil['ceiling'][n], 3)} |")
+        fc = ceil.get("first_chunk")
+        if fc:
+            lines += ["", f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
+                          f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s"]
+        from .studies.numerics import quantize_markdown
+
+        lines += quantize_markdown(ceil.get("quantize"))
+
+    lines += ["", "## Closed loop (N clients back to back)", "",
+              "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut | mean batch | peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += _closed_rows("baseline", _get(report, "baseline", "closed") or {})
+    lines += _closed_rows("serve", _get(report, "serve", "closed") or {})
+
+    open_ = _get(report, "serve", "open") or {}
+    if open_:
+        cap = _get(report, "serve", "capacity") or {}
+        lines += ["", "## Open loop (Poisson arrivals), continuous vs window batching", "",
+                  f"Capacity: {_f(cap.get('audio_s_per_s'), 3)} audio s/s = {_f(cap.get('requests_per_s'), 3)} req/s "
+                  f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request).", "",
+                  "| batching | load | rate req/s | sent | done | errors | cut | lat mean | lat p50 | lat p95 | lat p99 | TTFB mean | TTFB p95 | mean batch |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for mode in ("continuous", "window"):
+            for load in sorted(open_.get(mode, {})):
+                s = open_[mode][load]
+                lines.append(
+                    f"| {mode} | {int(float(load) * 100)}% | {_f(s.get('rate_rps'), 3)} | {s.get('sent')} | {s.get('completed')} | "
+                    f"{s.get('errors')} | {s.get('cut')} | {_f(_get(s, 'latency_s', 'mean'))} | {_f(_get(s, 'latency_s', 'p50'))} | "
+                    f"{_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | {_f(_get(s, 'ttfb_s', 'mean'))} | "
+                    f"{_f(_get(s, 'ttfb_s', 'p95'))} | {_f(_get(s, 'engine', 'mean_rows_per_step'))} |")
+
+    rss = {k: _get(report, k, "rss_peak") for k in ("baseline", "serve")}
+    if any(rss.values()):
+        lines += ["", "## Peak RSS (MiB)", ""]
+        for k, v in rss.items():
+            if v:
+                parts = ", ".join(f"{p} {m:.0f}" for p, m in v.get("peak_by_process_mib", {}).items())
+                lines.append(f"- {k}: total {v.get('peak_total_mib', 0):.0f} ({parts})")
+    env = _get(report, "serve", "replica_env")
+    if env:
+        lines += ["", "Serve replicas: " + "; ".join(
+            f"{g}: num_cpus {lst[0]['num_cpus']}, OMP threads {[e['omp_threads_effective'] for e in lst]}"
+            for g, lst in env.items() if lst)]
+    busy = _get(report, "serve", "closed", "8", "replica_threads")
+    if busy:
+        lines += ["", "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
+                      "share of the phase on a CPU / waiting for one): " + "; ".join(
+            f"{g}: " + ", ".join(f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads"
+                                 + _thread_shares(x) for x in lst)
+            for g, lst in busy.items())]
+    for phase, procs in (_get(report, "serve", "profile") or {}).items():
+        lines += ["", f"## Profile (py-spy, closed loop {phase}): share of busy samples", ""]
+        for name, prof in procs.items():
+            if "stages_pct" not in prof:
+                lines.append(f"- {name}: {prof.get('error', 'no samples')}")
+                continue
+            stages = ", ".join(f"{k} {v}%" for k, v in prof["stages_pct"].items())
+            top = ", ".join(f"`{k}` {v}%" for k, v in prof["top_self_pct"][:6])
+            lines.append(f"- {name} ({prof['samples']} samples): {stages}. Top self time: {top}")
+    ov = _get(report, "serve", "overrides")
+    if ov:
+        lines += ["", "Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in ov.items())]
+    lines += ["", "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
+                  "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.", ""]
+    return "\n".join(lines)
+
+
+def _thread_shares(x: dict) -> str:
+    on, wait = x.get("top_thread_shares", [])[:2], x.get("top_thread_runqueue", [])[:2]
+    if not on or not wait or None in wait:  # not sampled (older reports, no schedstat)
+        return ""
+    return " (" + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(on, wait)) + ")"
+
+
+# ------------------------------------------------------------------ plot
+
+
+def to_png(report: dict, path: Path) -> None:
+    fig, axes = pyplot().subplots(2, 2, figsize=(13, 9.5))
+    colors = {"serve": "tab:blue", "baseline": "tab:red", "ceiling": "tab:green", "window": "tab:orange"}
+    serve_c = _get(report, "serve", "closed") or {}
+    base_c = _get(report, "baseline", "closed") or {}
+    ceiling = _get(report, "ceiling", "ceiling") or {}
+
+    ax = axes[0][0]
+    for name, closed in (("serve", serve_c), ("baseline", base_c)):
+        pts = by_clients(closed, "audio_s_per_s")
+        if pts:
+            ax.plot(*zip(*pts), "o-", color=colors[name], label=f"{name} (N clients)")
+    cpts = sorted((int(k), v) for k, v in ceiling.items() if v is not None)
+    if cpts:
+        ax.plot(*zip(*cpts), "s--", color=colors["ceiling"], label="ceiling (raw batch N)")
+    ax.set_title("Throughput")
+    ax.set_xlabel("concurrent clients / batch size")
+    ax.set_ylabel("audio seconds per wall second")
+    ax.set_xscale("log", base=2)
+    plain_log_axis(ax)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+
+    panels = ((axes[0][1], "latency_s", "latency", ("p50", "p99"), "Latency (whole response)"),
+              (axes[1][0], "ttfb_s", "TTFB", ("p50", "p95"), "Time to first audio byte"))
+    for ax, key, label, qs, title in panels:
+        for name, closed in (("serve", serve_c), ("baseline", base_c)):
+            for q, style in zip(qs, ("o-", "^:")):
+                pts = by_clients(closed, key, q)
+                if pts:
+                    ax.plot(*zip(*pts), style, color=colors[name], label=f"{name} {label} {q}")
+        fc = _get(report, "ceiling", "first_chunk", "raw_s")
+        if key == "ttfb_s" and fc:
+            ax.axhline(fc, color=colors["ceiling"], ls="--", label="raw first chunk alone")
+        seconds_vs_clients(ax, title)
+
+    ax = axes[1][1]
+    open_ = _get(report, "serve", "open") or {}
+    for mode, color in (("continuous", colors["serve"]), ("window", colors["window"])):
+        d = open_.get(mode) or {}
+        pts = sorted((float(k) * 100, _get(v, "latency_s", "mean"), _get(v, "latency_s", "p95"), _get(v, "ttfb_s", "mean")) for k, v in d.items())
+        pts = [p for p in pts if p[1] is not None]
+        if pts:
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[1] for p in pts], "o-", color=color, label=f"{mode}: latency mean")
+            ax.plot(xs, [p[2] for p in pts], "^:", color=color, label=f"{mode}: latency p95")
+            ax.plot(xs, [p[3] for p in pts], "x--", color=color, alpha=0.6, label=f"{mode}: TTFB mean")
+    ax.set_title("Open loop (Poisson): continuous vs window batching")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("offered load, % of measured capacity")
+    ax.set_ylabel("seconds")
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+
+    meta = report.get("meta", {})
+    r = report.get("ratios", {})
+    sub = ", ".join(f"{k}={v:.2f}" for k, v in r.items() if k in TARGETS and v is not None)
+    fig.suptitle(f"chattts-serve bench ({'quick' if meta.get('quick') else 'full'}, {meta.get('started', '')}, "
+                 f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}", fontsize=10)
+    save(fig, path)
+
+
+def render(report: dict, out: Path) -> None:
+    render_files(report, out, to_markdown, to_png)
+
+
+def write_all(report: dict, out: Path) -> None:
+    """Ratios and targets computed from the report, then report.json, .md and .png."""
+    report["ratios"] = compute_ratios(report)
+    report["targets"] = check_targets(report["ratios"])
+    write_files(report, out, "report.json", to_markdown, to_png)

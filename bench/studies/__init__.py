@@ -1,0 +1,1 @@
+"""Studies: measurements behind a code choice (``python -m bench numerics``, ``text-compare``)."""
