@@ -133,12 +133,15 @@ class BenchRun:
         self.show_progress = show_progress
         self._procs: list[ManagedProcess] = []
         self._serve: Optional[ServeRunner] = None
-        args = get_path(serve_cfg, args_path(serve_cfg)) or {}
-        self.segments = dict(args.get("segments") or {})  # the project's SegmentLimits: same segments everywhere
-        acoustic = args.get("acoustic") or {}
-        self.first_chunk_tokens = int(acoustic.get("first_chunk_tokens", 12))
-        self.chunk_tokens = int(acoustic.get("chunk_tokens", 24))
-        self.vocoder_cfg = args.get("vocoder") or {}
+        # The deployed settings (the config's args over the code's defaults): the ceiling and the
+        # baseline cut the same segments and chunks as the project.
+        from serve_app.settings import AppArgs
+
+        args = AppArgs.model_validate(get_path(serve_cfg, args_path(serve_cfg)) or {})
+        self.segments = args.segments.model_dump()
+        self.first_chunk_tokens = args.acoustic.first_chunk_tokens
+        self.chunk_tokens = args.acoustic.chunk_tokens
+        self.vocoder_cfg = args.vocoder.model_dump()
 
     # -------------------------------------------------------------- planning
 

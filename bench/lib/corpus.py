@@ -13,12 +13,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Optional
 
+from serve_app.engine.audio import SAMPLE_RATE
+from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.text.chars import SAYABLE_CJK_RE
 
 CORPUS_PATH = Path(__file__).resolve().parents[1] / "corpus.txt"
 
-SAMPLE_RATE = 24000
-SAMPLES_PER_TOKEN = 512
 BYTES_PER_AUDIO_SECOND = 2 * SAMPLE_RATE  # 16-bit mono
 
 # One segment each (under segments.max_seconds), so a stream is one engine row.
