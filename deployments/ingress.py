@@ -21,16 +21,22 @@ from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
 from serve_app.http.middleware import HttpPolicy
 from serve_app.http.request_log import RequestRecord
-from serve_app.http.security import APIKeyAuth, StreamLimiter, load_api_keys
+from serve_app.http.middleware import caller_of
+from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
 from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, VoiceList
 from serve_app.realtime.graph import run_session
+from serve_app.serving.slots import SharedSlots
 from serve_app.settings import CacheConfig, IngressSettings, VoiceStoreConfig
 
 HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
 app = make_app(HTTP_POLICY)
+
+# Other Ray apps calling through a DeploymentHandle are inside the cluster, past the HTTP front
+# door: trusted like the operator, with no stream slot to count (their own replicas bound them).
+HANDLE_CALLER = Caller(id="handle", owner="anonymous", max_priority=10, max_streams=0, max_voices=None)
 
 
 def _request_id() -> str:
@@ -58,45 +64,52 @@ class Ingress:
         voice_config = VoiceStoreConfig.model_validate(voices or {})
         HTTP_POLICY.route_max_bytes[VOICES_PATH] = voice_config.max_upload_bytes  # clip uploads
         self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
+        # One count of stream slots for every replica of this application.
+        slots = SharedSlots(f"stream-slots:{serve.get_replica_context().app_name}")
         self.speech = SpeechService(normalizer, vocoder, acoustic, self.voices.catalog,
-                                    CacheConfig.model_validate(cache or {}), ingress)
-        self._apply(ingress)
+                                    CacheConfig.model_validate(cache or {}), ingress, slots)
+        self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
 
     def _apply(self, settings: IngressSettings) -> None:
+        auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
         self.settings = settings
         self.speech.apply(settings)
+        HTTP_POLICY.auth = auth
         HTTP_POLICY.max_bytes = settings.max_body_bytes
+        HTTP_POLICY.body_timeout_s = settings.body_timeout_s
         HTTP_POLICY.cors_origins = list(settings.security.cors_origins)
-        self.auth = APIKeyAuth(load_api_keys(settings.security))
-        self.limiter = StreamLimiter(settings.security.max_streams_per_key)
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: any IngressSettings field, applied live (limits, timeout,
-        degradation switches, API keys, CORS)."""
+        """Serve ``user_config``: any IngressSettings field, applied live (limits, timeouts,
+        degradation switches, API keys and grants, CORS)."""
         if user_config:
             self._apply(IngressSettings.model_validate({**self.settings.model_dump(), **user_config}))
 
-    def _authorize(self, request: Union[Request, WebSocket], api_key: Optional[str] = None) -> str:
-        """The caller's id for limits: its key's fingerprint, or its address when keys are off.
-        ``api_key``: a key sent in a WebSocket session's first message, when no header has one."""
-        authorization = request.headers.get("authorization") or (f"Bearer {api_key}" if api_key else None)
-        key_id = self.auth.check(authorization)
-        if self.auth.enabled:
-            return key_id
-        return "ip:" + (request.client.host if request.client else "unknown")
+    @staticmethod
+    def _caller(request: Union[Request, WebSocket]) -> Caller:
+        """Who is calling: the guard middleware identified it from the headers before the body."""
+        return caller_of(request)
+
+    def _ws_caller(self, ws: WebSocket, api_key: Optional[str]) -> Caller:
+        """A WebSocket's caller: from the handshake's header, else from the key in session.start."""
+        caller = caller_of(ws)
+        if caller is not None:
+            return caller
+        address = ws.client.host if ws.client else "unknown"
+        return HTTP_POLICY.auth.identify(f"Bearer {api_key}" if api_key else None, address)
 
     # ------------------------------------------------------------------ handle API
 
     async def synthesize(self, request: Union[SpeechRequest, dict]) -> bytes:
         """The whole audio file."""
         req = as_request(request)
-        return await self.speech.synthesize(req, RequestRecord.start(req, _request_id(), client="handle"))
+        return await self.speech.synthesize(req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER)
 
     async def stream(self, request: Union[SpeechRequest, dict]) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (``.options(stream=True)``)."""
         req = as_request(request)
-        async for data in self.speech.stream(req, RequestRecord.start(req, _request_id(), client="handle")):
+        async for data in self.speech.stream(req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER):
             yield data
 
     # ------------------------------------------------------------------ speech
@@ -105,8 +118,7 @@ class Ingress:
     async def speech_route(self, body: SpeechRequest, request: Request):
         rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
         try:
-            client = self._authorize(request)
-            return await self.speech.respond(body, rec, client, self.limiter, request.headers.get("cache-control", ""))
+            return await self.speech.respond(body, rec, self._caller(request), request.headers.get("cache-control", ""))
         except APIError as exc:
             rec.finish(str(exc.status))
             return error_response(exc)
@@ -116,11 +128,10 @@ class Ingress:
         """Text in as it is written, audio out as it is made (protocol: ``protocol.SessionStart``
         and the messages after it; session logic: ``serve_app/realtime/``)."""
         await ws.accept()
-        await run_session(ws, _request_id(), self.speech, self.limiter, lambda key: self._authorize(ws, key))
+        await run_session(ws, _request_id(), self.speech, lambda key: self._ws_caller(ws, key))
 
     @app.get("/v1/models", response_model=ModelList)
     async def models(self, request: Request) -> ModelList:
-        self._authorize(request)
         return ModelList(data=[ModelCard(id=m) for m in MODEL_IDS])
 
     # ------------------------------------------------------------------ voices
@@ -128,30 +139,25 @@ class Ingress:
     @app.get("/v1/voices", response_model=VoiceList)
     async def voices_route(self, request: Request):
         """The voices listing (as ``GET /v1/audio/voices``)."""
-        self._authorize(request)
         return await self.voices.list()
 
     @app.post(VOICES_PATH, openapi_extra=CREATE_VOICE_OPENAPI)
     async def create_voice(self, request: Request):
         """A custom voice from a speaker string, a seed, or a 2-30 s clip and its transcript."""
-        self._authorize(request)
         return await self.voices.create(request)
 
     @app.get(VOICES_PATH, response_model=VoiceList)
     async def list_voices(self, request: Request):
         """Built-in and custom voices."""
-        self._authorize(request)
         return await self.voices.list()
 
     @app.get(VOICES_PATH + "/{voice_id}")
     async def get_voice(self, voice_id: str, request: Request):
         """One voice, with its speaker string (and a clip voice's codes and transcript) to keep."""
-        self._authorize(request)
         return await self.voices.get(voice_id)
 
     @app.delete(VOICES_PATH + "/{voice_id}")
     async def delete_voice(self, voice_id: str, request: Request):
-        self._authorize(request)
         return await self.voices.delete(voice_id)
 
     # ------------------------------------------------------------------ the web page, health

@@ -133,7 +133,7 @@ class TextAppend(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text.append"]
-    text: str
+    text: str = Field(min_length=1)  # an empty append would only re-scan the buffer
 
     @field_validator("text")
     @classmethod

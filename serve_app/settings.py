@@ -26,17 +26,43 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SecuritySettings(_Strict):
-    """API keys, per-key stream limits and CORS (``args.ingress.security``)."""
+class KeyGrants(_Strict):
+    """What one API key may do beyond every key's defaults (``security.keys.<key id>``; a key's id
+    is the non-secret fingerprint the logs show: ``chattts-serve keys id``)."""
 
-    api_keys_env: Optional[str] = Field(
-        default="CHATTTS_API_KEYS", description="Env var with comma-separated keys (unset/empty: no auth)."
+    max_priority: Optional[int] = Field(default=None, ge=-10, le=10, description="Highest request priority (None: security.max_priority).")
+    max_streams: Optional[int] = Field(default=None, ge=0, description="Concurrent streams (None: security.max_streams_per_key; 0 = unlimited).")
+    max_voices: Optional[int] = Field(default=None, ge=0, description="Custom voices it may own (None: voices.max_voices_per_key).")
+    admin: bool = Field(default=False, description="Sees, uses and deletes every key's custom voices.")
+
+
+class SecuritySettings(_Strict):
+    """API keys, what each may do, per-key stream limits and CORS (``args.ingress.security``)."""
+
+    auth: Literal["optional", "required"] = Field(
+        default="optional",
+        description="required: a replica refuses to start (and a live change is refused) unless keys load; "
+        "optional: without keys every caller is anonymous, limited by its address (a laptop, a trusted network).",
     )
-    api_keys_file: Optional[str] = Field(default=None, description="File with one key per line.")
+    api_keys_env: Optional[str] = Field(default="CHATTTS_API_KEYS", description="Env var with comma-separated keys.")
+    api_keys_file: Optional[str] = Field(default=None, description="File with one key per line (# comments).")
     max_streams_per_key: int = Field(
-        default=0, ge=0, description="Concurrent speech streams per API key (or client address without keys); 0 = unlimited."
+        default=16, ge=0,
+        description="Concurrent streams (HTTP speech and WebSocket sessions) per key, or per client address "
+        "without keys, across all Ingress replicas; 0 = unlimited.",
     )
+    max_priority: int = Field(default=0, ge=-10, le=10, description="Highest request priority a key may ask for, unless keys.<id> allows more.")
+    keys: dict[str, KeyGrants] = Field(default_factory=dict, description="Per-key grants by key id.")
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty = CORS off.")
+
+
+class WebSocketSettings(_Strict):
+    """What a WebSocket session may cost while it waits or talks (``args.ingress.websocket``)."""
+
+    first_message_s: float = Field(default=10.0, gt=0, description="The session.start message must arrive this soon after the handshake.")
+    idle_s: float = Field(default=60.0, gt=0, description="A session with nothing to speak and no message for this long is closed.")
+    max_pending_cuts: int = Field(default=4, ge=1, description="Text cuts of one session being planned at once; a flush past it waits "
+                                  "(text.flush floods cost one TextNormalizer call per cut, not per message).")
 
 
 class IngressSettings(_Strict):
@@ -44,6 +70,8 @@ class IngressSettings(_Strict):
 
     max_input_chars: int = Field(default=4096, ge=1)
     max_body_bytes: int = Field(default=64 * KiB, ge=1024)
+    body_timeout_s: float = Field(default=30.0, gt=0, description="A request body (any route) must arrive within this (408).")
+    websocket: WebSocketSettings = WebSocketSettings()
     warmup: bool = True
     security: SecuritySettings = SecuritySettings()
     request_timeout_s: float = Field(default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this.")

@@ -6,16 +6,20 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from .errors import install_error_handlers
-from .middleware import BodyLimitMiddleware, DynamicCORS, HttpPolicy
+from .middleware import DynamicCORS, GuardMiddleware, HttpPolicy
 
 
 def make_app(policy: HttpPolicy) -> FastAPI:
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, on the origin where the
+    # web page keeps the user's API key. The schema stays at /openapi.json for any viewer.
     app = FastAPI(
         title="chattts-serve",
         version="0.1.0",
         description="ChatTTS text-to-speech with an OpenAI-compatible API, on Ray Serve.",
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, policy=policy)
-    app.add_middleware(DynamicCORS, policy=policy)  # outermost: preflight answers never hit limits
+    app.add_middleware(GuardMiddleware, policy=policy)
+    app.add_middleware(DynamicCORS, policy=policy)  # outermost: preflight answers need no key and hit no limit
     return app

@@ -1,90 +1,144 @@
-"""ASGI middleware of the HTTP API: body limits and CORS, both set live from the Ingress's settings
-through one ``HttpPolicy`` object."""
+"""ASGI middleware of the HTTP API: who is calling (before any body byte is read), what a body may
+cost (size, time, JSON nesting), and CORS. All of it set live from the Ingress's settings through
+one ``HttpPolicy`` object (the FastAPI app is created at import time, before the deployment's
+settings are known).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any, Optional
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import APIError, error_body
+from ..errors import APIError
+from .jsonlimits import MAX_JSON_DEPTH, JsonDepthGuard
+from .security import APIKeyAuth
 
-
-class BodyLimitMiddleware:
-    """Reject bodies over ``max_bytes`` with 413 without reading them whole.
-
-    A declared Content-Length over the limit is refused before any body byte is read; a
-    chunked body is counted as it streams and cut off at the limit.
-    """
-
-    def __init__(self, app: ASGIApp, policy: "HttpPolicy"):
-        self.app = app
-        self.policy = policy
-
-    @property
-    def max_bytes(self) -> int:
-        return self.policy.max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        limit = self.policy.limit_for(scope)
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await _send_json(send, 413, self._body(limit))
-                    return
-        seen = 0
-
-        async def limited_receive() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise APIError(413, f"request body exceeds {limit} bytes", code="body_too_large")
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-    def _body(self, limit: int) -> dict[str, Any]:
-        return error_body(f"request body exceeds {limit} bytes", code="body_too_large")
-
-
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    data = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
+# Routes anyone may call: health, the web page (it asks for a key itself), the API's schema.
+PUBLIC_PATHS = ("/healthz", "/readyz", "/openapi.json")
+PUBLIC_PREFIXES = ("/ui/",)
 
 
 class HttpPolicy:
-    """What the middleware enforces, set by the deployment after the app is built (the FastAPI app
-    is created at import time, before the deployment's settings are known, and they change live):
-    the body limit, per-route body limits (uploads) and the CORS origins."""
-
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, body_timeout_s: float = 30.0):
         self.max_bytes = max_bytes
+        self.body_timeout_s = body_timeout_s
         self.route_max_bytes: dict[str, int] = {}  # exact paths with their own limit (uploads)
         self.cors_origins: list[str] = []
+        self.max_json_depth = MAX_JSON_DEPTH
+        self.auth: Optional[APIKeyAuth] = None  # None: no replica has configured it yet (all 503)
 
-    def limit_for(self, scope: Scope) -> int:
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
+    @staticmethod
+    def path_of(scope: Scope) -> str:
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        return path[len(root):] if root and path.startswith(root) else path
+
+    def limit_for(self, path: str) -> int:
         return self.route_max_bytes.get(path, self.max_bytes)
+
+    @staticmethod
+    def is_public(path: str) -> bool:
+        return path == "/" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def _header(scope: Scope, name: bytes) -> Optional[str]:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def send_error(send: Send, exc: APIError) -> None:
+    data = json.dumps(exc.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in exc.headers.items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+class GuardMiddleware:
+    """Before the app sees a request: the caller, from the headers alone (401 before any body byte
+    is read; the caller lands in ``request.state.caller``); then the body, read under its limits:
+    a declared Content-Length over the limit is refused at once, a streamed body is cut at the
+    limit (413), a body not complete within ``body_timeout_s`` of the request's start is 408, and
+    a JSON body nesting deeper than ``max_json_depth`` is 400. A WebSocket handshake without an
+    Authorization header passes: the session's first message may carry the key."""
+
+    def __init__(self, app: ASGIApp, policy: HttpPolicy):
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path = self.policy.path_of(scope)
+        if not self.policy.is_public(path):
+            try:
+                self._identify(scope)
+            except APIError as exc:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 4000 + exc.status, "reason": exc.code or ""})
+                else:
+                    await send_error(send, exc)
+                return
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        limit = self.policy.limit_for(path)
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            await send_error(send, _too_large(limit))
+            return
+        await self.app(scope, self._bounded(scope, receive, limit), send)
+
+    def _identify(self, scope: Scope) -> None:
+        auth = self.policy.auth
+        if auth is None:
+            raise APIError(503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"})
+        authorization = _header(scope, b"authorization")
+        if scope["type"] == "websocket" and authorization is None:
+            return  # the session's first message may carry the key (the session checks it)
+        client = scope.get("client")
+        caller = auth.identify(authorization, client[0] if client else "unknown")
+        scope.setdefault("state", {})["caller"] = caller
+
+    def _bounded(self, scope: Scope, receive: Receive, limit: int) -> Receive:
+        deadline = time.monotonic() + self.policy.body_timeout_s
+        ctype = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        depth = JsonDepthGuard(self.policy.max_json_depth) if ctype in ("application/json", "") else None
+        seen = 0
+        done = False
+
+        async def bounded_receive() -> Message:
+            nonlocal seen, done
+            if done:  # the body is in; what follows (a disconnect) has no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise APIError(408, f"the request body did not arrive within {self.policy.body_timeout_s:g} s",
+                               code="body_timeout") from None
+            if message["type"] == "http.request":
+                body = message.get("body", b"")
+                seen += len(body)
+                if seen > limit:
+                    raise _too_large(limit)
+                if depth is not None:
+                    depth.feed(body)
+                done = not message.get("more_body", False)
+            else:
+                done = True
+            return message
+
+        return bounded_receive
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body exceeds {limit} bytes", code="body_too_large")
 
 
 class DynamicCORS:
@@ -107,8 +161,14 @@ class DynamicCORS:
             self._cors = CORSMiddleware(
                 self.app,
                 allow_origins=self._origins,
-                allow_methods=["GET", "POST", "OPTIONS"],
-                allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type", "X-Request-Id", "Cache-Control"],
                 expose_headers=["X-Request-Id", "X-Cache", "X-Weights"],
             )
         await self._cors(scope, receive, send)
+
+
+def caller_of(scope_or_request: Any):
+    """The caller the guard identified for this request (a ``security.Caller``), or None."""
+    scope = getattr(scope_or_request, "scope", scope_or_request)
+    return scope.get("state", {}).get("caller")

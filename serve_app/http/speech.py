@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
+from functools import partial
 from typing import Any, AsyncIterator, Optional, Union
 
+import anyio
 from fastapi.responses import Response, StreamingResponse
 
 from ..engine.wav import with_true_length
@@ -26,7 +29,7 @@ from ..settings import CacheConfig, IngressSettings
 from ..storage.cache import make_cache, request_key
 from ..storage.voices import VoiceCatalog
 from .request_log import RequestRecord
-from .security import StreamLimiter
+from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
 from .sse import sse_stream
 
 log = logging.getLogger("ray.serve")
@@ -48,6 +51,10 @@ def check_model(model: str) -> None:
                        code="model_not_found")
 
 
+# The warm-up's own synthesis: no key, no slot, default priority.
+WARMUP_CALLER = Caller(id="warmup", owner="anonymous", max_priority=0, max_streams=0, max_voices=None)
+
+
 def _package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -61,17 +68,10 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _released(audio: AsyncIterator[bytes], limiter: StreamLimiter, client: str) -> AsyncIterator[bytes]:
-    try:
-        async for data in audio:
-            yield data
-    finally:
-        limiter.release(client)
-
-
 class SpeechService:
     def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
-                 settings: IngressSettings):
+                 settings: IngressSettings, slots: StreamSlots):
+        self.slots = slots
         self.normalizer = normalizer
         self.vocoder = vocoder
         self.acoustic = acoustic
@@ -98,7 +98,7 @@ class SpeechService:
         self.weights_id = f"{info['id']}:{_package_version()}"
         if self.settings.warmup:
             req = SpeechRequest(input="你好。", response_format="wav")
-            audio = await self.synthesize(req, RequestRecord.start(req, request_id, client="warmup"))
+            audio = await self.synthesize(req, RequestRecord.start(req, request_id, client="warmup"), WARMUP_CALLER)
             if len(audio) <= 44:
                 raise RuntimeError("warm-up synthesis produced no audio")
 
@@ -157,16 +157,19 @@ class SpeechService:
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
 
-    async def audio(self, req: SpeechRequest, rec: RequestRecord, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
-        """The request's audio: the cached bytes on a hit, else a stream.
+    async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
+        """The request's audio: the cached bytes on a hit, else a stream, which holds one of the
+        caller's stream slots until it ends (a hit takes none: it is one quick answer).
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
         byte raise APIError.
         """
         directives = {d.strip().lower() for d in cache_control.split(",")}
+        slot: Optional[Slot] = None
         try:
             self._check(req)
+            check_priority(caller, req.priority)
             # Built-in or custom (the voice store): an unknown voice fails here, before any work.
             voice = await self.voices.resolve(req.voice)
             key = request_key(req, voice, weights_id=self.weights_id) if self.weights_id != "unknown" else None
@@ -187,19 +190,22 @@ class SpeechService:
             else:
                 metrics.inc("tts_cache_total", result="bypass")
             self.check_busy()
+            slot = await hold_slot(self.slots, caller)
             try:
                 gen, first, plan = await asyncio.wait_for(self._open(req, voice), self.settings.request_timeout_s)
             except asyncio.TimeoutError:
                 raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
                                code="timeout") from None
-        except Exception as exc:
-            api_exc = to_api_error(exc)
+        except BaseException as exc:
+            if slot is not None:
+                slot.release()
+            api_exc = to_api_error(exc) if isinstance(exc, Exception) else None
             if api_exc is None:
                 raise
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        return self._chain(first, gen, rec, key)
+        return _Stream(self._chain(first, gen, rec, key), slot, gen, rec)
 
     async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str]) -> AsyncIterator[bytes]:
         """Forward the stream within the deadline; record metrics and the log line; cache it."""
@@ -248,39 +254,107 @@ class SpeechService:
 
     # ------------------------------------------------------------------ the two ways in
 
-    async def synthesize(self, req: SpeechRequest, rec: RequestRecord) -> bytes:
+    async def synthesize(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> bytes:
         """The whole audio file (handle API, warm-up), with its true length."""
-        audio = await self.audio(req, rec)
+        audio = await self.audio(req, rec, caller)
         if isinstance(audio, bytes):
             return audio
-        return with_true_length(b"".join([b async for b in audio]))
+        async with audio:
+            return with_true_length(b"".join([b async for b in audio]))
 
-    async def stream(self, req: SpeechRequest, rec: RequestRecord) -> AsyncIterator[bytes]:
+    async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
-        audio = await self.audio(req, rec)
+        audio = await self.audio(req, rec, caller)
         if isinstance(audio, bytes):
             yield audio
             return
-        async for data in audio:
-            yield data
+        async with audio:
+            async for data in audio:
+                yield data
 
-    async def respond(self, body: SpeechRequest, rec: RequestRecord, client: str, limiter: StreamLimiter,
-                      cache_control: str) -> Response:
-        """The HTTP answer: the stream (or a hit's bytes) under the client's stream slot."""
-        limiter.acquire(client)
-        try:
-            audio = await self.audio(body, rec, cache_control)
-        except BaseException:
-            limiter.release(client)
-            raise
+    async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str) -> Response:
+        """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request)."""
+        audio = await self.audio(body, rec, caller, cache_control)
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
         if isinstance(audio, bytes):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy.
-                limiter.release(client)
                 return Response(audio, media_type=body.content_type, headers=headers)
             audio = _once(audio)
+        stream = audio
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
-            audio = sse_stream(audio, usage)
-        return StreamingResponse(_released(audio, limiter, client), media_type=body.content_type, headers=headers)
+            stream = sse_stream(audio, usage)
+        return _StreamResponse(stream, audio, media_type=body.content_type, headers=headers)
+
+
+class _Stream:
+    """A synthesis stream that owns its stream slot and its stages' work: ``aclose()`` (also
+    reached through ``async with``) ends both, and so does garbage collection of a stream nobody
+    ever read (a client gone between the answer's start and its first byte)."""
+
+    def __init__(self, chain: AsyncIterator[bytes], slot: Slot, gen: Any, rec: RequestRecord):
+        self._chain = chain
+        self._slot = slot
+        self._gen = gen
+        self._rec = rec
+        self._complete = False
+        self._finalizer = weakref.finalize(self, _abandon, slot, gen, rec)
+
+    def __aiter__(self) -> "_Stream":
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chain.__anext__()
+        except StopAsyncIteration:
+            self._complete = True
+            raise
+
+    async def aclose(self) -> None:
+        self._finalizer.detach()
+        try:
+            await self._chain.aclose()
+        finally:
+            if not self._complete:  # never started, or cut: the stages stop too
+                _abandon(self._slot, self._gen, self._rec)
+            self._slot.release()
+
+    async def __aenter__(self) -> "_Stream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+def _abandon(slot: Slot, gen: Any, rec: RequestRecord) -> None:
+    slot.release()
+    gen.cancel()
+    rec.finish("client_disconnect")  # no-op when the stream's own end recorded it
+
+
+class _StreamResponse(StreamingResponse):
+    """A StreamingResponse that watches for the client leaving whatever the ASGI version (Starlette
+    stops watching from ASGI 2.4 on, and Serve's proxy stops cancelling a request whose client
+    sent ``x-request-disconnect-disabled``), and closes its synthesis stream on every way out: the
+    end, an error, a client gone, a cancelled request."""
+
+    def __init__(self, content: AsyncIterator[bytes], owned: Any, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._owned = owned
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def run(part: Any) -> None:
+                    await part()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(run, partial(self.stream_response, send))
+                group.start_soon(run, partial(self.listen_for_disconnect, receive))
+        finally:
+            aclose = getattr(self._owned, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()

@@ -9,7 +9,7 @@ from ..engine.audio import SAMPLE_RATE
 from ..engine.types import Plan, StreamSummary, Voice
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
-from ..http.security import StreamLimiter
+from ..http.security import Caller, Slot, check_priority, hold_slot
 from ..http.speech import SpeechService, check_model
 from ..protocol import SessionCreated, SessionStart
 from ..settings import IngressSettings
@@ -47,26 +47,27 @@ class GraphBackend:
 
 
 def session_limits(settings: IngressSettings) -> SessionLimits:
+    ws = settings.websocket
     return SessionLimits(max_text_chars=settings.max_input_chars, max_message_bytes=settings.max_body_bytes,
-                         segment_timeout_s=settings.request_timeout_s)
+                         segment_timeout_s=settings.request_timeout_s, first_message_s=ws.first_message_s,
+                         idle_s=ws.idle_s, max_pending_cuts=ws.max_pending_cuts)
 
 
-async def run_session(ws: Transport, request_id: str, speech: SpeechService, limiter: StreamLimiter,
-                      authorize: Callable[[Optional[str]], str]) -> None:
-    """One accepted socket, start to end, logged as one request record. ``authorize`` gets the key
+async def run_session(ws: Transport, request_id: str, speech: SpeechService, identify: Callable[[Optional[str]], Caller]) -> None:
+    """One accepted socket, start to end, logged as one request record. ``identify`` gets the key
     a ``session.start`` may carry (for clients that cannot set the handshake's headers)."""
-    holder: list[str] = []  # the client id once its stream slot is taken
+    slots: list[Slot] = []  # the caller's stream slot once taken
     rec = RequestRecord(request_id, "", 0, "", "ws", "ws")
     backend = GraphBackend(speech.normalizer, speech.vocoder)
 
     async def admit(start: SessionStart) -> SessionCreated:
-        client = authorize(start.api_key)
+        caller = identify(start.api_key)
         check_model(start.model)
+        check_priority(caller, start.priority)
         # Built-in or custom (the voice store): an unknown voice fails here, before any work.
         backend.voice = await speech.voices.resolve(start.voice)
         speech.check_busy()
-        limiter.acquire(client)
-        holder.append(client)
+        slots.append(await hold_slot(speech.slots, caller))
         rec.voice, rec.format = voice_label(start.voice), start.response_format
         return SessionCreated(id=request_id, response_format=start.response_format, sample_rate=SAMPLE_RATE,
                               weights=speech.weights_kind)
@@ -74,8 +75,8 @@ async def run_session(ws: Transport, request_id: str, speech: SpeechService, lim
     try:
         _, stats = await serve_session(ws, backend, admit, session_limits(speech.settings))
     finally:
-        if holder:
-            limiter.release(holder[0])
+        for slot in slots:
+            slot.release()
     rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
     rec.ttfb_s = stats.first_audio_s  # from the session's start: it includes the client's writing
     rec.finish(stats.status)

@@ -60,6 +60,7 @@ from ..protocol import (
     TextAppend,
     TextFlush,
 )
+from ..http.jsonlimits import check_json_depth
 from ..settings import IngressSettings
 from .ogg import OggOpusJoiner
 
@@ -106,6 +107,9 @@ class SessionLimits:
     max_message_bytes: int = _INGRESS.max_body_bytes
     segment_timeout_s: float = _INGRESS.request_timeout_s  # a segment's audio must be complete this long after it starts
     max_chars: int = SegmentLimits().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
+    first_message_s: float = _INGRESS.websocket.first_message_s  # session.start must come this soon
+    idle_s: float = _INGRESS.websocket.idle_s  # nothing to speak and no message this long: closed
+    max_pending_cuts: int = _INGRESS.websocket.max_pending_cuts  # cuts being planned at once
     # Segments of one session decoding at once: the one being sent and the next. More would decode
     # further ahead, but every row slows every decode step of the batch, and so other sessions'
     # first audio.
@@ -129,6 +133,10 @@ async def receive_message(transport: Transport, limits: SessionLimits) -> Option
     """The client's next message, validated; None once the client has gone. Raises APIError for
     a message the protocol does not allow (the session then ends with an error event)."""
     message = await transport.receive()
+    return parse_message(message, limits)
+
+
+def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[BaseModel]:
     if message["type"] == "websocket.disconnect":
         return None
     text = message.get("text")
@@ -136,6 +144,7 @@ async def receive_message(transport: Transport, limits: SessionLimits) -> Option
         raise APIError(400, "binary frames are not accepted: send JSON text frames", code="invalid_message")
     if len(text.encode()) > limits.max_message_bytes:
         raise APIError(413, f"message exceeds {limits.max_message_bytes} bytes", code="message_too_large")
+    check_json_depth(text)
     try:
         obj = json.loads(text)
     except ValueError:
@@ -223,6 +232,8 @@ class RealtimeSession:
         self._buffer = ""  # the unfinished sentence
         self._held = ""  # complete sentences waiting to be packed (see _release)
         self._pieces: deque[_Piece] = deque()
+        self._overflow = ""  # text cut while max_pending_cuts were being planned: one cut later
+        self._last_activity = time.perf_counter()
         self._segments: deque[_Segment] = deque()
         self._next_index = 0
         self._closing = False
@@ -271,7 +282,7 @@ class RealtimeSession:
         """Barge-in: no frame of any unsent segment goes out after this; the text buffer is dropped."""
         dropped = [s.index for s in self._segments]
         await self._stop()
-        self._buffer = self._held = ""
+        self._buffer = self._held = self._overflow = ""
         self._joiner.end_segment()
         self.stats.cancelled_segments += len(dropped)
         await _send_event(self.transport, Cancelled(segments=dropped))
@@ -291,13 +302,33 @@ class RealtimeSession:
 
     # -------------------------------------------------------------- running
 
+    def _idle(self) -> bool:
+        """Nothing is being planned, decoded or sent: the session waits on its client alone."""
+        return not self._pieces and not self._segments and not self._overflow
+
+    async def _next_message(self) -> "asyncio.Future":
+        """The client's next message (a future), or the session's end; 408 once the session has
+        been idle for ``idle_s`` (time spent speaking does not count)."""
+        receive = asyncio.ensure_future(receive_message(self.transport, self.limits))
+        while True:
+            left = self._last_activity + self.limits.idle_s - time.perf_counter()
+            done, _ = await asyncio.wait({receive, self._outcome}, timeout=max(0.01, left),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return receive
+            if not self._idle():
+                self._last_activity = time.perf_counter()
+            elif time.perf_counter() - self._last_activity >= self.limits.idle_s:
+                receive.cancel()
+                raise APIError(408, f"the session was idle for {self.limits.idle_s:g} s", code="idle_timeout")
+
     async def run(self) -> SessionStats:
         """Read the client's messages until the session is done, fails, or the client leaves."""
         self._start()
         try:
             while True:
-                receive = asyncio.ensure_future(receive_message(self.transport, self.limits))
-                await asyncio.wait({receive, self._outcome}, return_when=asyncio.FIRST_COMPLETED)
+                receive = await self._next_message()
+                self._last_activity = time.perf_counter()
                 if self._outcome.done():
                     receive.cancel()
                     self._outcome.result()  # raises the failure of a loop
@@ -347,9 +378,16 @@ class RealtimeSession:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _ahead_chars(self) -> int:
-        return len(self._buffer) + len(self._held) + sum(len(p.text) for p in self._pieces) + sum(s.chars for s in self._segments)
+        return (len(self._buffer) + len(self._held) + len(self._overflow) + sum(len(p.text) for p in self._pieces)
+                + sum(s.chars for s in self._segments))
 
     def _add_piece(self, text: str) -> None:
+        """Plan ``text`` (one TextNormalizer call); past ``max_pending_cuts`` calls in flight the
+        text joins the overflow, planned as one cut once a call returns (a flush flood costs no
+        more calls than that)."""
+        if len(self._pieces) >= self.limits.max_pending_cuts or self._overflow:
+            self._overflow += text
+            return
         if not is_speakable(text):  # only punctuation or whitespace: nothing to say
             return
         task = asyncio.ensure_future(self.backend.plan(text, self.options))
@@ -368,6 +406,9 @@ class RealtimeSession:
             except EmptyInputError:  # nothing speakable after normalisation
                 plan = None
             self._pieces.popleft()
+            if self._overflow and len(self._pieces) < self.limits.max_pending_cuts:
+                text, self._overflow = self._overflow, ""
+                self._add_piece(text)
             if plan is not None:
                 self._open_segments(plan, len(piece.text))
             self._segment_added.set()  # also when nothing was added: the forwarder may be done
@@ -405,7 +446,7 @@ class RealtimeSession:
         """Segments in order, each whole before the next; ``done`` once closed and all sent."""
         while True:
             while not self._segments:
-                if self._closing and not self._pieces:
+                if self._closing and not self._pieces and not self._overflow:
                     tail = self._joiner.finish()
                     if tail:
                         await self.transport.send_bytes(tail)
@@ -467,7 +508,11 @@ async def serve_session(
     session. Returns the start message (None if there was none) and what the session did."""
     start: Optional[SessionStart] = None
     try:
-        msg = await receive_message(transport, limits)
+        try:
+            msg = await asyncio.wait_for(receive_message(transport, limits), limits.first_message_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"no session.start within {limits.first_message_s:g} s of the handshake",
+                           code="timeout") from None
         if msg is None:
             return None, SessionStats(status="client_disconnect")
         if not isinstance(msg, SessionStart):
