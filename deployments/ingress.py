@@ -27,7 +27,7 @@ from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
 from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, VoiceList
-from serve_app.realtime.graph import run_session
+from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.slots import SharedSlots
 from serve_app.settings import CacheConfig, IngressSettings, VoiceStoreConfig
 
@@ -70,6 +70,7 @@ class Ingress:
                                     CacheConfig.model_validate(cache or {}), ingress, slots)
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
+        self.unstarted = UnstartedSockets()
 
     def _apply(self, settings: IngressSettings) -> None:
         auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
@@ -127,8 +128,9 @@ class Ingress:
     async def speech_stream(self, ws: WebSocket) -> None:
         """Text in as it is written, audio out as it is made (protocol: ``protocol.SessionStart``
         and the messages after it; session logic: ``serve_app/realtime/``)."""
-        await ws.accept()
-        await run_session(ws, _request_id(), self.speech, lambda key: self._ws_caller(ws, key))
+        known = caller_of(ws)  # from the handshake's Authorization header, if it had one
+        client = known.id if known is not None else "ip:" + (ws.client.host if ws.client else "unknown")
+        await run_session(ws, _request_id(), self.speech, lambda key: self._ws_caller(ws, key), client, self.unstarted)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models(self, request: Request) -> ModelList:

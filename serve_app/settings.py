@@ -59,7 +59,9 @@ class SecuritySettings(_Strict):
 class WebSocketSettings(_Strict):
     """What a WebSocket session may cost while it waits or talks (``args.ingress.websocket``)."""
 
-    first_message_s: float = Field(default=10.0, gt=0, description="The session.start message must arrive this soon after the handshake.")
+    first_message_s: float = Field(default=5.0, gt=0, description="The session.start message must arrive this soon after the handshake.")
+    max_unstarted_per_client: int = Field(default=4, ge=1, description="Sockets of one client (key id from the handshake, else "
+                                          "address) not yet started, per Ingress replica; more are refused at the handshake.")
     idle_s: float = Field(default=60.0, gt=0, description="A session with nothing to speak and no message for this long is closed.")
     max_pending_cuts: int = Field(default=4, ge=1, description="Text cuts of one session being planned at once; a flush past it waits "
                                   "(text.flush floods cost one TextNormalizer call per cut, not per message).")

@@ -13,7 +13,7 @@ from ..http.security import Caller, Slot, check_priority, hold_slot
 from ..http.speech import SpeechService, check_model
 from ..protocol import SessionCreated, SessionStart
 from ..settings import IngressSettings
-from .session import SessionLimits, Transport, serve_session
+from .session import SessionLimits, close_code, serve_session
 
 
 class GraphBackend:
@@ -53,14 +53,52 @@ def session_limits(settings: IngressSettings) -> SessionLimits:
                          idle_s=ws.idle_s, max_pending_cuts=ws.max_pending_cuts)
 
 
-async def run_session(ws: Transport, request_id: str, speech: SpeechService, identify: Callable[[Optional[str]], Caller]) -> None:
-    """One accepted socket, start to end, logged as one request record. ``identify`` gets the key
-    a ``session.start`` may carry (for clients that cannot set the handshake's headers)."""
-    slots: list[Slot] = []  # the caller's stream slot once taken
+class UnstartedSockets:
+    """Sockets of one replica that have not sent their ``session.start`` yet, per client (its key
+    id from the handshake's header, else its address): a client holds at most ``limit`` of them,
+    so sockets that never speak cannot fill the replica's request slots."""
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+
+    def enter(self, client: str, limit: int) -> bool:
+        n = self._count.get(client, 0)
+        if n >= limit:
+            return False
+        self._count[client] = n + 1
+        return True
+
+    def leave(self, client: str) -> None:
+        n = self._count.get(client, 0) - 1
+        if n <= 0:
+            self._count.pop(client, None)
+        else:
+            self._count[client] = n
+
+
+async def run_session(ws: Any, request_id: str, speech: SpeechService, identify: Callable[[Optional[str]], Caller],
+                      client: str, unstarted: UnstartedSockets) -> None:
+    """One socket from its handshake to its end, logged as one request record. ``identify`` gets
+    the key a ``session.start`` may carry (for clients that cannot set the handshake's headers);
+    ``client`` is who the handshake says it is (key id, or address)."""
     rec = RequestRecord(request_id, "", 0, "", "ws", "ws")
+    limit = speech.settings.websocket.max_unstarted_per_client
+    if not unstarted.enter(client, limit):
+        await ws.close(code=close_code(429))  # before accept: the handshake is refused
+        rec.finish("429")
+        return
+    waiting = [client]  # until session.start arrives (or the session ends)
+
+    def started() -> None:
+        if waiting:
+            unstarted.leave(waiting.pop())
+
+    await ws.accept()
+    slots: list[Slot] = []  # the caller's stream slot once taken
     backend = GraphBackend(speech.normalizer, speech.vocoder)
 
     async def admit(start: SessionStart) -> SessionCreated:
+        started()
         caller = identify(start.api_key)
         check_model(start.model)
         check_priority(caller, start.priority)
@@ -75,6 +113,7 @@ async def run_session(ws: Transport, request_id: str, speech: SpeechService, ide
     try:
         _, stats = await serve_session(ws, backend, admit, session_limits(speech.settings))
     finally:
+        started()
         for slot in slots:
             slot.release()
     rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
