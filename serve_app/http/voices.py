@@ -32,7 +32,6 @@ from ..engine.errors import VoiceError
 from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
 from ..errors import APIError, as_api_error
 from ..settings import VoiceStoreConfig
-from .security import Caller
 from ..storage.voices import (
     VOICE_ID_RE,
     StoredVoice,
@@ -42,6 +41,7 @@ from ..storage.voices import (
     make_voice_store,
     stored_voice,
 )
+from .security import Caller
 
 log = logging.getLogger("ray.serve")
 
