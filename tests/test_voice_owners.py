@@ -356,22 +356,29 @@ class _Remote:
 
 
 class StubVocoder:
-    """The Vocoder stage's two methods the voices API calls, counted (and slowed, for races)."""
+    """The Vocoder stage's two methods the voices API calls, counted. ``together``: no call
+    returns before that many calls are in progress (a race: they all passed the first check)."""
 
-    def __init__(self, delay_s: float = 0.0):
+    def __init__(self, together: int = 0):
         self.calls: list[str] = []
-        self.delay_s = delay_s
+        self.together = together
+        self._all_in = asyncio.Event()
         self.speaker_for_seed = _Remote(self._speaker)
         self.encode_clip = _Remote(self._clip)
 
+    async def _enter(self, what: str) -> None:
+        self.calls.append(what)
+        if self.together:
+            if len(self.calls) >= self.together:
+                self._all_in.set()
+            await asyncio.wait_for(self._all_in.wait(), 60)
+
     async def _speaker(self, seed):
-        self.calls.append("speaker_for_seed")
-        await asyncio.sleep(self.delay_s)
+        await self._enter("speaker_for_seed")
         return SPEAKER
 
     async def _clip(self, data, min_s, max_s):
-        self.calls.append("encode_clip")
-        await asyncio.sleep(self.delay_s)
+        await self._enter("encode_clip")
         return SimpleNamespace(spk_smp="codes", seconds=3.0)
 
 
@@ -405,8 +412,8 @@ def customs(listing: dict) -> list[dict]:
     return [v for v in listing["data"] if v["kind"] != "builtin"]
 
 
-def api_of(cfg: VoiceStoreConfig, delay_s: float = 0.0) -> VoicesAPI:
-    return VoicesAPI(cfg, StubVocoder(delay_s))
+def api_of(cfg: VoiceStoreConfig, together: int = 0) -> VoicesAPI:
+    return VoicesAPI(cfg, StubVocoder(together))
 
 
 async def test_the_api_keeps_each_keys_voices_apart(cfg):
@@ -466,7 +473,7 @@ async def test_the_quota_is_refused_before_anything_is_encoded(cfg):
 async def test_concurrent_api_creates_that_all_passed_the_first_check_store_only_the_quota(cfg):
     """Every create passes the check before encoding (the others are still encoding), so the
     store's own check, atomic with the write, is what holds the quota."""
-    api = api_of(cfg, delay_s=0.2)
+    api = api_of(cfg, together=5)
     alice = caller(ALICE, max_voices=2)
     results = await asyncio.gather(*(api.create(clip_create(f"c{i}"), alice) for i in range(5)), return_exceptions=True)
     assert api.encoder.calls == ["encode_clip"] * 5  # all got past the first check
