@@ -141,26 +141,27 @@ class Ingress:
     @app.get("/v1/voices", response_model=VoiceList)
     async def voices_route(self, request: Request):
         """The voices listing (as ``GET /v1/audio/voices``)."""
-        return await self.voices.list()
+        return await self.voices.list(self._caller(request))
 
     @app.post(VOICES_PATH, openapi_extra=CREATE_VOICE_OPENAPI)
     async def create_voice(self, request: Request):
-        """A custom voice from a speaker string, a seed, or a 2-30 s clip and its transcript."""
-        return await self.voices.create(request)
+        """A custom voice from a speaker string, a seed, or a 2-30 s clip and its transcript,
+        owned by the caller's key."""
+        return await self.voices.create(request, self._caller(request))
 
     @app.get(VOICES_PATH, response_model=VoiceList)
     async def list_voices(self, request: Request):
-        """Built-in and custom voices."""
-        return await self.voices.list()
+        """Built-in voices and the caller's custom ones (an admin key: every key's)."""
+        return await self.voices.list(self._caller(request))
 
     @app.get(VOICES_PATH + "/{voice_id}")
     async def get_voice(self, voice_id: str, request: Request):
         """One voice, with its speaker string (and a clip voice's codes and transcript) to keep."""
-        return await self.voices.get(voice_id)
+        return await self.voices.get(voice_id, self._caller(request))
 
     @app.delete(VOICES_PATH + "/{voice_id}")
     async def delete_voice(self, voice_id: str, request: Request):
-        return await self.voices.delete(voice_id)
+        return await self.voices.delete(voice_id, self._caller(request))
 
     # ------------------------------------------------------------------ the web page, health
 

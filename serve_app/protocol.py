@@ -96,6 +96,8 @@ class VoiceCard(BaseModel):
     seed: Optional[int] = None
     created_at: Optional[int] = None
     clip_seconds: Optional[float] = None
+    owner: Optional[str] = Field(default=None, description="A custom voice's owner: the key id that made it, "
+                                 "or 'anonymous' (a caller lists its own; an admin key every owner's).")
 
 
 class VoiceList(BaseModel):

@@ -112,6 +112,10 @@ class VoiceStoreConfig(_Strict):
     redis_prefix: str = Field(default="chattts:voices", min_length=1, max_length=64)
     redis_timeout_s: float = Field(default=1.0, gt=0)
     max_voices: int = Field(default=1000, ge=1, description="Custom voices at most (all users together).")
+    max_voices_per_key: int = Field(
+        default=20, ge=0,
+        description="Custom voices one API key may own (security.keys.<id>.max_voices overrides it); without keys "
+        "every caller is 'anonymous' and they share this one quota.")
     max_voice_bytes: int = Field(default=64 * KiB, ge=1024, description="A stored voice's JSON at most.")
     max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/voices.")
     min_clip_seconds: float = Field(default=2.0, gt=0)

@@ -24,6 +24,7 @@ from serve_app.errors import APIError
 from serve_app.protocol import SpeechRequest
 from serve_app.settings import VoiceStoreConfig
 from serve_app.storage.voices import (
+    ANONYMOUS,
     VOICE_ID_RE,
     DirectoryVoiceStore,
     VoiceCatalog,
@@ -132,7 +133,8 @@ import asyncio, sys
 from serve_app.settings import VoiceStoreConfig
 from serve_app.storage.voices import make_voice_store, stored_voice
 from serve_app.errors import APIError
-store = make_voice_store(VoiceStoreConfig(backend="directory", path=sys.argv[1], max_voices=25))
+store = make_voice_store(VoiceStoreConfig(backend="directory", path=sys.argv[1], max_voices=25,
+                                          max_voices_per_key=100))
 async def main():
     made = 0
     for i in range(40):
@@ -183,20 +185,20 @@ async def test_catalog_resolves_every_way_to_name_a_voice(tmp_path):
     catalog = VoiceCatalog(store)
     mine = await store.create(stored_voice("Narrator", "seed", seed=9, speaker=SPEAKER))
     clip = await store.create(stored_voice("x" * 40, "clip", sample="smp", transcript="words"))
-    assert (await catalog.resolve("alloy")).seed == 2222
-    assert (await catalog.resolve("seed:5")).seed == 5
-    assert (await catalog.resolve(SPEAKER)).spk_emb == SPEAKER
+    assert (await catalog.resolve("alloy", ANONYMOUS)).seed == 2222
+    assert (await catalog.resolve("seed:5", ANONYMOUS)).seed == 5
+    assert (await catalog.resolve(SPEAKER, ANONYMOUS)).spk_emb == SPEAKER
     for name in ("Narrator", "narrator", mine.id):
-        v = await catalog.resolve(name)
+        v = await catalog.resolve(name, ANONYMOUS)
         assert (v.seed, v.spk_emb) == (9, SPEAKER)
-    v = await catalog.resolve("x" * 40)  # a name long enough to be read as a speaker string first
+    v = await catalog.resolve("x" * 40, ANONYMOUS)  # a name long enough to be read as a speaker string first
     assert (v.spk_smp, v.txt_smp, v.spk_emb) == ("smp", "words", None)
-    assert (await catalog.resolve(clip.id)) == v
+    assert (await catalog.resolve(clip.id, ANONYMOUS)) == v
     with pytest.raises(UnknownVoiceError, match="custom voice"):
-        await catalog.resolve("nobody")
+        await catalog.resolve("nobody", ANONYMOUS)
     with pytest.raises(UnknownVoiceError, match="no voice with id"):
-        await catalog.resolve("voice_" + "0" * 24)
-    cards = await catalog.cards()
+        await catalog.resolve("voice_" + "0" * 24, ANONYMOUS)
+    cards = await catalog.cards(ANONYMOUS)
     assert [c["kind"] for c in cards] == ["builtin"] * 11 + ["seed", "clip"]
 
 
@@ -206,14 +208,14 @@ async def test_cache_key_follows_the_voices_content_not_its_name():
     catalog = VoiceCatalog(store)
     req = SpeechRequest(input="你好", voice="mine")
     old = await store.create(stored_voice("mine", "speaker", speaker=SPEAKER))
-    key_old = request_key(req, await catalog.resolve("mine"), weights_id="w")
+    key_old = request_key(req, await catalog.resolve("mine", ANONYMOUS), weights_id="w")
     await store.delete(old.id)
     await store.create(stored_voice("mine", "speaker", speaker=OTHER_SPEAKER))
-    key_new = request_key(req, await catalog.resolve("mine"), weights_id="w")
+    key_new = request_key(req, await catalog.resolve("mine", ANONYMOUS), weights_id="w")
     assert key_old != key_new
     # The same content under another name shares entries (it is the same audio).
     await store.create(stored_voice("alias", "speaker", speaker=OTHER_SPEAKER))
-    assert request_key(SpeechRequest(input="你好", voice="alias"), await catalog.resolve("alias"), weights_id="w") == key_new
+    assert request_key(SpeechRequest(input="你好", voice="alias"), await catalog.resolve("alias", ANONYMOUS), weights_id="w") == key_new
 
 
 @pytest.mark.parametrize("name", ["", " pad", "pad ", "alloy", "Nova", "seed:1", "voice_abc", "a\nb", "x" * 65])

@@ -171,7 +171,7 @@ class SpeechService:
             self._check(req)
             check_priority(caller, req.priority)
             # Built-in or custom (the voice store): an unknown voice fails here, before any work.
-            voice = await self.voices.resolve(req.voice)
+            voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
             key = request_key(req, voice, weights_id=self.weights_id) if self.weights_id != "unknown" else None
             if key is not None and "no-store" in directives:
                 key = None

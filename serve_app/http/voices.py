@@ -8,8 +8,16 @@
 - ``audio`` (multipart only) + ``transcript``: a reference clip of 2-30 s, decoded, checked and
   encoded by the Vocoder stage (``Vocoder.encode_clip``: the DVAE encoder).
 
+Every voice belongs to the caller that made it (``Caller.owner``: its API key id, or
+``anonymous`` without keys): a caller lists, reads, deletes and speaks with its own voices only
+(another key's id answers 404 exactly like a missing one), an admin key every key's. Names are
+unique per owner. Each key owns at most its quota (``Caller.max_voices``, else
+``voices.max_voices_per_key``).
+
 Every check that needs no model runs before any remote call (name, transcript, exactly one
-source, a name already taken), and nothing is stored unless the voice is complete.
+source, a name the caller already uses, the caller's quota and the store's limit), and nothing is
+stored unless the voice is complete; the store checks the name and the limits again, atomically
+with the write.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from ..storage.voices import (
     make_voice_store,
     stored_voice,
 )
+from .security import Caller
 
 log = logging.getLogger("ray.serve")
 
@@ -64,7 +73,9 @@ async def _fields(request: Request) -> dict[str, Any]:
             cause = exc.__cause__ if isinstance(exc.__cause__, APIError) else None
             if cause is not None:  # the body limit, raised while the form was read
                 raise cause from None
-            raise _bad(f"could not read the form: {exc}", code="invalid_form") from None
+            # The parser's words stay in the log: they describe its internals, not the request.
+            log.debug("voices: could not read the form: %s: %s", exc.__class__.__name__, exc)
+            raise _bad("could not read the form", code="invalid_form") from None
         out: dict[str, Any] = {}
         for key in _FIELDS:
             value = form.get(key)
@@ -124,7 +135,12 @@ class VoicesAPI:
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc, "voice encoding failed", "voice_encoding_failed") from None
 
-    async def create(self, request: Request) -> dict[str, Any]:
+    def _quota(self, caller: Caller) -> int:
+        return self.store.owned_limit(caller.max_voices)
+
+    async def create(self, request: Request, caller: Caller) -> dict[str, Any]:
+        """A voice owned by ``caller``. Its name, its quota and the store's limit are checked
+        before the Vocoder stage is asked anything (and again when the voice is stored)."""
         fields = await _fields(request)
         name = check_name(fields.get("name"))
         sources = [k for k in ("speaker", "seed", "audio") if fields.get(k) not in (None, "", b"")]
@@ -134,9 +150,13 @@ class VoicesAPI:
             raise _bad("give exactly one of 'speaker' (a ChatTTS speaker string), 'seed', or 'audio' (a clip, "
                        "with its 'transcript')", param=sources[1] if len(sources) > 1 else None,
                        code="missing_required_parameter")
-        if await self.store.get_by_name(name) is not None:  # before any encoding; create checks again
+        # Before any encoding; the store checks both again, atomically with the write. Names are
+        # the caller's own (an admin's too): another key's voice of that name is no conflict.
+        if await self.store.get_by_name(name, caller.owner) is not None:
             raise APIError(409, f"a voice named {name!r} exists already; delete it first or pick another name",
                            param="name", code="voice_exists")
+        quota = self._quota(caller)
+        await self.store.check_room(caller.owner, quota)
         source = sources[0]
         if source == "speaker":
             speaker = fields["speaker"]
@@ -149,43 +169,47 @@ class VoicesAPI:
             if resolved.spk_emb is None:  # a built-in name or seed:<n>, not a speaker string
                 raise _bad("speaker must be a ChatTTS speaker string; for a seed send 'seed'", param="speaker",
                            code="invalid_speaker")
-            voice = stored_voice(name, "speaker", speaker=speaker)
+            voice = stored_voice(name, "speaker", owner=caller.owner, speaker=speaker)
         elif source == "seed":
             seed = _seed(fields["seed"])
             speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
-            voice = stored_voice(name, "seed", seed=seed, speaker=speaker)
+            voice = stored_voice(name, "seed", owner=caller.owner, seed=seed, speaker=speaker)
         else:
             transcript = clean_transcript(fields.get("transcript"), self.cfg.max_transcript_chars)
             clip = await self._remote(
                 self.encoder.encode_clip.remote(fields["audio"], self.cfg.min_clip_seconds, self.cfg.max_clip_seconds))
-            voice = stored_voice(name, "clip", sample=clip.spk_smp, transcript=transcript,
+            voice = stored_voice(name, "clip", owner=caller.owner, sample=clip.spk_smp, transcript=transcript,
                                  clip_seconds=round(clip.seconds, 2))
-        await self.store.create(voice)
-        log.info(json.dumps({"event": "voice_created", "id": voice.id, "kind": voice.kind}))
+        await self.store.create(voice, quota)
+        log.info(json.dumps({"event": "voice_created", "id": voice.id, "kind": voice.kind, "owner": voice.owner}))
         return voice.summary()
 
-    async def list(self) -> dict[str, Any]:
-        return {"object": "list", "data": await self.catalog.cards()}
+    async def list(self, caller: Caller) -> dict[str, Any]:
+        """The built-in voices and the caller's (an admin: every owner's)."""
+        return {"object": "list", "data": await self.catalog.cards(caller.owner, admin=caller.admin)}
 
-    async def get(self, voice_id: str) -> dict[str, Any]:
+    async def get(self, voice_id: str, caller: Caller) -> dict[str, Any]:
         seed = OPENAI_VOICES.get(voice_id.lower())
         if seed is not None:  # a built-in voice: its speaker string too, so it can be kept
             speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
             return {"id": voice_id.lower(), "object": "voice", "name": voice_id.lower(), "kind": "builtin", "seed": seed,
                     "speaker": speaker}
-        return (await self._stored(voice_id)).detail()
+        return (await self._stored(voice_id, caller)).detail()
 
-    async def delete(self, voice_id: str) -> dict[str, Any]:
+    async def delete(self, voice_id: str, caller: Caller) -> dict[str, Any]:
         if voice_id.lower() in OPENAI_VOICES:
             raise _bad("built-in voices cannot be deleted", param="voice_id", code="builtin_voice")
-        voice = await self._stored(voice_id)
-        if not await self.store.delete(voice.id):
+        voice = await self._stored(voice_id, caller)
+        if not await self.store.delete(voice.id, caller.owner, admin=caller.admin):
             raise self._not_found(voice_id)
-        log.info(json.dumps({"event": "voice_deleted", "id": voice.id}))
+        log.info(json.dumps({"event": "voice_deleted", "id": voice.id, "owner": voice.owner, "by": caller.owner}))
         return {"id": voice.id, "object": "voice.deleted", "deleted": True}
 
-    async def _stored(self, voice_id: str) -> StoredVoice:
-        voice = await self.store.get(voice_id) if VOICE_ID_RE.match(voice_id) else None
+    async def _stored(self, voice_id: str, caller: Caller) -> StoredVoice:
+        """The caller's voice (an admin: anyone's); a 404 alike for another key's and for none."""
+        voice = None
+        if VOICE_ID_RE.match(voice_id):
+            voice = await self.store.get(voice_id, caller.owner, admin=caller.admin)
         if voice is None:
             raise self._not_found(voice_id)
         return voice

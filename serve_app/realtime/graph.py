@@ -103,7 +103,7 @@ async def run_session(ws: Any, request_id: str, speech: SpeechService, identify:
         check_model(start.model)
         check_priority(caller, start.priority)
         # Built-in or custom (the voice store): an unknown voice fails here, before any work.
-        backend.voice = await speech.voices.resolve(start.voice)
+        backend.voice = await speech.voices.resolve(start.voice, caller.owner, admin=caller.admin)  # the caller's own
         speech.check_busy()
         slots.append(await hold_slot(speech.slots, caller))
         rec.voice, rec.format = voice_label(start.voice), start.response_format
