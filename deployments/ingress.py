@@ -36,7 +36,7 @@ app = make_app(HTTP_POLICY)
 
 # Other Ray apps calling through a DeploymentHandle are inside the cluster, past the HTTP front
 # door: trusted like the operator, with no stream slot to count (their own replicas bound them).
-HANDLE_CALLER = Caller(id="handle", owner="anonymous", max_priority=10, max_streams=0, max_voices=None)
+HANDLE_CALLER = Caller(id="handle", owner="anonymous", max_priority=10, max_streams=0, max_voices=None, admin=True)
 
 
 def _request_id() -> str:
