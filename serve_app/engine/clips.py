@@ -40,9 +40,10 @@ MAX_CHANNELS = 8
 # source rate (8 channels at 48 kHz, or 2 at 192 kHz): it bounds the decoding work, never what
 # is held (each frame is averaged to mono at 24 kHz as it comes).
 MAX_SOURCE_VALUES_PER_SECOND = 8 * 48000
-# Packets (and frames) a second of clip: Opus's shortest frame is 2.5 ms (400 a second); a file
-# cut into more is refused before its per-packet cost (~10 us in PyAV) adds up.
-MAX_PACKETS_PER_SECOND = 1000
+# Packets (and frames) a second of clip: Opus's shortest frame is 2.5 ms (400 a second), Vorbis's
+# short blocks at 48 kHz 2.7 ms; a file cut finer is refused before its per-packet cost (demuxing,
+# decoding and resampling: 20-50 us each in PyAV) adds up (15,250 packets for a 30 s limit).
+MAX_PACKETS_PER_SECOND = 500
 # A declared duration is an estimate for some files (an MP3 without a Xing header: from its
 # first frames' bitrate), so only one over twice the limit is refused before decoding; the
 # decoded length is the exact check.
