@@ -85,19 +85,23 @@ def _declared_problem(stream: Any, container: Any, limits: ClipLimits) -> Option
     return None
 
 
+def _channels(frame: Any) -> int:
+    return len(frame.layout.channels)  # the same in every PyAV the project allows (12-19)
+
+
 def _frame_problem(frame: Any) -> Optional[str]:
     """A decoded frame's rate and channels, checked before it is resampled (a codec may change
     them mid-stream, whatever the header said)."""
     if not MIN_RATE <= frame.sample_rate <= MAX_RATE:
         return f"the clip changes to {frame.sample_rate} Hz; send {MIN_RATE}-{MAX_RATE} Hz"
-    if not 1 <= frame.layout.nb_channels <= MAX_CHANNELS:
-        return f"the clip changes to {frame.layout.nb_channels} channels; send 1-{MAX_CHANNELS}"
+    if not 1 <= _channels(frame) <= MAX_CHANNELS:
+        return f"the clip changes to {_channels(frame)} channels; send 1-{MAX_CHANNELS}"
     return None
 
 
 def _mono(frame: Any) -> np.ndarray:
     """An interleaved float frame's channels averaged (float32)."""
-    return frame.to_ndarray().reshape(-1, frame.layout.nb_channels).mean(axis=1)
+    return frame.to_ndarray().reshape(-1, _channels(frame)).mean(axis=1)
 
 
 def decode_clip(data: bytes, limits: ClipLimits = ClipLimits()) -> np.ndarray:
@@ -160,10 +164,10 @@ def decode_clip(data: bytes, limits: ClipLimits = ClipLimits()) -> np.ndarray:
                     if decoded + frame_seconds > cap_seconds:
                         too_long = True
                         break
-                    values += frame.samples * frame.layout.nb_channels
+                    values += frame.samples * _channels(frame)
                     if values > max_values:
                         raise InvalidClipError(
-                            f"the clip holds too much audio data ({frame.layout.nb_channels} channels at "
+                            f"the clip holds too much audio data ({_channels(frame)} channels at "
                             f"{frame.sample_rate} Hz); send mono or stereo")
                     decoded += frame_seconds
                     for out in resampler.resample(frame):
