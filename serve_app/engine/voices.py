@@ -49,10 +49,6 @@ SPEAKER_STRING_MIN_CHARS = 32  # a real encoded speaker is several hundred chara
 _SEED_RE = re.compile(r"^seed:(\d{1,10})$")
 # ChatTTS's own serialisation of a speaker: base16384 of a raw-LZMA2 stream of float16 values.
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-# Decoding a raw LZMA2 stream takes only the dictionary size from its filter (lc/lp/pb come in
-# the stream), and a stream that decodes to ``size`` bytes never matches further back than
-# that: ``inflate_exact`` decodes with a dictionary of ``size`` (at least liblzma's 4 KiB) and
-# gives what ChatTTS's preset-9 decoder gives, without reserving its 64 MiB dictionary per call.
 
 
 def inflate_exact(data: bytes, size: int, what: str = "data") -> bytes:
@@ -62,6 +58,10 @@ def inflate_exact(data: bytes, size: int, what: str = "data") -> bytes:
     input read is bounded too. (``lzma.decompress`` would inflate a bomb to its end, and read
     whatever follows the end marker as more streams: ChatTTS's own decoder, in the Acoustic
     stage, does exactly that, so trailing data is refused here.)"""
+    # A raw LZMA2 decoder takes only the dictionary size from its filter (lc/lp/pb come in the
+    # stream), and a stream that decodes to ``size`` bytes never matches further back than that:
+    # a dictionary of ``size`` (liblzma's least is 4 KiB) decodes what ChatTTS's preset-9 filter
+    # does, without reserving its 64 MiB per call.
     filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(4096, size)}]
     decomp = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=filters)
     out = decomp.decompress(data, max_length=size + 1)
