@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .engine.audio import CONTENT_TYPES, AudioFormat
-from .engine.types import SynthesisOptions
+from .engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
 
 ResponseFormat = AudioFormat
 StreamFormat = Literal["audio", "sse"]
@@ -34,7 +34,7 @@ class _ApiOptions(SynthesisOptions):
 
     # A string (built-in or custom voice name, voice id, seed:<n>, speaker string) or {"id": ...};
     # always a string once validated.
-    voice: Union[Annotated[str, Field(max_length=4096)], VoiceRef] = Field(
+    voice: Union[Annotated[str, Field(max_length=MAX_SPEAKER_CHARS)], VoiceRef] = Field(
         default="alloy", description="Built-in or custom voice name, {\"id\": \"voice_...\"}, seed:<n>, or a ChatTTS speaker string.")
 
     @field_validator("voice")

@@ -19,6 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .text import CONTROL_TAG_RE
 
+# The longest voice string any schema takes. A ChatTTS speaker string (the longest kind of voice
+# string) is base16384 of a raw LZMA2 stream of 768 float16 values (1536 bytes): the largest such
+# stream ``lzma.compress`` makes is an uncompressed chunk, 1536 + 3 header + 1 end byte = 1540
+# bytes, 880 characters (real speakers compress to ~840). 1024 leaves a margin and keeps the
+# bytes ``engine/voices.decode_speaker`` reads small (it checks this bound before decoding).
+MAX_SPEAKER_CHARS = 1024
+
 
 class SynthesisOptions(BaseModel):
     """What a caller may choose about one synthesis: the one home of these defaults and ranges.
@@ -29,7 +36,7 @@ class SynthesisOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice: str = Field(default="alloy", max_length=4096, description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.")
+    voice: str = Field(default="alloy", max_length=MAX_SPEAKER_CHARS, description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.")
     seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     temperature: float = Field(default=0.3, ge=0.01, le=2.0)

@@ -4,7 +4,10 @@ Two halves, so the stages that do no tensor work stay free of torch:
 
 - ``VoiceResolver`` (no torch) reads a voice string into a ``Voice``: a seed to sample the
   speaker from, or a ChatTTS speaker string (validated by decoding it with numpy). The
-  TextNormalizer, the cache key and the Ingress use it.
+  TextNormalizer, the cache key and the Ingress use it; the Ingress on its event loop, so
+  decoding is bounded: at most ``MAX_SPEAKER_CHARS`` characters are read, and the LZMA stream
+  is inflated to one byte more than a speaker at most (microseconds, a few KiB, whatever the
+  string holds; anything else is an ``InvalidVoiceError``).
 - ``SpeakerSampler`` (torch) turns a seed into the speaker string, in the stage that holds
   ChatTTS's speaker statistics (the Acoustic stage, or the in-process ``Synthesizer``). It
   samples from a private ``torch.Generator`` seeded with the voice's seed, never from torch's
@@ -21,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .errors import InvalidVoiceError, UnknownVoiceError, VoiceError  # noqa: F401  (VoiceError re-exported)
-from .types import Voice
+from .types import MAX_SPEAKER_CHARS, Voice
 
 # Fixed seeds for OpenAI's voice names: stable forever (changing one changes a voice).
 OPENAI_VOICES: dict[str, int] = {
@@ -40,17 +43,61 @@ OPENAI_VOICES: dict[str, int] = {
 DEFAULT_VOICE = "alloy"
 MAX_SEED = 2**31 - 1
 SPEAKER_DIM = 768  # ChatTTS's GPT hidden size: a speaker embedding has this many values
+SPEAKER_BYTES = SPEAKER_DIM * 2  # float16
 SPEAKER_STRING_MIN_CHARS = 32  # a real encoded speaker is several hundred characters
+# MAX_SPEAKER_CHARS (engine/types.py, every schema's bound on a voice string) is re-exported here.
 _SEED_RE = re.compile(r"^seed:(\d{1,10})$")
 # ChatTTS's own serialisation of a speaker: base16384 of a raw-LZMA2 stream of float16 values.
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
 
+def inflate_exact(data: bytes, size: int, what: str = "data") -> bytes:
+    """One raw LZMA2 stream (ChatTTS's filter) that decodes to exactly ``size`` bytes, with
+    nothing after it; ``ValueError`` otherwise. Bounded whatever ``data`` holds: at most
+    ``size + 1`` bytes are ever produced, and every LZMA2 chunk yields at least one byte, so the
+    input read is bounded too. (``lzma.decompress`` would inflate a bomb to its end, and read
+    whatever follows the end marker as more streams: ChatTTS's own decoder, in the Acoustic
+    stage, does exactly that, so trailing data is refused here.)"""
+    # A raw LZMA2 decoder takes only the dictionary size from its filter (lc/lp/pb come in the
+    # stream), and a stream that decodes to ``size`` bytes never matches further back than that:
+    # a dictionary of ``size`` (liblzma's least is 4 KiB) decodes what ChatTTS's preset-9 filter
+    # does, without reserving its 64 MiB per call.
+    filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(4096, size)}]
+    decomp = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=filters)
+    out = decomp.decompress(data, max_length=size + 1)
+    if len(out) > size:
+        raise ValueError(f"{what} decompresses to more than {size} bytes")
+    if not decomp.eof:
+        raise ValueError(f"{what} ends before its LZMA stream does ({len(out)} of {size} bytes)")
+    if len(out) != size:
+        raise ValueError(f"{what} decompresses to {len(out)} bytes, expected {size}")
+    if decomp.unused_data:
+        raise ValueError(f"{what} has {len(decomp.unused_data)} bytes after its LZMA stream")
+    return out
+
+
 def decode_speaker(value: str) -> np.ndarray:
-    """A ChatTTS speaker string -> its float16 vector (what ``Speaker._decode`` does, without torch)."""
+    """A ChatTTS speaker string -> its 768 float16 values (what ``Speaker._decode`` does, without
+    torch, and bounded: ``InvalidVoiceError`` for anything that is not exactly one speaker)."""
     import pybase16384 as b14
 
-    raw = lzma.decompress(b14.decode_from_string(value), format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+    if not isinstance(value, str):
+        raise InvalidVoiceError("a ChatTTS speaker string must be a string")
+    if len(value) > MAX_SPEAKER_CHARS:
+        raise InvalidVoiceError(
+            f"ChatTTS speaker string is {len(value)} characters; a speaker string is at most {MAX_SPEAKER_CHARS}")
+    try:
+        data = b14.decode_from_string(value)
+    except Exception:  # noqa: BLE001 - UnicodeError (lone surrogates), MemoryError, ...: a 400
+        raise InvalidVoiceError("ChatTTS speaker string is not base16384 text") from None
+    try:
+        raw = inflate_exact(data, SPEAKER_BYTES, "ChatTTS speaker string")
+    except ValueError as exc:  # inflate_exact's own checks
+        raise InvalidVoiceError(f"{exc}; a speaker is {SPEAKER_DIM} float16 values") from None
+    except Exception as exc:  # noqa: BLE001 - lzma.LZMAError, MemoryError, anything a decoder raises: a 400
+        raise InvalidVoiceError(
+            f"voice is not a known voice name, 'seed:<n>', or a ChatTTS speaker string ({exc.__class__.__name__})"
+        ) from None
     return np.frombuffer(raw, dtype=np.float16).copy()
 
 
@@ -72,12 +119,7 @@ def sample_frames(spk_smp: str) -> int:
 
 
 def _check_speaker_string(value: str) -> None:
-    try:
-        vec = decode_speaker(value)
-    except (lzma.LZMAError, ValueError, TypeError, UnicodeError) as exc:
-        raise InvalidVoiceError("voice is not a known voice name, 'seed:<n>', or a ChatTTS speaker string") from exc
-    if vec.shape != (SPEAKER_DIM,):
-        raise InvalidVoiceError(f"ChatTTS speaker string decodes to {vec.shape[0]} values, expected {SPEAKER_DIM}")
+    vec = decode_speaker(value)  # InvalidVoiceError for anything that is not one speaker
     if not np.isfinite(vec).all():
         raise InvalidVoiceError("ChatTTS speaker string holds non-finite values")
 

@@ -29,7 +29,7 @@ from typing import Any, Optional
 from fastapi import Request
 
 from ..engine.errors import VoiceError
-from ..engine.voices import MAX_SEED, OPENAI_VOICES, VoiceResolver
+from ..engine.voices import MAX_SEED, MAX_SPEAKER_CHARS, OPENAI_VOICES, VoiceResolver
 from ..errors import APIError, as_api_error
 from ..settings import VoiceStoreConfig
 from ..storage.voices import (
@@ -51,7 +51,8 @@ _FIELDS = ("name", "speaker", "seed", "audio", "transcript")
 # The create route reads its body itself (JSON or a form), so FastAPI cannot infer this schema.
 CREATE_VOICE_OPENAPI = {"requestBody": {"content": {
     "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "speaker": {"type": "string"}, "seed": {"type": "integer"}}}},
+        "name": {"type": "string"}, "speaker": {"type": "string", "maxLength": MAX_SPEAKER_CHARS},
+        "seed": {"type": "integer"}}}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["name", "audio", "transcript"], "properties": {
         "name": {"type": "string"}, "audio": {"type": "string", "format": "binary"}, "transcript": {"type": "string"}}}},
 }}}
@@ -163,6 +164,8 @@ class VoicesAPI:
             try:
                 if not isinstance(speaker, str):
                     raise VoiceError("speaker must be a string")
+                if len(speaker) > MAX_SPEAKER_CHARS:  # before any decoding (engine/voices.decode_speaker)
+                    raise VoiceError(f"a ChatTTS speaker string is at most {MAX_SPEAKER_CHARS} characters")
                 resolved = VoiceResolver().resolve(speaker)
             except VoiceError as exc:
                 raise _bad(f"invalid speaker: {exc}", param="speaker", code="invalid_speaker") from None
