@@ -127,9 +127,9 @@ def test_json_depth_guard_reads_strings_and_escapes_across_pieces():
         g.feed(doc[cut:])
     with pytest.raises(APIError):
         check_json_depth('{"a": [[[[1]]]]}', max_depth=4)
-    t0 = time.perf_counter()
-    check_json_depth("[" + ",".join(["[[[1]]]"] * 20000) + "]")
-    assert time.perf_counter() - t0 < 0.5
+    t0 = time.process_time()  # CPU time: the box may be busy
+    check_json_depth("[" + ",".join(["[[[1]]]"] * 20000) + "]")  # 160 KB, past any body limit
+    assert time.process_time() - t0 < 0.5
 
 
 def test_auth_required_fails_closed_and_grants_are_per_key(monkeypatch):

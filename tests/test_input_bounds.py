@@ -240,14 +240,20 @@ def test_the_voices_api_bounds_its_speaker_field_and_takes_no_clip_codes():
     schema = CREATE_VOICE_OPENAPI["requestBody"]["content"]["application/json"]["schema"]
     assert schema["properties"]["speaker"]["maxLength"] == MAX_SPEAKER_CHARS
 
-    async def create(body):
-        return await api.create(_json_request(body))
+    from serve_app.http.security import Caller
 
-    huge = "一" * 200_000
+    caller = Caller(id="k", owner="k", max_priority=0, max_streams=0, max_voices=None)
+
+    async def create(body):
+        return await api.create(_json_request(body), caller)
+
     t0 = time.perf_counter()
-    with pytest.raises(APIError) as err:
-        asyncio.run(create({"name": "a", "speaker": huge}))
+    with pytest.raises(APIError) as err:  # a JSON body past 16 KiB is refused while it is read
+        asyncio.run(create({"name": "a", "speaker": "一" * 200_000}))
     assert time.perf_counter() - t0 < MAX_SECONDS
+    assert (err.value.status, err.value.code) == (413, "body_too_large")
+    with pytest.raises(APIError) as err:  # under that, a speaker past its bound is refused undecoded
+        asyncio.run(create({"name": "a", "speaker": "一" * (MAX_SPEAKER_CHARS + 1)}))
     assert (err.value.status, err.value.code) == (400, "invalid_speaker") and "at most" in err.value.message
     with pytest.raises(APIError) as err:
         asyncio.run(create({"name": "a", "speaker": _bombs()["zeros 11 MiB"]}))

@@ -46,6 +46,7 @@ from .security import Caller
 log = logging.getLogger("ray.serve")
 
 VOICES_PATH = "/v1/audio/voices"
+MAX_JSON_BYTES = 16 * 1024  # name + speaker string (at most MAX_SPEAKER_CHARS) or seed, with room
 _FIELDS = ("name", "speaker", "seed", "audio", "transcript")
 
 # The create route reads its body itself (JSON or a form), so FastAPI cannot infer this schema.
@@ -93,8 +94,14 @@ async def _fields(request: Request) -> dict[str, Any]:
         await form.close()
         return out
     if ctype in ("application/json", ""):
+        raw = b""
+        async for piece in request.stream():  # only a clip (multipart) may be large: JSON stops early
+            raw += piece
+            if len(raw) > MAX_JSON_BYTES:
+                raise APIError(413, f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
+                               code="body_too_large")
         try:
-            body = json.loads(await request.body() or b"null")
+            body = json.loads(raw or b"null")
         except ValueError:
             raise _bad("request body is not valid JSON", code="invalid_json") from None
         if not isinstance(body, dict):
