@@ -64,8 +64,9 @@ def test_serve_config_is_the_gpu_configs(docs):
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     assert serve["applications"] == kuberay.for_kubernetes(gpu)["applications"]
     assert chattts_args(gpu)["ingress"]["security"]["auth"] == "required"  # the config's own, not only the manifest's
-    without_voices = lambda cfg: [{**a, "args": {k: v for k, v in a["args"].items() if k != "voices"}}  # noqa: E731
-                                  for a in cfg["applications"]]
+    def without_voices(cfg: dict) -> list[dict]:
+        return [{**a, "args": {k: v for k, v in a["args"].items() if k != "voices"}} for a in cfg["applications"]]
+
     assert without_voices(serve) == without_voices(gpu)
     assert serve["http_options"] == gpu["http_options"] and serve["proxy_location"] == gpu["proxy_location"]
     ServeDeploySchema.model_validate(serve)

@@ -224,7 +224,9 @@ def _policy(name: str, pods: dict, ingress: list[dict]) -> dict:
 def network_policies(serve_port: int) -> list[dict]:
     """Who may open a connection to the Ray pods and to the Redis pods. Egress stays open (the
     weights download, Redis, DNS, the autoscaler's calls to the API server)."""
-    tcp = lambda *ports: [{"protocol": "TCP", "port": p} for p in ports]  # noqa: E731
+    def tcp(*ports: int) -> list[dict]:
+        return [{"protocol": "TCP", "port": p} for p in ports]
+
     ray_pods = {"podSelector": {"matchLabels": dict(POD_LABELS)}}
     ray = _policy(NAME, POD_LABELS, [
         # Ray pods among themselves: GCS, raylets, object managers, workers, the dashboard agents.

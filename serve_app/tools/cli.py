@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "keys":  # no model library to import or quiet
+        return _keys_new(args) if args.keys_command == "new" else _keys_id(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from ..engine.quiet import quiet_libraries
 
@@ -216,8 +218,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _say_remote(args, fmt) if args.url else _say_local(args, fmt)
     if args.command == "weights":
         return _weights_build(args)
-    if args.command == "keys":
-        return _keys_new(args) if args.keys_command == "new" else _keys_id(args)
     return 2
 
 
