@@ -214,7 +214,7 @@ def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: 
     cache directory, which the nodes inherit from this environment), one torch thread, ``max_rows`` and
     ``target_fill`` small enough that a few streams ask for several replicas, delays and the
     metrics push interval in seconds instead of minutes, one replica of each CPU stage pinned to the
-    head, the proxy on the head only, loopback HTTP on ``port``.
+    head, the proxy on the head only, loopback HTTP on ``port`` without API keys (``auth: optional``).
     """
     cfg = yaml.safe_load(base.read_text())
     cfg["proxy_location"] = "HeadOnly"  # only one node per host can bind the HTTP port
@@ -224,6 +224,9 @@ def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: 
     set_path(cfg, f"{app}.args.model", {"weights": weights, "device": "cpu", "dtype": "float32", "torch_threads": 1})
     set_path(cfg, f"{app}.args.acoustic.max_rows", max_rows)
     set_path(cfg, f"{app}.args.cache", {"backend": "none"})  # every request is a synthesis
+    # Loopback only, and the tests send no key: the GPU config's auth: required would keep the
+    # Ingress from starting.
+    set_path(cfg, f"{app}.args.ingress.security.auth", "optional")
     for dep in ("Ingress", "TextNormalizer", "Vocoder"):
         set_path(cfg, f"{app}.deployments.{dep}.ray_actor_options", {"num_cpus": 0.25, "resources": {HEAD_RESOURCE: 1}})
         set_path(cfg, f"{app}.deployments.{dep}.autoscaling_config", {"min_replicas": 1, "max_replicas": 1})

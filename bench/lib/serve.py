@@ -107,6 +107,9 @@ def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides:
     args = args_path(cfg)
     set_path(cfg, f"{args}.model.weights.source", weights)
     set_path(cfg, f"{args}.model.device", "cpu")
+    # Loopback only, and the load generator sends no key: the GPU config's auth: required would
+    # keep the Ingress from starting.
+    set_path(cfg, f"{args}.ingress.security.auth", "optional")
     # The response cache stays as configured: the load generator sends Cache-Control: no-store
     # (and a distinct seed per request), and the cache-hit phase needs the cache.
     for key, value in (overrides or {}).items():

@@ -14,11 +14,30 @@ applications) and whose cluster has:
 - every Ray node's metrics on a port named ``metrics`` and a ``PodMonitor`` for the Prometheus
   operator.
 
+Nothing is exposed that should not be (``for_kubernetes`` is what the manifest changes in the
+Serve config):
+
+- the API fails closed: ``ingress.security.auth: required``, the keys from the Secret
+  ``chattts-api-keys`` in ``CHATTTS_API_KEYS`` on every pod an Ingress replica can land on (a pod
+  without the Secret does not start; an Ingress without a key refuses to);
+- Ray's token authentication on (``authOptions.mode: token``, KubeRay >= v1.5.1: the operator
+  makes a random token per RayCluster in a Secret, gives it to every Ray container and uses it for
+  the dashboard calls that deploy serveConfigV2), and ``RAY_AUTH_MODE=token`` set on every Ray
+  container as well, so that an operator that ignored ``authOptions`` gives a cluster that does
+  not start rather than one without auth;
+- no LoadBalancer or NodePort (the head Service is ClusterIP) and a ``NetworkPolicy`` that admits
+  to the Ray pods only the other Ray pods (every Ray port), the KubeRay operator (dashboard),
+  Prometheus (metrics), and anyone on the Serve HTTP port (the API, behind its keys);
+- custom voices in Redis (an Ingress pod's directory is lost with the pod and not shared), the
+  response cache too when the config puts it in Redis; a second ``NetworkPolicy`` admits to the
+  Redis pods only the Ray pods.
+
 The image is the user's to build (IMAGE below): Ray 2.60's GPU image with this package installed.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from pathlib import Path
@@ -33,6 +52,25 @@ RAY_VERSION = "2.60.0"
 IMAGE = "REPLACE-ME/chattts-serve:0.1.0"  # FROM rayproject/ray:2.60.0-py311-gpu + `pip install .`
 METRICS_PORT = 8080
 POD_LABELS = {"app.kubernetes.io/name": NAME}
+# Ray's own ports on the head: never outside the cluster, and inside it only for the Ray pods (and
+# the KubeRay operator for the dashboard).
+GCS_PORT, DASHBOARD_PORT, CLIENT_PORT = 6379, 8265, 10001
+
+# API keys: a Secret the operator makes (`chattts-serve keys new`), its value comma-separated keys.
+API_KEYS_SECRET = "chattts-api-keys"
+API_KEYS_SECRET_KEY = "keys"
+# Redis for custom voices (and the response cache when the config says redis): a Service the
+# operator provides in the same namespace, its pods labelled REDIS_LABELS. Not the Ray head's GCS.
+REDIS_SERVICE = "chattts-redis"
+REDIS_LABELS = {"app.kubernetes.io/name": REDIS_SERVICE}
+REDIS_PORT = 6379
+REDIS_URL = f"redis://{REDIS_SERVICE}:{REDIS_PORT}"
+CACHE_DB, VOICES_DB = 0, 1
+# Who else may reach the Ray pods: the KubeRay operator (Helm chart's pod label, any namespace) on
+# the dashboard port, Prometheus (kube-prometheus-stack's labels) on the metrics port.
+KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 # Pod shapes. GPU pod: one GPU for two Acoustic replicas (1 CPU each) plus room for one Vocoder
 # (2 CPUs) beside them. CPU pod: Vocoder, Ingress and TextNormalizer replicas.
@@ -41,19 +79,34 @@ CPU_POD = {"cpu": 8, "memory": "16Gi"}
 HEAD_POD = {"cpu": 4, "memory": "16Gi"}
 
 HEADER = f"""\
-# KubeRay manifests of chattts-serve: a RayService and a PodMonitor. GENERATED from
-# config/serve.gpu.yaml by `python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml`: edit
-# the config (or serve_app/serving/kuberay.py), not this file.
+# KubeRay manifests of chattts-serve: a RayService, a PodMonitor and two NetworkPolicies. GENERATED
+# from config/serve.gpu.yaml by `python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml`:
+# edit the config (or serve_app/serving/kuberay.py), not this file.
 #
-# What you provide:
+# What you provide (in the namespace you apply this to; give the service a namespace of its own):
 #   - the image, {IMAGE} below: rayproject/ray:{RAY_VERSION}-py311-gpu with this
 #     repository installed (`pip install .`), for every pod (the head too: Serve builds the app
 #     there). No runtime_env is used, so nothing is installed at start-up.
 #   - the weights: CHATTTS_WEIGHTS=huggingface below downloads 2Noise/ChatTTS into HF_HOME (a
 #     volume: put a PersistentVolumeClaim there); with `local`, mount them and set
 #     CHATTTS_WEIGHTS_PATH. Never leave `auto` in production: without weights it serves noise.
-#   - the KubeRay operator (ray.io/v1 CRDs), the NVIDIA device plugin, and the Prometheus
-#     operator for the PodMonitor.
+#   - the API keys, a Secret (never in this file). Worker pods do not start without it, and an
+#     Ingress replica without a key refuses to (ingress.security.auth: required):
+#       kubectl create secret generic {API_KEYS_SECRET} --from-literal={API_KEYS_SECRET_KEY}="$(chattts-serve keys new)"
+#     (several keys: comma-separated; a key's id for per-key grants: `chattts-serve keys id`).
+#   - Redis for custom voices (db {VOICES_DB}; the response cache too, db {CACHE_DB}, if the config's cache says
+#     redis): a Service named {REDIS_SERVICE} on port {REDIS_PORT}, its pods labelled
+#     app.kubernetes.io/name={REDIS_SERVICE} (the NetworkPolicy {REDIS_SERVICE} admits only the Ray pods),
+#     with persistence on (AOF or RDB): the voices live only there. The URL carries no password.
+#   - the KubeRay operator >= v1.5.1 (authOptions: Ray's token authentication; the operator makes
+#     the token, a Secret named after the RayCluster, key auth_token), the NVIDIA device plugin,
+#     the Prometheus operator for the PodMonitor (Prometheus pods in namespace {PROMETHEUS_NAMESPACE}, labelled
+#     app.kubernetes.io/name=prometheus), and a CNI that enforces NetworkPolicy (without one
+#     the policies are ignored).
+#   - the way in for clients: the API is the RayService's serve Service ({NAME}-serve-svc,
+#     ClusterIP, port 8000); put an Ingress or Gateway with TLS in front of it. Nothing else is
+#     exposed: the dashboard ({DASHBOARD_PORT}), GCS ({GCS_PORT}), Ray client ({CLIENT_PORT}) and metrics ({METRICS_PORT}) ports stay
+#     inside the cluster (kubectl port-forward and the Ray token for the dashboard).
 # Not applied anywhere yet: it was validated offline only (tests/test_kuberay.py).
 """
 
@@ -62,6 +115,40 @@ def serve_config(path: Path = GPU_CONFIG) -> dict:
     """The Serve part of the config, as KubeRay's serveConfigV2 takes it."""
     cfg = yaml.safe_load(path.read_text())
     return {k: cfg[k] for k in ("proxy_location", "http_options", "logging_config", "applications") if k in cfg}
+
+
+def for_kubernetes(serve: dict) -> dict:
+    """What the manifest changes in the Serve config, and nothing else: API keys required (the
+    serve Service puts the API on the cluster network), in the Ingress ``user_config`` too if it
+    sets ``security`` (a live change must not switch auth off); custom voices in Redis (an Ingress
+    pod's directory is lost with the pod and not shared between pods; the voice limits are kept);
+    a Redis response cache pointed at the same Redis."""
+    serve = copy.deepcopy(serve)
+    for app in serve["applications"]:
+        args = app.setdefault("args", {})
+        args.setdefault("ingress", {}).setdefault("security", {})["auth"] = "required"
+        voices = {k: v for k, v in (args.get("voices") or {}).items() if k not in ("backend", "path", "redis_url")}
+        args["voices"] = {"backend": "redis", "redis_url": f"{REDIS_URL}/{VOICES_DB}", **voices}
+        cache = args.get("cache") or {}
+        if cache.get("backend") == "redis":
+            cache["redis_url"] = f"{REDIS_URL}/{CACHE_DB}"
+        for dep in app.get("deployments", []):
+            live = dep.get("user_config") or {}
+            if dep["name"] == "Ingress" and "security" in live:
+                live["security"]["auth"] = "required"
+    return serve
+
+
+def api_keys_env(serve: dict) -> str:
+    """The variable the Ingress reads its keys from (``ingress.security.api_keys_env``)."""
+    (app,) = serve["applications"]
+    security = ((app.get("args") or {}).get("ingress") or {}).get("security") or {}
+    return security.get("api_keys_env", "CHATTTS_API_KEYS")
+
+
+def hosts_ingress(serve: dict, ray_cpus: float) -> bool:
+    """Whether a Ray node with ``ray_cpus`` CPUs can take an Ingress replica (so needs the keys)."""
+    return ray_cpus >= _deployments(serve)["Ingress"]["ray_actor_options"].get("num_cpus", 1)
 
 
 def _deployments(serve: dict) -> dict[str, dict]:
@@ -86,8 +173,20 @@ def _container(name: str, pod: dict, ports: list[dict], env: list[dict]) -> dict
 ENV = [
     {"name": "CHATTTS_WEIGHTS", "value": "huggingface"},
     {"name": "HF_HOME", "value": "/home/ray/.cache/huggingface"},
+    # Also set by the operator through authOptions; here so that a cluster whose operator ignored
+    # authOptions fails to start (token mode without a token) instead of running without auth.
+    {"name": "RAY_AUTH_MODE", "value": "token"},
 ]
 VOLUMES = [{"name": "hf-cache", "emptyDir": {}}]
+
+
+def _env(serve: dict, ray_cpus: float) -> list[dict]:
+    """Every Ray container's env, plus the API keys from their Secret where an Ingress can run."""
+    env = [dict(e) for e in ENV]
+    if hosts_ingress(serve, ray_cpus):
+        env.append({"name": api_keys_env(serve),
+                    "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}}})
+    return env
 
 
 def _template(container: dict, gpu: bool = False) -> dict:
@@ -113,14 +212,51 @@ def worker_bounds(serve: dict) -> dict[str, tuple[int, int]]:
     return {"gpu": gpu, "cpu": cpu}
 
 
+def _policy(name: str, pods: dict, ingress: list[dict]) -> dict:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": dict(POD_LABELS)},
+        "spec": {"podSelector": {"matchLabels": dict(pods)}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def network_policies(serve_port: int) -> list[dict]:
+    """Who may open a connection to the Ray pods and to the Redis pods. Egress stays open (the
+    weights download, Redis, DNS, the autoscaler's calls to the API server)."""
+    def tcp(*ports: int) -> list[dict]:
+        return [{"protocol": "TCP", "port": p} for p in ports]
+
+    ray_pods = {"podSelector": {"matchLabels": dict(POD_LABELS)}}
+    ray = _policy(NAME, POD_LABELS, [
+        # Ray pods among themselves: GCS, raylets, object managers, workers, the dashboard agents.
+        {"from": [ray_pods]},
+        # The KubeRay operator deploys serveConfigV2 and reads Serve's status through the dashboard.
+        {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(KUBERAY_OPERATOR_LABELS)}}],
+         "ports": tcp(DASHBOARD_PORT)},
+        # Prometheus scrapes every pod's metrics port (the PodMonitor).
+        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}},
+                   "podSelector": {"matchLabels": dict(PROMETHEUS_LABELS)}}],
+         "ports": tcp(METRICS_PORT)},
+        # The API, from whatever fronts the serve Service (an Ingress controller, a Gateway, other
+        # pods): its API keys guard it. Narrow `from` to the Ingress controller's namespace if you can.
+        {"ports": tcp(serve_port)},
+    ])
+    redis = _policy(REDIS_SERVICE, REDIS_LABELS, [{"from": [ray_pods], "ports": tcp(REDIS_PORT)}])
+    return [ray, redis]
+
+
 def manifests(path: Path = GPU_CONFIG) -> list[dict]:
-    serve = serve_config(path)
+    serve = for_kubernetes(serve_config(path))
     bounds = worker_bounds(serve)
+    serve_port = int(serve.get("http_options", {}).get("port", 8000))
     metrics = {"metrics-export-port": str(METRICS_PORT)}
     metrics_port = {"containerPort": METRICS_PORT, "name": "metrics"}
-    head_ports = [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
-                  {"containerPort": 10001, "name": "client"}, {"containerPort": 8000, "name": "serve"}, metrics_port]
-    worker_ports = [{"containerPort": 8000, "name": "serve"}, metrics_port]
+    head_ports = [{"containerPort": GCS_PORT, "name": "gcs"}, {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+                  {"containerPort": CLIENT_PORT, "name": "client"}, {"containerPort": serve_port, "name": "serve"},
+                  metrics_port]
+    worker_ports = [{"containerPort": serve_port, "name": "serve"}, metrics_port]
+    head_start = {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics}
 
     def group(name: str, pod: dict, gpu: bool) -> dict:
         low, high = bounds[name]
@@ -130,7 +266,7 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
             "minReplicas": low,
             "maxReplicas": high,
             "rayStartParams": dict(metrics),
-            "template": _template(_container("ray-worker", pod, worker_ports, ENV), gpu=gpu),
+            "template": _template(_container("ray-worker", pod, worker_ports, _env(serve, pod["cpu"])), gpu=gpu),
         }
 
     service = {
@@ -141,13 +277,25 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
             "serveConfigV2": yaml.safe_dump(serve, sort_keys=False, width=100),
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,  # the image's Ray: the same on every pod
+                # Ray's token authentication (KubeRay >= v1.5.1): the operator makes a random
+                # token per RayCluster (a Secret named after it, key auth_token), sets RAY_AUTH_MODE
+                # and RAY_AUTH_TOKEN on every Ray container and the autoscaler, and sends the token
+                # on its own dashboard calls. The dashboard, GCS and Ray client then refuse callers
+                # without it: job submission is remote code execution.
+                "authOptions": {"mode": "token"},
                 "enableInTreeAutoscaling": True,
                 # Idle pods go after 5 minutes: the Acoustic downscale_delay_s (300 s) has
                 # already removed their replicas by then.
                 "autoscalerOptions": {"upscalingMode": "Default", "idleTimeoutSeconds": 300},
                 "headGroupSpec": {
-                    "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics},
-                    "template": _template(_container("ray-head", HEAD_POD, head_ports, ENV)),
+                    # Inside the cluster only (the default, spelled out): no LoadBalancer, no NodePort.
+                    "serviceType": "ClusterIP",
+                    "enableIngress": False,
+                    # The dashboard listens on the pod IP for the operator; the NetworkPolicy and
+                    # the token keep everyone else out.
+                    "rayStartParams": head_start,
+                    "template": _template(_container("ray-head", HEAD_POD, head_ports,
+                                                     _env(serve, float(head_start["num-cpus"])))),
                 },
                 "workerGroupSpecs": [group("gpu", GPU_POD, gpu=True), group("cpu", CPU_POD, gpu=False)],
             },
@@ -162,7 +310,7 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
             "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
         },
     }
-    return [service, pod_monitor]
+    return [service, pod_monitor, *network_policies(serve_port)]
 
 
 class _Dumper(yaml.SafeDumper):

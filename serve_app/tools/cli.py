@@ -1,5 +1,5 @@
 """``chattts-serve``: speak a line to a file (in-process or through a running server), speak lines
-as they arrive on stdin (through a server's WebSocket), build weights."""
+as they arrive on stdin (through a server's WebSocket), build weights, make API keys."""
 
 from __future__ import annotations
 
@@ -135,6 +135,34 @@ def _weights_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys_new(args: argparse.Namespace) -> int:
+    """A new random API key on stdout (alone: ``KEY=$(chattts-serve keys new)``), its id on stderr."""
+    import secrets
+
+    from ..http.security import key_id
+
+    key = secrets.token_urlsafe(32)  # 256 random bits; URL-safe base64: no ',' (the env var's separator)
+    print(key)
+    print(f"id: {key_id(key)}  (its grants go under ingress.security.keys.{key_id(key)})", file=sys.stderr)
+    return 0
+
+
+def _keys_id(args: argparse.Namespace) -> int:
+    """The id of each key read from stdin (one per line, or comma-separated as in CHATTTS_API_KEYS):
+    the fingerprint logs, limits and ``security.keys`` use. The key never goes on the command line
+    (shell history, ``ps``) and is never printed."""
+    from ..http.security import key_id
+
+    keys = [k.strip() for line in sys.stdin.read().splitlines() for k in line.split(",")]
+    keys = [k for k in keys if k]
+    if not keys:
+        print("keys id: no key on stdin (pipe it in: chattts-serve keys id < keyfile)", file=sys.stderr)
+        return 2
+    for key in keys:
+        print(key_id(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chattts-serve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,11 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--source", choices=("random", "random-tiny"), required=True)
     build.add_argument("--dir", default=None, help="cache directory (default ~/.cache/chattts-serve)")
     build.add_argument("--seed", type=int, default=0)
+
+    keys = sub.add_parser("keys", help="API keys: make one, or tell a key's id")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    ksub.add_parser("new", help="print a new random key (stdout) and its id (stderr)")
+    ksub.add_parser("id", help="print the id of each key read from stdin (one per line or comma-separated)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "keys":  # no model library to import or quiet
+        return _keys_new(args) if args.keys_command == "new" else _keys_id(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from ..engine.quiet import quiet_libraries
 
