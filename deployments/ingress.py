@@ -29,7 +29,7 @@ from serve_app.http.webui import page_response
 from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, VoiceList
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.slots import SharedSlots
-from serve_app.settings import CacheConfig, IngressSettings, VoiceStoreConfig
+from serve_app.settings import CacheConfig, IngressSettings, VoiceStoreConfig, merged
 
 HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
 app = make_app(HTTP_POLICY)
@@ -61,6 +61,7 @@ class Ingress:
         voices: Optional[dict] = None,
     ):
         ingress = IngressSettings.model_validate(settings or {})
+        self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})
         HTTP_POLICY.route_max_bytes[VOICES_PATH] = voice_config.max_upload_bytes  # clip uploads
         self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
@@ -83,9 +84,10 @@ class Ingress:
 
     async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: any IngressSettings field, applied live (limits, timeouts,
-        degradation switches, API keys and grants, CORS)."""
-        if user_config:
-            self._apply(IngressSettings.model_validate({**self.settings.model_dump(), **user_config}))
+        degradation switches, API keys and grants, CORS), merged field by field over the
+        deployment's ``args.ingress``: a user_config naming one security field keeps the others
+        (``auth: required`` among them), and one that drops a field gives it back its args value."""
+        self._apply(IngressSettings.model_validate(merged(self._args, user_config or {})))
 
     @staticmethod
     def _caller(request: Union[Request, WebSocket]) -> Caller:

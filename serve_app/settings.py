@@ -26,6 +26,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in key by key at every level (lists and values replace;
+    new dicts, the inputs untouched): a config's args over the defaults, a user_config over args."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 class KeyGrants(_Strict):
     """What one API key may do beyond every key's defaults (``security.keys.<key id>``; a key's id
     is the non-secret fingerprint the logs show: ``chattts-serve keys id``)."""

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from bench.lib.procs import free_port  # noqa: F401  (tests import it from here)
+from serve_app.settings import merged
 from waiting import wait_until
 
 APP_NAME = "chattts"
@@ -37,14 +38,6 @@ TEST_ARGS: dict[str, Any] = {
     # during its warm-up, so RSS after warm-up measures leaks, not cache fill.
     "cache": {"max_bytes": 8 * 1024 * 1024},
 }
-
-
-def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``changes`` merged in, key by key at every level (new dicts, inputs untouched)."""
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
-    return out
 
 
 def _shipped_args() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from clips import encode, speechlike
 from serve_app.engine.clips import MAX_PACKETS_PER_SECOND, ClipLimits, decode_clip
-from serve_app.engine.errors import InvalidClipError, InvalidVoiceError, UnknownVoiceError
+from serve_app.engine.errors import InvalidVoiceError, UnknownVoiceError
 from serve_app.engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
 from serve_app.engine.voices import (
     SPEAKER_BYTES,
