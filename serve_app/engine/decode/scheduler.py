@@ -1,21 +1,42 @@
 """The waiting queue and admission: which rows join the running batch, and when.
 
-Order: priority (higher first), raised by one level per ``AGING_SECONDS`` of waiting so nothing
-starves, then arrival. A row is admitted while the batch has a free slot (``max_rows``) and the
-token budget (sum of prompt + max new tokens over running rows) has room; a row that does not
-fit stops admission there, so small rows cannot overtake a big one forever. A later segment of
-a request (``Row.after``) waits until the request's first segment has sent audio.
+Rows belong to clients (``SegmentRequest.client``: an API key's id, ``ip:<addr>``, or "" for
+anonymous). Admission shares the batch between clients:
+
+- **Order.** Between clients: priority level first (a client's next row's priority, raised by
+  one level per ``AGING_SECONDS`` its turn has waited, so nothing starves), then round robin:
+  the client whose turn has waited longest goes first, and a client that just got a slot goes to
+  the back. So a client with 200 rows waiting and one with a single row get slots alternately.
+  Within a client: its rows by priority (aged from their own arrival), then arrival.
+- **Fair share.** While several clients have rows running or waiting, a client holding its share
+  of ``max_rows`` (``max_rows / clients``, rounded up) or more comes after every client under its
+  share at the same level: slots that free up go to the clients that have fewer.
+- **Slots.** A client's rows take the ``max_rows`` slots; a client with no row running may also
+  take one of ``reserved_rows`` slots beyond them, so its first row joins at the next step even
+  when another client fills the batch (no running row is ever stopped for it).
+  ``max_running_rows_per_client`` (optional) caps any one client's rows in the batch.
+- **Budget.** A row is admitted while the token budget (sum of prompt + max new tokens over
+  running rows) has room; the first row in the order that does not fit stops admission there,
+  so small rows cannot overtake a big one forever.
+- A later segment of a request (``Row.after``) waits until the request's first segment has sent
+  audio; it does not hold up its client's other rows. Rows cancelled while waiting come out at
+  once (the engine ends them without decoding).
+
+Queue limits: ``max_queued_rows`` rows waiting in all, ``max_queued_rows_per_client`` per
+client; a request's rows are queued all or none (``push_all``).
 
 No torch and no locking: the engine calls it under its own lock.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..config import AcousticConfig
-from ..errors import EngineOverloaded
+from ..errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
 from ..types import SegmentRequest
 from ..voices import sample_frames
 from .row import Row
@@ -30,56 +51,153 @@ def prompt_len_estimate(req: SegmentRequest) -> int:
     return len(req.text) + len(req.prompt) + 8 + clip
 
 
+def client_label(client: str) -> str:
+    """A client as error messages name it ("" is anonymous)."""
+    return client or "anonymous"
+
+
 @dataclass
 class _Waiting:
     seq: int  # arrival order, the tie-break
     row: Row
 
 
+@dataclass
+class _Turn:
+    """When a client last got a slot: its next row's turn starts there (round robin)."""
+
+    at: float
+    served: int  # admission counter: breaks ties between turns that started at the same time
+
+
 class Scheduler:
     def __init__(self) -> None:
         self._waiting: list[_Waiting] = []
+        self._per_client: Counter[str] = Counter()  # waiting rows per client
+        self._turns: dict[str, _Turn] = {}  # clients with rows waiting that have had a slot
+        self._served = 0
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def push(self, row: Row, seq: int, max_queued: int) -> None:
-        if len(self._waiting) >= max_queued:
-            raise EngineOverloaded(f"acoustic queue full ({max_queued} rows waiting)")
-        self._waiting.append(_Waiting(seq, row))
+    def waiting_for(self, client: str) -> int:
+        """Rows of ``client`` waiting for a slot."""
+        return self._per_client.get(client, 0)
+
+    # ------------------------------------------------------------------ queueing
+
+    def push(self, row: Row, seq: int, max_queued: int, max_per_client: Optional[int] = None) -> None:
+        """Queue one row (see ``push_all``)."""
+        self.push_all([(row, seq)], max_queued, max_per_client)
+
+    def push_all(self, rows: Sequence[tuple[Row, int]], max_queued: int, max_per_client: Optional[int] = None) -> None:
+        """Queue one request's rows, all or none: ``EngineOverloaded`` when the queue cannot take
+        them now, ``ClientQueueFull`` when their client already has too many waiting,
+        ``RequestTooLarge`` when the request alone is more than a queue limit (it never fits)."""
+        if not rows:
+            return
+        n = len(rows)
+        client = rows[0][0].req.client
+        limits = [(max_queued, "max_queued_rows")]
+        if max_per_client is not None:
+            limits.append((max_per_client, "max_queued_rows_per_client"))
+        limit, name = min(limits)
+        if n > limit:
+            raise RequestTooLarge(f"the request is {n} segments; at most {limit} can wait for the acoustic stage ({name})")
+        if len(self._waiting) + n > max_queued:
+            raise EngineOverloaded(f"acoustic queue full ({len(self._waiting)} rows waiting, at most {max_queued})")
+        mine = self._per_client.get(client, 0)
+        if max_per_client is not None and mine + n > max_per_client:
+            raise ClientQueueFull(
+                f"too many rows queued for client {client_label(client)}: {mine} waiting, this request adds {n}, "
+                f"at most {max_per_client} (max_queued_rows_per_client); retry once some have started"
+            )
+        for row, seq in rows:
+            self._waiting.append(_Waiting(seq, row))
+            self._per_client[row.req.client] += 1
 
     def aged_priority(self, row: Row, now: float) -> float:
         return row.req.priority + (now - row.stream.submitted_at) / AGING_SECONDS
 
+    def _remove(self, gone: list[_Waiting]) -> None:
+        if not gone:
+            return
+        ids = {w.seq for w in gone}
+        self._waiting = [w for w in self._waiting if w.seq not in ids]
+        for w in gone:
+            client = w.row.req.client
+            self._per_client[client] -= 1
+            if self._per_client[client] <= 0:
+                del self._per_client[client]
+                self._turns.pop(client, None)
+
+    # ------------------------------------------------------------------ admission
+
     def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float) -> list[Row]:
-        """Remove and return the rows to admit now, best first. Rows cancelled while waiting are
-        among them (in order, within the free slots): the caller ends them without decoding."""
+        """Remove and return the rows to admit now, in admission order. Every row cancelled while
+        waiting comes out too (first): the caller ends them without decoding."""
         if not self._waiting:
             return []
-        if not cfg.continuous and running:
-            return []  # window batching: the running batch finishes first
-        entries = sorted(self._waiting, key=lambda w: (-self.aged_priority(w.row, now), w.seq))
-        free = cfg.max_rows - len(running)
-        used = sum(r.budget for r in running)
-        taken: list[_Waiting] = []
-        for w in entries:
-            if len(taken) >= free:
-                break
-            if w.row.stream.cancelled.is_set():
-                taken.append(w)
-                continue
+        cancelled = [w for w in self._waiting if w.row.stream.cancelled.is_set()]
+        self._remove(cancelled)
+        out = [w.row for w in cancelled]
+        if not self._waiting or (not cfg.continuous and running):
+            return out  # window batching: the running batch finishes first
+        slots = cfg.max_rows + cfg.reserved_rows
+        if len(running) >= slots:
+            return out
+
+        # Each client's eligible rows, best first.
+        queues: dict[str, list[_Waiting]] = {}
+        for w in self._waiting:
             if cfg.continuous and w.row.after is not None and not w.row.after.started:
                 continue  # a later segment: its request's first segment has no audio out yet
+            queues.setdefault(w.row.req.client, []).append(w)
+        if not queues:
+            return out
+        for rows in queues.values():
+            rows.sort(key=lambda w: (-self.aged_priority(w.row, now), w.seq))
+        held: Counter[str] = Counter(r.req.client for r in running)
+        share = math.ceil(cfg.max_rows / len(set(held) | set(queues)))
+        cap = cfg.max_running_rows_per_client
+        total = len(running)
+        used = sum(r.budget for r in running)
+        heads = dict.fromkeys(queues, 0)
+        taken: list[_Waiting] = []
+        while queues and total < slots:
+            client, w = min(((c, q[heads[c]]) for c, q in queues.items()),
+                            key=lambda cw: self._turn_key(cw[0], cw[1], held[cw[0]] >= share, now))
+            mine = held[client]
+            limit = cfg.max_rows + (cfg.reserved_rows if mine == 0 else 0)
+            if total >= limit or (cap is not None and mine >= cap):
+                del queues[client]  # no slot this client may take now; the others go on
+                continue
             need = prompt_len_estimate(w.row.req) + w.row.req.max_new_tokens
             if used + need > cfg.token_budget and (running or taken):
                 break  # keep order: do not let small rows overtake a big one forever
             used += need
+            total += 1
+            held[client] += 1
             taken.append(w)
-        ids = {w.seq for w in taken}
-        self._waiting = [w for w in self._waiting if w.seq not in ids]
-        return [w.row for w in taken]
+            self._served += 1
+            self._turns[client] = _Turn(now, self._served)
+            heads[client] += 1
+            if heads[client] >= len(queues[client]):
+                del queues[client]
+        self._remove(taken)
+        return out + [w.row for w in taken]
+
+    def _turn_key(self, client: str, w: _Waiting, over_share: bool, now: float) -> tuple:
+        """Sort key of a client's next row among the clients' (smallest first): level, then under
+        its fair share before over, then the turn that has waited longest (round robin)."""
+        turn = self._turns.get(client)
+        start = w.row.stream.submitted_at if turn is None else max(w.row.stream.submitted_at, turn.at)
+        level = w.row.req.priority + math.floor((now - start) / AGING_SECONDS)
+        return (-level, over_share, start, turn.served if turn is not None else -1, w.seq)
 
     def drain(self) -> list[Row]:
         """Remove and return every waiting row (the engine is stopping)."""
         waiting, self._waiting = self._waiting, []
+        self._per_client.clear()
+        self._turns.clear()
         return [w.row for w in waiting]
