@@ -23,7 +23,7 @@ from serve_app.serving import metrics
 from serve_app.serving.autoscaling import engine_stats
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
-from serve_app.engine.errors import EngineOverloaded
+from serve_app.engine.errors import EngineError
 from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner
 from serve_app.engine.threads import TorchThread, on_new_thread
@@ -81,14 +81,14 @@ class Acoustic:
         for segments in plans:
             try:
                 out.append(self.engine.submit_all(segments, loop=loop))
-            except EngineOverloaded as exc:
+            except EngineError as exc:  # queue full, client's share full, request too large: this caller's
                 out.append(exc)
         return out
 
     async def stream(self, segments: list[SegmentRequest]) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded."""
         streams = await self._admit(segments)
-        if isinstance(streams, EngineOverloaded):
+        if isinstance(streams, EngineError):
             raise streams
         try:
             async for seg, chunk in aordered_chunks(streams):

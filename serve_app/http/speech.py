@@ -126,9 +126,9 @@ class SpeechService:
 
     # ------------------------------------------------------------------ the pipeline
 
-    async def _plan(self, req: SpeechRequest, voice: Voice) -> Plan:
+    async def _plan(self, req: SpeechRequest, voice: Voice, client: str = "") -> Plan:
         options = req.to_options()
-        plan = await self.normalizer.plan.remote(req.input, options, voice)
+        plan = await self.normalizer.plan.remote(req.input, options, voice, client=client)
         if req.refine_text:
             busy = self.settings.skip_refine_queue_rows
             if busy is not None and self._queue_rows >= busy:
@@ -136,14 +136,14 @@ class SpeechService:
             else:
                 seed = plan.segments[0].seed if plan.segments else 0
                 texts = await self.acoustic.refine.remote(plan.texts, seed)
-                plan = await self.normalizer.replan.remote(texts, options, voice)
+                plan = await self.normalizer.replan.remote(texts, options, voice, client=client)
         return plan
 
-    async def _open(self, req: SpeechRequest, voice: Voice) -> tuple[Any, bytes, Plan]:
+    async def _open(self, req: SpeechRequest, voice: Voice, client: str = "") -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
-            plan = await self._plan(req, voice)
+            plan = await self._plan(req, voice, client)
             gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
             try:
                 first = await gen.__anext__()
@@ -157,11 +157,13 @@ class SpeechService:
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
 
-    async def audio(self, req: SpeechRequest, rec: RequestRecord, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
+    async def audio(self, req: SpeechRequest, rec: RequestRecord, cache_control: str = "",
+                    client: str = "") -> Union[bytes, AsyncIterator[bytes]]:
         """The request's audio: the cached bytes on a hit, else a stream.
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
-        synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
+        synthesis, still stored), ``no-store`` also skips storing. ``client``: the caller's id (key
+        id or ``ip:<addr>``), carried to the engine's fair admission. Errors before the first audio
         byte raise APIError.
         """
         directives = {d.strip().lower() for d in cache_control.split(",")}
@@ -188,7 +190,7 @@ class SpeechService:
                 metrics.inc("tts_cache_total", result="bypass")
             self.check_busy()
             try:
-                gen, first, plan = await asyncio.wait_for(self._open(req, voice), self.settings.request_timeout_s)
+                gen, first, plan = await asyncio.wait_for(self._open(req, voice, client), self.settings.request_timeout_s)
             except asyncio.TimeoutError:
                 raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
                                code="timeout") from None
@@ -269,7 +271,7 @@ class SpeechService:
         """The HTTP answer: the stream (or a hit's bytes) under the client's stream slot."""
         limiter.acquire(client)
         try:
-            audio = await self.audio(body, rec, cache_control)
+            audio = await self.audio(body, rec, cache_control, client=client)
         except BaseException:
             limiter.release(client)
             raise
