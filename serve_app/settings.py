@@ -100,7 +100,8 @@ class VoiceStoreConfig(_Strict):
 # Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what
 # the app derives from the vocoder) are read when the engine is built.
 LIVE_ACOUSTIC_FIELDS = ("max_rows", "token_budget", "first_chunk_tokens", "chunk_tokens", "listener_margin_s",
-                        "continuous", "max_queued_rows")
+                        "continuous", "max_queued_rows", "max_queued_rows_per_client", "reserved_rows",
+                        "max_running_rows_per_client", "refine_max_chars", "refine_max_texts", "refine_wait_s")
 
 
 class AcousticLive(BaseModel):
