@@ -3,11 +3,13 @@
 Rows belong to clients (``SegmentRequest.client``: an API key's id, ``ip:<addr>``, or "" for
 anonymous). Admission shares the batch between clients:
 
-- **Order.** Between clients: priority level first (a client's next row's priority, raised by
-  one level per ``AGING_SECONDS`` its turn has waited, so nothing starves), then round robin:
-  the client whose turn has waited longest goes first, and a client that just got a slot goes to
-  the back. So a client with 200 rows waiting and one with a single row get slots alternately.
-  Within a client: its rows by priority (aged from their own arrival), then arrival.
+- **Order.** Between clients: priority level first (a client's next row's priority; the clients
+  of one priority share a level, raised by one per ``AGING_SECONDS`` the oldest turn among them
+  has waited, so a low priority rises past a high one in time and nothing starves), then round
+  robin: the client whose turn began first goes first (a turn begins at the client's last slot,
+  or when its row arrived if later), so a client that just got a slot goes to the back. A client
+  with 200 rows waiting and one with a single row get slots alternately. Within a client: its
+  rows by priority (aged from their own arrival), then arrival.
 - **Fair share.** While several clients have rows running or waiting, a client holding its share
   of ``max_rows`` (``max_rows / clients``, rounded up) or more comes after every client under its
   share at the same level: slots that free up go to the clients that have fewer.
@@ -165,8 +167,7 @@ class Scheduler:
         heads = dict.fromkeys(queues, 0)
         taken: list[_Waiting] = []
         while queues and total < slots:
-            client, w = min(((c, q[heads[c]]) for c, q in queues.items()),
-                            key=lambda cw: self._turn_key(cw[0], cw[1], held[cw[0]] >= share, now))
+            client, w = self._next(queues, heads, held, share, now)
             mine = held[client]
             limit = cfg.max_rows + (cfg.reserved_rows if mine == 0 else 0)
             if total >= limit or (cap is not None and mine >= cap):
@@ -187,13 +188,33 @@ class Scheduler:
         self._remove(taken)
         return out + [w.row for w in taken]
 
-    def _turn_key(self, client: str, w: _Waiting, over_share: bool, now: float) -> tuple:
-        """Sort key of a client's next row among the clients' (smallest first): level, then under
-        its fair share before over, then the turn that has waited longest (round robin)."""
+    def _turn_start(self, client: str, w: _Waiting) -> float:
+        """When this client's turn began: its last slot, or its row's arrival if later."""
         turn = self._turns.get(client)
-        start = w.row.stream.submitted_at if turn is None else max(w.row.stream.submitted_at, turn.at)
-        level = w.row.req.priority + math.floor((now - start) / AGING_SECONDS)
-        return (-level, over_share, start, turn.served if turn is not None else -1, w.seq)
+        return w.row.stream.submitted_at if turn is None else max(w.row.stream.submitted_at, turn.at)
+
+    def _next(self, queues: dict[str, list[_Waiting]], heads: dict[str, int], held: Counter, share: int,
+              now: float) -> tuple[str, _Waiting]:
+        """The client whose row goes next, and that row. A priority's clients share one level:
+        the priority plus one per ``AGING_SECONDS`` the oldest turn among them has waited (so a
+        low priority rises past a high one in time, while clients of one priority are ordered by
+        fairness, not by seconds of waiting). Within a level: clients under their fair share
+        first, then the turn that began first, then the client served longest ago."""
+        heads_now = [(c, q[heads[c]]) for c, q in queues.items()]
+        starts = {c: self._turn_start(c, w) for c, w in heads_now}
+        oldest: dict[int, float] = {}
+        for c, w in heads_now:
+            p = w.row.req.priority
+            oldest[p] = min(oldest.get(p, starts[c]), starts[c])
+
+        def key(cw: tuple[str, _Waiting]) -> tuple:
+            c, w = cw
+            p = w.row.req.priority
+            level = p + math.floor(max(0.0, now - oldest[p]) / AGING_SECONDS)
+            turn = self._turns.get(c)
+            return (-level, held[c] >= share, starts[c], turn.served if turn is not None else -1, w.seq)
+
+        return min(heads_now, key=key)
 
     def drain(self) -> list[Row]:
         """Remove and return every waiting row (the engine is stopping)."""
