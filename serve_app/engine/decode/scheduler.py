@@ -32,6 +32,7 @@ No torch and no locking: the engine calls it under its own lock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class _Waiting:
     seq: int  # arrival order, the tie-break
     row: Row
 
+    @property
+    def order(self) -> tuple[float, int]:
+        """Best first within one client and priority: the longest waiting (highest aged priority)."""
+        return (self.row.stream.submitted_at, self.seq)
+
 
 @dataclass
 class _Turn:
@@ -73,18 +79,28 @@ class _Turn:
 
 
 class Scheduler:
+    """Waiting rows per client and priority, each list oldest first: a client's best row is the
+    first eligible one of one of its priorities, so admission looks at a few rows per client, not
+    at the whole queue (it runs before every decode step)."""
+
     def __init__(self) -> None:
-        self._waiting: list[_Waiting] = []
+        self._queues: dict[str, dict[int, list[_Waiting]]] = {}  # client -> priority -> rows, oldest first
         self._per_client: Counter[str] = Counter()  # waiting rows per client
+        self._n = 0
         self._turns: dict[str, _Turn] = {}  # clients with rows waiting that have had a slot
         self._served = 0
 
     def __len__(self) -> int:
-        return len(self._waiting)
+        return self._n
 
     def waiting_for(self, client: str) -> int:
         """Rows of ``client`` waiting for a slot."""
         return self._per_client.get(client, 0)
+
+    def _all(self):
+        for by_priority in self._queues.values():
+            for rows in by_priority.values():
+                yield from rows
 
     # ------------------------------------------------------------------ queueing
 
@@ -106,8 +122,8 @@ class Scheduler:
         limit, name = min(limits)
         if n > limit:
             raise RequestTooLarge(f"the request is {n} segments; at most {limit} can wait for the acoustic stage ({name})")
-        if len(self._waiting) + n > max_queued:
-            raise EngineOverloaded(f"acoustic queue full ({len(self._waiting)} rows waiting, at most {max_queued})")
+        if self._n + n > max_queued:
+            raise EngineOverloaded(f"acoustic queue full ({self._n} rows waiting, at most {max_queued})")
         mine = self._per_client.get(client, 0)
         if max_per_client is not None and mine + n > max_per_client:
             raise ClientQueueFull(
@@ -115,8 +131,14 @@ class Scheduler:
                 f"at most {max_per_client} (max_queued_rows_per_client); retry once some have started"
             )
         for row, seq in rows:
-            self._waiting.append(_Waiting(seq, row))
+            w = _Waiting(seq, row)
+            lst = self._queues.setdefault(row.req.client, {}).setdefault(row.req.priority, [])
+            if lst and lst[-1].order > w.order:
+                bisect.insort(lst, w, key=lambda x: x.order)  # pushed out of order (threads racing)
+            else:
+                lst.append(w)
             self._per_client[row.req.client] += 1
+            self._n += 1
 
     def aged_priority(self, row: Row, now: float) -> float:
         return row.req.priority + (now - row.stream.submitted_at) / AGING_SECONDS
@@ -125,9 +147,18 @@ class Scheduler:
         if not gone:
             return
         ids = {w.seq for w in gone}
-        self._waiting = [w for w in self._waiting if w.seq not in ids]
+        for client, priority in {(w.row.req.client, w.row.req.priority) for w in gone}:
+            by_priority = self._queues[client]
+            rows = [w for w in by_priority[priority] if w.seq not in ids]
+            if rows:
+                by_priority[priority] = rows
+            else:
+                del by_priority[priority]
+                if not by_priority:
+                    del self._queues[client]
         for w in gone:
             client = w.row.req.client
+            self._n -= 1
             self._per_client[client] -= 1
             if self._per_client[client] <= 0:
                 del self._per_client[client]
@@ -138,40 +169,51 @@ class Scheduler:
     def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float) -> list[Row]:
         """Remove and return the rows to admit now, in admission order. Every row cancelled while
         waiting comes out too (first): the caller ends them without decoding."""
-        if not self._waiting:
+        if not self._n:
             return []
-        cancelled = [w for w in self._waiting if w.row.stream.cancelled.is_set()]
+        cancelled = [w for w in self._all() if w.row.stream.cancelled.is_set()]
         self._remove(cancelled)
         out = [w.row for w in cancelled]
-        if not self._waiting or (not cfg.continuous and running):
+        if not self._n or (not cfg.continuous and running):
             return out  # window batching: the running batch finishes first
         slots = cfg.max_rows + cfg.reserved_rows
         if len(running) >= slots:
             return out
-
-        # Each client's eligible rows, best first.
-        queues: dict[str, list[_Waiting]] = {}
-        for w in self._waiting:
-            if cfg.continuous and w.row.after is not None and not w.row.after.started:
-                continue  # a later segment: its request's first segment has no audio out yet
-            queues.setdefault(w.row.req.client, []).append(w)
-        if not queues:
-            return out
-        for rows in queues.values():
-            rows.sort(key=lambda w: (-self.aged_priority(w.row, now), w.seq))
         held: Counter[str] = Counter(r.req.client for r in running)
-        share = math.ceil(cfg.max_rows / len(set(held) | set(queues)))
         cap = cfg.max_running_rows_per_client
+        only_new = len(running) >= cfg.max_rows  # only reserved slots left: for clients with nothing running
+
+        def eligible(w: _Waiting) -> bool:
+            # A later segment waits until its request's first segment has sent audio.
+            return not cfg.continuous or w.row.after is None or w.row.after.started
+
+        # Per client and priority, where the next eligible row is (an index into the list).
+        cursor: dict[str, dict[int, int]] = {}
+        for client, by_priority in self._queues.items():
+            mine = held.get(client, 0)
+            if (only_new and mine) or (cap is not None and mine >= cap):
+                continue  # no slot this client may take now
+            found = {}
+            for priority, rows in by_priority.items():
+                i = next((i for i, w in enumerate(rows) if eligible(w)), None)
+                if i is not None:
+                    found[priority] = i
+            if found:
+                cursor[client] = found
+        if not cursor:
+            return out
+        share = math.ceil(cfg.max_rows / len(set(held) | set(cursor)))
         total = len(running)
         used = sum(r.budget for r in running)
-        heads = dict.fromkeys(queues, 0)
         taken: list[_Waiting] = []
-        while queues and total < slots:
-            client, w = self._next(queues, heads, held, share, now)
+        while cursor and total < slots:
+            heads = {c: self._head(c, found, now) for c, found in cursor.items()}
+            client = self._next(heads, held, share, now)
+            w = heads[client]
             mine = held[client]
             limit = cfg.max_rows + (cfg.reserved_rows if mine == 0 else 0)
             if total >= limit or (cap is not None and mine >= cap):
-                del queues[client]  # no slot this client may take now; the others go on
+                del cursor[client]  # no slot this client may take now; the others go on
                 continue
             need = prompt_len_estimate(w.row.req) + w.row.req.max_new_tokens
             if used + need > cfg.token_budget and (running or taken):
@@ -182,43 +224,56 @@ class Scheduler:
             taken.append(w)
             self._served += 1
             self._turns[client] = _Turn(now, self._served)
-            heads[client] += 1
-            if heads[client] >= len(queues[client]):
-                del queues[client]
+            # This client's next eligible row of that priority, after the one taken.
+            found = cursor[client]
+            rows = self._queues[client][w.row.req.priority]
+            i = next((i for i in range(found[w.row.req.priority] + 1, len(rows)) if eligible(rows[i])), None)
+            if i is None:
+                del found[w.row.req.priority]
+                if not found:
+                    del cursor[client]
+            else:
+                found[w.row.req.priority] = i
         self._remove(taken)
         return out + [w.row for w in taken]
+
+    def _head(self, client: str, found: dict[int, int], now: float) -> _Waiting:
+        """The client's best eligible row: by aged priority, then arrival."""
+        by_priority = self._queues[client]
+        return min((by_priority[p][i] for p, i in found.items()),
+                   key=lambda w: (-self.aged_priority(w.row, now), w.seq))
 
     def _turn_start(self, client: str, w: _Waiting) -> float:
         """When this client's turn began: its last slot, or its row's arrival if later."""
         turn = self._turns.get(client)
         return w.row.stream.submitted_at if turn is None else max(w.row.stream.submitted_at, turn.at)
 
-    def _next(self, queues: dict[str, list[_Waiting]], heads: dict[str, int], held: Counter, share: int,
-              now: float) -> tuple[str, _Waiting]:
-        """The client whose row goes next, and that row. A priority's clients share one level:
-        the priority plus one per ``AGING_SECONDS`` the oldest turn among them has waited (so a
-        low priority rises past a high one in time, while clients of one priority are ordered by
-        fairness, not by seconds of waiting). Within a level: clients under their fair share
-        first, then the turn that began first, then the client served longest ago."""
-        heads_now = [(c, q[heads[c]]) for c, q in queues.items()]
-        starts = {c: self._turn_start(c, w) for c, w in heads_now}
+    def _next(self, heads: dict[str, _Waiting], held: Counter, share: int, now: float) -> str:
+        """The client whose row goes next. A priority's clients share one level: the priority
+        plus one per ``AGING_SECONDS`` the oldest turn among them has waited (so a low priority
+        rises past a high one in time, while clients of one priority are ordered by fairness, not
+        by seconds of waiting). Within a level: clients under their fair share first, then the
+        turn that began first, then the client served longest ago."""
+        starts = {c: self._turn_start(c, w) for c, w in heads.items()}
         oldest: dict[int, float] = {}
-        for c, w in heads_now:
+        for c, w in heads.items():
             p = w.row.req.priority
             oldest[p] = min(oldest.get(p, starts[c]), starts[c])
 
-        def key(cw: tuple[str, _Waiting]) -> tuple:
-            c, w = cw
+        def key(c: str) -> tuple:
+            w = heads[c]
             p = w.row.req.priority
             level = p + math.floor(max(0.0, now - oldest[p]) / AGING_SECONDS)
             turn = self._turns.get(c)
             return (-level, held[c] >= share, starts[c], turn.served if turn is not None else -1, w.seq)
 
-        return min(heads_now, key=key)
+        return min(heads, key=key)
 
     def drain(self) -> list[Row]:
         """Remove and return every waiting row (the engine is stopping)."""
-        waiting, self._waiting = self._waiting, []
+        waiting = sorted(self._all(), key=lambda w: w.seq)
+        self._queues.clear()
         self._per_client.clear()
+        self._n = 0
         self._turns.clear()
         return [w.row for w in waiting]
