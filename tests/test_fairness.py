@@ -14,7 +14,7 @@ import pytest
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.row import Row
-from serve_app.engine.decode.scheduler import AGING_SECONDS, Scheduler, prompt_len_estimate
+from serve_app.engine.decode.scheduler import AGING_SECONDS, PRESENCE_SECONDS, Scheduler, prompt_len_estimate
 from serve_app.engine.decode.streams import RowStream
 from serve_app.engine.errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
 from serve_app.engine.types import SegmentRequest
@@ -57,7 +57,7 @@ def running(*owners: str) -> list[Row]:
 def test_round_robin_between_a_heavy_and_a_light_client():
     """200 rows of A queued first, then one of B: B's row is the second admitted, not the 201st."""
     s = queue(*[row("A") for _ in range(200)], row("B"))
-    assert clients(s.pop_admissible([], AcousticConfig(max_rows=4), now=0.0)) == "ABAA"
+    assert clients(s.pop_admissible([], AcousticConfig(max_rows=4, max_running_rows_per_client=None), now=0.0)) == "ABAA"
     assert s.waiting_for("A") == 197 and s.waiting_for("B") == 0
 
 
@@ -65,7 +65,7 @@ def test_turns_alternate_and_each_clients_rows_keep_their_order():
     a = [row("A") for _ in range(3)]
     b = [row("B") for _ in range(3)]
     s = queue(*a, *b)
-    got = s.pop_admissible([], AcousticConfig(max_rows=6), now=0.0)
+    got = s.pop_admissible([], AcousticConfig(max_rows=6, max_running_rows_per_client=None), now=0.0)
     assert clients(got) == "ABABAB"
     assert [r for r in got if r.req.client == "A"] == a and [r for r in got if r.req.client == "B"] == b
 
@@ -108,10 +108,21 @@ def test_a_lone_client_still_gets_every_slot():
     assert clients(s.pop_admissible([], AcousticConfig(max_rows=16), now=0.0)) == "A" * 16
 
 
-def test_max_running_rows_per_client_caps_each_client():
+def test_max_running_rows_per_client_caps_each_client_while_another_is_present():
     cfg = AcousticConfig(max_rows=8, max_running_rows_per_client=2)
     s = queue(*[row("A") for _ in range(5)], *[row("B") for _ in range(5)])
     assert clients(s.pop_admissible(running("A"), cfg, now=0.0)) == "ABB"  # two each at most
+    # B's rows leave; A is alone again once B has been gone PRESENCE_SECONDS: every slot is A's.
+    s = queue(*[row("A") for _ in range(10)])
+    s.pop_admissible(running("B"), cfg, now=0.0)  # B was here at t=0
+    assert clients(s.pop_admissible(running("A", "A"), cfg, now=1.0)) == ""
+    assert clients(s.pop_admissible(running("A", "A"), cfg, now=PRESENCE_SECONDS + 1)) == "AAAAAA"
+
+
+def test_the_default_cap_is_two_rows_while_another_client_is_present():
+    s = queue(*[row("A") for _ in range(20)], row("B"))
+    got = s.pop_admissible([], AcousticConfig(), now=0.0)
+    assert clients(got) == "ABA"
 
 
 def test_priority_levels_come_first_and_aging_lifts_a_waiting_client():
@@ -231,52 +242,87 @@ POLITE_TEXT = "你好，欢迎使用语音合成服务。"
 
 
 def first_chunk_s(engine: AcousticEngine, spk: str, seed: int) -> float:
-    """Submit one polite request (one segment) and wait for its first chunk."""
-    t0 = time.monotonic()
+    """Submit one polite request (one segment) and wait for its first chunk; then let it go."""
     stream = engine.submit(seg(spk, 60, seed=seed, text=POLITE_TEXT, client="polite"))
-    it = iter(stream)
-    next(it)
-    took = stream.first_chunk_at - t0
+    next(iter(stream))
+    took = stream.first_chunk_at - stream.submitted_at
     stream.cancel()
     return took
 
 
-def measure(tiny_model, spk: str, repeats: int, **cfg) -> tuple[float, float, float]:
-    """(alone, beside a heavy client with 200 queued rows, heavy rows running then): medians."""
+def heavy_running(engine: AcousticEngine) -> int:
+    return sum(1 for r in list(engine.batch.rows) if r.req.client == "heavy")
+
+
+def wait_for(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def measure(tiny_model, spk: str, repeats: int, polite_first: bool, **cfg) -> tuple[float, float, int]:
+    """(alone, beside a heavy client with 200 queued rows, the heavy client's rows running then):
+    medians of ``repeats`` polite requests, each sent once the heavy client has taken back every
+    slot it may (so none reuses a slot the previous one left). ``polite_first``: the polite client
+    was served just before the heavy one came (it is present); else the heavy one came to an idle
+    engine and filled it before the polite one was ever seen."""
     engine = AcousticEngine(tiny_model, AcousticConfig(listener_margin_s=None, **cfg))
     engine.start()
     try:
         first_chunk_s(engine, spk, 0)  # warm
-        alone = statistics.median(first_chunk_s(engine, spk, i) for i in range(repeats))
+        alone = statistics.median(first_chunk_s(engine, spk, i) for i in range(repeats)) if polite_first else None
+        if not polite_first:
+            time.sleep(PRESENCE_SECONDS + 0.5)  # the polite client is forgotten
         streams = engine.submit_all(heavy(spk, 200, tokens=190))  # 200 segments of ~4 s
-        deadline = time.monotonic() + 60
-        cap = min(engine.cfg.max_rows, cfg.get("max_running_rows_per_client") or engine.cfg.max_rows)
-        while engine.running_rows < cap and time.monotonic() < deadline:
-            time.sleep(0.01)
-        rows = engine.running_rows
-        beside = statistics.median(first_chunk_s(engine, spk, 100 + i) for i in range(repeats))
-        for s in streams:
-            s.cancel()
+        cap = cfg.get("max_running_rows_per_client", engine.cfg.max_running_rows_per_client)
+        full = engine.cfg.max_rows if (cap is None or not polite_first) else min(cap, engine.cfg.max_rows)
+        beside = []
+        for i in range(repeats):
+            wait_for(lambda: heavy_running(engine) >= full and engine.running_rows == heavy_running(engine))
+            rows = heavy_running(engine)
+            beside.append(first_chunk_s(engine, spk, 100 + i))
+            if not polite_first:
+                break  # only the first polite request meets the heavy client unbounded
+        for st in streams:
+            st.cancel()
+        if alone is None:
+            wait_for(lambda: engine.running_rows == 0)
+            alone = statistics.median(first_chunk_s(engine, spk, i) for i in range(repeats))
     finally:
         engine.stop()
-    return alone, beside, rows
+    return alone, statistics.median(beside), rows
 
 
-@pytest.mark.timeout(600)
+CONFIGS = (("defaults (reserved_rows 1, cap 2)", {}, (True, False)),
+           ("cap 4", {"max_running_rows_per_client": 4}, (True,)),
+           ("no running cap", {"max_running_rows_per_client": None}, (True,)),
+           ("no reserve, no cap", {"reserved_rows": 0, "max_running_rows_per_client": None}, (True,)))
+
+
+@pytest.mark.timeout(900)
 def test_first_chunk_beside_a_heavy_client(tiny_model, spk):
-    """The polite client's first chunk alone and beside a client with 200 queued rows that was
-    admitted first (decode thread running, max_rows 16). With the defaults its row joins at the
-    next step (reserved_rows), but its steps carry the heavy client's 16 rows: on this CPU a step
-    of 17 rows takes ~5x one of 1, so only a cap on a client's running rows
-    (max_running_rows_per_client) brings it near alone. Figures are printed, the bound asserted is
-    loose (a shared machine)."""
+    """The polite client's first chunk alone and beside a client with 200 queued rows of ~4 s
+    (decode thread running, max_rows 16, random-tiny on this CPU), printed per setting. Measured
+    on the 2-core development box, quiet (medians of 15, three runs; the code before fair
+    admission: 75 s beside, behind all 200 rows):
+
+    - defaults, the polite client present: alone 67-116 ms, beside 104-129 ms (~1.5x; cap 1 ~1.2x,
+      cap 4 ~1.7x, no cap 233-271 ms ~3.2x: 16 heavy rows in every step);
+    - defaults, the heavy client first on an idle engine: its 16 rows are already running when the
+      polite one comes, ~3x for that first request (nothing running is stopped), ~1.5x once those
+      rows end;
+    - no reserve and no cap: 3.3-3.7 s, a heavy row has to finish first (~48x).
+
+    The bound asserted is loose (a shared machine): the polite row joins at the next step, it
+    never waits for a heavy row to finish."""
     results = {}
-    for name, cfg in (("defaults", {}), ("cap 8", {"max_running_rows_per_client": 8}),
-                      ("cap 4", {"max_running_rows_per_client": 4}), ("cap 2", {"max_running_rows_per_client": 2}),
-                      ("no reserve", {"reserved_rows": 0})):
-        alone, beside, rows = measure(tiny_model, spk, repeats=5, **cfg)
-        results[name] = (alone, beside, rows)
-        report(f"first chunk, {name}", f"alone {alone * 1000:.0f} ms, beside the heavy client ({rows} of its rows "
-               f"running) {beside * 1000:.0f} ms: {beside / alone:.2f}x")
-    alone, beside, _ = results["defaults"]
-    assert beside < 20 * alone  # a slot at the next step: never a wait for a heavy row to finish
+    for name, cfg, modes in CONFIGS:
+        for polite_first in modes:
+            alone, beside, rows = measure(tiny_model, spk, repeats=5, polite_first=polite_first, **cfg)
+            results[name, polite_first] = (alone, beside)
+            when = "polite present" if polite_first else "heavy first, alone"
+            report(f"first chunk, {name}, {when}", f"alone {alone * 1000:.0f} ms, beside the heavy client ({rows} of "
+                   f"its rows running) {beside * 1000:.0f} ms: {beside / alone:.2f}x")
+    for polite_first in (True, False):
+        alone, beside = results["defaults (reserved_rows 1, cap 2)", polite_first]
+        assert beside < 15 * alone

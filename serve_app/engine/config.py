@@ -159,13 +159,15 @@ class AcousticConfig(_Strict):
         "stopped). The batch holds max_rows + reserved_rows rows at most, and a client never more than max_rows.",
     )
     max_running_rows_per_client: Optional[int] = Field(
-        default=None,
+        default=2,
         ge=1,
-        description="A client's rows in the batch at most, always (None: max_rows). Each row a client adds "
-        "slows every other row's steps where a step's time grows with its rows (CPU: about 5.7x from 1 to 16 "
-        "rows on tiny weights), so a CPU replica serving many clients may set it low (2: a client's first "
-        "chunk beside a heavy one within ~1.5x of alone); it also caps a lone client's parallel segments "
-        "(docs/architecture.md, 'The decode loop').",
+        description="While another client is present (rows waiting or running, now or within the last 10 s), "
+        "a client's rows in the batch at most (None: no cap); a lone client takes every slot. Every row in a "
+        "step slows every other row's step where a step's time grows with its rows (CPU). Measured on "
+        "random-tiny weights beside a client with 200 segments queued: a polite first "
+        "chunk ~1.5x its time alone with 2, ~1.7x with 4, ~3.2x uncapped (docs/architecture.md, 'The decode "
+        "loop'). A contended client still decodes 2 segments at once, ahead of playback on a GPU; GPU "
+        "replicas, whose steps barely slow with more rows, can raise it for throughput.",
     )
     cuda_graphs: bool = Field(
         default=False,

@@ -15,8 +15,10 @@ anonymous). Admission shares the batch between clients:
   share at the same level: slots that free up go to the clients that have fewer.
 - **Slots.** A client's rows take the ``max_rows`` slots; a client with no row running may also
   take one of ``reserved_rows`` slots beyond them, so its first row joins at the next step even
-  when another client fills the batch (no running row is ever stopped for it).
-  ``max_running_rows_per_client`` (optional) caps any one client's rows in the batch.
+  when another client fills the batch (no running row is ever stopped for it). While another
+  client is present (rows waiting or running now, or within ``PRESENCE_SECONDS``), a client holds
+  at most ``max_running_rows_per_client`` rows: every row in a step slows every other row's step
+  where a step's time grows with its rows (CPU). A lone client takes every slot.
 - **Budget.** A row is admitted while the token budget (sum of prompt + max new tokens over
   running rows) has room; the first row in the order that does not fit stops admission there,
   so small rows cannot overtake a big one forever.
@@ -45,6 +47,10 @@ from ..voices import sample_frames
 from .row import Row
 
 AGING_SECONDS = 2.0  # waiting this long raises a row's priority by one level (no starvation)
+# A client counts as present this long after it last had a row waiting or running: the running
+# cap (max_running_rows_per_client) holds while another client is present, so a lone client's
+# rows are not capped, and a client that comes and goes between requests still counts.
+PRESENCE_SECONDS = 10.0
 
 
 def prompt_len_estimate(req: SegmentRequest) -> int:
@@ -89,6 +95,7 @@ class Scheduler:
         self._n = 0
         self._turns: dict[str, _Turn] = {}  # clients with rows waiting that have had a slot
         self._served = 0
+        self._seen: dict[str, float] = {}  # client -> last time it had a row waiting or running
 
     def __len__(self) -> int:
         return self._n
@@ -169,6 +176,7 @@ class Scheduler:
     def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float) -> list[Row]:
         """Remove and return the rows to admit now, in admission order. Every row cancelled while
         waiting comes out too (first): the caller ends them without decoding."""
+        self._note_presence(running, now)
         if not self._n:
             return []
         cancelled = [w for w in self._all() if w.row.stream.cancelled.is_set()]
@@ -180,8 +188,13 @@ class Scheduler:
         if len(running) >= slots:
             return out
         held: Counter[str] = Counter(r.req.client for r in running)
-        cap = cfg.max_running_rows_per_client
         only_new = len(running) >= cfg.max_rows  # only reserved slots left: for clients with nothing running
+        present = [c for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS]
+
+        def cap_of(client: str) -> Optional[int]:
+            """The running cap holds while another client is present (a lone client takes every slot)."""
+            alone = all(c == client for c in present)
+            return None if alone else cfg.max_running_rows_per_client
 
         def eligible(w: _Waiting) -> bool:
             # A later segment waits until its request's first segment has sent audio.
@@ -191,6 +204,7 @@ class Scheduler:
         cursor: dict[str, dict[int, int]] = {}
         for client, by_priority in self._queues.items():
             mine = held.get(client, 0)
+            cap = cap_of(client)
             if (only_new and mine) or (cap is not None and mine >= cap):
                 continue  # no slot this client may take now
             found = {}
@@ -212,6 +226,7 @@ class Scheduler:
             w = heads[client]
             mine = held[client]
             limit = cfg.max_rows + (cfg.reserved_rows if mine == 0 else 0)
+            cap = cap_of(client)
             if total >= limit or (cap is not None and mine >= cap):
                 del cursor[client]  # no slot this client may take now; the others go on
                 continue
@@ -236,6 +251,14 @@ class Scheduler:
                 found[w.row.req.priority] = i
         self._remove(taken)
         return out + [w.row for w in taken]
+
+    def _note_presence(self, running: Sequence[Row], now: float) -> None:
+        for r in running:
+            self._seen[r.req.client] = now
+        for client in self._queues:
+            self._seen[client] = now
+        if len(self._seen) > 64:  # forget clients gone for good
+            self._seen = {c: t for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS}
 
     def _head(self, client: str, found: dict[int, int], now: float) -> _Waiting:
         """The client's best eligible row: by aged priority, then arrival."""
