@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from serve_app.engine.config import SegmentLimits
-from serve_app.engine.errors import RequestTooLarge
+from serve_app.engine.errors import ClientQueueFull, RefineBusy, RequestTooLarge
 from serve_app.engine.pacing import TOKENS_PER_SECOND
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
-from serve_app.errors import to_api_error
+from serve_app.errors import as_api_error, to_api_error
 
 N = 4096  # ingress.max_input_chars
 
@@ -105,3 +105,17 @@ def test_the_client_is_stamped_on_every_segment(planner: Planner) -> None:
     assert {s.client for s in planner.plan(text, SynthesisOptions()).segments} == {""}  # anonymous
     replanned = planner.plan_texts(plan.texts, SynthesisOptions(), client="key:abc")
     assert {s.client for s in replanned.segments} == {"key:abc"}
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (RequestTooLarge("input makes 600 segments after normalisation; the limit is 512"), 413, "request_too_large"),
+    (ClientQueueFull("too many rows queued for client ip:1.2.3.4"), 429, "too_many_queued_rows"),
+    (RefineBusy("refine_text could not start within 30 s"), 503, "refine_busy"),
+])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "ray-wrapped"])
+def test_the_new_errors_keep_their_status_through_ray(exc, status, code, wrapped):
+    from ray.exceptions import RayTaskError
+
+    raised = RayTaskError("plan", "Traceback ...", exc) if wrapped else exc
+    err = as_api_error(raised, "x failed", "x_failed")
+    assert (err.status, err.code, err.message) == (status, code, str(exc))
