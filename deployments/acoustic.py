@@ -23,9 +23,9 @@ from serve_app.serving import metrics
 from serve_app.serving.autoscaling import engine_stats
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
-from serve_app.engine.errors import EngineOverloaded
+from serve_app.engine.errors import EngineError
 from serve_app.engine.pipeline import aordered_chunks
-from serve_app.engine.refine import TextRefiner
+from serve_app.engine.refine import TextRefiner, refine_async
 from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
@@ -46,7 +46,7 @@ class Acoustic:
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
         self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
-        self.refiner = TextRefiner(self.model)
+        self.refiner = TextRefiner(self.model, self.engine.cfg)
         self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
         self.engine.on_step = lambda rows: metrics.observe("tts_batch_rows", rows)
         self.engine.start()
@@ -67,6 +67,7 @@ class Acoustic:
         self._admit.set_batch_wait_timeout_s(live.batch_wait_timeout_s)
         if live.engine_changes():
             self.engine.reconfigure(**live.engine_changes())
+            self.refiner.configure(self.engine.cfg)
 
     # The window's size and wait are set from user_config at start (reconfigure); these are
     # AcousticLive's defaults until then.
@@ -81,14 +82,14 @@ class Acoustic:
         for segments in plans:
             try:
                 out.append(self.engine.submit_all(segments, loop=loop))
-            except EngineOverloaded as exc:
+            except EngineError as exc:  # queue full, client's share full, request too large: this caller's
                 out.append(exc)
         return out
 
     async def stream(self, segments: list[SegmentRequest]) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded."""
         streams = await self._admit(segments)
-        if isinstance(streams, EngineOverloaded):
+        if isinstance(streams, EngineError):
             raise streams
         try:
             async for seg, chunk in aordered_chunks(streams):
@@ -121,8 +122,10 @@ class Acoustic:
         return engine_stats(self.engine.waiting_rows, self.engine.running_rows, self.engine.cfg.max_rows)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
-        """ChatTTS's refine_text pass (GPT in text mode), beside the decode loop."""
-        return await self._refine_thread.acall(self.refiner.refine, texts, seed)
+        """ChatTTS's refine_text pass (GPT in text mode), beside the decode loop: bounded input
+        (413), at most ``refine_wait_s`` in the refiner's queue (503 refine_busy), and stopped
+        before its next token when this call is cancelled (the caller went away)."""
+        return await refine_async(self.refiner, self._refine_thread, texts, seed)
 
     def stats(self) -> dict:
         s = self.engine.stats

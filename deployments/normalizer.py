@@ -29,13 +29,17 @@ class TextNormalizer:
         self.planner.warmup()  # first use of every rule table, before the first request
         log.info("TextNormalizer ready in %.1fs", time.perf_counter() - t0)
 
-    def plan(self, text: str, options: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
-        """``voice``: resolved by the Ingress (custom voices live in its store); else from ``options``."""
+    def plan(self, text: str, options: SynthesisOptions, voice: Optional[Voice] = None, client: str = "") -> Plan:
+        """``voice``: resolved by the Ingress (custom voices live in its store); else from ``options``.
+        ``client``: who asked (the caller's key id, or ``ip:<addr>``); the Acoustic stage shares its
+        queue and slots between clients. A plan past ``segments.max_segments`` or
+        ``max_request_seconds`` raises ``RequestTooLarge``."""
         t0 = time.perf_counter()
-        plan = self.planner.plan(text, options, voice)
+        plan = self.planner.plan(text, options, voice, client=client)
         metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
         return plan
 
-    def replan(self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
+    def replan(self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice] = None,
+               client: str = "") -> Plan:
         """Segments from refined texts (refine_text); the texts are ChatTTS's own output."""
-        return self.planner.plan_texts(texts, options, voice)
+        return self.planner.plan_texts(texts, options, voice, client=client)

@@ -15,7 +15,16 @@ from typing import Any, Optional, Sequence
 
 from pydantic import ValidationError
 
-from .engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, InvalidVoiceError, UnknownVoiceError
+from .engine.errors import (
+    ClientQueueFull,
+    EmptyInputError,
+    EngineOverloaded,
+    InvalidClipError,
+    InvalidVoiceError,
+    RefineBusy,
+    RequestTooLarge,
+    UnknownVoiceError,
+)
 
 # Serve's own logger: a failure's traceback lands in the replica's log beside the request's line.
 log = logging.getLogger("ray.serve")
@@ -58,6 +67,9 @@ _ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str
     (InvalidVoiceError, 400, "invalid_request_error", "invalid_voice", "voice", {}),
     (EmptyInputError, 400, "invalid_request_error", "empty_input", "input", {}),
     (InvalidClipError, 400, "invalid_request_error", "invalid_audio", "audio", {}),
+    (RequestTooLarge, 413, "invalid_request_error", "request_too_large", "input", {}),
+    (ClientQueueFull, 429, "rate_limit_error", "too_many_queued_rows", None, {"Retry-After": "2"}),
+    (RefineBusy, 503, "server_error", "refine_busy", None, {"Retry-After": "2"}),
     (EngineOverloaded, 503, "server_error", "overloaded", None, {"Retry-After": "1"}),
 )
 

@@ -143,7 +143,8 @@ class VoiceStoreConfig(_Strict):
 # Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what
 # the app derives from the vocoder) are read when the engine is built.
 LIVE_ACOUSTIC_FIELDS = ("max_rows", "token_budget", "first_chunk_tokens", "chunk_tokens", "listener_margin_s",
-                        "continuous", "max_queued_rows")
+                        "continuous", "max_queued_rows", "max_queued_rows_per_client", "reserved_rows",
+                        "max_running_rows_per_client", "refine_max_chars", "refine_max_texts", "refine_wait_s")
 
 
 class AcousticLive(BaseModel):
@@ -168,7 +169,9 @@ class AcousticLive(BaseModel):
         return self
 
     def engine_changes(self) -> dict[str, Any]:
-        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
+        """The engine fields this user_config names, as given (null included: it switches a knob
+        such as listener_margin_s or max_running_rows_per_client off)."""
+        return dict(self.model_extra or {})
 
     def engine_config(self, current: AcousticConfig) -> AcousticConfig:
         """``current`` with this config's engine fields, validated as ``AcousticConfig``."""

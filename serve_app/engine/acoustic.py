@@ -41,7 +41,7 @@ from .decode.row import REPETITION_WINDOW, Row
 from .decode.sampling import Sampler
 from .decode.scheduler import AGING_SECONDS, Scheduler
 from .decode.streams import HiddenChunk, RowStream
-from .errors import EngineError, EngineOverloaded
+from .errors import ClientQueueFull, EngineError, EngineOverloaded, RequestTooLarge
 from .threads import apply_torch_threads
 from .types import SegmentRequest
 from .voices import SpeakerSampler
@@ -49,8 +49,8 @@ from .weights import LoadedModel
 
 # Names importers use from here (tests, bench, deployments).
 __all__ = [
-    "AGING_SECONDS", "KV_HEADROOM", "NUM_VQ", "REPETITION_WINDOW", "AcousticConfig", "AcousticEngine",
-    "EngineError", "EngineOverloaded", "EngineStats", "HiddenChunk", "RowStream", "SegmentRequest",
+    "AGING_SECONDS", "KV_HEADROOM", "NUM_VQ", "REPETITION_WINDOW", "AcousticConfig", "AcousticEngine", "ClientQueueFull",
+    "EngineError", "EngineOverloaded", "EngineStats", "HiddenChunk", "RequestTooLarge", "RowStream", "SegmentRequest",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,25 @@ class AcousticEngine:
         """Queue a segment; chunks arrive on the returned stream. Pass ``loop`` to iterate async.
 
         ``after``: wait for that stream's first chunk before joining the batch (see ``submit_all``)."""
+        row = self._row(req, loop, after)
+        self._push([row])
+        return row.stream
+
+    def submit_all(self, reqs: list[SegmentRequest], loop: Optional[asyncio.AbstractEventLoop] = None) -> list[RowStream]:
+        """Queue one request's segments: the first joins at once, the others once it has sent its
+        first chunk. They still decode in parallel, but the first audio does not wait for the
+        other segments' prefills (each ~0.2 s of CPU here) and the steps they would slow down.
+
+        All or nothing: a full queue (``EngineOverloaded``), a client past its share of the queue
+        (``ClientQueueFull``) or a request larger than the queue (``RequestTooLarge``) queues none
+        of its rows, and leaves every other queued row as it was."""
+        rows: list[Row] = []
+        for req in reqs:
+            rows.append(self._row(req, loop, rows[0].stream if rows else None))
+        self._push(rows)
+        return [r.stream for r in rows]
+
+    def _row(self, req: SegmentRequest, loop: Optional[asyncio.AbstractEventLoop], after: Optional[RowStream]) -> Row:
         if self.model.is_random and req.target_tokens:
             # Random weights never say end-of-speech: stop at the text's expected length.
             n = min(req.target_tokens, req.max_new_tokens)
@@ -132,25 +151,13 @@ class AcousticEngine:
         seq = next(self._seq)
         stream = RowStream(seq, loop)
         gen = torch.Generator(device="cpu").manual_seed(int(req.seed))
-        row = Row(req=req, stream=stream, generator=gen, after=after)
-        with self._wake:
-            self.scheduler.push(row, seq, self.cfg.max_queued_rows)
-            self._wake.notify()
-        return stream
+        return Row(req=req, stream=stream, generator=gen, after=after)
 
-    def submit_all(self, reqs: list[SegmentRequest], loop: Optional[asyncio.AbstractEventLoop] = None) -> list[RowStream]:
-        """Queue one request's segments: the first joins at once, the others once it has sent its
-        first chunk. They still decode in parallel, but the first audio does not wait for the
-        other segments' prefills (each ~0.2 s of CPU here) and the steps they would slow down."""
-        streams: list[RowStream] = []
-        try:
-            for req in reqs:
-                streams.append(self.submit(req, loop=loop, after=streams[0] if streams else None))
-        except EngineOverloaded:
-            for st in streams:  # all or nothing: no orphan rows decoding for nobody
-                st.cancel()
-            raise
-        return streams
+    def _push(self, rows: list[Row]) -> None:
+        with self._wake:
+            self.scheduler.push_all([(r, r.stream.row_id) for r in rows], self.cfg.max_queued_rows,
+                                    self.cfg.max_queued_rows_per_client)
+            self._wake.notify()
 
     def start(self) -> None:
         """Run the decode loop on a daemon thread: it should hold the process's only

@@ -136,12 +136,60 @@ class AcousticConfig(_Strict):
         description="Admit new rows between steps (iteration-level batching); "
         "False runs each batch to its end (window batching, for comparison).",
     )
-    max_queued_rows: int = Field(default=256, ge=1, description="Rows waiting for a slot at most.")
+    max_queued_rows: int = Field(
+        default=2048,
+        ge=1,
+        description="Rows waiting for a slot at most, all clients together; past it a request gets 503 "
+        "overloaded. A waiting row holds no KV (a few KB), and a request's segments are queued together, so "
+        "this is several of the largest requests (SegmentLimits.max_segments) at once.",
+    )
+    max_queued_rows_per_client: int = Field(
+        default=512,
+        ge=1,
+        description="Rows one client (API key, or address without keys) may have waiting; a request that "
+        "would go past it gets 429 too_many_queued_rows (its client's queued requests go on). The default is "
+        "SegmentLimits.max_segments, so the largest request fits when its client has nothing else waiting, "
+        "and a quarter of max_queued_rows, so one client cannot fill the queue for everyone.",
+    )
+    reserved_rows: int = Field(
+        default=1,
+        ge=0,
+        description="Slots beyond max_rows that only a client with no row running may take: its first row "
+        "joins at the next step even while another client's rows fill the batch (running rows are never "
+        "stopped). The batch holds max_rows + reserved_rows rows at most, and a client never more than max_rows.",
+    )
+    max_running_rows_per_client: Optional[int] = Field(
+        default=2,
+        ge=1,
+        description="While another client is present (rows waiting or running, now or within the last 10 s), "
+        "a client's rows in the batch at most (None: no cap); a lone client takes every slot. Every row in a "
+        "step slows every other row's step where a step's time grows with its rows (CPU). Measured on "
+        "random-tiny weights beside a client with 200 segments queued: a polite first "
+        "chunk ~1.5x its time alone with 2, ~1.7x with 4, ~3.2x uncapped (docs/architecture.md, 'The decode "
+        "loop'). A contended client still decodes 2 segments at once, ahead of playback on a GPU; GPU "
+        "replicas, whose steps barely slow with more rows, can raise it for throughput.",
+    )
     cuda_graphs: bool = Field(
         default=False,
         description="CUDA only: replay each decode step from a CUDA graph captured per batch-size bucket "
         "(1, 2, 4 ... 64 rows; a batch is padded up) over static KV buffers; a step no graph fits runs "
         "eagerly (logged once per cause). Read when the engine is built.",
+    )
+    refine_max_chars: int = Field(
+        default=2048,
+        ge=1,
+        description="refine_text: characters of (normalised) text per call at most; more is 413 "
+        "request_too_large. refine is a second generation over the text, before any audio, on one thread "
+        "per replica: long inputs should skip it.",
+    )
+    refine_max_texts: int = Field(
+        default=32, ge=1, description="refine_text: segments per call at most; more is 413 request_too_large."
+    )
+    refine_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="refine_text: how long a call (each batch of its segments) may wait for the refiner, which "
+        "runs one batch at a time in arrival order; past it, 503 refine_busy.",
     )
     cuda_graph_kv_tokens: int = Field(
         default=2048,
@@ -179,6 +227,22 @@ class SegmentLimits(_Strict):
     )
     cap_slack: int = Field(default=64, ge=0)
     max_new_token: int = Field(default=2048, ge=16, description="Hard ceiling for any segment.")
+    max_segments: int = Field(
+        default=512,
+        ge=1,
+        description="Segments per request at most, after normalisation; more is 413 request_too_large. "
+        "4096 characters of Chinese prose (ingress.max_input_chars) make ~215 segments of max_seconds 4.0, "
+        "up to ~410 with short sentences (each its own segment); number-heavy text (numbers read out in "
+        "full) and tag floods make more.",
+    )
+    max_request_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Expected seconds of speech per request at most (the segments' expected tokens, at the "
+        "request's speed); more is 413 request_too_large. 4096 characters of Chinese prose are ~860 s at "
+        "speed 1, English ~240 s: the cap is twice the longest prose and bites on slow speeds (speed 0.25 "
+        "is 4x the seconds) and on number floods read out in full.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "SegmentLimits":

@@ -16,6 +16,27 @@ class EngineOverloaded(EngineError):
     """The admission queue is full: try again later."""
 
 
+class ClientQueueFull(EngineOverloaded):
+    """This client already has as many rows waiting as one client may
+    (``AcousticConfig.max_queued_rows_per_client``): try again once some have started. Other
+    clients' requests, and this client's own queued ones, are not affected."""
+
+
+class RefineBusy(EngineOverloaded):
+    """refine_text could not start within ``AcousticConfig.refine_wait_s``: the refiner is busy
+    with other requests' refines; try again later (or without refine_text)."""
+
+
+class RefineCancelled(EngineError):
+    """A refine_text call stopped because its caller went away (nobody reads the result)."""
+
+
+class RequestTooLarge(EngineError):
+    """A request costs more than a limit allows (segments or seconds of speech after
+    normalisation, rows in the queue, refine_text input); the message names the limit and the
+    figure. Retrying the same request cannot help: send less text (or a higher speed)."""
+
+
 class VoiceError(ValueError):
     """A voice string that cannot be used."""
 

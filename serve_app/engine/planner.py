@@ -2,6 +2,10 @@
 
 No torch and no model: the TextNormalizer stage runs this alone. The speaker of a seeded voice
 is sampled later, where ChatTTS's speaker statistics live (``voices.SpeakerSampler``).
+
+A plan's cost is bounded after normalisation (``SegmentLimits.max_segments``,
+``max_request_seconds``): characters alone do not bound it (numbers read out in full, tags,
+``speed: 0.25``), so a plan past either limit raises ``RequestTooLarge``.
 """
 
 from __future__ import annotations
@@ -9,8 +13,8 @@ from __future__ import annotations
 from typing import Optional
 
 from .config import SegmentLimits
-from .errors import EmptyInputError
-from .pacing import expected_tokens, max_new_tokens, speed_tag_level
+from .errors import EmptyInputError, RequestTooLarge
+from .pacing import TOKENS_PER_SECOND, expected_tokens, max_new_tokens, speed_tag_level
 from .text import TextFrontend
 from .types import Plan, SegmentRequest, SynthesisOptions, Voice
 from .voices import MAX_SEED, VoiceResolver, effective_seed
@@ -30,16 +34,17 @@ class Planner:
     def warmup(self) -> None:
         self.frontend.warmup()
 
-    def plan(self, text: str, opts: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
+    def plan(self, text: str, opts: SynthesisOptions, voice: Optional[Voice] = None, client: str = "") -> Plan:
         """``voice``: already resolved (a stored custom voice the Ingress looked up); else
-        ``opts.voice`` is resolved here."""
+        ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment)."""
         segments = self.frontend.process(
             text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars,
             max_seconds=self.limits.max_seconds,
         )
-        return self.plan_texts([s.text for s in segments], opts, voice)
+        return self.plan_texts([s.text for s in segments], opts, voice, client)
 
-    def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None) -> Plan:
+    def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None,
+                   client: str = "") -> Plan:
         """Segment requests for already normalised segment texts (e.g. after refine_text)."""
         voice = voice if voice is not None else self.voices.resolve(opts.voice)
         texts = [t for t in texts if t.strip()]
@@ -63,7 +68,21 @@ class Planner:
                 top_p=opts.top_p,
                 top_k=opts.top_k,
                 priority=opts.priority,
+                client=client,
             )
             for i, text in enumerate(texts)
         ]
+        self.check_cost(reqs, opts)
         return Plan(voice, reqs, texts)
+
+    def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions) -> None:
+        """``RequestTooLarge`` past ``max_segments`` or ``max_request_seconds`` of expected speech."""
+        limits = self.limits
+        if len(reqs) > limits.max_segments:
+            raise RequestTooLarge(f"input makes {len(reqs)} segments after normalisation; the limit is "
+                                  f"{limits.max_segments} (segments.max_segments): send less text")
+        seconds = sum(r.target_tokens or 0 for r in reqs) / TOKENS_PER_SECOND
+        if seconds > limits.max_request_seconds:
+            raise RequestTooLarge(f"input is about {seconds:.0f} s of speech at speed {opts.speed:g}; the limit is "
+                                  f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
+                                  "or a higher speed")

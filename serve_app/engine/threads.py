@@ -82,6 +82,10 @@ class TorchThread:
             return fn(*args, **kwargs)
         return self._pool.submit(fn, *args, **kwargs).result()
 
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[T]":
+        """Queue a call on the torch thread; its future (``cancel()`` drops it while still queued)."""
+        return self._pool.submit(fn, *args, **kwargs)
+
     async def acall(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the torch thread without blocking the event loop."""
         return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))

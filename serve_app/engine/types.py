@@ -87,6 +87,9 @@ class SegmentRequest:
     # (``Chat.sample_audio_speaker``) and its transcript, used with or without ``spk_emb``.
     spk_smp: Optional[str] = None
     txt_smp: Optional[str] = None
+    # Who asked (the Ingress's caller id: an API key's id, or ``ip:<addr>`` without keys; "" =
+    # anonymous). The Acoustic stage shares its queue and slots fairly between clients.
+    client: str = ""
 
 
 @dataclass(frozen=True)

@@ -126,9 +126,9 @@ class SpeechService:
 
     # ------------------------------------------------------------------ the pipeline
 
-    async def _plan(self, req: SpeechRequest, voice: Voice) -> Plan:
+    async def _plan(self, req: SpeechRequest, voice: Voice, client: str = "") -> Plan:
         options = req.to_options()
-        plan = await self.normalizer.plan.remote(req.input, options, voice)
+        plan = await self.normalizer.plan.remote(req.input, options, voice, client=client)
         if req.refine_text:
             busy = self.settings.skip_refine_queue_rows
             if busy is not None and self._queue_rows >= busy:
@@ -136,14 +136,14 @@ class SpeechService:
             else:
                 seed = plan.segments[0].seed if plan.segments else 0
                 texts = await self.acoustic.refine.remote(plan.texts, seed)
-                plan = await self.normalizer.replan.remote(texts, options, voice)
+                plan = await self.normalizer.replan.remote(texts, options, voice, client=client)
         return plan
 
-    async def _open(self, req: SpeechRequest, voice: Voice) -> tuple[Any, bytes, Plan]:
+    async def _open(self, req: SpeechRequest, voice: Voice, client: str = "") -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
-            plan = await self._plan(req, voice)
+            plan = await self._plan(req, voice, client)
             gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
             try:
                 first = await gen.__anext__()
@@ -159,7 +159,8 @@ class SpeechService:
 
     async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
         """The request's audio: the cached bytes on a hit, else a stream, which holds one of the
-        caller's stream slots until it ends (a hit takes none: it is one quick answer).
+        caller's stream slots until it ends (a hit takes none: it is one quick answer). The
+        caller's id goes with every segment to the engine's fair admission.
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
@@ -192,7 +193,7 @@ class SpeechService:
             self.check_busy()
             slot = await hold_slot(self.slots, caller)
             try:
-                gen, first, plan = await asyncio.wait_for(self._open(req, voice), self.settings.request_timeout_s)
+                gen, first, plan = await asyncio.wait_for(self._open(req, voice, caller.id), self.settings.request_timeout_s)
             except asyncio.TimeoutError:
                 raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
                                code="timeout") from None

@@ -21,14 +21,15 @@ class GraphBackend:
     once, at the session's start); per segment, a Vocoder stream (as an HTTP request), cancelled
     when the session stops reading it."""
 
-    def __init__(self, normalizer: Any, vocoder: Any):
+    def __init__(self, normalizer: Any, vocoder: Any, client: str = ""):
         self.normalizer = normalizer
         self.vocoder = vocoder
         self.voice: Optional[Voice] = None
+        self.client = client  # who asked (key id or ip:<addr>): the engine's fair admission
 
     async def plan(self, text: str, options: Any) -> Plan:
         try:
-            return await self.normalizer.plan.remote(text, options, self.voice)
+            return await self.normalizer.plan.remote(text, options, self.voice, client=self.client)
         except Exception as exc:  # noqa: BLE001 - a full queue is 503, a known error keeps its status
             raise as_api_error(exc) from None
 
@@ -100,6 +101,7 @@ async def run_session(ws: Any, request_id: str, speech: SpeechService, identify:
     async def admit(start: SessionStart) -> SessionCreated:
         started()
         caller = identify(start.api_key)
+        backend.client = caller.id
         check_model(start.model)
         check_priority(caller, start.priority)
         # Built-in or custom (the voice store): an unknown voice fails here, before any work.

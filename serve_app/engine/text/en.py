@@ -15,10 +15,11 @@ from . import data
 from .patterns import (
     CHINESE_SCALES,
     DOMAIN_RE,
-    EXPR_RE,
+    EXPRESSIONS,
     EXPR_TOKEN_RE,
     FRACTION_RE,
     ISO_DATE_RE,
+    MAX_DIGITS,
     MONEY_RE,
     NEGATIVE_RE,
     ORDINAL_RE,
@@ -34,6 +35,7 @@ from .patterns import (
     common_prep,
     read_decimal,
     symbol_rule,
+    too_long,
     valid_date,
     valid_time,
 )
@@ -43,7 +45,7 @@ __all__ = ["en_integer", "en_number", "en_ordinal", "en_year", "normalize_number
 
 _TABLES = data.load("en.json")
 _DIGITS = "zero one two three four five six seven eight nine".split()
-_MAX_DIGITS = 15  # longer integers read digit by digit (ids, card numbers)
+_MAX_DIGITS = MAX_DIGITS  # longer integers read digit by digit (ids, card numbers), by every rule
 
 
 def _clean(words: str) -> str:
@@ -237,8 +239,8 @@ def _money(m: Match[str]) -> str:
             return m.group()  # Chinese scale inside an English sentence: leave to plain rules
         return _pad(f"{sign}{en_number(amount)} {scale_word} {major}")
     whole, _, frac = amount.partition(".")
-    if len(frac) > 2 or (frac and not minor):
-        return _pad(f"{sign}{en_number(amount)} {major}")
+    if len(frac) > 2 or (frac and not minor) or too_long(whole):
+        return _pad(f"{sign}{en_number(amount)} {major}")  # a long amount: its digits, then the currency
     cents = int(frac.ljust(2, "0")) if frac else 0
     parts = []
     if int(whole) or not cents:
@@ -269,6 +271,8 @@ def _percent(m: Match[str]) -> str:
 
 
 def _fraction(m: Match[str]) -> str:
+    if too_long(m.group(1), m.group(2)):
+        return _pad(f"{en_number(m.group(1))} over {en_number(m.group(2))}")  # digit by digit
     num, den = int(m.group(1)), int(m.group(2))
     if den == 0 or den > 100:
         return _pad(f"{en_number(m.group(1))} over {en_number(m.group(2))}")
@@ -323,7 +327,7 @@ PASSES: Tuple[Rule, ...] = (
     (ISO_DATE_RE, _iso_date),
     (_MONTH_DAY_RE, _month_day),
     (_DAY_MONTH_RE, _day_month),
-    (EXPR_RE, _expr),
+    (EXPRESSIONS, _expr),
     (_TIME_RE, _time),
     (_HOUR_AMPM_RE, _hour_ampm),
     (PHONE_RE, _phone),
@@ -332,7 +336,7 @@ PASSES: Tuple[Rule, ...] = (
     (re.compile(r"(?<![\d.])'?(1[0-9]|20)?(\d0)s(?![A-Za-z])"), _decade),  # 1990s, '80s
     (_YEAR_SPAN_RE, _year_span),
     (_YEAR_RE, _year_in_context),
-    (ORDINAL_RE, lambda m: _pad(en_ordinal(int(m.group(1))))),
+    (ORDINAL_RE, lambda m: _pad(_digits(m.group(1)) if too_long(m.group(1)) else en_ordinal(int(m.group(1))))),
     (RANGE_RE, _range),
     (PERCENT_RE, _percent),
     (RATIO_RE, lambda m: _pad(f"{en_number(m.group(1))} to {en_number(m.group(2))}")),

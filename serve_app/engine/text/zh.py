@@ -10,7 +10,7 @@ from .chars import CJK
 from .patterns import (
     CHINESE_SCALES,
     DOMAIN_RE,
-    EXPR_RE,
+    EXPRESSIONS,
     EXPR_TOKEN_RE,
     FRACTION_RE,
     ISO_DATE_RE,
@@ -182,7 +182,7 @@ PASSES: Tuple[Rule, ...] = (
     (DOMAIN_RE, _domain),
     (ISO_DATE_RE, _date),
     (re.compile(r"(?<![\d.])(\d{4})(?=\s*年)"), lambda m: _digits(m.group(1))),  # years digit by digit
-    (EXPR_RE, _expr),
+    (EXPRESSIONS, _expr),
     (_TIME_SPAN_RE, _time_span),
     (TIME_RE, _time),
     (PHONE_RE, _phone),
