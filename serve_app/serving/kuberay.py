@@ -1,5 +1,5 @@
 """``python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
-service, generated from config/serve.gpu.yaml so the two cannot drift (tests/test_kuberay.py
+service, generated from config/serve.gpu.yaml so the two cannot drift (tests/unit/test_kuberay.py
 checks the committed file is this output).
 
 A ``RayService`` whose ``serveConfigV2`` is the GPU config's Serve part (proxy, HTTP options,
@@ -54,7 +54,7 @@ HEADER = f"""\
 #     CHATTTS_WEIGHTS_PATH. Never leave `auto` in production: without weights it serves noise.
 #   - the KubeRay operator (ray.io/v1 CRDs), the NVIDIA device plugin, and the Prometheus
 #     operator for the PodMonitor.
-# Not applied anywhere yet: it was validated offline only (tests/test_kuberay.py).
+# Not applied anywhere yet: it was validated offline only (tests/unit/test_kuberay.py).
 """
 
 
@@ -99,7 +99,7 @@ def _template(container: dict, gpu: bool = False) -> dict:
 
 def worker_bounds(serve: dict) -> dict[str, tuple[int, int]]:
     """(minReplicas, maxReplicas) of each worker group: enough pods for every deployment's
-    min_replicas / max_replicas given the pod shapes (what tests/test_kuberay.py checks back)."""
+    min_replicas / max_replicas given the pod shapes (what tests/unit/test_kuberay.py checks back)."""
     deps = _deployments(serve)
     acoustic = deps["Acoustic"]
     opts = acoustic["ray_actor_options"]
