@@ -16,8 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.app import (acoustic_config, acoustic_stats, ingress_settings, replica_actor_name, replica_pids, rss_mb,
-                         wait_idle)
+from serve_app.engine.planner import Planner
+from serve_app.engine.types import SynthesisOptions
+from support.app import (acoustic_config, acoustic_stats, app_args, ingress_settings, replica_actor_name, replica_pids,
+                         rss_mb, wait_idle)
+from support.engine import expected_samples
 from support.http import is_error_body as _is_error_body
 from support.http import speech_body as _speech
 from support.report import report
@@ -86,10 +89,9 @@ def test_request_timeout_ends_a_request(app_url):
     # Either no audio came in time (504) or the stream was cut at the deadline (short body).
     if r.status_code == 504:
         assert _is_error_body(r) and r.json()["error"]["code"] == "timeout"
-    else:
+    else:  # shorter than the whole answer (random weights: its length is known, see support.engine)
         assert r.status_code == 200
-        full = httpx.post(app_url + "/v1/audio/speech", json=_speech(LONG_TEXT, seed=1), timeout=120)
-        assert len(r.content) < len(full.content)
+        assert len(r.content) < 44 + 2 * expected_samples(Planner(app_args().segments).plan(LONG_TEXT, SynthesisOptions()))
 
 
 # --------------------------------------------------------------------------- cancellation
@@ -343,7 +345,7 @@ async def test_killed_replica_fails_only_its_requests_and_is_replaced(app_url, s
             return False
         return r.status_code == 200 and r.content[:4] == b"RIFF"
 
-    wait_until(answers_with_audio, 180, 1.0, what=f"a good response after the {stage} replica was killed")
+    wait_until(answers_with_audio, 180, 0.25, what=f"a good response after the {stage} replica was killed")
     recovered = time.monotonic() - t_kill
     assert replica_pids().get(stage) != pids_before.get(stage)
     report(f"fault: {stage} replica killed -> first good response", f"{recovered:.1f} s")

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,8 @@ READY_TIMEOUT_S = 240.0
 
 
 class ServeRun:
-    """``with ServeRun(config, tmp, weights_cache) as run:`` - ``run.url`` answers /readyz 200.
+    """``with ServeRun(config, tmp, weights_cache) as run:`` - ``run.url`` answers /readyz 200
+    (or ``start()``, ``wait_ready()``, ``stop_in_background()``, ``stop()``: several at once).
 
     The config (a dict) is written to ``tmp``; the subprocess gets no RAY_* variables and its own
     RAY_TMPDIR, so it can never attach to the test session's cluster, and random-tiny weights from
@@ -50,21 +52,32 @@ class ServeRun:
         self.stop_s = 0.0
         self.killed: list[str] = []
         self.remaining: list[str] = []
+        self._t0 = 0.0
+        self._stopping: Optional[threading.Thread] = None
 
     def log_tail(self, lines: int = 60) -> str:
         return self.process.log_tail(lines) if self.process else ""
 
-    def __enter__(self) -> "ServeRun":
-        t0 = time.monotonic()
+    def start(self) -> "ServeRun":
+        """Start ``serve run`` (returns at once; ``wait_ready`` waits for /readyz)."""
+        self._t0 = time.monotonic()
         self.process = ManagedProcess("serve run", [str(Path(sys.executable).with_name("serve")), "run", str(self.cfg_path)],
                                       self.log_path, env=self.env, cwd=REPO_ROOT, marker=self.marker)
-        try:
-            wait_ready(self.url, READY_TIMEOUT_S, proc=self.process.proc)
-        except AssertionError as exc:
-            self.stop()
-            raise AssertionError(f"{exc}\n--- serve run log (tail) ---\n{self.log_tail()}") from None
-        self.startup_s = time.monotonic() - t0
         return self
+
+    def wait_ready(self) -> "ServeRun":
+        """Wait for /readyz 200 (``startup_s``: from ``start``); stop it and fail if it never comes."""
+        if not self.startup_s:
+            try:
+                wait_ready(self.url, READY_TIMEOUT_S, proc=self.process.proc)
+            except AssertionError as exc:
+                self.stop()
+                raise AssertionError(f"{exc}\n--- serve run log (tail) ---\n{self.log_tail()}") from None
+            self.startup_s = time.monotonic() - self._t0
+        return self
+
+    def __enter__(self) -> "ServeRun":
+        return self.start().wait_ready()
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
@@ -74,10 +87,20 @@ class ServeRun:
         session's own."""
         return [p.pid for p in marked(self.marker)]
 
+    def stop_in_background(self) -> None:
+        """Ctrl-C now; ``stop()`` then waits for the end (the waits of several runs overlap)."""
+        if self.process is not None and self._stopping is None:
+            self._stopping = threading.Thread(target=self._stop, name="serve-run-stop", daemon=True)
+            self._stopping.start()
+
     def stop(self) -> None:
-        """Ctrl-C: ``serve run`` deletes its apps and shuts down the Ray it started."""
-        if self.process is None or self.stop_s:
-            return
+        """Ctrl-C (if not sent yet) and wait: ``serve run`` deletes its apps and shuts down the Ray
+        it started; ``stop_s``, ``killed`` and ``remaining`` say how that went."""
+        self.stop_in_background()
+        if self._stopping is not None:
+            self._stopping.join()
+
+    def _stop(self) -> None:
         t0 = time.monotonic()
         self.killed = self.process.stop(timeout=120, grace_s=30)
         self.stop_s = time.monotonic() - t0
