@@ -26,14 +26,12 @@ import httpx
 import pytest
 
 from bench.lib.procs import free_port
-from support.configs import CONFIGS
+from support.configs import chattts_app, load
 from support.report import report
 from support.waiting import wait_until
 
 APP_NAME = "chattts"
 READY_TIMEOUT_S = 180.0
-
-_CONFIG_FILE = CONFIGS["cpu"]
 
 # What the test app changes in config/serve.yaml's args; everything else is the shipped config.
 TEST_ARGS: dict[str, Any] = {
@@ -56,13 +54,7 @@ def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _shipped_args() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(_CONFIG_FILE.read_text())["applications"][0]["args"]
-
-
-SERVE_APP_ARGS: dict[str, Any] = merged(_shipped_args(), TEST_ARGS)
+SERVE_APP_ARGS: dict[str, Any] = merged(chattts_app(load("cpu"))["args"], TEST_ARGS)
 
 
 def app_args() -> Any:
@@ -81,11 +73,8 @@ _TEST_USER_CONFIG = {"Acoustic": {"max_batch_size": 8, "batch_wait_timeout_s": 0
 
 
 def _deployment_options() -> dict[str, dict[str, Any]]:
-    import yaml
-
-    app = yaml.safe_load(_CONFIG_FILE.read_text())["applications"][0]
     out: dict[str, dict[str, Any]] = {}
-    for dep in app["deployments"]:
+    for dep in chattts_app(load("cpu"))["deployments"]:
         opts = {k: v for k, v in dep.items() if k not in ("name", "autoscaling_config", "num_replicas")}
         actor = dict(opts.get("ray_actor_options", {}))
         actor.pop("runtime_env", None)

@@ -8,16 +8,17 @@ once, so the Acoustic stage decodes full admission windows.
 The warm-up runs until the response cache (``cache.max_bytes`` of the test app, 2 MiB) has been
 filled one and a half times over and the replicas have seen every text with every format, so the
 memory measured after it is the steady state: a full, churning cache, every encoder and code path
-loaded.
-Then ``CHATTTS_SOAK_REQUESTS`` (default 200) more requests, the resident memory of every replica
-sampled every 50.
+loaded. Then ``CHATTTS_SOAK_REQUESTS`` (default 200) more requests, the resident memory of every
+replica sampled every 50.
 
-What it can detect: any failed or truncated answer under sustained mixed load; a leak that grows a
-replica's RSS by 5 % over the measured requests, i.e. anything that keeps about 5 % of its RSS /
-200 per request (reported, ~50-150 KB here: a response's audio, a stream's encoder, a row's
-hidden states kept per request). Smaller per-request leaks need more requests
-(``CHATTTS_SOAK_REQUESTS``); leaks per token or per second are covered only as far as the
-requests' own lengths scale them.
+What it can detect: any failed or truncated answer under sustained mixed load, and a leak that
+grows a replica's RSS by 5 % over the measured requests: anything kept per request of about 5 %
+of the replica's RSS / 200 (reported; on the 2-core box ~45 KB in the Ingress (~190 MB) and the
+TextNormalizer, ~300 KB in the Vocoder and ~350 KB in the Acoustic stage (1.2-1.4 GB)). So a
+response's audio (~170 KB as wav or pcm on average) kept per request by any stage but the
+Acoustic one, or its hidden states (~500 KB as float32) kept anywhere; a stream's encoder or a
+few small objects per request need more requests (``CHATTTS_SOAK_REQUESTS``), and leaks per
+token or per second are covered only as far as the requests' own lengths scale them.
 """
 
 from __future__ import annotations
