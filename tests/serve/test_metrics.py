@@ -30,6 +30,29 @@ def _scrape(url: str) -> dict[str, list[tuple[str, float]]]:
     return _parse(httpx.get(url, timeout=10).text)
 
 
+# Absent here, allowed: rare counters until their event happens (aborted streams); the autoscaling
+# policy's gauges exist only where Acoustic autoscales (tests/system/test_cluster.py checks those).
+ABSENT_HERE = ("ray_tts_stream_aborted", "ray_tts_autoscale_")
+
+
+def _base_names(samples) -> set[str]:
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in samples}
+
+
+def _defined_names() -> set[str]:
+    """Every metric the app defines, as Ray exports it."""
+    return {f"ray_{n}" for n in METRICS if not f"ray_{n}".startswith(ABSENT_HERE)}
+
+
+def _dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+
+
+def _dashboard_names() -> set[str]:
+    """Every metric the dashboard queries that this app exports."""
+    return {m for e in _dashboard_exprs() for m in re.findall(r"\b(ray_[a-z_]+)", e) if not m.startswith(ABSENT_HERE)}
+
+
 def _total(samples, name: str, **labels: str) -> float:
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(v for lbl, v in samples.get(name, []) if all(w in lbl for w in want))
@@ -53,8 +76,10 @@ def scraped(app_url, ray_session):
               "ray_tts_stage_seconds_bucket", "ray_tts_queue_rows", "ray_tts_audio_seconds_total"]
     while time.monotonic() < deadline:
         samples = _scrape(ray_session["metrics_url"])
-        # Each replica exports on its own timer: wait for every sample the tests below count on.
+        # Each replica exports on its own timer, and Serve's replica gauges come with its first
+        # health checks: wait for every sample the tests below count on.
         if (all(n in samples for n in needed)
+                and _defined_names() <= _base_names(samples) and _dashboard_names() <= set(samples)
                 and _total(samples, "ray_tts_cache_total", result="hit") >= 1
                 and _total(samples, "ray_tts_requests_total", status="404") >= 1
                 and _total(samples, "ray_tts_requests_total", status="200", format="mp3") >= 3
@@ -87,22 +112,16 @@ def test_app_metrics_are_exported_with_sensible_values(scraped):
 
 
 def test_every_defined_metric_is_exported(scraped):
-    names = {re.sub(r"_(bucket|sum|count)$", "", n) for n in scraped}
-    missing = [f"ray_{n}" for n in METRICS if f"ray_{n}" not in names and n != "tts_stream_aborted_total"]
+    missing = _defined_names() - _base_names(scraped)
     assert not missing, missing
 
 
 def test_dashboard_queries_name_exported_metrics(scraped):
-    dash = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert len(exprs) >= 10
-    used = {m for e in exprs for m in re.findall(r"\b(ray_[a-z_]+)", e)}
-    exported = set(scraped)
-    # The app's own metrics and Serve's must all be real names (rare counters may be absent
-    # until their event happens: aborted streams; the autoscaling policy's gauges exist only where
-    # Acoustic autoscales: tests/test_cluster.py checks those).
-    unknown = [m for m in used if m not in exported and not m.startswith(("ray_tts_stream_aborted", "ray_tts_autoscale_"))]
+    assert len(_dashboard_exprs()) >= 10
+    # The app's own metrics and Serve's must all be real names (but those ABSENT_HERE).
+    unknown = _dashboard_names() - set(scraped)
     assert not unknown, unknown
+    dash = json.loads(DASHBOARD.read_text())
     panels = {p["title"] for p in dash["panels"]}
     for words in ("Request rate", "Latency", "first audio", "batch rows", "queue", "Replicas", "Real-time factor"):
         assert any(words.lower() in t.lower() for t in panels), words
