@@ -2,7 +2,7 @@
 ``AutoscalingContext``, wrapped the way Serve's controller wraps it; and the configs that name it.
 
 No Ray is started here: the policy is called directly, as the controller calls it. The cluster
-tests (tests/test_cluster.py) run it inside a real controller.
+tests (tests/system/test_cluster.py) run it inside a real controller.
 """
 
 from __future__ import annotations
