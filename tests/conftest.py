@@ -62,5 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     if nextitem is not None and item.config.stash.get(_LAST_APP_USER, None) is item:
         from support.app import shutdown_session_ray
+        from support.report import report
 
-        shutdown_session_ray()
+        if shutdown_session_ray():
+            report("session: Ray shut down after its last user", item.nodeid)

@@ -200,13 +200,14 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
         shutdown_session_ray()
 
 
-def shutdown_session_ray() -> None:
-    """Shut the session's Ray down now (once; later calls do nothing). tests/conftest.py calls it
-    after the last test that uses it, so the system tests that start their own Ray have the
-    cores to themselves."""
+def shutdown_session_ray() -> bool:
+    """Shut the session's Ray down now, if it runs (True then; once: later calls do nothing).
+    tests/conftest.py calls it after the last test that uses it, so the system tests that start
+    their own Ray have the cores to themselves."""
     shutdown = _SESSION.pop("shutdown", None)
     if shutdown is not None:
         shutdown()
+    return shutdown is not None
 
 
 @pytest.fixture(scope="session")
