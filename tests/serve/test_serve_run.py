@@ -59,7 +59,8 @@ def test_serve_run_default_config(serve_runs, front_door):
     Ingress replicas' own HTTP servers) streams and answers cache hits too. Then Ctrl-C."""
     run = serve_runs[front_door].wait_ready()
     url = run.url
-    report(f"`serve run config/serve.yaml` ({front_door}) start-up to /readyz 200", f"{run.startup_s:.1f} s (own Ray, random-tiny weights)")
+    report(f"`serve run config/serve.yaml` ({front_door}) start-up to /readyz 200",
+           f"{run.startup_s:.1f} s (own Ray, random-tiny weights, beside the other front door's)")
     t1 = time.perf_counter()
     r = httpx.post(url + "/v1/audio/speech", json=README_BODY, timeout=120)
     first_request_s = time.perf_counter() - t1

@@ -52,28 +52,36 @@ class ServeRun:
         self.stop_s = 0.0
         self.killed: list[str] = []
         self.remaining: list[str] = []
-        self._t0 = 0.0
+        self._ready: Optional[threading.Thread] = None
+        self._not_ready: Optional[AssertionError] = None
         self._stopping: Optional[threading.Thread] = None
 
     def log_tail(self, lines: int = 60) -> str:
         return self.process.log_tail(lines) if self.process else ""
 
     def start(self) -> "ServeRun":
-        """Start ``serve run`` (returns at once; ``wait_ready`` waits for /readyz)."""
-        self._t0 = time.monotonic()
+        """Start ``serve run`` and watch for /readyz 200 (returns at once; ``wait_ready`` waits)."""
+        t0 = time.monotonic()
         self.process = ManagedProcess("serve run", [str(Path(sys.executable).with_name("serve")), "run", str(self.cfg_path)],
                                       self.log_path, env=self.env, cwd=REPO_ROOT, marker=self.marker)
+
+        def watch() -> None:
+            try:
+                wait_ready(self.url, READY_TIMEOUT_S, proc=self.process.proc)
+                self.startup_s = time.monotonic() - t0
+            except AssertionError as exc:
+                self._not_ready = exc
+
+        self._ready = threading.Thread(target=watch, name="serve-run-ready", daemon=True)
+        self._ready.start()
         return self
 
     def wait_ready(self) -> "ServeRun":
         """Wait for /readyz 200 (``startup_s``: from ``start``); stop it and fail if it never comes."""
-        if not self.startup_s:
-            try:
-                wait_ready(self.url, READY_TIMEOUT_S, proc=self.process.proc)
-            except AssertionError as exc:
-                self.stop()
-                raise AssertionError(f"{exc}\n--- serve run log (tail) ---\n{self.log_tail()}") from None
-            self.startup_s = time.monotonic() - self._t0
+        self._ready.join()
+        if self._not_ready is not None:
+            self.stop()
+            raise AssertionError(f"{self._not_ready}\n--- serve run log (tail) ---\n{self.log_tail()}")
         return self
 
     def __enter__(self) -> "ServeRun":
