@@ -24,12 +24,12 @@ READY_TIMEOUT_S = 240.0
 
 
 class ServeRun:
-    """``with ServeRun(config, tmp, weights_cache) as run:`` - ``run.url`` answers /readyz 200
-    (or ``start()``, ``wait_ready()``, ``stop_in_background()``, ``stop()``: several at once).
+    """``ServeRun(config, tmp, weights_cache).start()``, then ``wait_ready()``: ``run.url`` answers
+    /readyz 200; ``stop()`` (or ``stop_in_background()`` first: several runs' waits overlap).
 
     The config (a dict) is written to ``tmp``; the subprocess gets no RAY_* variables and its own
     RAY_TMPDIR, so it can never attach to the test session's cluster, and random-tiny weights from
-    ``weights_cache``. On exit: Ctrl-C (SIGINT), then SIGTERM and SIGKILL after 60 s each;
+    ``weights_cache``. To stop: Ctrl-C (SIGINT), then SIGTERM and SIGKILL after 60 s each;
     processes it started that are still there 30 s after it ended are killed and listed in
     ``run.killed`` (with any signal it ignored); ``run.remaining`` are those that survived even
     that."""
@@ -83,12 +83,6 @@ class ServeRun:
             self.stop()
             raise AssertionError(f"{self._not_ready}\n--- serve run log (tail) ---\n{self.log_tail()}")
         return self
-
-    def __enter__(self) -> "ServeRun":
-        return self.start().wait_ready()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def processes(self) -> list[int]:
         """Pids of the processes it started (the subprocess, its Ray, the replicas): never the
