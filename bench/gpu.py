@@ -4,7 +4,7 @@ A GPU machine is lent rarely and briefly, so one command does everything, in thi
 step independent of the others (a step that fails or runs out of time is recorded and the next
 one runs), under one deadline (default 8 min) after which it stops and still writes its report:
 
-1. ``tests``: ``pytest -m gpu`` (tests/test_gpu.py: tokens vs the CPU float32 decode, streamed vs
+1. ``tests``: ``pytest -m gpu`` (tests/system/test_gpu.py: tokens vs the CPU float32 decode, streamed vs
    one-shot audio, KV memory freed) in a subprocess; its JUnit XML goes into the report.
 2. ``ceiling``: the engine alone (bench/ceiling.py's ``Ceiling``, in a subprocess) on random
    full-size weights in bfloat16 on cuda: audio seconds per second, decode step time and peak GPU

@@ -1,62 +1,68 @@
-"""Shared pytest fixtures.
+"""The tests by level, and the fixtures they share.
 
-Engine fixtures (ChatTTS with ``random-tiny`` weights, no Ray) are here; the Ray Serve fixtures
-(one Ray, one Serve, one chattts app per session) are the ``serve_fixtures`` plugin.
+- ``tests/unit/``: no Ray, seconds each.
+- ``tests/serve/``: the session's one Serve app (``support.app``) and ``serve run`` subprocesses;
+  marked ``serve`` (the in-process half of the WebSocket scenarios there needs no Ray and is not).
+- ``tests/system/``: the multi-node cluster, the browser, the soak, the GPU check; marked ``system``.
+
+The quick loop is every test without Ray: ``python -m pytest -m "not serve and not system"``.
+
+Fixtures live in the ``support`` package and are registered here as plugins; helpers are imported
+from ``support`` (a test module never imports another). Tests run by level (unit, serve,
+system), each level in file order, except that the system tests that use the session's Serve app
+(soak, browser) run before those that start a Ray of their own (cluster, GPU check); the
+session's Ray is shut down after its last user, so those have the cores to themselves.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-pytest_plugins = ["serve_fixtures"]
+pytest_plugins = ["support.report", "support.engine", "support.app", "support.ws", "support.redis_server"]
 
-# =============================================================================================
-# Engine fixtures: one random-tiny build and one loaded model per session, through the real
-# loading path (serve_app.engine.weights.load_model), no mocks.
-# =============================================================================================
-
-
-@pytest.fixture(scope="session", autouse=True)
-def chattts_cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    """CHATTTS_SERVE_CACHE points at one temporary directory for the whole session, so every test
-    and every subprocess (CLI, Serve replicas) shares one random-weights build. Weights overrides
-    from the caller's shell are removed so they cannot change what the tests load."""
-    from serve_app.engine.config import CACHE_ENV, WEIGHTS_ENV, WEIGHTS_PATH_ENV
-
-    path = tmp_path_factory.mktemp("chattts-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv(CACHE_ENV, str(path))
-    mp.delenv(WEIGHTS_ENV, raising=False)
-    mp.delenv(WEIGHTS_PATH_ENV, raising=False)
-    yield path
-    mp.undo()
+_TESTS = Path(__file__).resolve().parent
+LEVELS = ("unit", "serve", "system")
+_LAST_APP_USER = pytest.StashKey[pytest.Item]()
 
 
-@pytest.fixture(scope="session")
-def tiny_weights_config(chattts_cache_dir):
-    from serve_app.engine.config import WeightsConfig
-
-    return WeightsConfig(source="random-tiny", cache_dir=str(chattts_cache_dir))
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tiny_weights_config):
-    """ChatTTS ``Chat`` with random-tiny weights (built on first use), loaded once per session.
-
-    One torch thread: the tiny model gains nothing from two, and two threads wait on each other at
-    every op as soon as another process competes for the cores (bench/README.md, "Measurements
-    behind code choices")."""
-    from serve_app.engine.config import ModelConfig
-    from serve_app.engine.weights import load_model
-
-    return load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
+def _level(item: pytest.Item) -> str:
+    """unit, serve or system, from the test's directory (the bench's own tests are unit tests)."""
+    path = Path(str(item.path))
+    if not path.is_relative_to(_TESTS):
+        return "unit"
+    level = path.relative_to(_TESTS).parts[0]
+    if level not in LEVELS:
+        raise pytest.UsageError(f"{path}: a test module belongs in tests/unit, tests/serve or tests/system")
+    return level
 
 
-@pytest.fixture(scope="session")
-def tiny_planner(tiny_model):
-    """Text -> segment requests (warmed up); the engine samples the voice's speaker."""
-    from serve_app.engine.planner import Planner
+def _uses_session_app(item: pytest.Item) -> bool:
+    return "ray_session" in item.fixturenames or item.get_closest_marker("serve") is not None
 
-    planner = Planner()
-    planner.warmup()
-    return planner
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        level = _level(item)
+        if level == "unit" and _uses_session_app(item):
+            raise pytest.UsageError(f"{item.nodeid}: a unit test must not start Ray (tests/serve is for those)")
+        if level == "serve" and "ray_session" in item.fixturenames:
+            item.add_marker(pytest.mark.serve)
+        if level == "system":
+            item.add_marker(pytest.mark.system)
+    # Stable: file order within each group.
+    items.sort(key=lambda item: (LEVELS.index(_level(item)), _level(item) == "system" and not _uses_session_app(item)))
+    users = [item for item in items if _uses_session_app(item)]
+    if users:
+        config.stash[_LAST_APP_USER] = users[-1]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is not None and item.config.stash.get(_LAST_APP_USER, None) is item:
+        from support.app import shutdown_session_ray
+        from support.report import report
+
+        if shutdown_session_ray():
+            report("session: Ray shut down after its last user", item.nodeid)

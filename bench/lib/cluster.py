@@ -1,5 +1,5 @@
 """A multi-node Ray cluster on this one host, made of ``ray start`` processes, for the cluster tests
-(tests/test_cluster.py) and ``python -m bench autoscale``.
+(tests/system/test_cluster.py) and ``python -m bench autoscale``.
 
 A head node (CPUs, no GPU, the dashboard, Serve's controller and proxy) and worker nodes that
 each declare one GPU (``--num-gpus 1``) without having one: Ray schedules by declared resources,

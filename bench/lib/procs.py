@@ -10,6 +10,7 @@ anywhere (found by that variable in their environment: Ray's processes leave the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -66,6 +67,22 @@ def bench_command(subcommand: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "bench", subcommand, *args]
 
 
+@contextlib.contextmanager
+def sigint_as_from_a_terminal():
+    """Let a child started here take SIGINT as it would from a terminal. A run started in the
+    background (``.ci/run &``) ignores SIGINT, as POSIX has every background job of a
+    non-interactive shell do; an ignored signal stays ignored across exec, and Python then never
+    installs its KeyboardInterrupt handler, so a later Ctrl-C (``stop()``'s SIGINT) would be lost.
+    A *handled* signal is reset to the default on exec: handle it here while the child starts."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class ManagedProcess:
     """A subprocess in its own process group, output to ``log_path``; see the module docstring."""
 
@@ -80,15 +97,16 @@ class ManagedProcess:
             env[MARKER_ENV] = marker
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
+        with sigint_as_from_a_terminal():
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -128,17 +146,26 @@ class ManagedProcess:
         self.close()
         return n
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 15.0, grace_s: float = 0.0) -> list[str]:
         """SIGINT, then SIGTERM (``timeout / 2`` each), then SIGKILL; then whatever is left in its
-        group and, with a marker, anywhere."""
+        group and, with a marker, anywhere, once marked processes have had ``grace_s`` to end by
+        themselves. Returns what had to be forced: each signal it ignored, and each marked
+        process still there after the grace (``"pid: command line"``)."""
+        forced = []
         if self.alive():
             for sig, wait in ((signal.SIGINT, timeout / 2), (signal.SIGTERM, timeout / 2), (signal.SIGKILL, 5)):
                 if not self.signal(sig) or self.wait(wait) is not None:
                     break
+                forced.append(f"{self.name} {self.pid} ignored {signal.Signals(sig).name} for {wait:g} s")
+        if self.marker:
+            if grace_s > 0:
+                wait_until(lambda: not marked(self.marker), grace_s, interval=0.2)
+            forced += [f"{p.pid}: {command_of(p)}" for p in marked(self.marker)]
         self.signal(signal.SIGKILL)  # anything left in its process group (children) goes too
         if self.marker:
             kill_marked(self.marker)
         self.close()
+        return forced
 
     def close(self) -> None:
         self._log.close()
@@ -163,6 +190,14 @@ def _title(p: psutil.Process) -> str:
     try:
         cmd = p.cmdline()
         return cmd[0] if cmd else p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
+
+
+def command_of(p: psutil.Process) -> str:
+    """A process's command line (its first 120 characters), "?" once it is gone."""
+    try:
+        return " ".join(p.cmdline())[:120]
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
 

@@ -49,7 +49,7 @@ class Int8Linear(nn.Module):
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             # torch announces the end of quantized tensor dtypes (torch < 2.15 is pinned, and
-            # tests/test_quant.py fails first if they go); nothing an operator can act on.
+            # tests/unit/test_quant.py fails first if they go); nothing an operator can act on.
             warnings.filterwarnings("ignore", message=".*quantize_per_channel.*deprecated")
             wq = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         # The bias is added after the row scale is undone, so it is not packed with the weight.

@@ -1,5 +1,5 @@
 """``python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
-service, generated from config/serve.gpu.yaml so the two cannot drift (tests/test_kuberay.py
+service, generated from config/serve.gpu.yaml so the two cannot drift (tests/unit/test_kuberay.py
 checks the committed file is this output).
 
 A ``RayService`` whose ``serveConfigV2`` is the GPU config's Serve part (proxy, HTTP options,
@@ -107,7 +107,7 @@ HEADER = f"""\
 #     ClusterIP, port 8000); put an Ingress or Gateway with TLS in front of it. Nothing else is
 #     exposed: the dashboard ({DASHBOARD_PORT}), GCS ({GCS_PORT}), Ray client ({CLIENT_PORT}) and metrics ({METRICS_PORT}) ports stay
 #     inside the cluster (kubectl port-forward and the Ray token for the dashboard).
-# Not applied anywhere yet: it was validated offline only (tests/test_kuberay.py).
+# Not applied anywhere yet: it was validated offline only (tests/unit/test_kuberay.py).
 """
 
 
@@ -198,7 +198,7 @@ def _template(container: dict, gpu: bool = False) -> dict:
 
 def worker_bounds(serve: dict) -> dict[str, tuple[int, int]]:
     """(minReplicas, maxReplicas) of each worker group: enough pods for every deployment's
-    min_replicas / max_replicas given the pod shapes (what tests/test_kuberay.py checks back)."""
+    min_replicas / max_replicas given the pod shapes (what tests/unit/test_kuberay.py checks back)."""
     deps = _deployments(serve)
     acoustic = deps["Acoustic"]
     opts = acoustic["ray_actor_options"]

@@ -12,7 +12,7 @@ the tags, done here with ``str.translate``:
    ``res/homophones_map.json``, read from the installed package);
 3. every other character outside ``SAYABLE_CJK``, Latin letters and ``，。、,. `` is dropped.
 
-tests/test_text.py checks ``ChatTTSNormalizer`` against ChatTTS's ``Normalizer`` itself.
+tests/unit/test_text.py checks ``ChatTTSNormalizer`` against ChatTTS's ``Normalizer`` itself.
 """
 
 from __future__ import annotations

@@ -1,0 +1,101 @@
+"""``serve run config/serve.yaml`` as a user runs it: a subprocess with its own local Ray
+(``support.serve_run.ServeRun``), through Serve's proxy and through the HAProxy front door."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from bench.lib.procs import free_port
+from serve_app.engine.wav import with_true_length
+from support.audio import read_wav
+from support.configs import chattts_app, load
+from support.engine import expected_samples
+from support.report import report
+from support.serve_run import ServeRun
+
+pytestmark = pytest.mark.serve
+
+README_BODY = {"model": "chattts", "input": "你好", "voice": "alloy", "response_format": "wav"}
+
+
+def _expected_samples(config: dict, text: str) -> int:
+    from serve_app.engine.config import SegmentLimits
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
+
+    limits = SegmentLimits.model_validate(chattts_app(config)["args"].get("segments", {}))
+    return expected_samples(Planner(limits).plan(text, SynthesisOptions(voice="alloy")))
+
+
+FRONT_DOORS = {"proxy": {}, "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}}
+
+
+@pytest.fixture(scope="module")
+def serve_runs(chattts_cache_dir, tmp_path_factory):
+    """``serve run`` of config/serve.yaml (port moved, loopback only) through each front door, both
+    started at once: each starts its own Ray, and their start-ups and shutdowns (the HAProxy
+    one waits 30 s for Serve's controller) overlap. The tests Ctrl-C each one; any left are
+    stopped here."""
+    runs = {}
+    for name, env in FRONT_DOORS.items():
+        config = load("cpu")
+        config["http_options"].update(host="127.0.0.1", port=free_port())
+        runs[name] = ServeRun(config, tmp_path_factory.mktemp(f"serve-run-{name}"), chattts_cache_dir, env).start()
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("front_door", FRONT_DOORS)
+def test_serve_run_default_config(serve_runs, front_door):
+    """``serve run`` of config/serve.yaml serves the README's curl request. It starts its own local
+    Ray: no RAY_ADDRESS, its own RAY_TMPDIR, so it can never attach to the session's cluster
+    (``ray.init()`` without an address only joins a cluster started by ``ray start``).
+    ``haproxy``: the fast front door of docs/operations.md (Ray's bundled HAProxy in front of the
+    Ingress replicas' own HTTP servers) streams and answers cache hits too. Then Ctrl-C."""
+    run = serve_runs[front_door].wait_ready()
+    url = run.url
+    report(f"`serve run config/serve.yaml` ({front_door}) start-up to /readyz 200",
+           f"{run.startup_s:.1f} s (own Ray, random-tiny weights, beside the other front door's)")
+    t1 = time.perf_counter()
+    r = httpx.post(url + "/v1/audio/speech", json=README_BODY, timeout=120)
+    first_request_s = time.perf_counter() - t1
+    assert r.status_code == 200, r.text[:500]
+    assert r.headers["content-type"] == "audio/wav"
+    assert r.headers.get("x-weights") == "random"
+    pcm = read_wav(r.content)
+    # Random weights: exactly the planned tokens (512 samples each, less half a token).
+    assert len(pcm) == _expected_samples(load("cpu"), README_BODY["input"]), f"{len(pcm)} samples"
+    report(f"`serve run` ({front_door}): README curl request", f"{first_request_s:.2f} s, {len(pcm) / 24000:.2f} s of audio")
+    # Streamed in pieces, and a repeated seeded request is a cache hit, through this front door.
+    body = {**README_BODY, "seed": 5}
+    with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as resp:
+        assert resp.status_code == 200 and resp.headers.get("x-cache") == "miss"
+        pieces = [p for p in resp.iter_raw() if p]
+    assert len(pieces) >= 2, len(pieces)
+    hits = []
+    with httpx.Client(base_url=url, timeout=30) as client:  # keep-alive, as a real client
+        for _ in range(20):
+            t2 = time.perf_counter()
+            again = client.post("/v1/audio/speech", json=body)
+            hits.append(time.perf_counter() - t2)
+            assert again.headers.get("x-cache") == "hit" and again.content == with_true_length(b"".join(pieces))
+    report(f"`serve run` ({front_door}): cache hit p50", f"{1000 * sorted(hits)[len(hits) // 2]:.1f} ms ({len(again.content)} bytes)")
+    assert run.processes(), "no processes found for the serve run subprocess"
+    run.stop_in_background()  # Ctrl-C: the next test checks how it ended
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("front_door", FRONT_DOORS)
+def test_serve_run_ends_everything_it_started_on_ctrl_c(serve_runs, front_door):
+    """After Ctrl-C ``serve run`` exits and leaves no process behind (found by the marker in
+    their environment): nothing had to be killed."""
+    run = serve_runs[front_door]
+    run.stop()
+    report(f"`serve run` ({front_door}) shutdown", f"{run.stop_s:.1f} s, exit code {run.returncode}; killed by the test: {run.killed or 'none'}")
+    assert not run.remaining, f"processes of the serve run subprocess survive SIGKILL: {run.remaining}"
+    assert not run.killed, f"serve run left processes behind after Ctrl-C: {run.killed}"

@@ -1,0 +1,118 @@
+"""The ``chattts-serve`` command line, run as a real subprocess (console script) with random-tiny
+weights from the session's shared cache (CHATTTS_SERVE_CACHE, set by ``support.engine``). The
+same command through a running server: tests/serve/test_serve_api.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import av
+import pytest
+import soundfile as sf
+
+from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
+from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
+from serve_app.engine.weights import MANIFEST
+from serve_app.tools.cli import _format_for, build_parser
+from support.audio import SR
+from support.cli import cli_command
+from support.engine import expected_samples
+
+TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("CHATTTS_WEIGHTS", None)
+    env.pop("CHATTTS_WEIGHTS_PATH", None)
+    env["OMP_NUM_THREADS"] = "1"  # as the test process (support.engine.tiny_model): same numerics, no oversubscription
+    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def text_samples(tiny_planner) -> int:
+    """The CLI's defaults: voice alloy, no seed (the voice's seed), speed 1."""
+    return expected_samples(tiny_planner.plan(TEXT, SynthesisOptions(voice="alloy")))
+
+
+@pytest.mark.timeout(300)
+def test_say_writes_a_24khz_mono_wav(tmp_path, text_samples, tiny_model, tiny_weights_config, chattts_cache_dir):
+    out = tmp_path / "x.wav"
+    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert "RANDOM weights" in proc.stderr
+    info = sf.info(str(out))
+    assert info.samplerate == SR and info.channels == 1 and info.subtype == "PCM_16"
+    pcm, sr = sf.read(str(out), dtype="int16")
+    assert len(pcm) == text_samples
+    assert abs(pcm).max() > 0
+    assert out.stat().st_size == 44 + 2 * text_samples
+    # It used the session's build (no second tree in the shared cache).
+    trees = [p for p in chattts_cache_dir.iterdir() if p.name.startswith("random-tiny")]
+    assert trees == [tiny_model.weights.root]
+    # Same text + voice + seed in another process: the same audio as in-process synthesis.
+    cfg = EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=AcousticConfig(listener_margin_s=None))
+    synth = Synthesizer(cfg, model=tiny_model)
+    try:
+        local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
+    finally:
+        synth.close()
+    assert local == out.read_bytes()
+
+
+@pytest.mark.timeout(300)
+def test_say_mp3(tmp_path, text_samples):
+    out = tmp_path / "x.mp3"
+    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny", "--format", "mp3")
+    assert proc.returncode == 0, proc.stderr
+    data = out.read_bytes()
+    assert data[:3] == b"ID3" or data[0] == 0xFF  # an mp3 stream, not a WAV
+    with av.open(io.BytesIO(data), format="mp3") as container:
+        stream = container.streams.audio[0]
+        n = sum(f.samples for f in container.decode(stream))
+        assert stream.codec_context.sample_rate == SR
+        assert stream.codec_context.channels == 1
+    seconds = text_samples / SR
+    assert seconds <= n / SR <= seconds + 0.1
+
+
+@pytest.mark.timeout(120)
+def test_weights_build_prints_the_path(tmp_path, tiny_model):
+    d = tmp_path / "weights"
+    proc = run_cli("weights", "build", "--source", "random-tiny", "--dir", str(d))
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.parent == d and path.name == tiny_model.weights.root.name
+    assert json.loads((path / MANIFEST).read_text())["kind"] == "random-tiny"
+    assert (path / "asset" / "gpt" / "model.safetensors").is_file()
+    # Without --dir it uses CHATTTS_SERVE_CACHE: the session's tree, already built.
+    proc = run_cli("weights", "build", "--source", "random-tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip().splitlines()[-1]) == tiny_model.weights.root
+
+
+def test_format_from_suffix_and_flags():
+    assert _format_for("a.ogg", None) == "opus"
+    assert _format_for("a.raw", None) == "pcm"
+    assert _format_for("a.m4a", None) == "aac"
+    assert _format_for("a.FLAC", None) == "flac"
+    assert _format_for("a.unknown", None) == "wav"
+    assert _format_for("a.wav", "mp3") == "mp3"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["say", "hi"])  # -o is required
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["say", "hi", "-o", "x.wav", "--format", "ogg"])
+
+
+def test_say_stdin_needs_a_server_and_a_stream_format():
+    from serve_app.tools.cli import main
+
+    for argv in (["say", "--stdin", "-o", "x.pcm"], ["say", "--stdin", "-o", "x.wav", "--url", "http://h"],
+                 ["say", "hi", "--stdin", "-o", "x.pcm", "--url", "http://h"], ["say", "-o", "x.wav"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv

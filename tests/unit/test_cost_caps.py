@@ -1,0 +1,121 @@
+"""A request's cost after normalisation (serve_app/engine/planner.py): at most
+``SegmentLimits.max_segments`` segments and ``max_request_seconds`` of expected speech, else
+``RequestTooLarge`` (413 request_too_large) naming the limit and the figure; legitimate inputs of
+``ingress.max_input_chars`` (4096) at speed 1 pass. And who asked: the client on every segment."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from serve_app.engine.config import SegmentLimits
+from serve_app.engine.errors import ClientQueueFull, RefineBusy, RequestTooLarge
+from serve_app.engine.pacing import TOKENS_PER_SECOND
+from serve_app.engine.planner import Planner
+from serve_app.engine.types import SynthesisOptions
+from serve_app.errors import as_api_error, to_api_error
+from support.configs import REPO
+
+N = 4096  # ingress.max_input_chars
+
+
+def flood(unit: str, n: int = N) -> str:
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+CORPUS = (REPO / "bench" / "text_corpus.txt").read_text()
+PROSE = {
+    "Chinese prose": flood("我们的系统会把长文本切成几个片段，分别生成语音。"),
+    "Chinese characters only": flood("我"),
+    "short Chinese sentences": flood("我们的系统会把长文。"),  # each sentence its own segment
+    "English prose": flood("A good speech service has to answer quickly, stay up under heavy load. "),
+    "the bench corpus": CORPUS[:N],
+    "dates and times": flood("On 2024-03-05 at 10:30, "),
+    "money": flood("It costs $3.50 or €12.99. "),
+}
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    p = Planner()
+    p.warmup()
+    return p
+
+
+def seconds(plan) -> float:
+    return sum(s.target_tokens for s in plan.segments) / TOKENS_PER_SECOND
+
+
+@pytest.mark.parametrize("name", list(PROSE))
+def test_legitimate_inputs_of_max_input_chars_pass_at_speed_1(planner: Planner, name: str) -> None:
+    plan = planner.plan(PROSE[name], SynthesisOptions())
+    limits = planner.limits
+    assert len(plan.segments) <= limits.max_segments
+    assert seconds(plan) <= limits.max_request_seconds
+
+
+def test_speed_quarter_on_long_input_is_413_naming_the_limit_and_the_figure(planner: Planner) -> None:
+    text = PROSE["Chinese prose"]
+    seconds_at_1 = seconds(planner.plan(text, SynthesisOptions()))
+    with pytest.raises(RequestTooLarge, match=r"about \d+ s of speech at speed 0.25; the limit is 1800 s") as err:
+        planner.plan(text, SynthesisOptions(speed=0.25))
+    figure = float(str(err.value).split("about ")[1].split(" s")[0])
+    assert figure == pytest.approx(4 * seconds_at_1, rel=0.02)  # a quarter of the speed: 4x the speech
+    api = to_api_error(err.value)
+    assert (api.status, api.code, api.param, api.type) == (413, "request_too_large", "input", "invalid_request_error")
+    # Half the speed still fits.
+    assert len(planner.plan(text, SynthesisOptions(speed=0.5)).segments) > 0
+
+
+def test_too_many_segments_is_413_naming_the_limit_and_the_figure() -> None:
+    planner = Planner(SegmentLimits(max_segments=10))
+    text = "第一句话。" * 40 + "最后。"
+    with pytest.raises(RequestTooLarge, match=r"input makes \d+ segments after normalisation; the limit is 10 "
+                                              r"\(segments.max_segments\)"):
+        planner.plan(text, SynthesisOptions())
+    short = Planner(SegmentLimits(max_segments=10)).plan("第一句话。", SynthesisOptions())
+    assert len(short.segments) == 1
+
+
+def test_plan_texts_is_capped_too(planner: Planner) -> None:
+    """replan (after refine_text) goes through the same caps."""
+    capped = Planner(SegmentLimits(max_segments=3))
+    with pytest.raises(RequestTooLarge, match="4 segments"):
+        capped.plan_texts(["一。", "二。", "三。", "四。"], SynthesisOptions())
+
+
+@pytest.mark.parametrize("unit", ["7", "77,777,777 ", "777%", "$7 ", "7/8 ", "a[laugh]", "我[break_6]", "我[uv_break]",
+                                  "[laugh][laugh]a", "77th "])
+@pytest.mark.parametrize("speed", [1.0, 0.25])
+def test_every_plan_is_within_the_caps_or_refused(planner: Planner, unit: str, speed: float) -> None:
+    """Floods of number readings and tags, at the slowest speed: a plan is within both caps, or
+    the request is refused before any decoding."""
+    try:
+        plan = planner.plan(flood(unit), SynthesisOptions(speed=speed))
+    except RequestTooLarge:
+        return
+    assert len(plan.segments) <= planner.limits.max_segments
+    assert seconds(plan) <= planner.limits.max_request_seconds
+
+
+def test_the_client_is_stamped_on_every_segment(planner: Planner) -> None:
+    text = "你好，欢迎使用语音合成服务。今天天气很好，我们一起去公园散步吧。"
+    plan = planner.plan(text, SynthesisOptions(), client="ip:10.0.0.7")
+    assert len(plan.segments) >= 2 and {s.client for s in plan.segments} == {"ip:10.0.0.7"}
+    assert {s.client for s in planner.plan(text, SynthesisOptions()).segments} == {""}  # anonymous
+    replanned = planner.plan_texts(plan.texts, SynthesisOptions(), client="key:abc")
+    assert {s.client for s in replanned.segments} == {"key:abc"}
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (RequestTooLarge("input makes 600 segments after normalisation; the limit is 512"), 413, "request_too_large"),
+    (ClientQueueFull("too many rows queued for client ip:1.2.3.4"), 429, "too_many_queued_rows"),
+    (RefineBusy("refine_text could not start within 30 s"), 503, "refine_busy"),
+])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "ray-wrapped"])
+def test_the_new_errors_keep_their_status_through_ray(exc, status, code, wrapped):
+    from ray.exceptions import RayTaskError
+
+    raised = RayTaskError("plan", "Traceback ...", exc) if wrapped else exc
+    err = as_api_error(raised, "x failed", "x_failed")
+    assert (err.status, err.code, err.message) == (status, code, str(exc))
