@@ -1,13 +1,10 @@
 """Fair admission between clients (serve_app/engine/decode/scheduler.py) and the per-client queue
 cap, first on the scheduler alone (no model), then on the engine with random-tiny weights: a
-polite client beside a heavy one gets a slot at the next step, and its first chunk's latency
-against alone is measured (``test_first_chunk_beside_a_heavy_client``, run with ``-s`` to see the
-figures)."""
+polite client beside a heavy one gets a slot at the next step. What that does to its first
+chunk's latency is measured by ``python -m bench fairness``."""
 
 from __future__ import annotations
 
-import statistics
-import time
 
 import pytest
 
@@ -21,7 +18,6 @@ from serve_app.engine.types import SegmentRequest
 from serve_app.engine.voices import OPENAI_VOICES, SpeakerSampler
 from serve_app.errors import to_api_error
 from support.engine import drain, fixed_chunks, seg
-from support.report import report
 
 # ============================================================================== scheduler alone
 
@@ -234,95 +230,3 @@ def test_a_client_past_its_queue_share_gets_429_and_the_others_go_on(make_engine
     engine.run_until_idle()
     assert all(drain(s)[1].shape[0] == 10 for s in mine + other)
     assert engine.stats.rows_cancelled == 0
-
-
-# ============================================================================== the measurement
-
-POLITE_TEXT = "你好，欢迎使用语音合成服务。"
-
-
-def first_chunk_s(engine: AcousticEngine, spk: str, seed: int) -> float:
-    """Submit one polite request (one segment) and wait for its first chunk; then let it go."""
-    stream = engine.submit(seg(spk, 60, seed=seed, text=POLITE_TEXT, client="polite"))
-    next(iter(stream))
-    took = stream.first_chunk_at - stream.submitted_at
-    stream.cancel()
-    return took
-
-
-def heavy_running(engine: AcousticEngine) -> int:
-    return sum(1 for r in list(engine.batch.rows) if r.req.client == "heavy")
-
-
-def wait_for(cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.005)
-
-
-def measure(tiny_model, spk: str, repeats: int, polite_first: bool, **cfg) -> tuple[float, float, int]:
-    """(alone, beside a heavy client with 200 queued rows, the heavy client's rows running then):
-    medians of ``repeats`` polite requests, each sent once the heavy client has taken back every
-    slot it may (so none reuses a slot the previous one left). ``polite_first``: the polite client
-    was served just before the heavy one came (it is present); else the heavy one came to an idle
-    engine and filled it before the polite one was ever seen."""
-    engine = AcousticEngine(tiny_model, AcousticConfig(listener_margin_s=None, **cfg))
-    engine.start()
-    try:
-        first_chunk_s(engine, spk, 0)  # warm
-        alone = statistics.median(first_chunk_s(engine, spk, i) for i in range(repeats)) if polite_first else None
-        if not polite_first:
-            time.sleep(PRESENCE_SECONDS + 0.5)  # the polite client is forgotten
-        streams = engine.submit_all(heavy(spk, 200, tokens=190))  # 200 segments of ~4 s
-        cap = cfg.get("max_running_rows_per_client", engine.cfg.max_running_rows_per_client)
-        full = engine.cfg.max_rows if (cap is None or not polite_first) else min(cap, engine.cfg.max_rows)
-        beside = []
-        for i in range(repeats):
-            wait_for(lambda: heavy_running(engine) >= full and engine.running_rows == heavy_running(engine))
-            rows = heavy_running(engine)
-            beside.append(first_chunk_s(engine, spk, 100 + i))
-            if not polite_first:
-                break  # only the first polite request meets the heavy client unbounded
-        for st in streams:
-            st.cancel()
-        if alone is None:
-            wait_for(lambda: engine.running_rows == 0)
-            alone = statistics.median(first_chunk_s(engine, spk, i) for i in range(repeats))
-    finally:
-        engine.stop()
-    return alone, statistics.median(beside), rows
-
-
-CONFIGS = (("defaults (reserved_rows 1, cap 2)", {}, (True, False)),
-           ("cap 4", {"max_running_rows_per_client": 4}, (True,)),
-           ("no running cap", {"max_running_rows_per_client": None}, (True,)),
-           ("no reserve, no cap", {"reserved_rows": 0, "max_running_rows_per_client": None}, (True,)))
-
-
-@pytest.mark.timeout(900)
-def test_first_chunk_beside_a_heavy_client(tiny_model, spk):
-    """The polite client's first chunk alone and beside a client with 200 queued rows of ~4 s
-    (decode thread running, max_rows 16, random-tiny on this CPU), printed per setting. Measured
-    on the 2-core development box, quiet (medians of 15, three runs; the code before fair
-    admission: 75 s beside, behind all 200 rows):
-
-    - defaults, the polite client present: alone 67-116 ms, beside 104-129 ms (~1.5x; cap 1 ~1.2x,
-      cap 4 ~1.7x, no cap 233-271 ms ~3.2x: 16 heavy rows in every step);
-    - defaults, the heavy client first on an idle engine: its 16 rows are already running when the
-      polite one comes, ~3x for that first request (nothing running is stopped), ~1.5x once those
-      rows end;
-    - no reserve and no cap: 3.3-3.7 s, a heavy row has to finish first (~48x).
-
-    The bound asserted is loose (a shared machine): the polite row joins at the next step, it
-    never waits for a heavy row to finish."""
-    results = {}
-    for name, cfg, modes in CONFIGS:
-        for polite_first in modes:
-            alone, beside, rows = measure(tiny_model, spk, repeats=5, polite_first=polite_first, **cfg)
-            results[name, polite_first] = (alone, beside)
-            when = "polite present" if polite_first else "heavy first, alone"
-            report(f"first chunk, {name}, {when}", f"alone {alone * 1000:.0f} ms, beside the heavy client ({rows} of "
-                   f"its rows running) {beside * 1000:.0f} ms: {beside / alone:.2f}x")
-    for polite_first in (True, False):
-        alone, beside = results["defaults (reserved_rows 1, cap 2)", polite_first]
-        assert beside < 15 * alone
