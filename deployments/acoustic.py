@@ -30,7 +30,7 @@ from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights import load_model
-from serve_app.settings import AcousticLive
+from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
 
 log = logging.getLogger("ray.serve")
 
@@ -45,7 +45,8 @@ class Acoustic:
         # Loaded on a thread that exits: the decode thread keeps the only OpenMP team (threads.py).
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
-        self.engine = AcousticEngine(self.model, AcousticConfig.model_validate(acoustic or {}))
+        self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
+        self.engine = AcousticEngine(self.model, self._args)
         self.refiner = TextRefiner(self.model, self.engine.cfg)
         self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
         self.engine.on_step = lambda rows: metrics.observe("tts_batch_rows", rows)
@@ -62,12 +63,15 @@ class Acoustic:
             pass
 
     def reconfigure(self, user_config: dict) -> None:
+        """Serve ``user_config`` (``AcousticLive``): the admission window, and the live decode
+        knobs merged over the deployment's ``args.acoustic`` (a knob the user_config no longer
+        names goes back to its args value)."""
         live = AcousticLive.model_validate(user_config or {})
         self._admit.set_max_batch_size(live.max_batch_size)
         self._admit.set_batch_wait_timeout_s(live.batch_wait_timeout_s)
-        if live.engine_changes():
-            self.engine.reconfigure(**live.engine_changes())
-            self.refiner.configure(self.engine.cfg)
+        cfg = live.engine_config(self._args)
+        self.engine.reconfigure(**{k: getattr(cfg, k) for k in LIVE_ACOUSTIC_FIELDS})
+        self.refiner.configure(self.engine.cfg)
 
     # The window's size and wait are set from user_config at start (reconfigure); these are
     # AcousticLive's defaults until then.

@@ -255,18 +255,29 @@ def _deployment(name: str):
     return serve.get_deployment_handle(name, app_name=APP_NAME)
 
 
+# The Ingress's live settings as tests set them (its user_config over the app's args): a stack, so
+# a test may change one setting inside a module's changes without undoing them.
+_INGRESS_LIVE: list[dict[str, Any]] = [{}]
+
+
 @contextlib.contextmanager
 def ingress_settings(**changes: Any) -> Iterator[None]:
-    """The Ingress's settings (its ``user_config``: limits, switches, ``security``) changed live,
-    then put back to what the app runs with. Usable in async tests too (it blocks the loop only
+    """The Ingress's settings (its ``user_config``: limits, switches, ``security``) changed live
+    over whatever an enclosing ``ingress_settings`` set, then put back. A user_config is the whole
+    of what differs from the app's args (the Ingress merges it field by field over them), so each
+    change is sent with the changes around it. Usable in async tests too (it blocks the loop only
     for the two reconfigure calls)."""
-    before = {k: v for k, v in app_args().ingress.model_dump().items() if k in changes}
-    assert set(before) == set(changes), set(changes) - set(before)
-    _deployment("Ingress").reconfigure.remote(changes).result(timeout_s=30, _skip_asyncio_check=True)
+    unknown = set(changes) - set(app_args().ingress.model_dump())
+    assert not unknown, unknown
+    outer = _INGRESS_LIVE[-1]
+    inner = merged(outer, changes)
+    _deployment("Ingress").reconfigure.remote(inner).result(timeout_s=30, _skip_asyncio_check=True)
+    _INGRESS_LIVE.append(inner)
     try:
         yield
     finally:
-        _deployment("Ingress").reconfigure.remote(before).result(timeout_s=30, _skip_asyncio_check=True)
+        _INGRESS_LIVE.pop()
+        _deployment("Ingress").reconfigure.remote(outer).result(timeout_s=30, _skip_asyncio_check=True)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import pytest
 from pydantic import ValidationError
 
 from support.clips import encode, speechlike
+from support.hostile import CHATTTS, MiB, ima_adpcm_wav, raw_lzma, speaker_bombs, speaker_vec
 from serve_app.engine.clips import MAX_PACKETS_PER_SECOND, ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidVoiceError, UnknownVoiceError
 from serve_app.engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
@@ -38,7 +39,6 @@ from serve_app.engine.voices import (
 )
 from serve_app.protocol import SessionStart, SpeechRequest
 
-MiB = 1 << 20
 MAX_GROWTH_MB = 50  # the brief's bound on what one hostile input may make the process grow
 MAX_SECONDS = 0.5  # ... and on its CPU time ("well under a second")
 
@@ -89,18 +89,6 @@ def _refused(result: dict, error: str, match: str) -> None:
 
 # ------------------------------------------------------------------ speaker strings
 
-_FAST = [{"id": lzma.FILTER_LZMA2, "preset": 1}]  # any LZMA2 encoder's stream decodes alike; preset 1 is quick
-_CHATTTS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-
-
-def _raw(data: bytes, filters=_FAST) -> bytes:
-    return lzma.compress(data, format=lzma.FORMAT_RAW, filters=filters)
-
-
-def _speaker_vec(seed: int = 0, scale: float = 1.0) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(768) * scale).astype(np.float16)
-
-
 def _uncompressed_chunks(data: bytes) -> bytes:
     """A raw LZMA2 stream of one-byte uncompressed chunks (4 bytes each): valid, and the
     longest stream for its output that any encoder could be made to write."""
@@ -113,60 +101,42 @@ def _uncompressed_chunks(data: bytes) -> bytes:
 def test_the_length_bound_holds_the_longest_speaker_lzma_writes():
     """MAX_SPEAKER_CHARS is derived from the largest stream ``lzma.compress`` makes of a speaker:
     1536 incompressible bytes go out as one uncompressed chunk (1540 bytes, 880 characters)."""
-    worst = _raw(os.urandom(SPEAKER_BYTES), _CHATTTS)
+    worst = raw_lzma(os.urandom(SPEAKER_BYTES), CHATTTS)
     assert len(worst) == SPEAKER_BYTES + 4
     longest = len(b14.encode_to_string(worst))
     assert longest == 880 and longest * 1.1 < MAX_SPEAKER_CHARS
-    real = [len(encode_speaker(_speaker_vec(s, scale))) for s, scale in ((0, 0.01), (1, 1.0), (2, 100.0))]
+    real = [len(encode_speaker(speaker_vec(s, scale))) for s, scale in ((0, 0.01), (1, 1.0), (2, 100.0))]
     assert max(real) < longest
 
 
 @pytest.mark.parametrize("seed,scale", [(0, 1.0), (1, 0.01), (2, 50.0), (3, 1e-4)])
 def test_real_speaker_strings_are_taken_unchanged(seed, scale):
-    vec = _speaker_vec(seed, scale)
+    vec = speaker_vec(seed, scale)
     s = encode_speaker(vec)
     assert np.array_equal(decode_speaker(s), vec)
     v = VoiceResolver().resolve(s)
     assert v.spk_emb == s and v.seed is None
     # Exactly what ChatTTS's own decoder (unbounded lzma.decompress) gives.
-    raw = lzma.decompress(b14.decode_from_string(s), format=lzma.FORMAT_RAW, filters=_CHATTTS)
+    raw = lzma.decompress(b14.decode_from_string(s), format=lzma.FORMAT_RAW, filters=CHATTTS)
     ref = np.frombuffer(raw, np.float16)
     assert np.array_equal(decode_speaker(s), ref)
 
 
 def test_a_valid_but_padded_lzma_stream_is_read_exactly():
     """The bound is on the output, not on how the stream is cut: 1536 one-byte chunks decode."""
-    vec = _speaker_vec(5)
+    vec = speaker_vec(5)
     assert inflate_exact(_uncompressed_chunks(vec.tobytes()), SPEAKER_BYTES) == vec.tobytes()
 
 
-@functools.lru_cache(maxsize=None)
-def _bombs() -> dict[str, str]:
-    """Speaker strings that inflate far beyond a speaker, each shape under the length bound."""
-    real = _speaker_vec(7).tobytes()
-    ok = _raw(real, _CHATTTS)
-    return {
-        "zeros 8 MiB": b14.encode_to_string(_raw(b"\0" * 8 * MiB)),
-        "zeros 11 MiB": b14.encode_to_string(_raw(b"\0" * 11 * MiB)),
-        "a real speaker, then 1 MiB more in its stream": b14.encode_to_string(_raw(real + b"\0" * MiB)),
-        "a real speaker, then a bomb stream": b14.encode_to_string(ok + _raw(b"\0" * MiB)),
-        "a real speaker, then an empty stream": b14.encode_to_string(ok + b"\x00"),
-        "two half speakers": b14.encode_to_string(_raw(real[:768]) + _raw(real[768:])),
-        "one byte short": b14.encode_to_string(_raw(real[:-1])),
-        "one byte long": b14.encode_to_string(_raw(real + b"\0")),
-        "two speakers": b14.encode_to_string(_raw(real * 2)),
-    }
-
-
-@pytest.mark.parametrize("name", list(_bombs()))
+@pytest.mark.parametrize("name", list(speaker_bombs()))
 def test_lzma_bombs_are_refused_in_bounded_time_and_memory(name):
-    s = _bombs()[name]
+    s = speaker_bombs()[name]
     assert 32 <= len(s) <= MAX_SPEAKER_CHARS, len(s)
     _refused(_bounded(VoiceResolver().resolve, s), "InvalidVoiceError", "speaker string")
 
 
 def test_the_issues_16_mib_string_and_longer_ones_are_refused_before_decoding():
-    issue = b14.encode_to_string(_raw(b"\0" * 16 * MiB))  # the issue's 1,440 characters
+    issue = b14.encode_to_string(raw_lzma(b"\0" * 16 * MiB))  # the issue's 1,440 characters
     assert len(issue) == 1440
     for s in (issue, issue * 100, "一" * (8 * MiB)):
         _refused(_bounded(VoiceResolver().resolve, s), "InvalidVoiceError", f"at most {MAX_SPEAKER_CHARS}")
@@ -177,7 +147,7 @@ def test_the_issues_16_mib_string_and_longer_ones_are_refused_before_decoding():
 
 @functools.lru_cache(maxsize=None)
 def _truncations() -> list[str]:
-    s = encode_speaker(_speaker_vec(9))
+    s = encode_speaker(speaker_vec(9))
     return [s[:n] for n in (32, 100, len(s) // 2, len(s) - 2, len(s) - 1)]
 
 
@@ -198,7 +168,7 @@ def test_garbage_and_truncated_speaker_strings_are_invalid_voices(value):
 
 
 def test_a_speaker_of_non_finite_values_is_refused():
-    vec = _speaker_vec(1)
+    vec = speaker_vec(1)
     vec[3] = np.nan
     with pytest.raises(InvalidVoiceError, match="non-finite"):
         VoiceResolver().resolve(encode_speaker(vec))
@@ -256,13 +226,13 @@ def test_the_voices_api_bounds_its_speaker_field_and_takes_no_clip_codes():
         asyncio.run(create({"name": "a", "speaker": "一" * (MAX_SPEAKER_CHARS + 1)}))
     assert (err.value.status, err.value.code) == (400, "invalid_speaker") and "at most" in err.value.message
     with pytest.raises(APIError) as err:
-        asyncio.run(create({"name": "a", "speaker": _bombs()["zeros 11 MiB"]}))
+        asyncio.run(create({"name": "a", "speaker": speaker_bombs()["zeros 11 MiB"]}))
     assert (err.value.status, err.value.code) == (400, "invalid_speaker")
     for field in ("sample", "spk_smp"):
         with pytest.raises(APIError) as err:
             asyncio.run(create({"name": "a", field: "x" * 100}))
         assert err.value.status == 400 and field in err.value.message
-    good = encode_speaker(_speaker_vec(3))
+    good = encode_speaker(speaker_vec(3))
     assert asyncio.run(create({"name": "a", "speaker": good}))["kind"] == "speaker"
 
 
@@ -270,8 +240,8 @@ def test_resolving_on_the_event_loop_costs_microseconds():
     """``VoiceCatalog.resolve`` runs this on the Ingress's event loop (before: a 1,002-character
     bomb cost 60-260 ms and ~33 MB there)."""
     resolver = VoiceResolver()
-    good = encode_speaker(_speaker_vec(4))
-    bomb = _bombs()["zeros 11 MiB"]
+    good = encode_speaker(speaker_vec(4))
+    bomb = speaker_bombs()["zeros 11 MiB"]
     resolver.resolve(good)
     n = 200
     t0 = time.perf_counter()
@@ -287,19 +257,6 @@ def test_resolving_on_the_event_loop_costs_microseconds():
 
 
 # ------------------------------------------------------------------ clips: hand-made hostile files
-
-
-def ima_adpcm_wav(rate: int, channels: int = 1, block_align: int = 2048, blocks: int = 4) -> bytes:
-    """IMA-ADPCM WAV (format 0x11) declaring ``rate``: each block is one frame of
-    (block_align - 4 ch) * 2 / ch + 1 samples (4089 for 2048 mono)."""
-    spb = (block_align - 4 * channels) * 2 // channels + 1
-    fmt = struct.pack("<HHIIHHHH", 0x11, channels, rate, max(1, rate * block_align // spb), block_align, 4, 2, spb)
-    rng = np.random.default_rng(0)
-    data = b"".join(b"\0\0\0\0" * channels + rng.integers(0, 256, block_align - 4 * channels, np.uint8).tobytes()
-                    for _ in range(blocks))
-    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, spb * blocks)
-            + b"data" + struct.pack("<I", len(data)) + data)
-    return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
 def pcm_wav(rate: int, channels: int, samples: int, data_size: int | None = None, value: int = 3000) -> bytes:
