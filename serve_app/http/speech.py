@@ -300,7 +300,7 @@ class _Stream:
         self._gen = gen
         self._rec = rec
         self._complete = False
-        self._finalizer = weakref.finalize(self, _abandon, slot, gen, rec)
+        self._finalizer = weakref.finalize(self, _abandon_later, asyncio.get_running_loop(), slot, gen, rec)
 
     def __aiter__(self) -> "_Stream":
         return self
@@ -332,6 +332,16 @@ def _abandon(slot: Slot, gen: Any, rec: RequestRecord) -> None:
     slot.release()
     gen.cancel()
     rec.finish("client_disconnect")  # no-op when the stream's own end recorded it
+
+
+def _abandon_later(loop: asyncio.AbstractEventLoop, slot: Slot, gen: Any, rec: RequestRecord) -> None:
+    """The finalizer's half: garbage collection runs it in whatever thread allocated last, even
+    inside Ray's own callbacks, where calling Ray again (the slot counter, the stages' cancel) can
+    wedge that caller's actor calls for good. The work itself runs on the replica's loop."""
+    try:
+        loop.call_soon_threadsafe(_abandon, slot, gen, rec)
+    except RuntimeError:  # the loop is closed: the replica is going away with everything it held
+        pass
 
 
 class _StreamResponse(StreamingResponse):

@@ -6,6 +6,13 @@ is a lease: the replica holding it renews all of its slots every ``lease_s / 3``
 a replica that dies are freed within ``lease_s``, and a restarted counter (empty) learns the live
 slots back from the next renewals. When the counter cannot be reached, a replica counts in its own
 process (``LocalSlots``): the limit then holds per replica until the counter is back.
+
+Two Ray behaviours shape the calls. Serve cancels a request whose client left, and Ray cancels
+the actor calls that request made with it (recursively); an actor that runs its calls in order
+then waits forever for the cancelled call's place in the sequence, and every later call of that
+replica hangs. So the counter is an async actor (no ordering, nothing to wait for), and releases
+are sent from the replica's own background task, never from inside a request that may be
+cancelled before the release is delivered.
 """
 
 from __future__ import annotations
@@ -71,21 +78,22 @@ class SlotTable:
 
 
 class SlotCounter:
-    """The Ray actor around a ``SlotTable`` (calls are served one at a time)."""
+    """The Ray actor around a ``SlotTable``: async, so its calls run on one event loop (one at a
+    time, none awaits) with no ordering to wedge."""
 
     def __init__(self, lease_s: float = LEASE_S):
         self.table = SlotTable(lease_s)
 
-    def acquire(self, client: str, limit: int, token: str) -> bool:
+    async def acquire(self, client: str, limit: int, token: str) -> bool:
         return self.table.acquire(client, limit, token, time.monotonic())
 
-    def release(self, token: str) -> None:
+    async def release(self, token: str) -> None:
         self.table.release(token)
 
-    def renew(self, tokens: dict[str, str]) -> None:
+    async def renew(self, tokens: dict[str, str]) -> None:
         self.table.renew(tokens, time.monotonic())
 
-    def held(self, client: str) -> int:
+    async def held(self, client: str) -> int:
         return self.table.held(client, time.monotonic())
 
 
@@ -102,7 +110,9 @@ class SharedSlots:
         self._actor = actor.options(name=name, namespace="chattts_serve", lifetime="detached",
                                     get_if_exists=True).remote(lease_s)
         self._held: dict[str, str] = {}  # token -> client, this replica's slots
-        self._renewing = asyncio.get_event_loop().create_task(self._renew_forever())
+        self._releases: asyncio.Queue[str] = asyncio.Queue()
+        loop = asyncio.get_event_loop()
+        self._background = [loop.create_task(self._renew_forever()), loop.create_task(self._release_forever())]
 
     async def _call(self, method: str, *args):
         return await asyncio.wait_for(getattr(self._actor, method).remote(*args), CALL_TIMEOUT_S)
@@ -114,7 +124,7 @@ class SharedSlots:
         try:
             ok = await self._call("acquire", caller.id, caller.max_streams, token)
         except asyncio.CancelledError:
-            self._actor.release.remote(token)  # it may have been taken
+            self._releases.put_nowait(token)  # it may have been taken
             raise
         except Exception as exc:  # noqa: BLE001 - the counter is down or slow: count here meanwhile
             log.warning("stream slot counter unreachable (%s): counting in this replica", exc.__class__.__name__)
@@ -126,7 +136,12 @@ class SharedSlots:
 
     def _release(self, token: str) -> None:
         self._held.pop(token, None)
-        self._actor.release.remote(token)  # fire and forget: a lost release expires with its lease
+        self._releases.put_nowait(token)
+
+    async def _release_forever(self) -> None:
+        while True:
+            token = await self._releases.get()
+            self._actor.release.remote(token)  # fire and forget: a lost release expires with its lease
 
     async def _renew_forever(self) -> None:
         while True:

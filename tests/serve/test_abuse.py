@@ -23,7 +23,8 @@ import pytest
 import websockets
 
 from serve_app.http.security import key_id
-from support.app import APP_NAME, acoustic_stats, ingress_settings, replica_pids, rss_mb, wait_idle, wait_ready
+from support.app import (APP_NAME, acoustic_stats, ingress_log_lines, ingress_settings, replica_pids, rss_mb, wait_idle,
+                         wait_ready)
 from support.hostile import ima_adpcm_wav, speaker_bombs
 from support.http import assert_openai_error
 from support.report import report
@@ -481,3 +482,9 @@ def test_no_page_loads_scripts_from_elsewhere(keyed):
     for path in ("/docs", "/redoc"):
         assert httpx.get(keyed + path, timeout=10).status_code in (401, 404)
     assert httpx.get(keyed + "/openapi.json", timeout=10).status_code == 200  # the schema, for any viewer
+
+
+def test_the_stream_slot_counter_answered_throughout(keyed):
+    """Every leaver above had its calls cancelled with its request: none may have wedged the
+    application's slot counter (each replica would then count alone, after a timeout per request)."""
+    assert not ingress_log_lines("slot counter unreachable")

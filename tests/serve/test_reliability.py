@@ -18,8 +18,8 @@ import pytest
 
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
-from support.app import (acoustic_config, acoustic_stats, app_args, ingress_settings, replica_actor_name, replica_pids,
-                         rss_mb, wait_idle)
+from support.app import (acoustic_config, acoustic_stats, app_args, ingress_log_lines, ingress_settings, replica_actor_name,
+                         replica_pids, rss_mb, wait_idle)
 from support.engine import expected_samples
 from support.http import is_error_body as _is_error_body
 from support.http import speech_body as _speech
@@ -127,6 +127,9 @@ def test_fifty_disconnects_free_their_work(app_url):
     growth = {k: (rss1[k] - rss0[k]) / rss0[k] for k in rss0}
     report("50 disconnects: request time before/after", f"{before_s:.2f} s / {after_s:.2f} s")
     report("50 disconnects: RSS growth per replica", ", ".join(f"{k} {100 * g:+.1f}%" for k, g in growth.items()))
+    # A request's cancelled calls must not wedge the stream-slot counter (the replica would then
+    # wait out every call to it before counting alone: ~2 s on every request).
+    assert not ingress_log_lines("slot counter unreachable")
     assert after_s < before_s * 1.5 + 0.2
     assert all(g < 0.05 for g in growth.values()), growth
 
@@ -291,17 +294,9 @@ def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     r = httpx.post(app_url + "/v1/audio/speech", json=_speech(secret), headers={"X-Request-Id": "log-test-" + uuid.uuid4().hex[:8]}, timeout=120)
     assert r.status_code == 200
     rid = r.headers["x-request-id"]
-    import ray
-
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
 
     def speech_lines() -> list[dict]:
-        return [
-            json.loads(line[line.index("{"):])
-            for f in logs.rglob("*Ingress*")
-            for line in f.read_text(errors="replace").splitlines()
-            if '"event": "speech"' in line and rid in line
-        ]
+        return [json.loads(line[line.index("{"):]) for line in ingress_log_lines(rid) if '"event": "speech"' in line]
 
     lines = wait_until(speech_lines, 20, 0.5, what=f"the speech log line of {rid}")
     assert len(lines) == 1, lines
@@ -309,6 +304,9 @@ def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     for k in ("request_id", "voice", "chars", "format", "status", "ttfb_s", "total_s", "batch_rows"):
         assert k in rec
     assert rec["status"] == "200" and rec["chars"] == len(secret)
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
     text_hits = [f for f in logs.rglob("*") if f.is_file() and secret in f.read_text(errors="replace")]
     assert not text_hits, text_hits
 

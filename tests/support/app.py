@@ -294,6 +294,14 @@ def acoustic_config(**changes: Any) -> Iterator[None]:
         _deployment("Acoustic").reconfigure.remote({**window, **before}).result(timeout_s=30, _skip_asyncio_check=True)
 
 
+def ingress_log_lines(contains: str) -> list[str]:
+    """Lines of this session's Ingress replicas' logs (every app's) that contain ``contains``."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    return [line for f in logs.rglob("*Ingress*") for line in f.read_text(errors="replace").splitlines() if contains in line]
+
+
 def live_actors() -> list[dict]:
     """This session's live actors, from the GCS actor table (the state API would need the
     dashboard, which the session's Ray does not run)."""
