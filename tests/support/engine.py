@@ -74,6 +74,21 @@ def tiny_planner(tiny_model):
     return planner
 
 
+@pytest.fixture
+def make_engine(tiny_model):
+    """Factory of engines on the session model; stops their threads at teardown."""
+    engines: list[AcousticEngine] = []
+
+    def make(**cfg) -> AcousticEngine:
+        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg))
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()
+
+
 @pytest.fixture(scope="session")
 def spk(tiny_model) -> str:
     """The default voice's speaker string (``alloy``), as the Acoustic stage samples it."""

@@ -1,8 +1,7 @@
-"""Authentication fails closed, and the shipped configs expose nothing by default: config/serve.yaml
-binds loopback, config/serve.gpu.yaml requires API keys, an Ingress with ``auth: required`` and no
-key refuses to start (unit level, and a real ``serve run``, which never serves the API then); and
-Ray's token authentication, as the KubeRay manifest switches it on (RAY_AUTH_MODE=token and the
-token in RAY_AUTH_TOKEN), closes the dashboard and the GCS to callers without the token."""
+"""Ray's token authentication as the KubeRay manifest switches it on (RAY_AUTH_MODE=token and the
+token in RAY_AUTH_TOKEN): a node without the token does not start, and the dashboard and the GCS
+refuse callers without it. (The app's own fail-closed keys: tests/unit/test_deploy_security.py and
+tests/serve/test_abuse.py.)"""
 
 from __future__ import annotations
 
@@ -20,9 +19,6 @@ import httpx
 import pytest
 
 from bench.lib.procs import MARKER_ENV, free_port, kill_marked, marked, wait_until
-
-UNSET = "CHATTTS_TEST_KEYS_NEVER_SET"
-REFUSED = "security.auth is 'required' but no API key was loaded"
 
 
 @pytest.mark.timeout(300)

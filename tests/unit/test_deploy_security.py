@@ -1,8 +1,6 @@
-"""Authentication fails closed, and the shipped configs expose nothing by default: config/serve.yaml
-binds loopback, config/serve.gpu.yaml requires API keys, an Ingress with ``auth: required`` and no
-key refuses to start (unit level, and a real ``serve run``, which never serves the API then); and
-Ray's token authentication, as the KubeRay manifest switches it on (RAY_AUTH_MODE=token and the
-token in RAY_AUTH_TOKEN), closes the dashboard and the GCS to callers without the token."""
+"""The shipped configs expose nothing by default (config/serve.yaml binds loopback,
+config/serve.gpu.yaml requires API keys), and key authentication fails closed: ``auth: required``
+without a key loaded refuses to start."""
 
 from __future__ import annotations
 

@@ -61,21 +61,6 @@ def speaker(tiny_model):
 
 
 @pytest.fixture
-def make_engine(tiny_model):
-    """Factory of engines on the session model; stops their threads at teardown."""
-    engines: list[AcousticEngine] = []
-
-    def make(**cfg) -> AcousticEngine:
-        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg))
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.stop()
-
-
-@pytest.fixture
 def engine(make_engine) -> AcousticEngine:
     return make_engine()
 

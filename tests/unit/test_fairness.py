@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.scheduler import AGING_SECONDS, PRESENCE_SECONDS, Scheduler, prompt_len_estimate
@@ -17,7 +16,7 @@ from serve_app.engine.errors import ClientQueueFull, EngineOverloaded, RequestTo
 from serve_app.engine.types import SegmentRequest
 from serve_app.engine.voices import OPENAI_VOICES, SpeakerSampler
 from serve_app.errors import to_api_error
-from support.engine import drain, fixed_chunks, seg
+from support.engine import drain, seg
 
 # ============================================================================== scheduler alone
 
@@ -184,20 +183,6 @@ def test_per_client_queue_cap_refuses_only_that_client():
 @pytest.fixture(scope="module")
 def spk(tiny_model) -> str:
     return SpeakerSampler(tiny_model.chat.speaker).from_seed(OPENAI_VOICES["alloy"])
-
-
-@pytest.fixture
-def make_engine(tiny_model):
-    engines: list[AcousticEngine] = []
-
-    def make(**cfg) -> AcousticEngine:
-        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg))
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.stop()
 
 
 def heavy(spk: str, n: int = 200, tokens: int = 60) -> list[SegmentRequest]:

@@ -53,13 +53,8 @@ def caller(owner: str, admin: bool = False, max_voices: int | None = None) -> Ca
 def cfg(request, tmp_path) -> VoiceStoreConfig:
     """A store config of each backend (the per-key quota 3, the store's 6)."""
     limits = {"max_voices": 6, "max_voices_per_key": 3}
-    if request.param == "redis":
-        if needs_redis.args[0]:
-            pytest.skip(needs_redis.kwargs["reason"])
-        server = RedisServer(free_port(), tmp_path)
-        server.start()
-        request.addfinalizer(server.stop)
-        return VoiceStoreConfig(backend="redis", redis_url=server.url, **limits)
+    if request.param == "redis":  # a real Redis (the test is skipped without redis-server)
+        return VoiceStoreConfig(backend="redis", redis_url=request.getfixturevalue("redis_server").url, **limits)
     return VoiceStoreConfig(backend=request.param, path=str(tmp_path / "voices"), **limits)
 
 
