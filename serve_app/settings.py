@@ -113,7 +113,7 @@ class CacheConfig(_Strict):
 
 
 class VoiceStoreConfig(_Strict):
-    """``args.voices``: the store of voices users make (``storage/voices.py``)."""
+    """``args.voices``: the store of voices users make (``storage/voices/``)."""
 
     backend: Literal["directory", "memory", "redis"] = "directory"
     path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/voices")

@@ -27,6 +27,10 @@ from .text import CONTROL_TAG_RE
 MAX_SPEAKER_CHARS = 1024
 
 
+# The client of the rows the service makes for itself (an Ingress replica's warm-up): they never
+# count as another client being present, so a replica starting does not cap the clients' rows.
+INTERNAL_CLIENT = "internal"
+
 class SynthesisOptions(BaseModel):
     """What a caller may choose about one synthesis: the one home of these defaults and ranges.
 
@@ -88,7 +92,8 @@ class SegmentRequest:
     spk_smp: Optional[str] = None
     txt_smp: Optional[str] = None
     # Who asked (the Ingress's caller id: an API key's id, or ``ip:<addr>`` without keys; "" =
-    # anonymous). The Acoustic stage shares its queue and slots fairly between clients.
+    # anonymous; ``INTERNAL_CLIENT``: the service's own work). The Acoustic stage shares its
+    # queue and slots fairly between clients.
     client: str = ""
 
 

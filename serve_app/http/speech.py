@@ -21,7 +21,7 @@ import anyio
 from fastapi.responses import Response, StreamingResponse
 
 from ..engine.wav import with_true_length
-from ..engine.types import Plan, StreamSummary, Voice
+from ..engine.types import INTERNAL_CLIENT, Plan, StreamSummary, Voice
 from ..errors import APIError, as_api_error, to_api_error
 from ..protocol import MODEL_IDS, SpeechRequest
 from ..serving import metrics
@@ -52,7 +52,7 @@ def check_model(model: str) -> None:
 
 
 # The warm-up's own synthesis: no key, no slot, default priority.
-WARMUP_CALLER = Caller(id="warmup", owner="anonymous", max_priority=0, max_streams=0, max_voices=None)
+WARMUP_CALLER = Caller(id=INTERNAL_CLIENT, owner="anonymous", max_priority=0, max_streams=0, max_voices=None)
 
 
 def _package_version() -> str:

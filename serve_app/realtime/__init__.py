@@ -1,15 +1,15 @@
 """Speaking while the text is still being written: the session behind ``WS /v1/audio/speech/stream``.
 
 ``session``: the text buffer, incremental cutting, segment numbering and seeds, audio in order,
-cancel (barge-in), the message loop (``serve_session``). ``ogg``: one Ogg Opus stream per session
+cancel (barge-in), the message loop (``serve_session``). ``messages``: its edges (backend and
+transport interfaces, limits, the client's messages parsed and bounded, events out). ``ogg``: one Ogg Opus stream per session
 from per-segment encoders. Plain Python (no Ray, no torch, no PyAV): the Ingress runs it over its
 Serve handles, the unit tests over an in-process engine.
 """
 
 from .ogg import OggOpusJoiner
-from .session import (
+from .messages import (
     NORMAL_CLOSURE,
-    RealtimeSession,
     SessionLimits,
     SessionStats,
     SpeechBackend,
@@ -17,8 +17,8 @@ from .session import (
     close_code,
     receive_message,
     send_error,
-    serve_session,
 )
+from .session import RealtimeSession, serve_session
 
 __all__ = [
     "NORMAL_CLOSURE",

@@ -13,7 +13,8 @@ from ..http.security import Caller, Slot, check_priority, hold_slot
 from ..http.speech import SpeechService, check_model
 from ..protocol import SessionCreated, SessionStart
 from ..settings import IngressSettings
-from .session import SessionLimits, close_code, serve_session
+from .messages import SessionLimits, close_code
+from .session import serve_session
 
 
 class GraphBackend:

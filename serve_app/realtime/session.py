@@ -29,30 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol, Union
+from typing import Awaitable, Callable, Optional
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ..engine.config import SegmentLimits
 from ..engine.errors import EmptyInputError
 from ..engine.planner import segment_seed
 from ..engine.text import is_speakable, segment_fits, split_unfinished
 from ..engine.types import Plan, StreamSummary, SynthesisOptions
 from ..engine.voices import effective_seed
-from ..errors import APIError, as_api_error, invalid_value
+from ..errors import APIError, as_api_error
 from ..protocol import (
-    CLIENT_MESSAGES,
     Cancel,
     Cancelled,
     Close,
     Done,
-    ErrorEvent,
-    ErrorObject,
     SegmentDone,
     SegmentStart,
     SessionCreated,
@@ -60,118 +55,22 @@ from ..protocol import (
     TextAppend,
     TextFlush,
 )
-from ..http.jsonlimits import check_json_depth
-from ..settings import IngressSettings
+from .messages import (
+    NORMAL_CLOSURE,
+    SessionLimits,
+    SessionStats,
+    SpeechBackend,
+    Transport,
+    receive_message,
+    send_error,
+    send_event,
+)
 from .ogg import OggOpusJoiner
 
 log = logging.getLogger("chattts_serve.realtime")
 
-NORMAL_CLOSURE = 1000
+
 MIN_PRIORITY = next(m.ge for m in SynthesisOptions.model_fields["priority"].metadata if getattr(m, "ge", None) is not None)
-
-
-def close_code(status: int) -> int:
-    """The close code after an error event: 4000 + the HTTP status the same error gets."""
-    return 4000 + status
-
-
-class SpeechBackend(Protocol):
-    async def plan(self, text: str, options: SynthesisOptions) -> Plan: ...
-
-    def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
-        """Encoded audio of the plan, then a ``StreamSummary``. Closing the iterator early (task
-        cancelled) must stop the synthesis."""
-        ...
-
-
-class Transport(Protocol):
-    """What a session needs of a WebSocket (Starlette's has it): ASGI receive messages."""
-
-    async def receive(self) -> dict[str, Any]: ...
-
-    async def send_bytes(self, data: bytes) -> None: ...
-
-    async def send_text(self, data: str) -> None: ...
-
-    async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
-
-
-_INGRESS = IngressSettings()
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    """The Ingress's limits as a session applies them (``graph.session_limits``)."""
-
-    max_text_chars: int = _INGRESS.max_input_chars  # text ahead of the audio: buffered, or cut and not yet sent
-    max_message_bytes: int = _INGRESS.max_body_bytes
-    segment_timeout_s: float = _INGRESS.request_timeout_s  # a segment's audio must be complete this long after it starts
-    max_chars: int = SegmentLimits().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
-    first_message_s: float = _INGRESS.websocket.first_message_s  # session.start must come this soon
-    idle_s: float = _INGRESS.websocket.idle_s  # nothing to speak and no message this long: closed
-    max_pending_cuts: int = _INGRESS.websocket.max_pending_cuts  # cuts being planned at once
-    # Segments of one session decoding at once: the one being sent and the next. More would decode
-    # further ahead, but every row slows every decode step of the batch, and so other sessions'
-    # first audio.
-    decoding_segments: int = 2
-
-
-@dataclass
-class SessionStats:
-    status: str = "pending"  # done, client_disconnect, or the status of the error that ended it
-    chars: int = 0  # text received
-    segments: int = 0  # sent whole
-    cancelled_segments: int = 0
-    audio_seconds: float = 0.0
-    first_audio_s: Optional[float] = None  # from the session's start
-
-
-# ------------------------------------------------------------------ messages
-
-
-async def receive_message(transport: Transport, limits: SessionLimits) -> Optional[BaseModel]:
-    """The client's next message, validated; None once the client has gone. Raises APIError for
-    a message the protocol does not allow (the session then ends with an error event)."""
-    message = await transport.receive()
-    return parse_message(message, limits)
-
-
-def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[BaseModel]:
-    if message["type"] == "websocket.disconnect":
-        return None
-    text = message.get("text")
-    if text is None:
-        raise APIError(400, "binary frames are not accepted: send JSON text frames", code="invalid_message")
-    if len(text.encode()) > limits.max_message_bytes:
-        raise APIError(413, f"message exceeds {limits.max_message_bytes} bytes", code="message_too_large")
-    check_json_depth(text)
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        raise APIError(400, "message is not valid JSON", code="invalid_json") from None
-    if not isinstance(obj, dict):
-        raise APIError(400, 'a message must be a JSON object with a "type"', code="invalid_message")
-    model = CLIENT_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
-    if model is None:
-        raise APIError(400, f"unknown message type {str(obj.get('type'))[:40]!r}; expected one of "
-                       f"{', '.join(CLIENT_MESSAGES)}", param="type", code="unknown_type")
-    try:
-        return model.model_validate(obj)
-    except ValidationError as exc:
-        raise invalid_value(exc.errors()) from None
-
-
-async def _send_event(transport: Transport, event: BaseModel) -> None:
-    await transport.send_text(event.model_dump_json())
-
-
-async def send_error(transport: Transport, exc: APIError) -> None:
-    """The error event, then the close code for its status (the client may be gone already)."""
-    try:
-        await _send_event(transport, ErrorEvent(error=ErrorObject(**exc.body()["error"])))
-        await transport.close(close_code(exc.status), exc.code or "")
-    except Exception:  # noqa: BLE001 - nobody left to tell
-        pass
 
 
 # ------------------------------------------------------------------ the session
@@ -285,7 +184,7 @@ class RealtimeSession:
         self._buffer = self._held = self._overflow = ""
         self._joiner.end_segment()
         self.stats.cancelled_segments += len(dropped)
-        await _send_event(self.transport, Cancelled(segments=dropped))
+        await send_event(self.transport, Cancelled(segments=dropped))
         self._start()
 
     async def _handle(self, msg: BaseModel) -> None:
@@ -450,7 +349,7 @@ class RealtimeSession:
                     tail = self._joiner.finish()
                     if tail:
                         await self.transport.send_bytes(tail)
-                    await _send_event(self.transport, Done(segments=self.stats.segments,
+                    await send_event(self.transport, Done(segments=self.stats.segments,
                                                            audio_seconds=round(self.stats.audio_seconds, 4)))
                     return
                 self._segment_added.clear()
@@ -481,7 +380,7 @@ class RealtimeSession:
             if not data:
                 continue
             if not started:
-                await _send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
+                await send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
                 started = True
             if self.stats.first_audio_s is None:
                 self.stats.first_audio_s = time.perf_counter() - self._t0
@@ -490,10 +389,10 @@ class RealtimeSession:
             await self.transport.send_bytes(data)
         self._joiner.end_segment()
         if not started:
-            await _send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
+            await send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
         self.stats.segments += 1
         self.stats.audio_seconds += seg.audio_seconds
-        await _send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4)))
+        await send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4)))
 
 
 async def serve_session(
@@ -519,7 +418,7 @@ async def serve_session(
             raise APIError(400, "the first message must be session.start", param="type", code="session_not_started")
         start = msg
         created = await admit(start)
-        await _send_event(transport, created)
+        await send_event(transport, created)
     except Exception as exc:  # noqa: BLE001 - an error event, never a crash
         error = as_api_error(exc)
         await send_error(transport, error)

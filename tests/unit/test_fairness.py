@@ -11,6 +11,7 @@ import pytest
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.scheduler import AGING_SECONDS, PRESENCE_SECONDS, Scheduler, prompt_len_estimate
+from serve_app.engine.types import INTERNAL_CLIENT
 from serve_app.engine.decode.streams import RowStream
 from serve_app.engine.errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
 from serve_app.engine.types import SegmentRequest
@@ -112,6 +113,19 @@ def test_max_running_rows_per_client_caps_each_client_while_another_is_present()
     s.pop_admissible(running("B"), cfg, now=0.0)  # B was here at t=0
     assert clients(s.pop_admissible(running("A", "A"), cfg, now=1.0)) == ""
     assert clients(s.pop_admissible(running("A", "A"), cfg, now=PRESENCE_SECONDS + 1)) == "AAAAAA"
+
+
+def test_the_services_own_rows_never_cap_a_client():
+    """A replica's warm-up (``INTERNAL_CLIENT``) running now, or a moment ago, is nobody present:
+    the one client of the moment still takes every slot (its start does not cap everyone's rows)."""
+    cfg = AcousticConfig(max_rows=8, max_running_rows_per_client=2)
+    s = queue(*[row("A") for _ in range(10)])
+    assert clients(s.pop_admissible(running(INTERNAL_CLIENT), cfg, now=0.0)) == "A" * 7  # beside a running warm-up
+    s = Scheduler()
+    s.pop_admissible(running(INTERNAL_CLIENT), cfg, now=0.0)  # a warm-up a moment ago
+    for r in [row("A") for _ in range(10)]:
+        s.push(r, r.stream.row_id, max_queued=10_000, max_per_client=None)
+    assert clients(s.pop_admissible([], cfg, now=1.0)) == "A" * 8
 
 
 def test_the_default_cap_is_two_rows_while_another_client_is_present():

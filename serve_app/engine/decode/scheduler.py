@@ -16,7 +16,8 @@ anonymous). Admission shares the batch between clients:
 - **Slots.** A client's rows take the ``max_rows`` slots; a client with no row running may also
   take one of ``reserved_rows`` slots beyond them, so its first row joins at the next step even
   when another client fills the batch (no running row is ever stopped for it). While another
-  client is present (rows waiting or running now, or within ``PRESENCE_SECONDS``), a client holds
+  client is present (rows waiting or running now, or within ``PRESENCE_SECONDS``; the service's
+  own rows, ``INTERNAL_CLIENT``, never count), a client holds
   at most ``max_running_rows_per_client`` rows: every row in a step slows every other row's step
   where a step's time grows with its rows (CPU). A lone client takes every slot.
 - **Budget.** A row is admitted while the token budget (sum of prompt + max new tokens over
@@ -42,7 +43,7 @@ from typing import Optional, Sequence
 
 from ..config import AcousticConfig
 from ..errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
-from ..types import SegmentRequest
+from ..types import INTERNAL_CLIENT, SegmentRequest
 from ..voices import sample_frames
 from .row import Row
 
@@ -257,6 +258,7 @@ class Scheduler:
             self._seen[r.req.client] = now
         for client in self._queues:
             self._seen[client] = now
+        self._seen.pop(INTERNAL_CLIENT, None)  # the service's own rows (warm-up) are nobody's
         if len(self._seen) > 64:  # forget clients gone for good
             self._seen = {c: t for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS}
 

@@ -1,0 +1,183 @@
+"""A stored voice and the rules every backend keeps: ids, names, owners, quotas, and the errors
+they answer with."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...engine.text.tags import strip_stray_brackets
+from ...engine.types import Voice
+from ...engine.voices import MAX_SEED, OPENAI_VOICES
+from ...errors import APIError
+
+log = logging.getLogger(__name__)
+
+VOICE_ID_RE = re.compile(r"^voice_[0-9a-f]{24}$")
+MAX_NAME_CHARS = 64
+_RESERVED_PREFIXES = ("seed:", "voice_")
+KiB = 1024
+MiB = 1024 * KiB
+
+VoiceKind = Literal["speaker", "seed", "clip"]
+
+# The owner of voices made without API keys, and of documents stored before voices had owners
+# (the same string as ``http.security.ANONYMOUS``; storage does not import the HTTP layer).
+ANONYMOUS = "anonymous"
+MAX_OWNER_CHARS = 128
+
+
+def default_voices_dir() -> Path:
+    """``$XDG_DATA_HOME/chattts-serve/voices`` (``~/.local/share/...``): user data, not a cache."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "chattts-serve" / "voices"
+
+
+class StoredVoice(BaseModel):
+    """One custom voice as stored. ``speaker``/``seed``: a ChatTTS speaker (a seed voice keeps
+    the speaker string sampled from its seed, so it stays the same speaker); ``sample`` and
+    ``transcript``: a reference clip's audio codes (ChatTTS's ``spk_smp``) and its text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=VOICE_ID_RE.pattern)
+    name: str
+    # The API key id that made it ("anonymous" without keys). A document stored before voices
+    # had owners has none: it reads as "anonymous"'s.
+    owner: str = Field(default=ANONYMOUS, min_length=1, max_length=MAX_OWNER_CHARS)
+    kind: VoiceKind
+    created_at: int
+    speaker: Optional[str] = None
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
+    sample: Optional[str] = None
+    transcript: Optional[str] = None
+    clip_seconds: Optional[float] = None
+
+    def voice(self) -> Voice:
+        return Voice(self.name, self.seed, spk_emb=self.speaker, spk_smp=self.sample, txt_smp=self.transcript)
+
+    def summary(self) -> dict[str, Any]:
+        """What the create and list answers show (no speaker or codes: they are long). ``owner``:
+        the key id it belongs to (a caller's own; an admin sees every owner's)."""
+        out = {"id": self.id, "object": "voice", "name": self.name, "kind": self.kind, "created_at": self.created_at,
+               "owner": self.owner}
+        if self.seed is not None:
+            out["seed"] = self.seed
+        if self.clip_seconds is not None:
+            out["clip_seconds"] = self.clip_seconds
+        return out
+
+    def detail(self) -> dict[str, Any]:
+        """``GET /v1/audio/voices/{id}``: everything a user needs to keep this voice elsewhere."""
+        return {**self.summary(), "speaker": self.speaker, "sample": self.sample, "transcript": self.transcript,
+                "content_hash": self.voice().cache_id}
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+# ------------------------------------------------------------------ validation of user input
+
+
+def check_name(name: Any) -> str:
+    """A usable voice name, or a 400 that says why."""
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "a voice needs a 'name'", param="name", code="missing_required_parameter")
+    problem = None
+    if len(name) > MAX_NAME_CHARS:
+        problem = f"at most {MAX_NAME_CHARS} characters"
+    elif name != name.strip() or not name.isprintable():
+        problem = "printable characters without leading or trailing spaces"
+    elif name.lower() in OPENAI_VOICES or name.lower().startswith(_RESERVED_PREFIXES):
+        problem = "not a built-in voice name and not starting with 'seed:' or 'voice_'"
+    if problem:
+        raise APIError(400, f"invalid voice name: use {problem}", param="name", code="invalid_name")
+    return name
+
+
+def name_key(name: str) -> str:
+    """Names are unique ignoring case; the key is a hash, so a name never becomes a path or key."""
+    return hashlib.sha256(name.casefold().encode()).hexdigest()[:32]
+
+
+def owner_tag(owner: str) -> str:
+    """An owner as the backends name it (a hash: an owner never becomes a path or key either)."""
+    return hashlib.sha256(b"owner\0" + owner.encode()).hexdigest()[:16]
+
+
+def index_key(owner: str, name: str) -> str:
+    """The name index's key of ``owner``'s voice ``name``: ``<owner tag>.<name hash>``, so names
+    are unique per owner. The anonymous owner's keys are the bare name hash, the key every voice
+    had before voices had owners: an index written then reads unchanged, as anonymous's."""
+    key = name_key(name)
+    return key if owner == ANONYMOUS else f"{owner_tag(owner)}.{key}"
+
+
+def owns_key(owner: str, key: str) -> bool:
+    """Whether a name index key is in ``owner``'s part of the index."""
+    return "." not in key if owner == ANONYMOUS else key.startswith(owner_tag(owner) + ".")
+
+
+def same_name_keys(keys, name_hash: str):
+    """The index keys of every owner's voice with the name whose hash is ``name_hash``."""
+    return [k for k in keys if k == name_hash or k.endswith("." + name_hash)]
+
+
+def clean_transcript(text: Any, max_chars: int) -> str:
+    """The clip's transcript as ChatTTS reads it before the text (``txt_smp``): internal tokens
+    such as ``[spk_emb]`` cannot get in (only control tags keep their brackets)."""
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "a voice made from a clip needs its 'transcript': the words spoken in the clip",
+                       param="transcript", code="missing_transcript")
+    text = " ".join(strip_stray_brackets(text.replace("\x00", " ")).split())
+    if len(text) > max_chars:
+        raise APIError(400, f"transcript is {len(text)} characters; the limit is {max_chars}", param="transcript",
+                       code="transcript_too_long")
+    return text
+
+
+def new_voice_id() -> str:
+    return "voice_" + secrets.token_hex(12)
+
+
+def store_unavailable(exc: BaseException) -> APIError:
+    log.warning("voice store failed: %s: %s", exc.__class__.__name__, exc)
+    return APIError(503, "voice store unavailable; retry shortly", type="server_error", code="voice_store_unavailable",
+                    headers={"Retry-After": "2"})
+
+
+def name_taken(name: str) -> APIError:
+    return APIError(409, f"a voice named {name!r} exists already; delete it first or pick another name", param="name",
+                    code="voice_exists")
+
+
+def store_full(limit: int) -> APIError:
+    return APIError(409, f"the voice store is full ({limit} voices); delete one first", code="too_many_voices")
+
+
+def quota_reached(limit: int) -> APIError:
+    return APIError(409, f"this API key owns its limit of custom voices ({limit}); delete one first",
+                    code="voice_quota_exceeded")
+
+
+def check_room(owned: int, total: int, max_owned: int, max_voices: int) -> None:
+    """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
+    if owned >= max_owned:
+        raise quota_reached(max_owned)
+    if total >= max_voices:
+        raise store_full(max_voices)
+
+
+# ------------------------------------------------------------------ backends
+
+
+def stored_voice(name: str, kind: VoiceKind, owner: str = ANONYMOUS, **fields: Any) -> StoredVoice:
+    return StoredVoice(id=new_voice_id(), name=name, owner=owner, kind=kind, created_at=int(time.time()), **fields)
