@@ -27,7 +27,7 @@ from serve_app.engine.errors import EngineError
 from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner, refine_async
 from serve_app.engine.threads import TorchThread, on_new_thread
-from serve_app.engine.types import SegmentRequest, WireChunk
+from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights import load_model
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
@@ -58,7 +58,8 @@ class Acoustic:
         log.info("Acoustic placement %s", json.dumps(self.placement))
 
     def _warmup(self) -> None:
-        req = SegmentRequest(text="你好。", spk_emb=None, spk_seed=OPENAI_VOICES["alloy"], seed=0, max_new_tokens=4, target_tokens=4)
+        req = SegmentRequest(text="你好。", spk_emb=None, spk_seed=OPENAI_VOICES["alloy"], seed=0, max_new_tokens=4,
+                             target_tokens=4, client=INTERNAL_CLIENT)  # nobody's: it caps no client's rows
         for _ in self.engine.submit(req):
             pass
 

@@ -27,7 +27,8 @@ class RequestRecord:
     chars: int
     format: str
     stream_format: str
-    client: str
+    client: str  # the way in: http, handle, warmup
+    caller: str = ""  # who: an API key's id or ip:<address> (what limits and fair admission count)
     text: Optional[str] = None  # only with log_text, and then at DEBUG
     cache: str = "bypass"
     status: str = "pending"

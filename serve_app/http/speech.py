@@ -167,6 +167,7 @@ class SpeechService:
         byte raise APIError.
         """
         directives = {d.strip().lower() for d in cache_control.split(",")}
+        rec.caller = caller.id
         slot: Optional[Slot] = None
         try:
             self._check(req)

@@ -301,9 +301,9 @@ def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     lines = wait_until(speech_lines, 20, 0.5, what=f"the speech log line of {rid}")
     assert len(lines) == 1, lines
     rec = lines[0]
-    for k in ("request_id", "voice", "chars", "format", "status", "ttfb_s", "total_s", "batch_rows"):
+    for k in ("request_id", "voice", "chars", "format", "caller", "status", "ttfb_s", "total_s", "batch_rows"):
         assert k in rec
-    assert rec["status"] == "200" and rec["chars"] == len(secret)
+    assert rec["status"] == "200" and rec["chars"] == len(secret) and rec["caller"].startswith("ip:")
     import ray
 
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
