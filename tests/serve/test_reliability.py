@@ -11,7 +11,6 @@ import json
 import os
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from support.app import (acoustic_config, acoustic_stats, app_args, ingress_log_lines, ingress_settings, replica_actor_name,
-                         replica_pids, rss_mb, wait_idle)
+                         replica_pids, rss_mb, session_logs, wait_idle)
 from support.engine import expected_samples
 from support.http import is_error_body as _is_error_body
 from support.http import speech_body as _speech
@@ -304,10 +303,7 @@ def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     for k in ("request_id", "voice", "chars", "format", "caller", "status", "ttfb_s", "total_s", "batch_rows"):
         assert k in rec
     assert rec["status"] == "200" and rec["chars"] == len(secret) and rec["caller"].startswith("ip:")
-    import ray
-
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
-    text_hits = [f for f in logs.rglob("*") if f.is_file() and secret in f.read_text(errors="replace")]
+    text_hits = [f for f in session_logs().rglob("*") if f.is_file() and secret in f.read_text(errors="replace")]
     assert not text_hits, text_hits
 
 

@@ -294,12 +294,17 @@ def acoustic_config(**changes: Any) -> Iterator[None]:
         _deployment("Acoustic").reconfigure.remote({**window, **before}).result(timeout_s=30, _skip_asyncio_check=True)
 
 
-def ingress_log_lines(contains: str) -> list[str]:
-    """Lines of this session's Ingress replicas' logs (every app's) that contain ``contains``."""
+def session_logs() -> Path:
+    """The session's Ray log directory."""
     import ray
 
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
-    return [line for f in logs.rglob("*Ingress*") for line in f.read_text(errors="replace").splitlines() if contains in line]
+    return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+
+
+def ingress_log_lines(contains: str) -> list[str]:
+    """Lines of this session's Ingress replicas' logs (every app's) that contain ``contains``."""
+    return [line for f in session_logs().rglob("*Ingress*") for line in f.read_text(errors="replace").splitlines()
+            if contains in line]
 
 
 def live_actors() -> list[dict]:

@@ -254,11 +254,9 @@ class Scheduler:
         return out + [w.row for w in taken]
 
     def _note_presence(self, running: Sequence[Row], now: float) -> None:
-        for r in running:
-            self._seen[r.req.client] = now
-        for client in self._queues:
-            self._seen[client] = now
-        self._seen.pop(INTERNAL_CLIENT, None)  # the service's own rows (warm-up) are nobody's
+        for client in {r.req.client for r in running} | set(self._queues):
+            if client != INTERNAL_CLIENT:  # the service's own rows (warm-up) are nobody's
+                self._seen[client] = now
         if len(self._seen) > 64:  # forget clients gone for good
             self._seen = {c: t for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS}
 
