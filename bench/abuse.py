@@ -217,7 +217,7 @@ def summarize(values: list[Optional[float]]) -> dict:
 def to_markdown(report: dict) -> str:
     m = report["meta"]
     lines = [f"# Abuse benchmark, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights: {m['weights']}; load average at start {m.get('loadavg_start')}", ""]
+             f"weights: {m['weights']}; front guard: {m.get('front_guard', 'off')}; load average at start {m.get('loadavg_start')}", ""]
     if "error" in report:
         lines += [f"**The run failed:** `{report['error']}`", ""]
     alone, under = report.get("alone", {}), report.get("attacked", {})
@@ -262,13 +262,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-bodies", type=int, default=40)
     p.add_argument("--flood-sessions", type=int, default=4)
     p.add_argument("--flood-flushes", type=int, default=300)
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="any config value by dotted path (as in `bench run`)")
+    p.add_argument("--front-guard", default="on", choices=["on", "off"],
+                   help="the front guard in Serve's proxy (serve_app/http/front_guard.py), with its default settings")
     p.add_argument("--out", help="write abuse.json and report.md here")
 
 
 def main(a: argparse.Namespace) -> int:
     from .lib.procs import classify_serve, free_port
     from .lib.sampler import RssSampler
-    from .lib.serve import ServeRunner, apply_overrides, load_config
+    from .lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
 
     runner = None
     url = a.url
@@ -280,8 +284,10 @@ def main(a: argparse.Namespace) -> int:
             if url is None:
                 os.environ["CHATTTS_API_KEYS"] = f"{POLITE_KEY},{ATTACKER_KEY}"  # the replicas inherit it
                 cfg = apply_overrides(load_config(a.config), weights=a.weights, port=free_port(),
-                                      overrides={"applications.chattts.args.ingress.security.auth": "required"})
-                runner = ServeRunner(cfg, a.ray_cpus)
+                                      overrides={"applications.chattts.args.ingress.security.auth": "required", **parse_sets(a.set)})
+                runner = ServeRunner(cfg, a.ray_cpus, front_guard=a.front_guard == "on")
+                harness.meta["front_guard"] = a.front_guard
+                harness.meta["overrides"] = a.set
                 harness.meta["serve_start_s"] = round(runner.start(), 1)
                 url = runner.base_url
             sampler = RssSampler(lambda: [os.getpid()], classify_serve).start() if runner else None

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-import yaml
 
 from . import cache_hit
 from .lib import loadgen
@@ -29,7 +28,7 @@ from .lib.harness import Harness, floats, ints
 from .lib.procs import (ManagedProcess, bench_command, busy_threads, classify_all, classify_serve, free_port,
                         kill_descendants, run_to_end, thread_cpu, wait_until)
 from .lib.sampler import Periodic, RssSampler
-from .lib.serve import (ServeRunner, apply_overrides, args_path, deployment_path, engine_delta, get_path, load_config,
+from .lib.serve import (ServeRunner, apply_overrides, parse_sets, args_path, deployment_path, engine_delta, get_path, load_config,
                         set_path, set_replicas, set_threads)
 from .run_report import load_key, write_all
 
@@ -455,12 +454,7 @@ def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
     """The Serve config with the command line's overrides, and those overrides as the report
     lists them (``serve.overrides``)."""
     base = load_config(a.config)
-    overrides: dict = {}
-    for item in a.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs PATH=VALUE, got {item!r}")
-        overrides[key.strip()] = yaml.safe_load(value)
+    overrides = parse_sets(a.set)
     cfg = apply_overrides(base, weights=a.weights, port=port, overrides=overrides)
     shown = dict(overrides)
     args = args_path(cfg)

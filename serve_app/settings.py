@@ -76,6 +76,27 @@ class WebSocketSettings(_Strict):
                                   "(text.flush floods cost one TextNormalizer call per cut, not per message).")
 
 
+class FrontGuardSettings(_Strict):
+    """The refusal budget of the front guard (``http/front_guard.py``), the ASGI middleware that
+    Serve's HTTP proxy runs before it routes a request (env ``CHATTTS_FRONT_GUARD``, JSON: the
+    proxy never sees the app's args). A client is an address plus the fingerprint of its
+    Authorization header; every 4xx the service answers it spends one token of its bucket, and a
+    client with an empty bucket is answered 429 by the guard itself, after ``tarpit_s``, without a
+    trip to the Ingress. Clients whose credential has never been served also share a bucket per
+    address, so rotating made-up keys does not buy new budgets."""
+
+    enabled: bool = True
+    refusals_per_s: float = Field(default=1.0, gt=0, description="Refused requests a client may cause per second, sustained.")
+    refusal_burst: int = Field(default=20, ge=1, description="... and at once.")
+    address_refusals_per_s: float = Field(default=5.0, gt=0, description="Refusals per second of the never-served clients of one address.")
+    address_refusal_burst: int = Field(default=100, ge=1)
+    tarpit_s: float = Field(default=2.0, ge=0, le=30, description="How long the guard holds a refused request before it answers "
+                            "(a client that waits for its answer before the next attempt sends one every tarpit_s).")
+    max_tarpitted_per_address: int = Field(default=1024, ge=0, description="Held requests of one address; more are answered at once.")
+    max_tarpitted: int = Field(default=4096, ge=0, description="Held requests in all.")
+    max_clients: int = Field(default=65536, ge=16, description="Clients and addresses remembered (least recently seen forgotten first).")
+
+
 class IngressSettings(_Strict):
     """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
 

@@ -117,6 +117,17 @@ def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides:
     return cfg
 
 
+def parse_sets(items: list[str]) -> dict:
+    """``--set PATH=VALUE`` arguments (VALUE is YAML) -> overrides for ``apply_overrides``."""
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set needs PATH=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 # Serve's Python HTTP proxy (default), or Ray's bundled HAProxy in front of HTTP servers inside the
 # Ingress replicas.
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}
@@ -147,10 +158,11 @@ class ServeRunner:
     """``start()`` a local Ray cluster + Serve with the config; ``stop()`` removes all of it."""
 
     def __init__(self, cfg: dict, ray_cpus: Optional[float] = None, ready_timeout_s: float = 600.0,
-                 front_door: str = "proxy"):
+                 front_door: str = "proxy", front_guard: bool = False):
         if front_door not in FRONT_DOORS:
             raise ValueError(f"front_door must be one of {sorted(FRONT_DOORS)}")
         self.front_door = front_door
+        self.front_guard = front_guard  # serve_app/http/front_guard.py in the proxy (docs/operations.md)
         self.cfg = cfg
         self.app = app_name(cfg)
         self.port = int(cfg["http_options"]["port"])
@@ -176,6 +188,11 @@ class ServeRunner:
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
         os.environ.update(FRONT_DOORS[self.front_door])
+        from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
+
+        os.environ.pop(HOOK_ENV, None)
+        if self.front_guard:
+            os.environ[HOOK_ENV] = IMPORT_PATH
         t0 = time.perf_counter()
         schema = ServeDeploySchema.model_validate(self.cfg)  # fail early on a bad override
         self._started = True

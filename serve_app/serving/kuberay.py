@@ -45,6 +45,8 @@ from typing import Any
 
 import yaml
 
+from ..http.front_guard import HOOK_ENV, IMPORT_PATH
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
 NAME = "chattts-serve"
@@ -176,6 +178,8 @@ ENV = [
     # Also set by the operator through authOptions; here so that a cluster whose operator ignored
     # authOptions fails to start (token mode without a token) instead of running without auth.
     {"name": "RAY_AUTH_MODE", "value": "token"},
+    # The front guard in Serve's proxy (http/front_guard.py): refusal budgets per client.
+    {"name": HOOK_ENV, "value": IMPORT_PATH},
 ]
 VOLUMES = [{"name": "hf-cache", "emptyDir": {}}]
 

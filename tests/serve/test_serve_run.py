@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 
 import httpx
 import pytest
+import websockets
 
 from bench.lib.procs import free_port
 from serve_app.engine.wav import with_true_length
+from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
+from serve_app.settings import FrontGuardSettings
 from support.audio import read_wav
 from support.configs import chattts_app, load
 from support.engine import expected_samples
@@ -31,6 +36,9 @@ def _expected_samples(config: dict, text: str) -> int:
 
 
 FRONT_DOORS = {"proxy": {}, "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}}
+# The README's front guard, with a longer tarpit than the default so that "held" is plain to see.
+GUARD_TARPIT_S = 5.0
+GUARD_ENV = {HOOK_ENV: IMPORT_PATH, "CHATTTS_FRONT_GUARD": json.dumps({"tarpit_s": GUARD_TARPIT_S})}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +51,58 @@ def serve_runs(chattts_cache_dir, tmp_path_factory):
     for name, env in FRONT_DOORS.items():
         config = load("cpu")
         config["http_options"].update(host="127.0.0.1", port=free_port())
-        runs[name] = ServeRun(config, tmp_path_factory.mktemp(f"serve-run-{name}"), chattts_cache_dir, env).start()
+        runs[name] = ServeRun(config, tmp_path_factory.mktemp(f"serve-run-{name}"), chattts_cache_dir,
+                              {**env, **GUARD_ENV}).start()
     yield runs
     for run in runs.values():
         run.stop()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("front_door", FRONT_DOORS)
+def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_runs, front_door):
+    """The README's front guard in the front door's process: 60 bad requests at once from one
+    client (its own Authorization header; the loopback config ignores keys) reach the service
+    only as far as its burst (400 each), the rest and its WebSocket handshake are held for the
+    tarpit and answered 429 ``too_many_refusals`` by the guard; meanwhile another client's speech
+    request is served before any of them is answered."""
+    run = serve_runs[front_door].wait_ready()
+    burst = FrontGuardSettings().refusal_burst
+    flood = {"Authorization": "Bearer flood-client"}
+    bad = {"model": "chattts", "input": "", "voice": "alloy"}
+
+    async def attack():
+        async with httpx.AsyncClient(base_url=run.url, timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+            async def one():
+                r = await client.post("/v1/audio/speech", json=bad, headers=flood)
+                return r.status_code, r.json()["error"]["code"], time.perf_counter()
+
+            async def handshake():
+                await asyncio.sleep(1.0)
+                try:
+                    async with websockets.connect(run.url.replace("http", "ws") + "/v1/audio/speech/stream",
+                                                  additional_headers=flood, open_timeout=30):
+                        return None
+                except websockets.InvalidStatus as exc:
+                    return exc.response.status_code
+
+            async def polite():
+                await asyncio.sleep(1.0)  # the flood's burst is answered, the rest is held
+                r = await client.post("/v1/audio/speech", json={**README_BODY, "seed": 77})
+                return r.status_code, time.perf_counter()
+
+            t0 = time.perf_counter()
+            return t0, await asyncio.gather(asyncio.gather(*(one() for _ in range(60))), polite(), handshake())
+
+    t0, (answers, (polite_status, polite_at), ws_status) = asyncio.run(attack())
+    codes = sorted(code for _, code, _ in answers)
+    assert codes.count("empty_input") == burst and codes.count("too_many_refusals") == 60 - burst, codes
+    held = [at - t0 for status, _, at in answers if status == 429]
+    assert min(held) >= GUARD_TARPIT_S - 0.1, f"answered before the tarpit ended: {min(held):.2f} s"
+    assert polite_status == 200 and polite_at - t0 < min(held), (polite_at - t0, min(held))
+    assert ws_status in (403, 429), ws_status  # a refused handshake (429 where the server can say so)
+    report(f"front guard ({front_door}): 60 bad requests at once", f"{burst} reached the service, {60 - burst} held "
+           f"{min(held):.1f}-{max(held):.1f} s and answered 429; another client served in {polite_at - t0 - 1.0:.2f} s meanwhile")
 
 
 @pytest.mark.timeout(420)

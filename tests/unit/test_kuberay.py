@@ -276,3 +276,15 @@ def test_for_kubernetes_overrides_only_what_it_must():
     assert serve["applications"][0]["args"]["ingress"]["security"]["auth"] == "optional"  # the input is not modified
     memory = kuberay.for_kubernetes({"applications": [{"name": "chattts", "args": {"cache": {"backend": "memory"}}}]})
     assert memory["applications"][0]["args"]["cache"] == {"backend": "memory"}
+
+
+def test_front_guard_in_every_proxy(docs):
+    """Every Ray container (a proxy runs on every node with proxy_location: EveryNode) installs the
+    front guard through Ray's proxy hook, and the import path names the guard's Ray callback."""
+    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, middlewares
+
+    from ray._common.utils import import_attr
+
+    assert import_attr(IMPORT_PATH) is middlewares
+    for name, p in _pods(docs["RayService"]).items():
+        assert _env(p["container"])[HOOK_ENV] == {"name": HOOK_ENV, "value": IMPORT_PATH}, name

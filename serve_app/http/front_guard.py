@@ -1,0 +1,255 @@
+"""The front guard: a refusal budget per client, enforced in Serve's HTTP proxy before a request
+is routed (nginx's ``limit_req`` and HAProxy's ``tarpit``, learnt from the service's answers).
+
+Every limit of the service answers a hostile request with a cheap 4xx, but each answer is still a
+trip through the proxy and an Ingress call, and a client that retries at once can send thousands
+a second: a few hundred refused WebSocket handshakes or unauthenticated bodies in a loop queue
+everyone else behind them. The guard watches what the service answers each client (its address
+plus a fingerprint of its ``Authorization`` header, never the key itself): every 4xx spends a
+token, tokens come back at ``refusals_per_s``, and a client with none left is answered 429
+``too_many_refusals`` by the guard itself after ``tarpit_s`` (so a client that waits for its
+answer slows to one attempt per ``tarpit_s``), without reaching the Ingress. A client whose
+credential has never been served also spends from its address's bucket, so made-up keys do not
+buy fresh budgets; a client the service has served is judged by its own bucket alone, so a key
+that works is never held up by a flood from the same address.
+
+Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.http.front_guard:middlewares``
+(in Serve's proxy, and in each Ingress replica's own HTTP server with HAProxy's front door);
+settings from the env var ``CHATTTS_FRONT_GUARD`` (``settings.FrontGuardSettings``). State is per
+proxy process, like nginx's per instance. Light on purpose: stdlib, starlette and pydantic only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..settings import FrontGuardSettings
+
+log = logging.getLogger("ray.serve")
+
+ENV = "CHATTTS_FRONT_GUARD"
+WARN_EVERY_S = 60.0  # one log line per refused client or address at most this often
+# Ray's hook, read by Serve's proxy (and each replica's own HTTP server) when it starts: set it in
+# the environment of `ray start` / `serve run`.
+HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+IMPORT_PATH = "serve_app.http.front_guard:middlewares"
+
+
+class Bucket:
+    """A token bucket of refusals; ``served``: the service has answered this client below 400."""
+
+    __slots__ = ("tokens", "at", "served", "held", "warned")
+
+    def __init__(self, burst: int, now: float):
+        self.tokens = float(burst)
+        self.at = now
+        self.served = False
+        self.held = 0  # requests of this key being held in the tarpit now
+        self.warned = -math.inf  # when the guard last logged that it refuses this key
+
+    def refill(self, rate: float, burst: int, now: float) -> float:
+        self.tokens = min(float(burst), self.tokens + (now - self.at) * rate)
+        self.at = now
+        return self.tokens
+
+    def wait_s(self, rate: float) -> int:
+        """Whole seconds until the next token (Retry-After)."""
+        return max(1, math.ceil((1.0 - self.tokens) / rate))
+
+
+class Buckets:
+    """Buckets by key, the least recently seen forgotten first past ``max_keys``."""
+
+    def __init__(self, rate: float, burst: int, max_keys: int, clock: Callable[[], float]):
+        self.rate, self.burst, self.max_keys, self.clock = rate, burst, max_keys, clock
+        self._buckets: OrderedDict[Any, Bucket] = OrderedDict()
+
+    def get(self, key: Any) -> Bucket:
+        now = self.clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(self.burst, now)
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            bucket.refill(self.rate, self.burst, now)
+        return bucket
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+def _header(scope: Scope, name: bytes) -> Optional[bytes]:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value
+    return None
+
+
+def client_of(scope: Scope) -> tuple[str, str]:
+    """(address, credential fingerprint): a hash of the Authorization header, '' without one."""
+    client = scope.get("client")
+    address = client[0] if client else "unknown"
+    authorization = _header(scope, b"authorization")
+    return address, hashlib.blake2b(authorization, digest_size=8).hexdigest() if authorization else ""
+
+
+class FrontGuard:
+    """ASGI middleware: a client out of refusal tokens is answered 429 here, after the tarpit."""
+
+    def __init__(self, app: ASGIApp, settings: Optional[FrontGuardSettings] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.app = app
+        self.s = s = settings or FrontGuardSettings()
+        self.clients = Buckets(s.refusals_per_s, s.refusal_burst, s.max_clients, clock)
+        self.addresses = Buckets(s.address_refusals_per_s, s.address_refusal_burst, s.max_clients, clock)
+        self.held = 0
+        self.refused: dict[str, int] = {"client": 0, "address": 0}  # answered by the guard, by the bucket that was empty
+        self._metric = _counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or not self.s.enabled:
+            await self.app(scope, receive, send)
+            return
+        address, credential = client_of(scope)
+        client = self.clients.get((address, credential))
+        if client.tokens < 1:
+            await self._refuse(scope, receive, send, "client", client, self.s.refusals_per_s, address, credential)
+            return
+        addr = None
+        if not client.served:
+            addr = self.addresses.get(address)
+            if addr.tokens < 1:
+                await self._refuse(scope, receive, send, "address", addr, self.s.address_refusals_per_s, address, credential)
+                return
+        # A client not yet served, or refused lately, pays up front (given back as soon as the
+        # answer is not a refusal): a burst of concurrent attempts cannot overdraw its budget
+        # before the answers come. A served client with a full bucket goes on trust.
+        ticket = Ticket(self, client, addr) if addr is not None or client.tokens < self.s.refusal_burst else None
+        status: list[int] = []
+        try:
+            await self.app(scope, receive, _watching(send, status, ticket))
+        finally:
+            if ticket is not None:
+                ticket.settle(status[0] if status else None)
+            if status and len(status) > 1 or (ticket is None and status and 400 <= status[0] < 500):
+                client.tokens = max(0.0, client.tokens - 1)  # refused after the fact (or after an accept)
+            if status and status[-1] < 400:
+                client.served = True
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, where: str, bucket: Bucket,
+                      rate: float, address: str, credential: str) -> None:
+        self.refused[where] += 1
+        if self._metric is not None:
+            self._metric.inc(tags={"bucket": where})
+        now = self.clients.clock()
+        if now - bucket.warned >= WARN_EVERY_S:
+            bucket.warned = now
+            log.warning("front guard: %s %s (credential %s) is out of refusal budget; its requests get 429 after %g s",
+                        where, address, credential or "none", self.s.tarpit_s)
+        addr = self.addresses.get(address)
+        if self.s.tarpit_s > 0 and addr.held < self.s.max_tarpitted_per_address and self.held < self.s.max_tarpitted:
+            addr.held += 1
+            self.held += 1
+            try:
+                await asyncio.sleep(self.s.tarpit_s)
+            finally:
+                addr.held -= 1
+                self.held -= 1
+        retry = bucket.wait_s(rate)
+        body = json.dumps({"error": {
+            "message": f"too many refused requests from this client; retry after {retry} s",
+            "type": "rate_limit_error", "param": None, "code": "too_many_refusals"}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"retry-after", str(retry).encode()), (b"connection", b"close")]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 429, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        elif "websocket.http.response" in scope.get("extensions", {}):
+            await receive()  # websocket.connect
+            await send({"type": "websocket.http.response.start", "status": 429, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await receive()
+            await send({"type": "websocket.close", "code": 1008, "reason": "too_many_refusals"})  # a 403 handshake
+
+
+class Ticket:
+    """Tokens taken up front from a client (and its address while it was never served), settled
+    by the answer's first status: a refusal keeps them, anything else gives them back."""
+
+    def __init__(self, guard: FrontGuard, client: Bucket, addr: Optional[Bucket]):
+        self.guard, self.client, self.addr = guard, client, addr
+        self.open = True
+        client.tokens -= 1
+        if addr is not None:
+            addr.tokens -= 1
+
+    def settle(self, status: Optional[int]) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if status is not None and 400 <= status < 500:
+            return
+        s = self.guard.s
+        self.client.tokens = min(float(s.refusal_burst), self.client.tokens + 1)
+        if self.addr is not None:
+            self.addr.tokens = min(float(s.address_refusal_burst), self.addr.tokens + 1)
+
+
+def _watching(send: Send, status: list[int], ticket: Optional[Ticket]) -> Send:
+    """``send`` that notes the answer's status (and settles the ticket on it): HTTP's; a
+    WebSocket's accept as 101, a handshake refused by a close as 403, a denial response's own;
+    then a session closed by the service with a 44xx code as that 4xx."""
+
+    async def watched(message: Message) -> None:
+        kind = message["type"]
+        if not status:
+            if kind in ("http.response.start", "websocket.http.response.start"):
+                status.append(int(message["status"]))
+            elif kind == "websocket.accept":
+                status.append(101)
+            elif kind == "websocket.close":
+                status.append(403)
+            if status and ticket is not None:
+                ticket.settle(status[0])
+        elif kind == "websocket.close" and status[0] == 101 and 4400 <= int(message.get("code") or 0) < 4500:
+            status.append(int(message["code"]) - 4000)
+        await send(message)
+
+    return watched
+
+
+def _counter():
+    """``tts_front_guard_refused_total{bucket}`` where Ray's metrics are there (a proxy or replica)."""
+    try:
+        from ray.util.metrics import Counter
+
+        return Counter("tts_front_guard_refused_total", "Requests the front guard answered 429 itself, by the bucket that was empty.",
+                       tag_keys=("bucket",))
+    except Exception:  # noqa: BLE001 - outside Ray (tests, other ASGI servers) there is no metric
+        return None
+
+
+def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSettings:
+    raw = (environ if environ is not None else os.environ).get(ENV, "").strip()
+    return FrontGuardSettings.model_validate_json(raw) if raw else FrontGuardSettings()
+
+
+def middlewares() -> list[Middleware]:
+    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``."""
+    settings = settings_from_env()
+    log.info("front guard: %s", settings.model_dump_json())
+    return [Middleware(FrontGuard, settings=settings)]

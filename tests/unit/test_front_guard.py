@@ -1,0 +1,227 @@
+"""The front guard as plain ASGI (no Ray): a client's refusal budget, the per-address budget of
+clients never served, the tarpit, WebSocket handshakes, and what the service's answers teach it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, FrontGuard, middlewares, settings_from_env
+from serve_app.settings import FrontGuardSettings
+
+GOOD = "Bearer good-key"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def service(scope, receive, send) -> None:
+    """Stands in for the proxy's routing: /ok answers 200 to the good key, 401 to any other."""
+    if scope["type"] == "websocket":
+        await receive()
+        headers = dict(scope["headers"])
+        if headers.get(b"authorization") == GOOD.encode():
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": int(scope["path"].rsplit("/", 1)[-1] or 1000)})
+        else:
+            await send({"type": "websocket.close", "code": 4401})
+        return
+    headers = dict(scope["headers"])
+    if scope["path"] == "/fail":
+        status = 500
+    elif scope["path"] == "/bad":
+        status = 400
+    else:
+        status = 200 if headers.get(b"authorization") == GOOD.encode() else 401
+    await send({"type": "http.response.start", "status": status, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _guard(clock: Clock, **settings) -> FrontGuard:
+    s = {"tarpit_s": 0.0, "refusal_burst": 3, "refusals_per_s": 1.0, "address_refusal_burst": 5,
+         "address_refusals_per_s": 1.0, **settings}
+    return FrontGuard(service, FrontGuardSettings(**s), clock=clock)
+
+
+async def _get(guard: FrontGuard, key: str | None = None, address: str = "10.0.0.1", path: str = "/ok") -> httpx.Response:
+    transport = httpx.ASGITransport(app=guard, client=(address, 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return await client.get(path, headers={"Authorization": key} if key else {})
+
+
+def _fp(key: str) -> str:
+    from serve_app.http.front_guard import client_of
+
+    return client_of({"headers": [(b"authorization", key.encode())]})[1]
+
+
+async def _statuses(guard: FrontGuard, n: int, **kw) -> list[int]:
+    return [(await _get(guard, **kw)).status_code for _ in range(n)]
+
+
+def test_a_client_out_of_budget_is_answered_by_the_guard_and_recovers_at_the_rate():
+    clock = Clock()
+    guard = _guard(clock, address_refusal_burst=100)
+
+    async def run():
+        assert await _statuses(guard, 3, key="Bearer wrong") == [401, 401, 401]  # the burst reaches the service
+        r = await _get(guard, key="Bearer wrong")
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_refusals"
+        assert r.headers["retry-after"] == "1" and r.headers["connection"] == "close"
+        assert guard.refused == {"client": 1, "address": 0}
+        clock.now += 1.0  # one token back: one more trip to the service, then the guard again
+        assert await _statuses(guard, 2, key="Bearer wrong") == [401, 429]
+        # Another credential from the same address, and the good key, are other clients.
+        assert await _statuses(guard, 2, key="Bearer other") == [401, 401]
+        assert await _statuses(guard, 5, key=GOOD) == [200] * 5
+
+    asyncio.run(run())
+
+
+def test_made_up_keys_share_their_address_budget_while_a_served_key_passes():
+    clock = Clock()
+    guard = _guard(clock)
+
+    async def run():
+        assert (await _get(guard, key=GOOD)).status_code == 200  # served: judged by its own bucket only
+        got = [(await _get(guard, key=f"Bearer made-up-{i}")).status_code for i in range(8)]
+        assert got == [401] * 5 + [429] * 3  # five refusals from the address, then the guard
+        assert guard.refused["address"] == 3
+        assert await _statuses(guard, 3, key=GOOD) == [200] * 3
+        assert (await _get(guard, key="Bearer new", address="10.0.0.2")).status_code == 401  # another address
+
+    asyncio.run(run())
+
+
+def test_server_errors_and_successes_cost_nothing():
+    clock = Clock()
+    guard = _guard(clock)
+
+    async def run():
+        assert await _statuses(guard, 10, key="Bearer any", path="/fail") == [500] * 10
+        assert await _statuses(guard, 10, key=GOOD) == [200] * 10
+        assert guard.refused == {"client": 0, "address": 0}
+
+    asyncio.run(run())
+
+
+def test_concurrent_attempts_of_an_unserved_client_cannot_overdraw_its_budget():
+    clock = Clock()
+    guard = _guard(clock, refusal_burst=4, address_refusal_burst=100)
+
+    async def run():
+        got = await asyncio.gather(*(_get(guard, key="Bearer wrong") for _ in range(30)))
+        statuses = sorted(r.status_code for r in got)
+        assert statuses.count(401) == 4 and statuses.count(429) == 26
+
+    asyncio.run(run())
+
+
+def test_a_served_client_refused_lately_pays_up_front():
+    """A served client with a full bucket goes on trust; once refused it pays before each request,
+    so concurrent bad requests cannot overdraw it; good answers give the token back at once."""
+    clock = Clock()
+    guard = _guard(clock)
+
+    async def run():
+        assert await _statuses(guard, 4, key=GOOD) == [200] * 4  # trusted: no tokens move
+        assert guard.clients.get(("10.0.0.1", _fp(GOOD))).tokens == 3
+        assert (await _get(guard, key=GOOD, path="/bad")).status_code == 400  # 2 tokens left
+        got = sorted((await asyncio.gather(*(_get(guard, key=GOOD, path="/bad") for _ in range(10)))), key=lambda r: r.status_code)
+        assert [r.status_code for r in got] == [400] * 2 + [429] * 8
+        clock.now += 2.0
+        assert await _statuses(guard, 2, key=GOOD) == [200, 200]  # paid up front, given back
+
+    asyncio.run(run())
+
+
+def test_the_tarpit_holds_a_refused_request_and_is_bounded_per_address():
+    clock = Clock()
+    guard = _guard(clock, tarpit_s=0.3, refusal_burst=1, max_tarpitted_per_address=2)
+
+    async def run():
+        assert (await _get(guard, key="Bearer wrong")).status_code == 401
+        t0 = time.perf_counter()
+        r = await _get(guard, key="Bearer wrong")
+        assert r.status_code == 429 and time.perf_counter() - t0 >= 0.3
+        # Past the bound, refused requests are answered at once.
+        async def timed():
+            t = time.perf_counter()
+            r = await _get(guard, key="Bearer wrong")
+            return r.status_code, time.perf_counter() - t
+
+        got = await asyncio.gather(*(timed() for _ in range(6)))
+        assert [status for status, _ in got] == [429] * 6 and guard.held == 0
+        assert sum(1 for _, took in got if took >= 0.3) == 2
+
+    asyncio.run(run())
+
+
+def test_websocket_handshakes_and_session_close_codes_teach_the_guard():
+    clock = Clock()
+    guard = _guard(clock, address_refusal_burst=100)
+
+    async def handshake(key: str | None, path: str = "/ws/1000", extensions=None) -> list[dict]:
+        scope = {"type": "websocket", "path": path, "headers": [(b"authorization", key.encode())] if key else [],
+                 "client": ("10.0.0.1", 5000), "extensions": extensions or {}}
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "websocket.connect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await guard(scope, receive, send)
+        return sent
+
+    async def run():
+        for _ in range(3):  # refused handshakes (a close before the accept: a 403)
+            assert (await handshake(None))[-1]["code"] == 4401
+        assert (await handshake(None))[-1] == {"type": "websocket.close", "code": 1008, "reason": "too_many_refusals"}
+        denial = await handshake(None, extensions={"websocket.http.response": {}})
+        assert denial[0]["type"] == "websocket.http.response.start" and denial[0]["status"] == 429
+        for _ in range(5):  # sessions that end normally cost nothing
+            assert [m["type"] for m in await handshake(GOOD, "/ws/1000")] == ["websocket.accept", "websocket.close"]
+        # A session accepted, then closed by the service with a 44xx code, was refused too.
+        for _ in range(3):
+            assert (await handshake(GOOD, "/ws/4413"))[0]["type"] == "websocket.accept"
+        assert (await handshake(GOOD, "/ws/4413"))[-1]["code"] == 1008
+        assert guard.refused["client"] == 3  # the no-key client twice, the good key once
+
+    asyncio.run(run())
+
+
+def test_memory_is_bounded_by_max_clients():
+    clock = Clock()
+    guard = _guard(clock, max_clients=16)
+
+    async def run():
+        for i in range(50):
+            await _get(guard, key=f"Bearer k{i}", address=f"10.1.0.{i}")
+        assert len(guard.clients) <= 16 and len(guard.addresses) <= 16
+
+    asyncio.run(run())
+
+
+def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
+    clock = Clock()
+    guard = _guard(clock, enabled=False)
+    assert asyncio.run(_statuses(guard, 10, key="Bearer wrong")) == [401] * 10
+    monkeypatch.setenv("CHATTTS_FRONT_GUARD", json.dumps({"tarpit_s": 0.5, "refusal_burst": 7}))
+    assert settings_from_env().refusal_burst == 7
+    (mw,) = middlewares()
+    assert mw.cls is FrontGuard and mw.kwargs["settings"].tarpit_s == 0.5
+    monkeypatch.setenv("CHATTTS_FRONT_GUARD", '{"tarpit_s": -1}')
+    with pytest.raises(ValueError):
+        settings_from_env()
+    assert (HOOK_ENV, IMPORT_PATH) == ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "serve_app.http.front_guard:middlewares")
