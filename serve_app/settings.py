@@ -90,7 +90,7 @@ class FrontGuardSettings(_Strict):
     refusal_burst: int = Field(default=20, ge=1, description="... and at once.")
     address_refusals_per_s: float = Field(default=5.0, gt=0, description="Refusals per second of the never-served clients of one address.")
     address_refusal_burst: int = Field(default=100, ge=1)
-    tarpit_s: float = Field(default=2.0, ge=0, le=30, description="How long the guard holds a refused request before it answers "
+    tarpit_s: float = Field(default=5.0, ge=0, le=30, description="How long the guard holds a refused request before it answers "
                             "(a client that waits for its answer before the next attempt sends one every tarpit_s).")
     max_tarpitted_per_address: int = Field(default=1024, ge=0, description="Held requests of one address; more are answered at once.")
     max_tarpitted: int = Field(default=4096, ge=0, description="Held requests in all.")
