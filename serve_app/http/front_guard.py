@@ -16,7 +16,7 @@ that works is never held up by a flood from the same address.
 Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.http.front_guard:middlewares``
 (in Serve's proxy, and in each Ingress replica's own HTTP server with HAProxy's front door);
 settings from the env var ``CHATTTS_FRONT_GUARD`` (``settings.FrontGuardSettings``). State is per
-proxy process, like nginx's per instance. Light on purpose: stdlib, starlette and pydantic only.
+proxy process, like nginx's per instance. Light on purpose (no torch, no Ray): it runs in the proxy.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import error_body
 from ..settings import FrontGuardSettings
 
 log = logging.getLogger("ray.serve")
@@ -169,9 +170,8 @@ class FrontGuard:
                 addr.held -= 1
                 self.held -= 1
         retry = bucket.wait_s(rate)
-        body = json.dumps({"error": {
-            "message": f"too many refused requests from this client; retry after {retry} s",
-            "type": "rate_limit_error", "param": None, "code": "too_many_refusals"}}).encode()
+        body = json.dumps(error_body(f"too many refused requests from this client; retry after {retry} s",
+                                     "rate_limit_error", code="too_many_refusals")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"retry-after", str(retry).encode()), (b"connection", b"close")]
         if scope["type"] == "http":
