@@ -228,17 +228,33 @@ async def test_streams_past_a_keys_limit_are_429_and_slots_never_leak(keyed, pol
 
 def test_a_client_that_leaves_stops_its_work_whatever_its_headers_say(keyed):
     """``x-request-disconnect-disabled: ?1`` tells Serve's proxy not to cancel the request when
-    the client leaves; the speech stream watches for that itself."""
+    the client leaves; the speech stream watches for that itself. ~5 minutes of speech: its rows
+    would decode for far longer than the bound below if they were left running."""
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
+
+    from support.app import app_args
+
+    text = LONG_TEXT * 8
+    segments = len(Planner(app_args().segments).plan(text, SynthesisOptions(voice="alloy")).segments)
     headers = {**_auth(ATTACKER), "x-request-disconnect-disabled": "?1", "x-request-timeout-seconds": "0",
                "Cache-Control": "no-store"}
-    with httpx.stream("POST", keyed + "/v1/audio/speech", json={"input": LONG_TEXT, "response_format": "pcm", "seed": 7},
+    admitted0 = wait_idle(30)["rows_admitted"]
+    with httpx.stream("POST", keyed + "/v1/audio/speech", json={"input": text, "response_format": "pcm", "seed": 7},
                       headers=headers, timeout=60) as r:
         assert r.status_code == 200
-        next(r.iter_raw())
-        assert acoustic_stats()["running_rows"] > 0
+        # Read on (a client that stalls is another case) until its rows are seen decoding.
+        got = 0
+        for chunk in r.iter_raw():
+            got += len(chunk)
+            if acoustic_stats()["running_rows"] > 0:
+                break
+        assert 0 < got < 24000 * 2 * 60, f"{got} bytes read and no row of the stream seen running"
     t0 = time.perf_counter()
-    wait_idle(20)
-    report("abuse: rows freed after a client with disconnect-disabled left", f"{time.perf_counter() - t0:.2f} s")
+    admitted = wait_idle(5)["rows_admitted"] - admitted0
+    assert admitted < segments, f"all {segments} segments were decoded after the client left"
+    report("abuse: rows freed after a client with disconnect-disabled left",
+           f"{time.perf_counter() - t0:.2f} s; {admitted} of its {segments} segments had started")
 
 
 def test_a_client_cannot_lift_the_request_deadline(keyed):
