@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import error_body
 from ..settings import FrontGuardSettings
+from .middleware import header
 
 log = logging.getLogger("ray.serve")
 
@@ -59,10 +60,9 @@ class Bucket:
         self.held = 0  # requests of this key being held in the tarpit now
         self.warned = -math.inf  # when the guard last logged that it refuses this key
 
-    def refill(self, rate: float, burst: int, now: float) -> float:
+    def refill(self, rate: float, burst: int, now: float) -> None:
         self.tokens = min(float(burst), self.tokens + (now - self.at) * rate)
         self.at = now
-        return self.tokens
 
     def wait_s(self, rate: float) -> int:
         """Whole seconds until the next token (Retry-After)."""
@@ -88,23 +88,20 @@ class Buckets:
             bucket.refill(self.rate, self.burst, now)
         return bucket
 
+    def give_back(self, bucket: Bucket) -> None:
+        """A token taken up front comes back (never past the burst)."""
+        bucket.tokens = min(float(self.burst), bucket.tokens + 1)
+
     def __len__(self) -> int:
         return len(self._buckets)
-
-
-def _header(scope: Scope, name: bytes) -> Optional[bytes]:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return value
-    return None
 
 
 def client_of(scope: Scope) -> tuple[str, str]:
     """(address, credential fingerprint): a hash of the Authorization header, '' without one."""
     client = scope.get("client")
     address = client[0] if client else "unknown"
-    authorization = _header(scope, b"authorization")
-    return address, hashlib.blake2b(authorization, digest_size=8).hexdigest() if authorization else ""
+    authorization = header(scope, b"authorization")
+    return address, hashlib.blake2b(authorization.encode("latin-1"), digest_size=8).hexdigest() if authorization else ""
 
 
 class FrontGuard:
@@ -127,13 +124,13 @@ class FrontGuard:
         address, credential = client_of(scope)
         client = self.clients.get((address, credential))
         if client.tokens < 1:
-            await self._refuse(scope, receive, send, "client", client, self.s.refusals_per_s, address, credential)
+            await self._refuse(scope, receive, send, "client", self.clients, client, address, credential)
             return
         addr = None
         if not client.served:
             addr = self.addresses.get(address)
             if addr.tokens < 1:
-                await self._refuse(scope, receive, send, "address", addr, self.s.address_refusals_per_s, address, credential)
+                await self._refuse(scope, receive, send, "address", self.addresses, addr, address, credential)
                 return
         # A client not yet served, or refused lately, pays up front (given back as soon as the
         # answer is not a refusal): a burst of concurrent attempts cannot overdraw its budget
@@ -145,13 +142,13 @@ class FrontGuard:
         finally:
             if ticket is not None:
                 ticket.settle(status[0] if status else None)
-            if status and len(status) > 1 or (ticket is None and status and 400 <= status[0] < 500):
+            if status and (len(status) > 1 or (ticket is None and 400 <= status[0] < 500)):
                 client.tokens = max(0.0, client.tokens - 1)  # refused after the fact (or after an accept)
             if status and status[-1] < 400:
                 client.served = True
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, where: str, bucket: Bucket,
-                      rate: float, address: str, credential: str) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, where: str, buckets: Buckets, bucket: Bucket,
+                      address: str, credential: str) -> None:
         self.refused[where] += 1
         if self._metric is not None:
             self._metric.inc(tags={"bucket": where})
@@ -169,7 +166,7 @@ class FrontGuard:
             finally:
                 addr.held -= 1
                 self.held -= 1
-        retry = bucket.wait_s(rate)
+        retry = bucket.wait_s(buckets.rate)
         body = json.dumps(error_body(f"too many refused requests from this client; retry after {retry} s",
                                      "rate_limit_error", code="too_many_refusals")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -203,10 +200,9 @@ class Ticket:
         self.open = False
         if status is not None and 400 <= status < 500:
             return
-        s = self.guard.s
-        self.client.tokens = min(float(s.refusal_burst), self.client.tokens + 1)
+        self.guard.clients.give_back(self.client)
         if self.addr is not None:
-            self.addr.tokens = min(float(s.address_refusal_burst), self.addr.tokens + 1)
+            self.guard.addresses.give_back(self.addr)
 
 
 def _watching(send: Send, status: list[int], ticket: Optional[Ticket]) -> Send:

@@ -44,7 +44,8 @@ class HttpPolicy:
         return path == "/" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
-def _header(scope: Scope, name: bytes) -> Optional[str]:
+def header(scope: Scope, name: bytes) -> Optional[str]:
+    """A request header's value from the ASGI scope (``name`` lower-case), or None."""
     for key, value in scope.get("headers", []):
         if key == name:
             return value.decode("latin-1")
@@ -89,7 +90,7 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.policy.limit_for(path)
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
             await send_error(send, _too_large(limit))
             return
@@ -99,7 +100,7 @@ class GuardMiddleware:
         auth = self.policy.auth
         if auth is None:
             raise APIError(503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"})
-        authorization = _header(scope, b"authorization")
+        authorization = header(scope, b"authorization")
         if scope["type"] == "websocket" and authorization is None:
             return  # the session's first message may carry the key (the session checks it)
         client = scope.get("client")
@@ -108,7 +109,7 @@ class GuardMiddleware:
 
     def _bounded(self, scope: Scope, receive: Receive, limit: int) -> Receive:
         deadline = time.monotonic() + self.policy.body_timeout_s
-        ctype = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        ctype = (header(scope, b"content-type") or "").split(";")[0].strip().lower()
         depth = JsonDepthGuard(self.policy.max_json_depth) if ctype in ("application/json", "") else None
         seen = 0
         done = False
