@@ -37,8 +37,8 @@ from transformers import DynamicCache
 from .config import AcousticConfig
 from .decode.batch import KV_HEADROOM, NUM_VQ, BatchState, Prefilled, code_embeddings
 from .decode.cuda_graph import GraphRunner, buckets_for
-from .decode.row import REPETITION_WINDOW, Row
-from .decode.sampling import Sampler
+from .decode.row import Row
+from .decode.sampling import REPETITION_WINDOW, Sampler
 from .decode.scheduler import AGING_SECONDS, Scheduler
 from .decode.streams import HiddenChunk, RowStream
 from .errors import ClientQueueFull, EngineError, EngineOverloaded, RequestTooLarge
@@ -150,8 +150,7 @@ class AcousticEngine:
             req = dataclasses.replace(req, spk_emb=self.speakers.from_seed(req.spk_seed))
         seq = next(self._seq)
         stream = RowStream(seq, loop)
-        gen = torch.Generator(device="cpu").manual_seed(int(req.seed))
-        return Row(req=req, stream=stream, generator=gen, after=after)
+        return Row(req=req, stream=stream, after=after)
 
     def _push(self, rows: list[Row]) -> None:
         with self._wake:
@@ -268,11 +267,14 @@ class AcousticEngine:
                 prefilled = []
             else:
                 self.stats.admissions += 1
-        for p in prefilled:
-            p.row.stream.admitted_at = time.monotonic()
-            self.stats.rows_admitted += 1
-            # The prefill's last hidden state yields the row's first token.
-            self._sample_and_advance([p.row], p.hidden)
+        if prefilled:
+            now = time.monotonic()
+            for p in prefilled:
+                p.row.stream.admitted_at = now
+            self.stats.rows_admitted += len(prefilled)
+            # The prefills' last hidden states yield the new rows' first tokens (the batch's last rows).
+            start = len(self.batch.rows) - len(prefilled)
+            self._sample_and_advance(start, torch.cat([p.hidden for p in prefilled]))
         self.stats.prefill_seconds += time.perf_counter() - t0
         self._retire()
 
@@ -306,19 +308,18 @@ class AcousticEngine:
     def _decode_step(self) -> None:
         t0 = time.perf_counter()
         start = time.monotonic()
-        rows = list(self.batch.rows)
-        last = torch.stack([r.last_token for r in rows]).to(self.gpt_device)  # (B, 4)
-        hidden = self._forward(last).to(self.device, torch.float32)
+        n = len(self.batch.rows)
+        hidden = self._forward(self.batch.sampling.last)  # each row's last token in, (B, hidden) out
         self.stats.steps += 1
-        self.stats.row_steps += len(rows)
-        self.stats.max_rows = max(self.stats.max_rows, len(rows))
+        self.stats.row_steps += n
+        self.stats.max_rows = max(self.stats.max_rows, n)
         # Each row's input token of this step produced `hidden`: it belongs to that token.
-        self._sample_and_advance(rows, hidden)
+        self._sample_and_advance(0, hidden)
         self._retire()
         self.stats.decode_seconds += time.perf_counter() - t0
         self._keep_pace(start)
         if self.on_step is not None:
-            self.on_step(len(rows))
+            self.on_step(n)
 
     def _keep_pace(self, start: float) -> None:
         end = time.monotonic()
@@ -346,28 +347,27 @@ class AcousticEngine:
         batch.close_step([layer.kbuf for layer in cache.layers], [layer.vbuf for layer in cache.layers])
         return out.last_hidden_state[:, -1]
 
-    def _sample_and_advance(self, rows: list[Row], hidden: torch.Tensor) -> None:
-        """Sample each row's next token from ``hidden`` (B, 768); record hidden for the row."""
-        logits = self.sampler.logits(hidden)  # (B, 4, V)
-        live: list[tuple[int, Row]] = []
-        for b, row in enumerate(rows):
+    def _sample_and_advance(self, start: int, hidden: torch.Tensor) -> None:
+        """Draw the next token of the batch's rows ``start:`` from ``hidden`` (n, hidden), all in
+        one pass (``Sampler``); then each row's bookkeeping: end-of-speech, its hidden state, a
+        chunk when one is due. The only per-row work is plain Python."""
+        tokens, ok = self.sampler.sample(self.batch.sampling, hidden, start)
+        # One device->host copy each: the hidden states (what the rows stream) and the flags.
+        hidden_cpu = hidden.detach().to("cpu", torch.float32)
+        stop = tokens.eq(self.eos).any(1).tolist()
+        ok = ok.tolist()
+        now = time.monotonic()
+        for b, row in enumerate(self.batch.rows[start:]):
+            if row.finish_reason is not None:
+                continue  # failed or cancelled in the meantime: the next retire drops it
             if row.stream.cancelled.is_set():
                 row.finish_reason = "cancelled"
-            else:
-                live.append((b, row))
-        if not live:
-            return
-        # One device->host copy for the whole batch; sampling runs on CPU per-row generators.
-        probs = torch.stack([self.sampler.probs(row, logits[b]) for b, row in live]).cpu()
-        hidden_cpu = hidden.detach().to("cpu", torch.float32)
-        now = time.monotonic()
-        for (b, row), p in zip(live, probs):
-            token = self.sampler.draw(row, p)
-            if token is None:
+                continue
+            if not ok[b]:
                 # Degenerate sampling parameters or numerics: this row fails, the batch goes on.
                 self._fail(row, "sampling produced invalid probabilities")
                 continue
-            row.accept(token, hidden_cpu[b], self.eos)
+            row.accept(stop[b], hidden_cpu[b])
             if row.chunk_ready(self.cfg, now, self.pace_s):
                 row.stream.send(row.take_chunk(False, self.hidden_size))
 

@@ -16,7 +16,7 @@ from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.batch import KV_HEADROOM, BatchState, Prefilled
 from serve_app.engine.decode.cuda_graph import BUCKETS, GraphRunner, buckets_for
 from serve_app.engine.decode.row import Row
-from serve_app.engine.decode.sampling import Sampler
+from serve_app.engine.decode.sampling import Sampler, SamplingState, uniforms
 from serve_app.engine.decode.scheduler import AGING_SECONDS, Scheduler, prompt_len_estimate
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.errors import EngineOverloaded
@@ -29,7 +29,7 @@ def make_row(seq: int, priority: int = 0, max_new: int = 10, text: str = "abc", 
     req = SegmentRequest(text=text, spk_emb=None, seed=seq, max_new_tokens=max_new, priority=priority)
     stream = RowStream(seq, None)
     stream.submitted_at = submitted_at
-    return Row(req=req, stream=stream, generator=None, after=after)
+    return Row(req=req, stream=stream, after=after)
 
 
 # ============================================================================== scheduler
@@ -257,7 +257,7 @@ def test_row_accept_chunk_schedule_and_end_of_speech():
     cfg = AcousticConfig(first_chunk_tokens=2, chunk_tokens=3)
     sent = []
     for i in range(6):
-        row.accept(torch.tensor([i, i, i, i]), torch.full((4,), float(i)), eos=99)
+        row.accept(False, torch.full((4,), float(i)))
         if row.chunk_ready(cfg):
             sent.append(row.take_chunk(False, 4))
     assert row.finish_reason == "length" and row.n_generated == 6
@@ -266,11 +266,10 @@ def test_row_accept_chunk_schedule_and_end_of_speech():
     assert [c.start_token for c in sent] == [0, 2, 5] and [c.index for c in sent] == [0, 1, 2]
     assert sent[-1].final and sent[-1].finish_reason == "length" and not sent[0].final
     assert torch.equal(torch.cat([c.hidden for c in sent])[:, 0], torch.arange(6.0))
-    assert torch.equal(row.last_token, torch.tensor([5, 5, 5, 5]))
 
     stop = make_row(1, max_new=5)
-    stop.accept(torch.tensor([1, 2, 3, 4]), torch.zeros(4), eos=99)
-    stop.accept(torch.tensor([1, 99, 3, 4]), torch.ones(4), eos=99)  # any codebook saying EOS ends it
+    stop.accept(False, torch.zeros(4))
+    stop.accept(True, torch.ones(4))
     assert stop.finish_reason == "stop" and len(stop.pending) == 1  # EOS's hidden state is dropped
     assert stop.take_chunk(False, 4).hidden.shape[0] == 1 and stop.take_chunk(False, 4) is None
 
@@ -278,33 +277,107 @@ def test_row_accept_chunk_schedule_and_end_of_speech():
 # ============================================================================== sampler (tiny model)
 
 
-@torch.inference_mode()
-def test_sampler_masks_eos_before_min_tokens_and_uses_the_rows_generator(tiny_model):
-    embed = tiny_model.chat.embed
-    eos = tiny_model.chat.config.gpt.num_audio_tokens - 1
-    sampler = Sampler(embed, eos)
-    hidden = torch.randn(2, tiny_model.chat.gpt.gpt.config.hidden_size)
-    logits = sampler.logits(hidden)
-    assert logits.shape == (2, 4, eos + 1) and logits.dtype == torch.float32
-    logits[:, :, eos] = 50.0  # end-of-speech would win everywhere
-    young = make_row(0)
-    young.req.min_new_tokens = 3
-    old = make_row(1)
-    old.n_generated = 3
-    old.req.min_new_tokens = 3
-    assert float(sampler.probs(young, logits[0])[:, eos].max()) == 0.0
-    assert float(sampler.probs(old, logits[1])[:, eos].min()) > 0.99
+def reference_probs(logits: torch.Tensor, req: SegmentRequest, history: list, generated: int, eos: int) -> torch.Tensor:
+    """One row's distribution (4, V) the way ChatTTS computes it (``gen_logits``'s processors and
+    transformers' warpers, one row at a time): the oracle of the batched pass."""
+    from ChatTTS.model import gen_logits
 
-    # Same generator seed, same draws; the row's generator alone decides.
-    p = sampler.probs(make_row(2), sampler.logits(hidden)[0])
-    draws = []
-    for _ in range(2):
-        row = make_row(3)
-        row.generator = torch.Generator().manual_seed(7)
-        torch.manual_seed(len(draws))  # the global RNG must not matter
-        draws.append(torch.stack([sampler.draw(row, p) for _ in range(5)]))
-    assert torch.equal(draws[0], draws[1])
-    assert sampler.draw(make_row(4), torch.full_like(p, float("nan"))) is None
+    warpers, processors = gen_logits(num_code=eos, top_P=req.top_p, top_K=req.top_k, repetition_penalty=req.repetition_penalty)
+    lg = logits / req.temperature
+    if history:
+        hist = torch.stack(history[-16:], 1)  # (4, n)
+        for proc in processors:
+            lg = proc(hist, lg)
+    for warp in warpers:
+        lg = warp(None, lg)
+    if generated < req.min_new_tokens:
+        lg[:, eos] = -torch.inf
+    return torch.softmax(lg, -1)
+
+
+def sampling_state(reqs: list[SegmentRequest], histories: list[list]) -> SamplingState:
+    state = SamplingState(torch.device("cpu"))
+    state.append(reqs)
+    for i, hist in enumerate(histories):
+        for tok in hist:
+            state.record(tok.unsqueeze(0), start=i)
+    return state
+
+
+@torch.inference_mode()
+def test_batched_sampling_matches_chattts_per_row_distribution(tiny_model):
+    """The batched pass gives each row the distribution ChatTTS's own per-row processors give:
+    temperature, repetition penalty over a partly filled window, top-p and top-k (3 kept at
+    least), end-of-speech masked before the minimum length."""
+    eos = tiny_model.chat.config.gpt.num_audio_tokens - 1
+    sampler = Sampler(tiny_model.chat.embed, eos)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, tiny_model.chat.gpt.gpt.config.hidden_size, generator=gen) * 4
+    logits = sampler.logits(hidden)
+    assert logits.shape == (6, 4, eos + 1) and logits.dtype == torch.float32
+    logits[1, :, eos] = 50.0  # end-of-speech would win: masked for this young row
+    params = [(0.3, 0.7, 20, 1.05, 1), (1.0, 0.9, 50, 1.05, 3), (0.7, 0.3, 2, 1.3, 1),
+              (2.0, 1.0, 625, 1.0, 1), (0.05, 0.5, 1, 1.05, 1), (1.0, 0.95, 100, 1.2, 40)]
+    reqs = [SegmentRequest(text="x", spk_emb=None, seed=i, max_new_tokens=100, min_new_tokens=m, temperature=t,
+                           top_p=p, top_k=k, repetition_penalty=pen) for i, (t, p, k, pen, m) in enumerate(params)]
+    # Histories of 0, 2, 16 and 25 tokens (the window keeps the last 16), drawn from the logits'
+    # likely codes so the penalty bites.
+    lens = [0, 2, 16, 25, 5, 9]
+    histories = [[logits[i].topk(4, -1).indices[:, j % 4] for j in range(n)] for i, n in enumerate(lens)]
+    state = sampling_state(reqs, histories)
+    got: list = []
+    sampler.draw(logits.clone(), temperature=state.temperature, top_p=state.top_p, top_k=state.top_k,
+                 penalty=state.penalty, history=state.history, filled=state.generated.clamp(max=16),
+                 eos_masked=state.generated < state.min_new, u=torch.rand(6, 4), probs_out=got)
+    for i, req in enumerate(reqs):
+        want = reference_probs(logits[i].clone(), req, histories[i], lens[i], eos)
+        assert torch.allclose(got[0][i], want, atol=1e-6), f"row {i}"
+    assert float(got[0][1][:, eos].max()) == 0.0  # young: end-of-speech masked
+    assert int((got[0][4] > 0).sum(-1).min()) == 3  # top_k=1 still keeps 3 (ChatTTS's warpers)
+
+
+@torch.inference_mode()
+def test_draws_depend_on_the_rows_seed_and_index_only(tiny_model):
+    """A row's draw is a function of its seed and token index: the same alone or beside other
+    rows, whatever the global RNG did; and draws follow the distribution."""
+    eos = tiny_model.chat.config.gpt.num_audio_tokens - 1
+    sampler = Sampler(tiny_model.chat.embed, eos)
+    hidden = torch.randn(5, tiny_model.chat.gpt.gpt.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    reqs = [SegmentRequest(text="x", spk_emb=None, seed=100 + i, max_new_tokens=50, temperature=1.0) for i in range(5)]
+    alone = sampling_state(reqs[2:3], [[]])
+    together = sampling_state(reqs, [[]] * 5)
+    for _ in range(6):
+        torch.manual_seed(len(reqs))  # the global RNG must not matter
+        a, ok_a = sampler.sample(alone, hidden[2:3])
+        torch.manual_seed(99)
+        b, ok_b = sampler.sample(together, hidden)
+        assert bool(ok_a.all()) and bool(ok_b.all())
+        assert torch.equal(a[0], b[2])
+    assert int(together.generated[0]) == 6 and torch.equal(together.last, b)
+    assert not torch.equal(b[0], b[1])  # other seeds, other codes (4 codebooks agreeing by chance is ~never)
+
+    # Inverse-CDF draws over many indices follow the distribution.
+    n = 5000
+    u = uniforms(torch.full((n,), 7, dtype=torch.long), torch.arange(n))
+    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0 and abs(float(u.mean()) - 0.5) < 0.01
+    row_logits = sampler.logits(hidden[:1]).expand(n, -1, -1)
+    one = lambda v: torch.full((n,), v)  # noqa: E731
+    probs: list = []
+    tokens, ok = sampler.draw(row_logits, temperature=one(1.0), top_p=one(1.0), top_k=one(5).long(), penalty=one(1.0),
+                              history=torch.zeros(n, 4, 16, dtype=torch.long), filled=one(0).long(),
+                              eos_masked=one(0).bool(), u=u, probs_out=probs)
+    freq = torch.zeros(4, eos + 1).scatter_add_(1, tokens.T, torch.ones(4, n)) / n
+    assert float((freq - probs[0][0]).abs().max()) < 0.03
+    assert int((freq > 0).sum(-1).max()) <= 5
+
+    # Probabilities that are not finite fail that row only.
+    bad = sampler.logits(hidden[:2])
+    bad[0, 0, 0] = float("nan")
+    _, ok = sampler.draw(bad, temperature=torch.ones(2), top_p=torch.ones(2), top_k=torch.full((2,), 5),
+                         penalty=torch.ones(2), history=torch.zeros(2, 4, 16, dtype=torch.long),
+                         filled=torch.zeros(2, dtype=torch.long), eos_masked=torch.zeros(2, dtype=torch.bool),
+                         u=torch.rand(2, 4))
+    assert ok.tolist() == [False, True]
 
 
 # ============================================================================== the one failure path

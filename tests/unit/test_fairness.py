@@ -29,7 +29,7 @@ def row(client: str, priority: int = 0, max_new: int = 10, submitted_at: float =
     req = SegmentRequest(text="abc", spk_emb=None, seed=seq, max_new_tokens=max_new, priority=priority, client=client)
     stream = RowStream(seq, None)
     stream.submitted_at = submitted_at
-    return Row(req=req, stream=stream, generator=None, after=after)
+    return Row(req=req, stream=stream, after=after)
 
 
 def queue(*rows: Row, per_client: int | None = None) -> Scheduler:

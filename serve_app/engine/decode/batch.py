@@ -18,8 +18,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .row import Row
-
-NUM_VQ = 4  # ChatTTS's codebooks: a token is 4 codes
+from .sampling import NUM_VQ, SamplingState
 KV_HEADROOM = 64  # free KV columns allocated ahead: steps write in place, one re-allocation per 64
 
 
@@ -80,6 +79,7 @@ class BatchState:
         self.values: list[torch.Tensor] = []
         self.mask: Optional[torch.Tensor] = None  # (B, T) bool, True = real token
         self.pos: Optional[torch.Tensor] = None  # (B,) next position id per row
+        self.sampling = SamplingState(device)  # per-row sampling parameters, recent tokens, next input
 
     @property
     def width(self) -> int:
@@ -95,6 +95,7 @@ class BatchState:
     def reset(self) -> None:
         self.rows, self.keys, self.values, self.kbuf, self.vbuf = [], [], [], [], []
         self.mask = self.pos = None
+        self.sampling.reset()
 
     # ------------------------------------------------------------------ concatenate
 
@@ -118,6 +119,7 @@ class BatchState:
         pos = torch.cat([self.pos, new_pos]) if self.rows else new_pos
         self.set_kv(kv[0], kv[1], t)
         self.mask, self.pos = mask, pos
+        self.sampling.append([p.row.req for p in prefilled])
         self.rows.extend(p.row for p in prefilled)
 
     # ------------------------------------------------------------------ one decode step
@@ -163,6 +165,7 @@ class BatchState:
         self.rows = [self.rows[i] for i in order]
         self.mask = self.mask.index_select(0, idx)
         self.pos = self.pos.index_select(0, idx)
+        self.sampling.select(idx)
         # Columns where every remaining row is padding carry nothing: cut them (views; the freed
         # rows and columns go back when the buffers are next re-allocated).
         first = int(self.mask.any(0).nonzero()[0])

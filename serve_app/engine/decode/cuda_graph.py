@@ -16,7 +16,7 @@ SGLang's graph runners do:
 - the inputs (codes, positions, mask, write column) are static tensors filled before a replay;
   the hidden states come out in the graph's own tensor, read before the next replay.
 
-Sampling stays outside the graph (per-row CPU generators, ``sampling.py``). A step runs eagerly
+Sampling stays outside the graph (one batched pass, ``sampling.py``). A step runs eagerly
 when no graph can serve it (batch above the largest bucket, KV longer than the capacity, capture
 failed), with one log line per cause. ``capture=False`` runs the same padded static step without
 graphs, which is how it is tested on CPU.

@@ -12,7 +12,6 @@ from ..pacing import TOKENS_PER_SECOND
 from ..types import SegmentRequest
 from .streams import HiddenChunk, RowStream
 
-REPETITION_WINDOW = 16  # ChatTTS's past_window for its repetition penalty
 TOKEN_SECONDS = 1.0 / TOKENS_PER_SECOND  # audio per token (512 samples at 24 kHz)
 
 
@@ -20,14 +19,11 @@ TOKEN_SECONDS = 1.0 / TOKENS_PER_SECOND  # audio per token (512 samples at 24 kH
 class Row:
     req: SegmentRequest
     stream: RowStream
-    generator: Optional[torch.Generator]  # private: a row's tokens do not depend on its neighbours
     prompt_len: int = 0
     n_generated: int = 0  # tokens sampled so far (incl. the one waiting to be fed)
-    history: list = field(default_factory=list)  # last tokens (4,) for the repetition penalty
     pending: list = field(default_factory=list)  # hidden states not yet sent
     chunks_sent: int = 0
     tokens_sent: int = 0
-    last_token: Optional[torch.Tensor] = None  # (4,) long: input of the next step
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
     after: Optional[RowStream] = None  # admitted only once this stream has started
 
@@ -40,20 +36,17 @@ class Row:
             return self.req.first_chunk_tokens or cfg.first_chunk_tokens
         return self.req.chunk_tokens or cfg.chunk_tokens
 
-    def accept(self, token: torch.Tensor, hidden: torch.Tensor, eos: int) -> None:
-        """Record a sampled token (4,) and the hidden state that produced it.
+    def accept(self, stop: bool, hidden: torch.Tensor) -> None:
+        """Record a sampled token (its codes and history live in the batch's ``SamplingState``):
+        ``stop`` when any codebook said end-of-speech, ``hidden`` the state that produced it.
 
         ChatTTS keeps the hidden state that produced token i as frame i, and drops the one that
         produced end-of-speech."""
         self.n_generated += 1
-        if bool(token.eq(eos).any()):
+        if stop:
             self.finish_reason = "stop"
             return
         self.pending.append(hidden)
-        self.history.append(token)
-        if len(self.history) > REPETITION_WINDOW:
-            del self.history[0]
-        self.last_token = token
         if self.n_generated >= self.req.max_new_tokens:
             self.finish_reason = "length"
 
