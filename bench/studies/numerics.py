@@ -77,10 +77,14 @@ class LinearVariants:
 
 
 class GptRecorder:
-    """Forward hooks on the GPT: the time of every one-token-per-row (decode step) forward with the
-    variant it ran, and, when ``keep_inputs``, every call's ``inputs_embeds`` (the prefill's, then
+    """Hooks on the GPT: the time of every one-token-per-row (decode step) forward with the
+    variant it ran, and, when ``keep_inputs``, every call's input embeddings (the prefill's, then
     each step's). With ``rotate`` the next variant is installed before each decode step, so the
-    variants share every burst of load from other processes (the steps are interleaved)."""
+    variants share every burst of load from other processes (the steps are interleaved).
+
+    The hooks sit on the first layer's input norm (a forward starts there: its input is the
+    embeddings) and the final norm (it ends there), so they see the engine's written-out decode
+    step (decode/forward.py) and transformers' forward alike."""
 
     def __init__(self, gpt: Any, variants: LinearVariants):
         self.variants = variants
@@ -89,11 +93,11 @@ class GptRecorder:
         self.keep_inputs = self.rotate = False
         self._next = 0
         self._t0 = 0.0
-        self._handles = [gpt.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         gpt.register_forward_hook(self._post, with_kwargs=True)]
+        self._handles = [gpt.layers[0].input_layernorm.register_forward_pre_hook(self._pre),
+                         gpt.norm.register_forward_hook(self._post)]
 
-    def _pre(self, _module: Any, _args: Any, kwargs: dict) -> None:
-        emb = kwargs["inputs_embeds"]  # the engine passes it by keyword
+    def _pre(self, _module: Any, args: tuple) -> None:
+        emb = args[0]  # (rows, tokens, hidden): the embeddings the forward started from
         if self.keep_inputs:
             self.inputs.append(emb.detach().clone())
         if self.rotate and emb.shape[1] == 1:
@@ -101,8 +105,8 @@ class GptRecorder:
             self._next += 1
         self._t0 = time.perf_counter()
 
-    def _post(self, _module: Any, _args: Any, kwargs: dict, _out: Any) -> None:
-        if kwargs["inputs_embeds"].shape[1] == 1:
+    def _post(self, _module: Any, args: tuple, _out: Any) -> None:
+        if args[0].shape[1] == 1:
             self.steps.append((self.variants.installed, time.perf_counter() - self._t0))
 
     def reset(self, keep_inputs: bool = False, rotate: bool = False) -> None:

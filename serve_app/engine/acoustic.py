@@ -37,6 +37,7 @@ from transformers import DynamicCache
 from .config import AcousticConfig
 from .decode.batch import KV_HEADROOM, NUM_VQ, BatchState, Prefilled, code_embeddings
 from .decode.cuda_graph import GraphRunner, buckets_for
+from .decode.forward import DecodeForward
 from .decode.row import Row
 from .decode.sampling import REPETITION_WINDOW, Sampler
 from .decode.scheduler import AGING_SECONDS, Scheduler
@@ -97,6 +98,9 @@ class AcousticEngine:
         self.scheduler = Scheduler()  # guarded by _lock
         self.batch = BatchState(self.gpt.config, self.gpt_device)  # decode thread only
         self.sampler = Sampler(self.embed, self.eos)
+        # The decode step's forward without transformers' generic plumbing (decode/forward.py);
+        # transformers' forward where the GPT is not the plain Llama it writes out.
+        self.decode_forward = DecodeForward(self.gpt) if DecodeForward.supports(self.gpt) else None
         self.graphs: Optional[GraphRunner] = None  # decode steps from CUDA graphs (read at construction)
         if config.cuda_graphs:
             if torch.device(self.gpt_device).type == "cuda":
@@ -335,6 +339,8 @@ class AcousticEngine:
             self.stats.graph_steps += 1
             return self.graphs.step(batch, last)
         emb = code_embeddings(self.embed, last)
+        if self.decode_forward is not None:
+            return self.decode_forward(batch, emb.to(self.gpt_dtype))
         mask = batch.open_step()
         cache = batch.cache()
         out = self.gpt(

@@ -288,6 +288,31 @@ def test_engine_thread_matches_synchronous_drive(make_engine, spk):
     assert threaded.running_rows == 0 and threaded.stats.rows_finished == 3
 
 
+def test_lean_decode_forward_matches_transformers_forward(make_engine, speaker):
+    """The written-out decode step (decode/forward.py) computes what transformers' LlamaModel
+    forward computes: same tokens and hidden states for a staggered, padded batch (rows of
+    different prompt lengths joining mid-flight, the KV buffers growing past their headroom)."""
+    voices = SpeakerSampler(speaker)
+    reqs = [seg(voices.from_seed(7 + i), 30 + 25 * i, seed=50 + i, text=t)
+            for i, t in enumerate(["你好，欢迎使用。", "hello world, a longer prompt than the first one", "abc"])]
+
+    def run(lean: bool) -> list[torch.Tensor]:
+        engine = make_engine()
+        assert engine.decode_forward is not None
+        if not lean:
+            engine.decode_forward = None
+        streams = [engine.submit(reqs[0])]
+        for _ in range(4):
+            engine.step()
+        streams += [engine.submit(r) for r in reqs[1:]]
+        engine.run_until_idle()
+        return [drain(s)[1] for s in streams]
+
+    for a, b in zip(run(True), run(False)):
+        assert a.shape == b.shape
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), float((a - b).abs().max())
+
+
 def test_seeded_rows_same_alone_and_in_a_staggered_batch(engine, tiny_model, speaker):
     voices = SpeakerSampler(speaker)
     texts = [

@@ -35,11 +35,7 @@ class BufferedLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         end = self.n + key_states.shape[2]
-        if end > self.kbuf.shape[2]:
-            self.kbuf = with_headroom(self.kbuf[:, :, : self.n])
-            self.vbuf = with_headroom(self.vbuf[:, :, : self.n])
-        self.kbuf[:, :, self.n : end] = key_states
-        self.vbuf[:, :, self.n : end] = value_states
+        self.kbuf, self.vbuf = write_kv(self.kbuf, self.vbuf, self.n, key_states, value_states)
         self.n = end
         self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
         return self.keys, self.values
@@ -136,6 +132,11 @@ class BatchState:
         cache.layers = [self.layer_cls(self.kbuf[i], self.vbuf[i], t) for i in range(self.num_layers)]
         return cache
 
+    def write_column(self, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a step's KV (B, H, 1, D) of ``layer`` at column ``t``; returns the layer's buffers
+        (re-allocated when full; hand them to ``close_step``)."""
+        return write_kv(self.kbuf[layer], self.vbuf[layer], t, k, v)
+
     def close_step(self, kbuf: list[torch.Tensor], vbuf: list[torch.Tensor]) -> None:
         """After the forward: the buffers now hold one more column (re-allocated if they grew)."""
         self.set_kv(kbuf, vbuf, self.width + 1)
@@ -177,6 +178,17 @@ class BatchState:
             for buf in (*self.kbuf, *self.vbuf):
                 buf[dst, :, first:end] = buf[src, :, first:end]
         self.set_kv([b[:n, :, first:] for b in self.kbuf], [b[:n, :, first:] for b in self.vbuf], end - first)
+
+
+def write_kv(kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write ``k``/``v`` (B, H, m, D) at columns n..n+m of the buffers, growing them by
+    ``KV_HEADROOM`` when full; returns the buffers written."""
+    end = n + k.shape[2]
+    if end > kbuf.shape[2]:
+        kbuf, vbuf = with_headroom(kbuf[:, :, :n]), with_headroom(vbuf[:, :, :n])
+    kbuf[:, :, n:end] = k
+    vbuf[:, :, n:end] = v
+    return kbuf, vbuf
 
 
 def pack_rows(rows: list[torch.Tensor], t: int) -> torch.Tensor:

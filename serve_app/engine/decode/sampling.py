@@ -20,7 +20,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.utils.parametrize as P
+from torch import nn
 
+from ..linear import DualLayoutLinear
 from ..types import SegmentRequest
 
 NUM_VQ = 4  # ChatTTS's codebooks: a token is 4 codes
@@ -71,6 +73,7 @@ class SamplingState:
         # slots hold code 0 with weight 0 (``filled``).
         self.history = torch.zeros(0, NUM_VQ, REPETITION_WINDOW, dtype=torch.long, device=self.device)
         self.last = torch.zeros(0, NUM_VQ, dtype=torch.long, device=self.device)  # next step's input codes
+        self.top_k_list: list[int] = []  # top_k on the host: how many codes a step must rank
 
     def __len__(self) -> int:
         return int(self.seed.shape[0])
@@ -96,11 +99,13 @@ class SamplingState:
         merged = {name: torch.cat([getattr(self, name), value]) for name, value in new.items()}
         for name, value in merged.items():  # all built first: a failure leaves the state as it was
             setattr(self, name, value)
+        self.top_k_list += [r.top_k for r in reqs]
 
     def select(self, idx: torch.Tensor) -> None:
         """Keep the rows at ``idx`` (a long tensor), in that order."""
         for name in self.FIELDS:
             setattr(self, name, getattr(self, name).index_select(0, idx))
+        self.top_k_list = [self.top_k_list[i] for i in idx.tolist()]
 
     def record(self, tokens: torch.Tensor, start: int = 0) -> None:
         """Rows ``start:`` drew ``tokens`` (n, 4): their next input, their history, their count."""
@@ -121,13 +126,16 @@ class Sampler:
         heads = embed.head_code
         with torch.no_grad(), P.cached():
             weight = torch.cat([heads[q].weight for q in range(NUM_VQ)]).detach().clone()  # (4V, hidden)
-        self.weight = weight
+        head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        head.weight = nn.Parameter(weight, requires_grad=False)
+        # On CPU in float32 a few-row product is faster with an (in, out) copy (linear.py).
+        self.head = DualLayoutLinear(head) if weight.device.type == "cpu" and weight.dtype == torch.float32 else head
         self.vocab = weight.shape[0] // NUM_VQ
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, hidden) -> (B, 4, V) float32 logits: the four heads as one matmul."""
-        out = hidden.to(self.weight.device, self.weight.dtype) @ self.weight.T
-        return out.view(hidden.shape[0], NUM_VQ, self.vocab).float()
+        w = self.head.weight
+        return self.head(hidden.to(w.device, w.dtype)).view(hidden.shape[0], NUM_VQ, self.vocab).float()
 
     def sample(self, state: SamplingState, hidden: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the next token of rows ``start:`` of ``state`` from their hidden states (n, hidden):
@@ -145,13 +153,15 @@ class Sampler:
             filled=torch.clamp(state.generated[rows], max=REPETITION_WINDOW),
             eos_masked=state.generated[rows] < state.min_new[rows],
             u=uniforms(state.seed[rows], state.generated[rows]),
+            max_top_k=max(state.top_k_list[rows]),
         )
         state.record(tokens, start)
         return tokens, ok
 
     def draw(self, logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
              penalty: torch.Tensor, history: torch.Tensor, filled: torch.Tensor, eos_masked: torch.Tensor,
-             u: torch.Tensor, probs_out: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor]:
+             u: torch.Tensor, max_top_k: Optional[int] = None, probs_out: Optional[list] = None,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """The batched pass over (B, 4, V) logits with per-row parameters (B,), the rows' last
         tokens ``history`` (B, 4, W) of which ``filled`` (B,) are real, and uniforms ``u`` (B, 4).
         ``probs_out``: a list that receives the (B, 4, V) distribution drawn from (tests)."""
@@ -163,21 +173,23 @@ class Sampler:
         freq = lg.new_zeros(b, nq, v).scatter_add_(2, history, weight.view(b, 1, -1).expand(b, nq, -1))
         alpha = torch.pow(penalty.view(b, 1, 1), freq)
         lg = torch.where(lg < 0, lg * alpha, lg / alpha)
-        # Top-p then top-k as transformers' warpers compute them, in one sort (best first):
-        # top-p keeps a token while the mass above it is under top_p; top-k keeps logits at or
-        # above the k-th largest (ties kept); both keep at least MIN_TOKENS_TO_KEEP.
-        sorted_lg, order = torch.sort(lg, dim=-1, descending=True, stable=True)
-        p_sorted = sorted_lg.softmax(-1)
+        # Top-p then top-k as transformers' warpers compute them, over the best ``width`` codes
+        # (the batch's largest k: top-k drops every code below it, so nothing else needs sorting):
+        # top-p keeps a code while the mass above it (of the full softmax) is under top_p; top-k
+        # keeps logits at or above the k-th largest (ties kept); both keep MIN_TOKENS_TO_KEEP.
+        width = min(v, max(MIN_TOKENS_TO_KEEP, max_top_k if max_top_k is not None else v))
+        sorted_lg, order = torch.topk(lg, width, dim=-1, sorted=True)
+        p_sorted = (sorted_lg - torch.logsumexp(lg, -1, keepdim=True)).exp()
         above = p_sorted.cumsum(-1) - p_sorted
-        rank = torch.arange(v, device=lg.device)
+        rank = torch.arange(width, device=lg.device)
         keep = (above < top_p.view(b, 1, 1)) | (rank < MIN_TOKENS_TO_KEEP)
-        k = torch.clamp(top_k, min=MIN_TOKENS_TO_KEEP, max=v).view(b, 1, 1).expand(b, nq, 1)
+        k = torch.clamp(top_k, min=MIN_TOKENS_TO_KEEP, max=width).view(b, 1, 1).expand(b, nq, 1)
         keep &= sorted_lg >= sorted_lg.gather(-1, k - 1)
         # End-of-speech after the warpers, before a row's minimum length (as ChatTTS masks it).
         keep &= ~((order == self.eos) & eos_masked.view(b, 1, 1))
         probs = torch.where(keep, sorted_lg, torch.full_like(sorted_lg, -torch.inf)).softmax(-1)
         if probs_out is not None:
-            probs_out.append(torch.zeros_like(probs).scatter_(-1, order, probs))
+            probs_out.append(lg.new_zeros(b, nq, v).scatter_(-1, order, probs))
         # A NaN or infinite logit would only drop out of the sort's kept set: fail the row instead.
         ok = torch.isfinite(probs).all(-1).all(-1) & torch.isfinite(logits).all(-1).all(-1)
         probs = torch.where(ok.view(b, 1, 1), probs, torch.zeros_like(probs).index_fill_(-1, rank[:1], 1.0))
@@ -187,5 +199,5 @@ class Sampler:
         total = cdf[..., -1:]
         x = u.unsqueeze(-1) * total
         x = torch.where(x < total, x, torch.zeros_like(x))
-        pick = torch.searchsorted(cdf, x, right=True).clamp_(max=v - 1)
+        pick = torch.searchsorted(cdf, x, right=True).clamp_(max=width - 1)
         return order.gather(-1, pick).squeeze(-1), ok
