@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "baseline": ("bench.baseline", "the 'before' server (one Chat.infer at a time), for `run` or by hand"),
     "cache-hit": ("bench.cache_hit", "latency and throughput of the response cache against a running app"),
     "realtime": ("bench.realtime", "WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, playback gaps"),
+    "vocoder": ("bench.vocoder", "the Vocoder stage alone: audio s/s per core, today's path vs the optimised one, SNR"),
+    "step": ("bench.step", "the decode step: GPT forward vs the rest, batch 1/8/16, tiny and full size, int8 vs float32"),
     "fairness": ("bench.fairness", "the engine alone: a polite client's first chunk beside a client with 200 queued segments"),
     "abuse": ("bench.abuse", "a polite client's first audio alone and under attackers (costly requests, idle sockets, slow bodies, flush floods)"),
     "autoscale": ("bench.autoscale", "step load on a local multi-node cluster: replicas, engine queue, latency per second"),

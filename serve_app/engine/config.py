@@ -203,11 +203,31 @@ class AcousticConfig(_Strict):
 class VocoderConfig(_Strict):
     """Sliding-window decode (docs/architecture.md, "The sliding-window vocoder")."""
 
-    left_context_tokens: int = Field(default=16, ge=0)
+    left_context_tokens: int = Field(
+        default=16, ge=0, description="cache_state False: already-emitted tokens each window decodes again."
+    )
     # >= 1: the centred ISTFT of a window lacks the last half token (256 samples) of its end.
     hold_back_tokens: int = Field(default=HOLD_BACK_TOKENS, ge=1)
     min_window_tokens: int = Field(
         default=MIN_WINDOW_TOKENS, ge=1, description="Decode once at least this many new tokens are ready."
+    )
+    # Measured by `python -m bench vocoder` (bench/README.md): carried state + bfloat16 is ~5x the
+    # audio seconds per core of re-decoding the context in float32, within 60 dB of it.
+    cache_state: bool = Field(
+        default=True,
+        description="Carry each convolution's last input frames from window to window (engine/vocoder_net.py) "
+        "instead of decoding left_context_tokens again: a window decodes its new and held-back tokens only.",
+    )
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="dtype of the Decoder's and Vocos's MLP matmuls (~95% of their FLOPs; the rest stays float32). "
+        "auto: bfloat16 on CUDA and on CPUs with native bf16 dot products (avx512_bf16, AMX, Arm bf16), else "
+        "float32 (emulated bf16 is slower). float32 with cache_state False is the ChatTTS modules themselves.",
+    )
+    device: Optional[Literal["auto", "cpu", "cuda"]] = Field(
+        default=None,
+        description="Where the vocoder runs; None: where its weights were loaded (model.device). auto: cuda if "
+        "present, else cpu.",
     )
 
 

@@ -10,11 +10,19 @@ bounded in size: total work grows linearly with the utterance.
 
 One GPT token = 2 mel frames = 512 samples; a one-shot decode of T tokens gives 512*T - 256
 samples (Vocos's centred ISTFT), and so does the concatenated stream.
+
+With ``cache_state`` (the default) a window does not decode its left context again: every
+convolution carries its last input frames from the window before (engine/vocoder_net.py), so a
+window is its new tokens plus the hold-back. ``precision`` bfloat16 runs the MLP matmuls in
+bf16. ``cache_state=False, precision="float32"`` is the path above, on ChatTTS's own modules.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -22,7 +30,30 @@ import torch
 
 from .config import VocoderConfig
 from .pacing import SAMPLES_PER_TOKEN
-from .weights import LoadedModel, VocoderWeights
+from .vocoder_net import NetState, StreamingNet
+from .weights import LoadedModel, VocoderWeights, select_device
+
+
+@lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """bf16 dot-product instructions (x86 avx512_bf16 / AMX, Arm bf16): bf16 matmuls are ~3.6x the
+    float32 rate there (bench vocoder), emulated elsewhere (slower than float32). Linux flags only."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = set(text.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        if device.type == "cuda":
+            native = torch.cuda.is_bf16_supported()
+        else:
+            native = device.type == "cpu" and cpu_has_native_bf16()
+        precision = "bfloat16" if native else "float32"
+    return getattr(torch, precision)
 
 
 class Vocoder:
@@ -35,8 +66,18 @@ class Vocoder:
         self.decoder = parts.decoder
         self.vocos = parts.vocos
         self.device = parts.device
+        if config.device is not None and select_device(config.device) != torch.device(parts.device):
+            # Copies: the model's own modules stay where they are (another stage may use them).
+            self.device = select_device(config.device)
+            self.decoder = copy.deepcopy(parts.decoder).to(self.device)
+            self.vocos = copy.deepcopy(parts.vocos).to(self.device)
         # Vocos runs on CPU for mps/npu in ChatTTS; follow the module's own device.
         self.vocos_device = next(self.vocos.parameters()).device
+        self.dtype = resolve_precision(config.precision, self.vocos_device)
+        # The layer-by-layer net (engine/vocoder_net.py) runs where Vocos runs (it holds both).
+        self.net: Optional[StreamingNet] = None
+        if config.cache_state or self.dtype != torch.float32:
+            self.net = StreamingNet(self.decoder, self.vocos, self.vocos_device, self.dtype)
         self._lock = threading.Lock()
         # Called with the tokens of every decode call (an observer: metrics, tests of the window).
         self.on_decode: Optional[Callable[[int], None]] = None
@@ -46,6 +87,8 @@ class Vocoder:
         """One-shot decode of (T, 768) hidden states -> float32 PCM of 512*T - 256 samples."""
         if hidden.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
+        if self.net is not None and self.dtype != torch.float32:
+            return self.window(hidden, NetState(), None)
         x = hidden.to(self.device, torch.float32).T.unsqueeze(0)  # (1, 768, T)
         with self._lock:
             if self.on_decode is not None:
@@ -53,6 +96,15 @@ class Vocoder:
             mel = self.decoder(x)  # (1, 100, 2T)
             wav = self.vocos.decode(mel.to(self.vocos_device))
         return wav[0].float().cpu().numpy()
+
+    def window(self, hidden: torch.Tensor, state: NetState, emit_tokens: Optional[int]) -> np.ndarray:
+        """One window of a stream with carried ``state`` (StreamingNet.window)."""
+        assert self.net is not None
+        with self._lock:
+            if self.on_decode is not None:
+                self.on_decode(int(hidden.shape[0]))
+            wav = self.net.window(hidden, state, emit_tokens)
+        return wav.float().cpu().numpy()
 
     def stream(self, config: Optional[VocoderConfig] = None) -> "VocoderStream":
         return VocoderStream(self, config or self.cfg)
@@ -69,6 +121,9 @@ class VocoderStream:
         self._emitted = 0  # absolute index of the first token not yet emitted
         self._total = 0  # tokens received
         self.samples_out = 0
+        self._state = NetState() if cfg.cache_state and vocoder.net is not None else None
+        # Tokens kept before the next window: none when the convolutions carry their state.
+        self._context = 0 if self._state is not None else cfg.left_context_tokens
 
     def _append(self, hidden: torch.Tensor) -> None:
         hidden = hidden.detach().to("cpu", torch.float32)
@@ -92,16 +147,19 @@ class VocoderStream:
 
     def _decode_until(self, end: int, final: bool) -> np.ndarray:
         start = self._emitted
-        ctx_start = max(self._offset, start - self.cfg.left_context_tokens)
+        ctx_start = max(self._offset, start - self._context)
         win_end = self._total  # the hold-back is decoded as right context, not emitted
         window = self._hidden[ctx_start - self._offset : win_end - self._offset]
-        wav = self.vocoder.decode(window)
-        a = (start - ctx_start) * SAMPLES_PER_TOKEN
-        b = len(wav) if final else (end - ctx_start) * SAMPLES_PER_TOKEN
-        out = wav[a:b]
+        if self._state is not None:
+            out = self.vocoder.window(window, self._state, None if final else end - start)
+        else:
+            wav = self.vocoder.decode(window)
+            a = (start - ctx_start) * SAMPLES_PER_TOKEN
+            b = len(wav) if final else (end - ctx_start) * SAMPLES_PER_TOKEN
+            out = wav[a:b]
         self._emitted = end
         # Keep only what the next window needs as left context.
-        keep_from = max(self._offset, end - self.cfg.left_context_tokens)
+        keep_from = max(self._offset, end - self._context)
         self._hidden = self._hidden[keep_from - self._offset :]
         self._offset = keep_from
         self.samples_out += len(out)

@@ -394,13 +394,18 @@ class FailingLayer:
         raise RuntimeError("device fault")
 
 
-def test_a_failed_step_fails_every_running_row_and_the_engine_goes_on(tiny_model, spk):
+@pytest.mark.parametrize("forward", ["lean", "transformers"])
+def test_a_failed_step_fails_every_running_row_and_the_engine_goes_on(tiny_model, spk, forward, monkeypatch):
     engine = AcousticEngine(tiny_model, fixed_chunks())
+    if forward == "transformers":
+        engine.decode_forward = None
     streams = [engine.submit(seg(spk, 30, seed=i)) for i in range(3)]
     for _ in range(3):
         engine.step()
     layer_cls, engine.batch.layer_cls = engine.batch.layer_cls, FailingLayer
-    engine.step()
+    with monkeypatch.context() as m:
+        m.setattr(engine.batch, "write_column", FailingLayer)  # the written-out forward's KV write
+        engine.step()
     assert engine.running_rows == 0 and engine.batch.mask is None
     for s in streams:
         with pytest.raises(EngineError, match="decode failed: RuntimeError"):

@@ -237,7 +237,8 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
 
     def run(layer_cls=None) -> list[torch.Tensor]:
         eng = make_engine()
-        if layer_cls is not None:
+        if layer_cls is not None:  # transformers' forward over stock cache layers
+            eng.decode_forward = None
             eng.batch.layer_cls = layer_cls
         streams = [eng.submit(reqs[0])]
         for _ in range(10):

@@ -59,15 +59,16 @@ class TokenLog:
 
     def __init__(self, engine):
         self.by_row: dict[int, list[torch.Tensor]] = {}
-        draw = engine.sampler.draw
+        sample = engine.sampler.sample
 
-        def record(row, probs):
-            token = draw(row, probs)
-            if token is not None:
-                self.by_row.setdefault(row.stream.row_id, []).append(token)
-            return token
+        def record(state, hidden, start=0):
+            tokens, ok = sample(state, hidden, start)
+            for row, token, good in zip(engine.batch.rows[start:], tokens, ok.tolist()):
+                if good:
+                    self.by_row.setdefault(row.stream.row_id, []).append(token)
+            return tokens, ok
 
-        engine.sampler.draw = record
+        engine.sampler.sample = record
 
     def tokens(self, stream) -> torch.Tensor:
         return torch.stack(self.by_row[stream.row_id])

@@ -1,0 +1,135 @@
+"""The Vocoder's fast path (engine/vocoder_net.py): carried convolution state and bf16 matmuls
+against today's path (re-decoded left context, float32, ChatTTS's modules), chunking
+invariance, and the fallbacks (no oneDNN linear op, no native bf16, no GPU)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from serve_app.engine import vocoder as vocoder_mod
+from serve_app.engine.config import VocoderConfig
+from serve_app.engine.vocoder import Vocoder, resolve_precision
+from support.audio import snr_db
+
+TODAY = VocoderConfig(cache_state=False, precision="float32")
+TOKENS = 150
+
+
+@pytest.fixture(scope="module")
+def hidden() -> torch.Tensor:
+    return torch.randn(TOKENS, 768, generator=torch.Generator().manual_seed(5))
+
+
+@pytest.fixture(scope="module")
+def stressed(tiny_model):
+    """A copy of the tiny Decoder/Vocos whose Decoder blocks count: random weights start their
+    layer scales at 1e-6 (near identity), real weights learn them; 0.5 makes the receptive field
+    (and so what streaming cuts) matter."""
+    parts = copy.deepcopy(tiny_model.vocoder_weights())
+    with torch.no_grad():
+        for blk in parts.decoder.decoder.decoder_block:
+            blk.weight.fill_(0.5)
+    return parts
+
+
+def stream(vocoder: Vocoder, hidden: torch.Tensor, sizes: list[int], cfg: VocoderConfig | None = None) -> np.ndarray:
+    vs = vocoder.stream(cfg)
+    out, t, i = [], 0, 0
+    while t < hidden.shape[0]:
+        n = sizes[min(i, len(sizes) - 1)]
+        out.append(vs.push(hidden[t : t + n]))
+        t, i = t + n, i + 1
+    out.append(vs.finish())
+    return np.concatenate(out)
+
+
+SHIPPED = [12, 24]  # AcousticConfig: first_chunk_tokens, then chunk_tokens
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+@pytest.mark.parametrize("weights", ["loaded", "stressed"])
+def test_carried_state_is_todays_audio(tiny_model, stressed, hidden, precision, weights):
+    parts = tiny_model if weights == "loaded" else stressed
+    today = stream(Vocoder(parts, TODAY), hidden, SHIPPED)
+    cfg = VocoderConfig(cache_state=True, precision=precision)
+    y = stream(Vocoder(parts, cfg), hidden, SHIPPED)
+    assert len(y) == len(today) == 512 * TOKENS - 256
+    print(f"\n{weights} {precision}: SNR vs today {snr_db(today, y):.1f} dB")
+    assert snr_db(today, y) >= 30.0
+    # And no further from the one-shot decode than today's stream is (within 1 dB).
+    one_shot = Vocoder(parts, TODAY).decode(hidden)
+    assert snr_db(one_shot, y) >= snr_db(one_shot, today) - 1.0
+
+
+def test_bf16_alone_and_one_shot(tiny_model, hidden):
+    ref = Vocoder(tiny_model, TODAY).decode(hidden)
+    fast = Vocoder(tiny_model, VocoderConfig(cache_state=False, precision="bfloat16"))
+    assert fast.net is not None
+    assert snr_db(ref, fast.decode(hidden)) >= 40.0
+    assert snr_db(ref, stream(fast, hidden, SHIPPED)) >= 30.0
+
+
+@pytest.mark.parametrize("sizes", [[TOKENS], [8], [12, 24], [30], [5, 41, 9]])
+def test_chunking_invariance(tiny_model, stressed, hidden, sizes):
+    """However the hidden states are cut, the stream is the same length and the same audio (what
+    only a window's edges change: far above the bound), and one chunk is the one-shot decode."""
+    for parts in (tiny_model, stressed):
+        v = Vocoder(parts, VocoderConfig(cache_state=True, precision="float32"))
+        ref = stream(v, hidden, [TOKENS])
+        y = stream(v, hidden, sizes)
+        assert len(y) == 512 * TOKENS - 256
+        assert snr_db(ref, y) >= 30.0
+        one_shot = Vocoder(parts, TODAY).decode(hidden)
+        assert snr_db(one_shot, ref) >= 60.0  # the net re-implements the modules
+
+
+def test_windows_are_new_tokens_and_hold_back(tiny_model, hidden):
+    cfg = VocoderConfig()
+    v = Vocoder(tiny_model, cfg)
+    windows: list[int] = []
+    v.on_decode = windows.append
+    stream(v, hidden, SHIPPED)
+    assert windows[0] == 12 and windows[1] == 24 + cfg.hold_back_tokens
+    assert sum(windows) <= TOKENS + len(windows) * cfg.hold_back_tokens  # nothing else decoded twice
+
+
+def test_fallback_without_onednn_linear(tiny_model, hidden, monkeypatch):
+    packed = Vocoder(tiny_model, VocoderConfig(precision="float32"))
+    assert packed.net.dec_blocks[0].pw1.packed is not None or not torch.backends.mkldnn.is_available()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    plain = Vocoder(tiny_model, VocoderConfig(precision="float32"))
+    assert plain.net.dec_blocks[0].pw1.packed is None and plain.net.head.packed is None
+    assert snr_db(stream(packed, hidden, SHIPPED), stream(plain, hidden, SHIPPED)) >= 60.0
+
+
+def test_precision_auto(monkeypatch):
+    monkeypatch.setattr(vocoder_mod, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("auto", torch.device("cpu")) == torch.float32  # emulated bf16 is slower
+    monkeypatch.setattr(vocoder_mod, "cpu_has_native_bf16", lambda: True)
+    assert resolve_precision("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_precision("float32", torch.device("cpu")) == torch.float32
+
+
+def test_device_option(tiny_model, hidden):
+    v = Vocoder(tiny_model, VocoderConfig(device="auto"))
+    assert v.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    y = stream(v, hidden, SHIPPED)
+    assert len(y) == 512 * TOKENS - 256
+    assert snr_db(stream(Vocoder(tiny_model, TODAY), hidden, SHIPPED), y) >= 30.0
+    with pytest.raises(ValueError):
+        VocoderConfig(device="tpu")
+    with pytest.raises(ValueError):
+        VocoderConfig(precision="float16")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_matches_cpu(tiny_model, hidden):
+    cpu = stream(Vocoder(tiny_model, TODAY), hidden, SHIPPED)
+    for precision in ("float32", "bfloat16"):
+        v = Vocoder(tiny_model, VocoderConfig(device="cuda", precision=precision))
+        assert v.net.device.type == "cuda"
+        assert snr_db(cpu, stream(v, hidden, SHIPPED)) >= 30.0
