@@ -139,6 +139,7 @@ class Acoustic:
             "mean_rows": s.mean_rows,
             "running_rows": self.engine.running_rows,
             "waiting_rows": self.engine.waiting_rows,
+            "parked_rows": self.engine.parked_rows,
             "torch_threads": self.engine.torch_threads,
             "config": self.engine.cfg.model_dump(),
             "weights_kind": self.model.weights.kind,

@@ -66,6 +66,8 @@ class EngineStats:
     rows_finished: int = 0
     rows_cancelled: int = 0
     rows_failed: int = 0
+    rows_parked: int = 0  # times a row left the batch because its consumer fell behind
+    rows_resumed: int = 0
     max_rows: int = 0
     graph_steps: int = 0  # decode steps run by the static path (CUDA graphs, cuda_graphs=True)
     prefill_seconds: float = 0.0
@@ -97,6 +99,8 @@ class AcousticEngine:
         self._seq = itertools.count()
         self.scheduler = Scheduler()  # guarded by _lock
         self.batch = BatchState(self.gpt.config, self.gpt_device)  # decode thread only
+        # Rows out of the batch while their consumers catch up, with their KV (decode thread only).
+        self.parked: list[Prefilled] = []
         self.sampler = Sampler(self.embed, self.eos)
         # The decode step's forward without transformers' generic plumbing (decode/forward.py);
         # transformers' forward where the GPT is not the plain Llama it writes out.
@@ -188,6 +192,11 @@ class AcousticEngine:
         return len(self.batch.rows)
 
     @property
+    def parked_rows(self) -> int:
+        """Rows out of the batch until their consumers catch up (``max_stream_chunks``)."""
+        return len(self.parked)
+
+    @property
     def waiting_rows(self) -> int:
         return len(self.scheduler)
 
@@ -201,9 +210,10 @@ class AcousticEngine:
 
         A failure here fails the running rows (not the loop): each through ``_fail``."""
         try:
+            self._resume()
             self._admit()
             if not self.batch.rows:
-                return bool(self.scheduler)
+                return bool(self.scheduler) or self._resumable()
             self._decode_step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails this batch, not the loop
             log.exception("decode step failed; failing %d rows", len(self.batch.rows))
@@ -221,16 +231,19 @@ class AcousticEngine:
         apply_torch_threads(self.torch_threads)
         while True:
             with self._wake:
-                while not self._stop and not self.batch.rows and not self.scheduler:
-                    self._wake.wait()
+                while not self._stop and not self.batch.rows and not self.scheduler and not self._resumable():
+                    # A parked row's consumer wakes the loop when it catches up (_poke); the
+                    # timeout also notices a consumer that went away (cancelled).
+                    self._wake.wait(timeout=0.5 if self.parked else None)
                 if self._stop:
                     break
             self.step()
         # Rows still waiting for a slot would otherwise leave their consumers blocked forever.
         with self._lock:
             waiting = self.scheduler.drain()
-        for row in [*self.batch.rows, *waiting]:
+        for row in [*self.batch.rows, *waiting, *(p.row for p in self.parked)]:
             self._fail(row, "engine stopped")
+        self.parked = []
         self._retire()
 
     def _pop_admissible(self) -> list[Row]:
@@ -320,6 +333,7 @@ class AcousticEngine:
         # Each row's input token of this step produced `hidden`: it belongs to that token.
         self._sample_and_advance(0, hidden)
         self._retire()
+        self._park()
         self.stats.decode_seconds += time.perf_counter() - t0
         self._keep_pace(start)
         if self.on_step is not None:
@@ -376,6 +390,69 @@ class AcousticEngine:
             row.accept(stop[b], hidden_cpu[b])
             if row.chunk_ready(self.cfg, now, self.pace_s):
                 row.stream.send(row.take_chunk(False, self.hidden_size))
+
+    # ------------------------------------------------------------------ back-pressure: park and resume
+
+    def _park(self) -> None:
+        """Rows whose consumers hold ``max_stream_chunks`` unread chunks leave the batch with
+        their KV: what a stream buffers stays bounded, and the slot goes to rows someone reads.
+        Only while the loop runs on its own thread (``start``): a caller driving ``step`` /
+        ``run_until_idle`` reads its streams afterwards, not beside the decode."""
+        limit = self.cfg.max_stream_chunks
+        if limit is None or self._thread is None:
+            return
+        slow = [i for i, row in enumerate(self.batch.rows) if row.stream.backlog >= limit]
+        if not slow:
+            return
+        parked = self.batch.park(slow)
+        for p in parked:
+            p.row.stream.on_taken = self._poke
+        self.parked += parked
+        self.stats.rows_parked += len(parked)
+
+    def _ready_to_resume(self, p: Prefilled) -> bool:
+        limit = self.cfg.max_stream_chunks
+        return p.row.stream.cancelled.is_set() or limit is None or p.row.stream.backlog <= limit // 2
+
+    def _resumable(self) -> bool:
+        return any(self._ready_to_resume(p) for p in self.parked)
+
+    def _poke(self, stream: RowStream) -> None:
+        """A parked row's consumer took a chunk (its thread): wake the loop once it caught up."""
+        limit = self.cfg.max_stream_chunks
+        if limit is None or stream.backlog <= limit // 2:
+            with self._wake:
+                self._wake.notify()
+
+    @torch.inference_mode()
+    def _resume(self) -> None:
+        """Parked rows whose consumers caught up rejoin the batch (before new rows: they were
+        admitted first); cancelled ones end."""
+        if not self.parked:
+            return
+        free = self.cfg.max_rows + self.cfg.reserved_rows - len(self.batch.rows)
+        back, still = [], []
+        for p in self.parked:
+            if p.row.stream.cancelled.is_set():
+                p.row.finish_reason = "cancelled"
+                self._end(p.row)
+            elif self._ready_to_resume(p) and len(back) < free:
+                back.append(p)
+            else:
+                still.append(p)
+        self.parked = still
+        if not back:
+            return
+        for p in back:
+            p.row.stream.on_taken = None
+        try:
+            self.batch.merge(back)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: these rows fail, the batch goes on
+            log.exception("resuming %d rows failed", len(back))
+            for p in back:
+                self._fail(p.row, f"resume failed: {exc.__class__.__name__}")
+            return
+        self.stats.rows_resumed += len(back)
 
     # ------------------------------------------------------------------ leaving the batch
 

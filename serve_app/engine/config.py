@@ -131,6 +131,15 @@ class AcousticConfig(_Strict):
         ge=0,
         description="Tokens sent but not yet heard: the vocoder's hold_back_tokens (the app sets it from there).",
     )
+    max_stream_chunks: Optional[int] = Field(
+        default=8,
+        ge=2,
+        description="Chunks a row's stream may hold that its consumer has not taken (the stage after the GPT, or "
+        "a client, falling behind): at this many the row is parked, its KV set aside and its slot freed, and it "
+        "comes back where it left off once the backlog is half gone. Bounds the hidden states buffered per "
+        "stream (~0.6 MB of float32 at 8 chunks of 24 tokens). Where the transport between stages applies back-pressure (Serve's gRPC "
+        "transport: docs/operations.md), a slow listener bounds the whole chain. None: never park.",
+    )
     continuous: bool = Field(
         default=True,
         description="Admit new rows between steps (iteration-level batching); "

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -766,3 +767,45 @@ def test_engine_modules_do_not_import_ray():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_row_whose_consumer_falls_behind_is_parked_and_resumes_where_it_left_off(make_engine, spk):
+    """Back-pressure: a row whose consumer leaves ``max_stream_chunks`` chunks unread leaves the
+    batch with its KV (the others decode on), and comes back once half of them are read; its
+    hidden states are those of an undisturbed decode, and its backlog never passed the limit."""
+    long_req, other_req = seg(spk, 200, seed=5), seg(spk, 150, seed=6)
+    expected = decode_alone(make_engine(), long_req)
+    expected_other = decode_alone(make_engine(), other_req)
+
+    eng = make_engine(max_stream_chunks=3, first_chunk_tokens=8, chunk_tokens=8)
+    eng.start()
+    slow = eng.submit(long_req)
+    other = eng.submit(other_req)
+    deadline = time.monotonic() + 60
+    while eng.stats.rows_parked == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.stats.rows_parked >= 1 and slow.backlog == 3  # parked at the limit, nothing more sent
+    # The other row decodes on, read by its own consumer, while the slow one waits.
+    assert torch.allclose(drain(other)[1], expected_other, atol=1e-5, rtol=0)
+    assert slow.backlog == 3
+    got, most = [], 0
+    for chunk in slow:  # now read slowly: the row parks and resumes as its reader goes
+        got.append(chunk.hidden)
+        time.sleep(0.01)  # the engine runs ahead meanwhile, as far as the limit lets it
+        most = max(most, slow.backlog)
+    assert most <= 3 and eng.stats.rows_resumed >= 1 and eng.parked_rows == 0
+    assert torch.allclose(torch.cat(got), expected, atol=1e-5, rtol=0)
+
+
+def test_a_parked_row_whose_consumer_leaves_ends_and_frees_everything(make_engine, spk):
+    eng = make_engine(max_stream_chunks=2, first_chunk_tokens=8, chunk_tokens=8)
+    eng.start()
+    stream = eng.submit(seg(spk, 120, seed=7))
+    deadline = time.monotonic() + 60
+    while eng.parked_rows == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.parked_rows == 1 and eng.running_rows == 0
+    stream.cancel()
+    while eng.parked_rows and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.parked_rows == 0 and eng.stats.rows_cancelled == 1 and stream.ended

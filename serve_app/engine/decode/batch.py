@@ -45,13 +45,15 @@ class BufferedLayer(DynamicLayer):
 
 
 class Prefilled(NamedTuple):
-    """A row's prompt run through the GPT alone: its KV per layer, (1, H, n, D), and the last
-    position's hidden state (which yields its first token)."""
+    """A row ready to join the batch: its KV per layer, (1, H, n, D), with either the prompt's
+    last hidden state (a new row: it yields the first token) or, for a row coming back from
+    being parked, its saved sampling state (``SamplingState.take``) and no hidden state."""
 
     row: Row
     keys: list
     values: list
-    hidden: torch.Tensor
+    hidden: Optional[torch.Tensor]
+    sampling: Optional[dict] = None
 
 
 def code_embeddings(embed: Any, tokens: torch.Tensor) -> torch.Tensor:
@@ -115,7 +117,7 @@ class BatchState:
         pos = torch.cat([self.pos, new_pos]) if self.rows else new_pos
         self.set_kv(kv[0], kv[1], t)
         self.mask, self.pos = mask, pos
-        self.sampling.append([p.row.req for p in prefilled])
+        self.sampling.append([p.row.req for p in prefilled], [p.sampling for p in prefilled])
         self.rows.extend(p.row for p in prefilled)
 
     # ------------------------------------------------------------------ one decode step
@@ -141,6 +143,23 @@ class BatchState:
         """After the forward: the buffers now hold one more column (re-allocated if they grew)."""
         self.set_kv(kbuf, vbuf, self.width + 1)
         self.pos = self.pos + 1
+
+    # ------------------------------------------------------------------ park
+
+    def park(self, indices: list[int]) -> list[Prefilled]:
+        """Take the rows at ``indices`` out of the batch, each with a copy of its own KV (its
+        real columns only: the last ``pos`` ones, rows being left-padded) and its sampling state,
+        ready to ``merge`` back where they left off."""
+        t = self.width
+        out = []
+        for i in indices:
+            n = int(self.pos[i])
+            keys = [b[i : i + 1, :, t - n : t].clone() for b in self.kbuf]
+            values = [b[i : i + 1, :, t - n : t].clone() for b in self.vbuf]
+            out.append(Prefilled(self.rows[i], keys, values, None, self.sampling.take(i)))
+        gone = set(indices)
+        self.retire([i for i in range(len(self.rows)) if i not in gone])
+        return out
 
     # ------------------------------------------------------------------ filter
 

@@ -78,8 +78,9 @@ class SamplingState:
     def __len__(self) -> int:
         return int(self.seed.shape[0])
 
-    def append(self, reqs: Sequence[SegmentRequest]) -> None:
-        """New rows at the end (their first token is still to be drawn)."""
+    def append(self, reqs: Sequence[SegmentRequest], saved: Optional[Sequence[Optional[dict]]] = None) -> None:
+        """Rows at the end: new ones (their first token still to be drawn), or, where ``saved``
+        has an entry, rows coming back with the state ``take`` kept."""
         def col(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
@@ -96,10 +97,18 @@ class SamplingState:
             "history": self.history.new_zeros(n, NUM_VQ, REPETITION_WINDOW),
             "last": self.last.new_zeros(n, NUM_VQ),
         }
+        for j, kept in enumerate(saved or []):
+            if kept is not None:
+                for name in self.FIELDS:
+                    new[name][j] = kept[name][0]
         merged = {name: torch.cat([getattr(self, name), value]) for name, value in new.items()}
         for name, value in merged.items():  # all built first: a failure leaves the state as it was
             setattr(self, name, value)
         self.top_k_list += [r.top_k for r in reqs]
+
+    def take(self, i: int) -> dict:
+        """A copy of row ``i``'s state (for ``append(..., saved=)``: a parked row)."""
+        return {name: getattr(self, name)[i : i + 1].clone() for name in self.FIELDS}
 
     def select(self, idx: torch.Tensor) -> None:
         """Keep the rows at ``idx`` (a long tensor), in that order."""

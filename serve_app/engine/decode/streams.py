@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import torch
 
@@ -48,6 +48,22 @@ class RowStream:
         self.first_chunk_at: Optional[float] = None
         self.finished_at: Optional[float] = None  # its final chunk was sent
         self.ended = False  # its last item (end or error) was put
+        # Chunks sent and taken (each written by one thread only): the backlog between the
+        # engine and its consumer, which parks the row when it grows (AcousticConfig.max_stream_chunks).
+        self.sent_chunks = 0
+        self.taken_chunks = 0
+        self.on_taken: Optional[Callable[["RowStream"], None]] = None  # the engine's wake-up while parked
+
+    @property
+    def backlog(self) -> int:
+        """Chunks sent that the consumer has not taken yet."""
+        return self.sent_chunks - self.taken_chunks
+
+    def _took(self) -> None:
+        self.taken_chunks += 1
+        hook = self.on_taken
+        if hook is not None:
+            hook(self)
 
     @property
     def started(self) -> bool:
@@ -62,6 +78,7 @@ class RowStream:
             return
         if self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()
+        self.sent_chunks += 1
         self._put(chunk)
         if chunk.final:
             self.finished_at = time.monotonic()
@@ -105,6 +122,7 @@ class RowStream:
             if isinstance(item, BaseException):
                 raise item
             if item is not _END:
+                self._took()
                 out.append(item)
         return out
 
@@ -117,6 +135,7 @@ class RowStream:
                 return
             if isinstance(item, BaseException):
                 raise item
+            self._took()
             yield item
 
     async def __aiter__(self) -> AsyncIterator[HiddenChunk]:
@@ -129,6 +148,7 @@ class RowStream:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                self._took()
                 yield item
         finally:
             # The consumer stopped early (finished, error or cancelled): free the row.
