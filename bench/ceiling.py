@@ -48,7 +48,7 @@ _log = logger("ceiling")
 class Ceiling:
     def __init__(self, weights: str = "random", threads: Optional[int] = None, segments: Optional[dict] = None,
                  first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None,
-                 device: str = "cpu", dtype: str = "float32"):
+                 device: str = "cpu", dtype: str = "float32", quantize: str = "auto"):
         import torch
 
         from serve_app.engine.config import ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
@@ -61,7 +61,7 @@ class Ceiling:
 
         t0 = time.perf_counter()
         self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype,
-                                            torch_threads=threads))
+                                            torch_threads=threads, quantize=quantize))
         self.threads = torch.get_num_threads()
         _log(f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}")
         self.chat = self.model.chat
@@ -253,7 +253,10 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
 
     t_start = time.perf_counter()
-    c = Ceiling(args.weights, args.threads, json.loads(args.segments), args.first_chunk_tokens, args.chunk_tokens, json.loads(args.vocoder))
+    # The int8 study swaps float layers for int8 ones in place: it loads them float.
+    quantize = "none" if args.quantize or args.quantize_only else "auto"
+    c = Ceiling(args.weights, args.threads, json.loads(args.segments), args.first_chunk_tokens, args.chunk_tokens,
+                json.loads(args.vocoder), quantize=quantize)
     tokens = args.tokens or c.mean_tokens
     batches = args.batches
     result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}

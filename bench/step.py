@@ -54,7 +54,9 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
 
     torch.set_grad_enabled(False)
     _log(f"serve_app from {Path(serve_app.__file__).parent.parent.name}")
-    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), torch_threads=1))
+    # Float layers (int8 is swapped in where measured): the same baseline in any revision.
+    quantize = {"quantize": "none"} if "quantize" in ModelConfig.model_fields else {}
+    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), torch_threads=1, **quantize))
     planner = Planner(SegmentLimits())
     planner.warmup()
     seg = planner.plan(TEXT, SynthesisOptions()).segments[0]

@@ -231,10 +231,12 @@ def load_voice_encoder(cfg: Any) -> VoiceEncoder:
     from dataclasses import asdict
 
     import torch
-    from ChatTTS.model import DVAE, Speaker
 
     from .quiet import quiet_libraries
-    from .weights import _fresh_chattts_config, resolve_weights, select_device
+    from .weights import _fresh_chattts_config, chattts_modules, resolve_weights, select_device
+
+    dvae_module, speaker_module = chattts_modules("model.dvae", "model.speaker")  # not the GPT
+    DVAE, Speaker = dvae_module.DVAE, speaker_module.Speaker
 
     quiet_libraries()
     weights = resolve_weights(cfg.weights)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -85,18 +85,26 @@ class ModelConfig(_Strict):
         description="On CPU in float32, keep a transposed copy of each GPT linear weight for steps "
         "of 4+ rows (engine/linear.py: faster few-row decode steps for one more copy of those weights).",
     )
-    quantize: Literal["none", "int8"] = Field(
-        default="none",
-        description="int8: the GPT's attention and MLP weights in int8 on CPU (engine/quant.py: a "
-        "quarter of the bytes per decode step, ~1% error per layer; replaces cpu_dual_layout). CPU "
-        "and float32 only: refused with device cuda/mps, ignored with a warning when auto finds a GPU.",
+    quantize: Literal["auto", "none", "int8"] = Field(
+        default="auto",
+        description="int8: the GPT's attention and MLP weights in int8 on CPU (engine/quant.py: a quarter of "
+        "the bytes per decode step, ~1% error per layer, teacher-forced hidden states within cosine 0.9997 of "
+        "float32's; replaces cpu_dual_layout). auto (the default): int8 where the GPT runs on CPU in float32 "
+        "(Serve at 8 clients, full size: 3.2x the audio per second of float32, bench/README.md), none on a GPU. "
+        "int8 is refused with device cuda/mps and ignored with a warning when device auto finds a GPU.",
     )
 
     @model_validator(mode="after")
     def _check_quantize(self) -> "ModelConfig":
-        if self.quantize != "none" and (self.device in ("cuda", "mps") or self.dtype != "float32"):
+        if self.quantize == "int8" and (self.device in ("cuda", "mps") or self.dtype != "float32"):
             raise ValueError(f"quantize {self.quantize} is for device cpu (or auto) in float32")
         return self
+
+    def quantize_on(self, device: Any) -> str:
+        """The quantize mode for a GPT on ``device``: ``auto`` is int8 on CPU in float32."""
+        if self.quantize != "auto":
+            return self.quantize
+        return "int8" if getattr(device, "type", str(device)) == "cpu" and self.dtype == "float32" else "none"
 
 
 class AcousticConfig(_Strict):

@@ -71,9 +71,8 @@ class ResolvedWeights:
 
     @property
     def asset_paths(self) -> dict[str, str]:
-        from ChatTTS.config.config import Path as AssetPaths
-
-        return {k: str(self.root / v) for k, v in asdict(AssetPaths()).items()}
+        (config,) = chattts_modules("config.config")
+        return {k: str(self.root / v) for k, v in asdict(config.Path()).items()}
 
 
 # --------------------------------------------------------------------------- random weights
@@ -126,14 +125,55 @@ def _apply_overrides(config: Any, overrides: dict[str, dict[str, Any]]) -> None:
             setattr(target, key, value)
 
 
+def chattts_modules(*names: str) -> list[Any]:
+    """ChatTTS's modules by dotted name under the package (``"model.dvae"``, ``"config"``),
+    imported without running ``ChatTTS/__init__.py`` and ``ChatTTS/model/__init__.py``: those
+    import the GPT and with it transformers, ~230 MiB of RSS in a process that never runs the GPT
+    (the Vocoder stage). The two packages stand in as bare namespaces while the modules load and
+    go again, so a later ``import ChatTTS`` runs them for real and reuses the modules loaded
+    here. Where ChatTTS is already imported, or its layout differs, a plain import."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    def plain() -> list[Any]:
+        return [importlib.import_module(f"ChatTTS.{n}") for n in names]
+
+    if "ChatTTS" in sys.modules:
+        return plain()
+    spec = importlib.util.find_spec("ChatTTS")
+    if spec is None or not spec.submodule_search_locations:
+        return plain()
+    root = Path(list(spec.submodule_search_locations)[0])
+    stubs = {}
+    for pkg, path in (("ChatTTS", root), ("ChatTTS.model", root / "model")):
+        stub = types.ModuleType(pkg)
+        stub.__path__ = [str(path)]
+        stub.__package__ = pkg
+        stubs[pkg] = sys.modules[pkg] = stub
+    try:
+        return [importlib.import_module(f"ChatTTS.{n}") for n in names]
+    except Exception:  # noqa: BLE001 - another ChatTTS layout: import it the usual way
+        for n in [m for m in sys.modules if m.startswith("ChatTTS.")]:
+            del sys.modules[n]
+        stubs.clear()
+        for pkg in ("ChatTTS", "ChatTTS.model"):
+            sys.modules.pop(pkg, None)
+        return plain()
+    finally:
+        for pkg, stub in stubs.items():
+            if sys.modules.get(pkg) is stub:
+                del sys.modules[pkg]
+
+
 def _fresh_chattts_config(overrides: dict[str, dict[str, Any]]) -> Any:
     """A ChatTTS Config with overrides applied; its nested defaults are shared class-level
     instances, so deep-copy before touching them."""
     import copy
 
-    from ChatTTS.config import Config
-
-    cfg = copy.deepcopy(Config())
+    (config,) = chattts_modules("config.config")
+    cfg = copy.deepcopy(config.Config())
     _apply_overrides(cfg, overrides)
     return cfg
 
@@ -404,8 +444,6 @@ def load_vocoder(cfg: ModelConfig) -> VocoderWeights:
     """Load only the Decoder and Vocos (the vocoder stage needs nothing else: no GPT, no DVAE
     encoder, no tokenizer), built the way ``Chat._load`` builds them, from the same asset files."""
     import torch
-    from ChatTTS.model import DVAE
-    from ChatTTS.utils import load_safetensors
     from vocos import Vocos
     from vocos.pretrained import instantiate_class
 
@@ -413,6 +451,8 @@ def load_vocoder(cfg: ModelConfig) -> VocoderWeights:
 
     quiet_libraries()
     torch.set_num_threads(cfg.torch_threads or torch.get_num_threads())
+    dvae, io = chattts_modules("model.dvae", "utils.io")  # not ChatTTS's GPT (nor transformers)
+    DVAE, load_safetensors = dvae.DVAE, io.load_safetensors
     weights = resolve_weights(cfg.weights)
     device = select_device(cfg.device)
     config = _fresh_chattts_config(weights.overrides)
@@ -461,11 +501,11 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         if device.type == "cpu":
             log.warning("dtype %s on CPU is slow; consider float32", cfg.dtype)
         chat.gpt.gpt.to(dtype=dtype)
-    quantize = "none"
-    if cfg.quantize != "none":
+    quantize = cfg.quantize_on(device)
+    if quantize != "none":
         from .quant import quantize_gpt
 
-        quantize = quantize_gpt(chat.gpt.gpt, cfg.quantize, device)
+        quantize = quantize_gpt(chat.gpt.gpt, quantize, device)
     if quantize != "none":
         # Cache keys include the weights id: quantized weights decode to different audio.
         weights = replace(weights, weights_id=f"{weights.weights_id}+{quantize}")

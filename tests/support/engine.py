@@ -57,11 +57,13 @@ def tiny_model(tiny_weights_config):
 
     One torch thread: the tiny model gains nothing from two, and two threads wait on each other at
     every op as soon as another process competes for the cores (bench/README.md, "Measurements
-    behind code choices")."""
+    behind code choices"). Float32 GPT layers: the engine tests check the decode loop on the
+    transformers modules as loaded (and time chunk schedules against its pace); int8, the CPU
+    default, has its own tests (test_quant.py) and is what the Serve tests run."""
     from serve_app.engine.config import ModelConfig
     from serve_app.engine.weights import load_model
 
-    return load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
+    return load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none"))
 
 
 @pytest.fixture(scope="session")

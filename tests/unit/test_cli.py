@@ -54,9 +54,11 @@ def test_say_writes_a_24khz_mono_wav(tmp_path, text_samples, tiny_model, tiny_we
     # It used the session's build (no second tree in the shared cache).
     trees = [p for p in chattts_cache_dir.iterdir() if p.name.startswith("random-tiny")]
     assert trees == [tiny_model.weights.root]
-    # Same text + voice + seed in another process: the same audio as in-process synthesis.
-    cfg = EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=AcousticConfig(listener_margin_s=None))
-    synth = Synthesizer(cfg, model=tiny_model)
+    # Same text + voice + seed in another process: the same audio as in-process synthesis with
+    # the same defaults (int8 GPT layers on CPU: the session's float32 model is not the CLI's).
+    cfg = EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1),
+                       acoustic=AcousticConfig(listener_margin_s=None))
+    synth = Synthesizer(cfg)
     try:
         local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
     finally:

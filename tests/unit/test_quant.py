@@ -141,3 +141,18 @@ def test_int8_is_refused_or_ignored_off_cpu(caplog):
     assert "ignored on cuda" in caplog.text
     assert quantize_gpt(net, "none", torch.device("cpu")) == "none" and type(net[0]) is nn.Linear
     assert quantize_gpt(net, "int8", torch.device("cpu")) == "int8" and isinstance(net[0], Int8Linear)
+
+
+def test_auto_is_int8_on_cpu_in_float32_only():
+    """The CPU default (``quantize: auto``): int8 GPT layers where the GPT runs on CPU in float32,
+    none on a GPU or in another dtype; explicit values stay as set."""
+    import torch
+
+    from serve_app.engine.config import ModelConfig
+
+    assert ModelConfig().quantize == "auto"
+    assert ModelConfig().quantize_on(torch.device("cpu")) == "int8"
+    assert ModelConfig().quantize_on(torch.device("cuda")) == "none"
+    assert ModelConfig(dtype="bfloat16").quantize_on(torch.device("cpu")) == "none"
+    assert ModelConfig(quantize="none").quantize_on(torch.device("cpu")) == "none"
+    assert ModelConfig(device="cuda").quantize == "auto"  # auto is fine with a GPU

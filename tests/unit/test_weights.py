@@ -167,7 +167,7 @@ def test_env_var_overrides_configured_source(monkeypatch, tiny_root, chattts_cac
 
 
 def test_local_source_loads_built_tree(tiny_root, tiny_model):
-    model = load_model(ModelConfig(weights=WeightsConfig(source="local", path=str(tiny_root)), device="cpu"))
+    model = load_model(ModelConfig(weights=WeightsConfig(source="local", path=str(tiny_root)), device="cpu", quantize="none"))
     assert model.weights.source == "local"
     assert model.weights.kind == "random"  # from the manifest
     assert model.is_random
@@ -272,3 +272,31 @@ def test_vocoder_stage_loads_only_decoder_and_vocos(tiny_model, tiny_weights_con
     gpt_only.drop_audio_modules()
     assert not any(hasattr(gpt_only.chat, n) for n in ("decoder", "vocos", "dvae"))
     assert gpt_only.chat.gpt is not None and gpt_only.chat.speaker is not None
+
+
+_VOCODER_STAGE = """
+import sys
+from serve_app.engine.clips import load_voice_encoder
+from serve_app.engine.config import ModelConfig, WeightsConfig
+from serve_app.engine.weights import load_vocoder
+cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=1)
+load_vocoder(cfg)
+load_voice_encoder(cfg)
+print(sorted(m for m in ("transformers", "ChatTTS", "ChatTTS.model", "ChatTTS.model.gpt") if m in sys.modules))
+import ChatTTS  # the real package afterwards, reusing the modules loaded on their own
+from ChatTTS.model import DVAE
+import ChatTTS.model.dvae as dvae
+print(DVAE is dvae.DVAE and hasattr(ChatTTS, "Chat"))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_vocoder_stage_never_imports_the_gpt_or_transformers(tiny_root):
+    """The Vocoder stage's loaders take ChatTTS's DVAE, speaker and config modules without the
+    package's ``__init__`` files, which import the GPT and transformers (~100 MiB of RSS); a
+    later ``import ChatTTS`` still works and shares those modules."""
+    out = subprocess.run([sys.executable, "-c", _VOCODER_STAGE, str(tiny_root.parent)], capture_output=True,
+                         text=True, timeout=110, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2:] == ["[]", "True"], out.stdout
