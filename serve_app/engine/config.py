@@ -140,13 +140,15 @@ class AcousticConfig(_Strict):
         description="Tokens sent but not yet heard: the vocoder's hold_back_tokens (the app sets it from there).",
     )
     max_stream_chunks: Optional[int] = Field(
-        default=8,
+        default=16,
         ge=2,
         description="Chunks a row's stream may hold that its consumer has not taken (the stage after the GPT, or "
         "a client, falling behind): at this many the row is parked, its KV set aside and its slot freed, and it "
-        "comes back where it left off once the backlog is half gone. Bounds the hidden states buffered per "
-        "stream (~0.6 MB of float32 at 8 chunks of 24 tokens). Where the transport between stages applies back-pressure (Serve's gRPC "
-        "transport: docs/operations.md), a slow listener bounds the whole chain. None: never park.",
+        "comes back where it left off once the backlog is half gone. 16 chunks are ~8 s of audio ahead of the "
+        "reader (~1.2 MB of float32 hidden states): above a whole segment of max_seconds 4.0 (~9 chunks), so a "
+        "later segment waiting for the ones before it to be read is not parked. Where the transport between "
+        "stages applies back-pressure (Serve's gRPC transport: docs/architecture.md), a slow listener bounds "
+        "the whole chain. None: never park.",
     )
     continuous: bool = Field(
         default=True,
