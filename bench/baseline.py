@@ -62,7 +62,9 @@ class BaselineSynth:
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
         # ChatTTS as shipped: without the project's CPU weight layout (engine/linear.py).
-        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False))
+        # ChatTTS as it comes: float32 layers, no int8 (the project's CPU default) and no dual layout.
+        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False,
+                                            quantize="none"))
         self.chat = self.model.chat
         self.planner = Planner(SegmentLimits.model_validate(segments or {}))
         self.speakers = SpeakerSampler(self.chat.speaker)

@@ -475,7 +475,9 @@ def test_a_keys_stream_limit_holds_across_two_ingress_replicas(keyed, tmp_path):
     try:
         wait_ready(base, 120)
         headers = {**_auth(ATTACKER), "Cache-Control": "no-store"}
-        body = {"input": LONG_TEXT, "response_format": "pcm"}
+        # ~5 minutes of speech: each stream still holds its slot when the sixth request comes (one
+        # of ~40 s could end before, on an engine and vocoder this fast).
+        body = {"input": LONG_TEXT * 8, "response_format": "pcm"}
         opened, statuses = [], []
         with httpx.Client(base_url=base, timeout=120) as client:
             try:

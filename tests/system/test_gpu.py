@@ -81,7 +81,7 @@ def model_on(tiny_weights_config):
     def get(device: str, dtype: str):
         if (device, dtype) not in loaded:
             cfg = ModelConfig(weights=tiny_weights_config, device=device, dtype=dtype, torch_threads=1,
-                              cpu_dual_layout=False)
+                              cpu_dual_layout=False, quantize="none")  # the dtype itself (int8: test_quant.py)
             loaded[device, dtype] = load_model(cfg)
         return loaded[device, dtype]
 
