@@ -61,7 +61,6 @@ class BaselineSynth:
         from serve_app.engine.weights import load_model
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
-        # ChatTTS as shipped: without the project's CPU weight layout (engine/linear.py).
         # ChatTTS as it comes: float32 layers, no int8 (the project's CPU default) and no dual layout.
         self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False,
                                             quantize="none"))
