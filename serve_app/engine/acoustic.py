@@ -104,7 +104,7 @@ class AcousticEngine:
         self.sampler = Sampler(self.embed, self.eos)
         # The decode step's forward without transformers' generic plumbing (decode/forward.py);
         # transformers' forward where the GPT is not the plain Llama it writes out.
-        self.decode_forward = DecodeForward(self.gpt) if DecodeForward.supports(self.gpt) else None
+        self.decode_forward = DecodeForward(self.gpt, self.embed) if DecodeForward.supports(self.gpt) else None
         self.graphs: Optional[GraphRunner] = None  # decode steps from CUDA graphs (read at construction)
         if config.cuda_graphs:
             if torch.device(self.gpt_device).type == "cuda":
@@ -352,9 +352,9 @@ class AcousticEngine:
         if self.graphs is not None and self.graphs.fits(batch):
             self.stats.graph_steps += 1
             return self.graphs.step(batch, last)
-        emb = code_embeddings(self.embed, last)
         if self.decode_forward is not None:
-            return self.decode_forward(batch, emb.to(self.gpt_dtype))
+            return self.decode_forward(batch, self.decode_forward.embed(last).to(self.gpt_dtype))
+        emb = code_embeddings(self.embed, last)
         mask = batch.open_step()
         cache = batch.cache()
         out = self.gpt(

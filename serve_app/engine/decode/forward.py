@@ -29,7 +29,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class DecodeForward:
     """One decode step of a transformers ``LlamaModel`` over the batch's KV buffers."""
 
-    def __init__(self, gpt: Any):
+    def __init__(self, gpt: Any, embed: Any):
         cfg = gpt.config
         self.gpt = gpt
         self.layers = list(gpt.layers[: cfg.num_hidden_layers])
@@ -37,6 +37,27 @@ class DecodeForward:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scaling = self.layers[0].self_attn.scaling if self.layers else 1.0
+        param = next(gpt.parameters())
+        # ChatTTS's four code embeddings as one table (one gather a step, not four module calls).
+        with torch.no_grad():
+            tables = [e.weight.detach() for e in embed.emb_code]
+            self.vocab = tables[0].shape[0]
+            self.codes = torch.cat(tables).to(param.device)
+            self.offsets = torch.arange(len(tables), device=param.device) * self.vocab
+        self._rotary_table(cfg.max_position_embeddings)
+
+    @torch.no_grad()
+    def _rotary_table(self, n: int) -> None:
+        """The rotary embedding of positions 0..n-1, computed once by the model's own module (the
+        same ops on a vector of positions: the same values as computed per step)."""
+        param = next(self.gpt.parameters())
+        positions = torch.arange(n, device=param.device).unsqueeze(0)
+        cos, sin = self.gpt.rotary_emb(torch.zeros(1, dtype=param.dtype, device=param.device), positions)
+        self.cos, self.sin = cos[0], sin[0]  # (n, D)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, 4) codes -> (B, hidden): the sum of the four codebooks' embeddings."""
+        return F.embedding(tokens + self.offsets, self.codes).sum(1)
 
     @staticmethod
     def supports(gpt: Any) -> bool:
@@ -52,9 +73,11 @@ class DecodeForward:
         b = emb.shape[0]
         mask = batch.open_step()[:, None, None, :]  # (B, 1, 1, T+1), True = attend
         t = batch.width
+        if t >= self.cos.shape[0]:  # a position past the table (positions never exceed the width)
+            self._rotary_table(2 * t)
         h = emb.unsqueeze(1)  # (B, 1, hidden)
-        cos, sin = self.gpt.rotary_emb(h, batch.pos.unsqueeze(1))  # (B, 1, D)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, 1, D): broadcast over heads
+        cos = self.cos[batch.pos].view(b, 1, 1, -1)  # (B, 1, 1, D): broadcast over heads
+        sin = self.sin[batch.pos].view(b, 1, 1, -1)
         kbufs, vbufs = [], []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

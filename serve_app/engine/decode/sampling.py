@@ -43,14 +43,18 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniforms(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def seed_keys(seed: torch.Tensor) -> torch.Tensor:
+    """Each row's seed hashed once (B,): the key its draws are derived from."""
+    return _mix32(_mix32((seed & _M32) ^ 0x9E3779B9) ^ ((seed >> 32) & _M32))
+
+
+def uniforms(seed: torch.Tensor, index: torch.Tensor, keyed: bool = False) -> torch.Tensor:
     """Uniform numbers in [0, 1), (B, 4): one per row and codebook, a pure function of the row's
-    ``seed`` (B,) and its token ``index`` (B,): counter-based, like Philox, so no generator
-    state is carried and rows never share one."""
+    ``seed`` (B,) (or its ``seed_keys`` with ``keyed``) and its token ``index`` (B,):
+    counter-based, like Philox, so no generator state is carried and rows never share one."""
     q = torch.arange(NUM_VQ, device=seed.device)
-    h = _mix32((seed & _M32) ^ 0x9E3779B9)
-    h = _mix32(h ^ ((seed >> 32) & _M32))
-    h = _mix32(h.unsqueeze(1) ^ ((index.unsqueeze(1) * NUM_VQ + q) & _M32))
+    key = seed if keyed else seed_keys(seed)
+    h = _mix32(key.unsqueeze(1) ^ ((index.unsqueeze(1) * NUM_VQ + q) & _M32))
     return (h >> 8).float() * (1.0 / (1 << 24))
 
 
@@ -92,7 +96,7 @@ class SamplingState:
             "penalty": col([r.repetition_penalty for r in reqs], f),
             "top_k": col([r.top_k for r in reqs], i),
             "min_new": col([r.min_new_tokens for r in reqs], i),
-            "seed": col([int(r.seed) for r in reqs], i),
+            "seed": seed_keys(col([int(r.seed) for r in reqs], i)),  # hashed once: the draws' key
             "generated": self.generated.new_zeros(n),
             "history": self.history.new_zeros(n, NUM_VQ, REPETITION_WINDOW),
             "last": self.last.new_zeros(n, NUM_VQ),
@@ -161,7 +165,7 @@ class Sampler:
             history=state.history[rows],
             filled=torch.clamp(state.generated[rows], max=REPETITION_WINDOW),
             eos_masked=state.generated[rows] < state.min_new[rows],
-            u=uniforms(state.seed[rows], state.generated[rows]),
+            u=uniforms(state.seed[rows], state.generated[rows], keyed=True),
             max_top_k=max(state.top_k_list[rows]),
         )
         state.record(tokens, start)
