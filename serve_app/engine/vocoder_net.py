@@ -86,6 +86,7 @@ class _Linear:
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], device: torch.device,
                  dtype: torch.dtype = torch.float32, gelu: bool = False):
         self.w = weight.detach().to(device, dtype).contiguous()  # (out, in)
+        self.dtype = dtype
         self.b = None if bias is None else bias.detach().to(device, dtype)
         self.gelu = gelu
         self.packed = None
@@ -96,6 +97,8 @@ class _Linear:
                 with torch.inference_mode():
                     ok = torch.allclose(self._packed(x, packed).float(), self._plain(x).float(), rtol=0.02, atol=0.02)
                 self.packed = packed if ok else None
+                if ok:
+                    self.w = None  # the packed copy serves every call (a bf16 copy is ~75 MB in all)
             except (RuntimeError, AttributeError):  # no oneDNN linear ops in this build
                 self.packed = None
 
@@ -108,7 +111,7 @@ class _Linear:
                                                   "none" if self.gelu else "")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.w.dtype)
+        x = x.to(self.dtype)
         return self._plain(x) if self.packed is None else self._packed(x, self.packed)
 
 
