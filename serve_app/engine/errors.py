@@ -55,3 +55,20 @@ class EmptyInputError(ValueError):
 
 class InvalidClipError(ValueError):
     """A reference clip for a voice cannot be used: undecodable, too short or long, silent."""
+
+
+class InvalidSSMLError(ValueError):
+    """SSML input that cannot be read: not well-formed XML, a DTD or entity declaration, an
+    unsupported structure or an attribute value out of range. The message names the element
+    and where it is (1-based line and column of the element, or of the XML syntax error);
+    ``element``, ``line`` and ``column`` hold the same for callers that want them."""
+
+    def __init__(self, message: str, element: str | None = None, line: int | None = None,
+                 column: int | None = None) -> None:
+        super().__init__(message)
+        self.element = element
+        self.line = line
+        self.column = column
+
+    def __reduce__(self):  # picklable across Ray processes with all its fields
+        return (type(self), (self.args[0], self.element, self.line, self.column))
