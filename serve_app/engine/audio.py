@@ -3,7 +3,11 @@
 One encoder per response stream. ``write()`` returns whatever bytes the encoder
 has produced so far (possibly ``b""``); ``close()`` flushes the rest. Compressed
 formats use a single in-process PyAV (ffmpeg) muxer per stream writing into a
-memory sink, so bytes leave as soon as the codec emits a packet.
+memory sink, so bytes leave as soon as the codec emits a packet. The telephony
+formats (``ulaw``, ``alaw``) are raw G.711 at 8 kHz, resampled in the encoder.
+
+An encoder can apply a volume gain (``gain_db``) to each chunk before it clips
+to 16 bits. Loudness normalisation of a whole answer is in ``loudness.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +23,18 @@ from .wav import wav_header
 
 SAMPLE_RATE = 24000  # ChatTTS output rate; mono throughout
 
+TELEPHONY_RATE = 8000  # G.711's rate
+
+# The formats the API serves (``protocol.ResponseFormat`` is this type).
 AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)
+# Raw G.711 at 8 kHz, as telephony media streams carry it. Kept out of AudioFormat
+# until the API, its clients and its tests know a format whose rate is not 24 kHz.
+TelephonyFormat = Literal["ulaw", "alaw"]
+TELEPHONY_FORMATS: tuple[str, ...] = get_args(TelephonyFormat)
+# Everything new_encoder() makes.
+EncoderFormat = Literal[AudioFormat, TelephonyFormat]
+ENCODER_FORMATS: tuple[str, ...] = get_args(EncoderFormat)
 
 CONTENT_TYPES: dict[str, str] = {
     "mp3": "audio/mpeg",
@@ -29,7 +43,70 @@ CONTENT_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw s16le, mono, SAMPLE_RATE
+    # RFC 2046's audio/basic is exactly this: 8-bit G.711 mu-law, 8 kHz, mono, no header.
+    "ulaw": "audio/basic",
+    # No registered type names headerless A-law bytes (audio/PCMA, RFC 4856, is defined for
+    # RTP payloads); audio/x-alaw-basic, A-law's audio/basic, is the name in common use.
+    "alaw": "audio/x-alaw-basic",
 }
+
+# Volume gain accepted by apply_gain() and the encoders, in dB.
+GAIN_DB_RANGE = (-30.0, 20.0)
+
+
+def format_sample_rate(fmt: str) -> int:
+    """Samples per second of the audio ``fmt``'s bytes carry (8000 for ulaw/alaw, else SAMPLE_RATE).
+
+    Opus streams are encoded from 24 kHz, but their decoders always output 48 kHz and their
+    Ogg granule positions count 48 kHz samples.
+    """
+    if fmt in TELEPHONY_FORMATS:
+        return TELEPHONY_RATE
+    if fmt in ENCODER_FORMATS:
+        return SAMPLE_RATE
+    raise ValueError(_unknown(fmt))
+
+
+def format_bytes_per_second(fmt: str) -> int | None:
+    """Bytes per second of audio for the constant-rate raw formats (pcm and wav's body: 48000,
+    ulaw/alaw: 8000, one byte a sample); None for the compressed ones."""
+    if fmt in TELEPHONY_FORMATS:
+        return TELEPHONY_RATE
+    if fmt in ("pcm", "wav"):
+        return 2 * SAMPLE_RATE
+    if fmt in ENCODER_FORMATS:
+        return None
+    raise ValueError(_unknown(fmt))
+
+
+def _unknown(fmt: str) -> str:
+    return f"unknown audio format {fmt!r}; expected one of {', '.join(ENCODER_FORMATS)}"
+
+
+def check_gain_db(db: float) -> float:
+    """``db`` as a float if it is within GAIN_DB_RANGE, else ValueError."""
+    lo, hi = GAIN_DB_RANGE
+    db = float(db)
+    if not lo <= db <= hi:  # NaN fails too
+        raise ValueError(f"gain must be within {lo:g}..{hi:g} dB, got {db}")
+    return db
+
+
+def apply_gain(pcm: np.ndarray, db: float) -> np.ndarray:
+    """Float PCM scaled by ``db`` decibels (GAIN_DB_RANGE): amplitude x 10^(db/20).
+
+    Stateless, so chunks of a stream can go through one by one. Nothing is clipped here:
+    samples past full scale are clipped where they become 16-bit (``to_int16``), as all
+    the encoders do. int16 input is read as ``to_int16`` writes it (x / 32767). 0 dB
+    returns the input as it is.
+    """
+    db = check_gain_db(db)
+    a = np.asarray(pcm)
+    if db == 0.0:
+        return a
+    if a.dtype == np.int16:
+        a = a.astype(np.float32) / 32767.0
+    return (a.astype(np.float32, copy=False) * np.float32(10.0 ** (db / 20.0))).astype(np.float32, copy=False)
 
 
 def to_int16(pcm: np.ndarray) -> np.ndarray:
@@ -55,10 +132,12 @@ class AudioEncoder(ABC):
     format: str
     content_type: str
 
-    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
         self.format = fmt
         self.content_type = CONTENT_TYPES[fmt]
-        self.sample_rate = sample_rate
+        self.sample_rate = sample_rate  # of the PCM written in
+        self.output_rate = sample_rate  # of the encoded audio (G.711: 8000)
+        self.gain_db = check_gain_db(gain_db)
         self._closed = False
 
     @property
@@ -69,6 +148,8 @@ class AudioEncoder(ABC):
         """Encode a chunk; returns the bytes that are ready (possibly b"")."""
         if self._closed:
             raise ValueError(f"write() on a closed {self.format} encoder")
+        if self.gain_db:
+            pcm = apply_gain(pcm, self.gain_db)
         return self._write(to_int16(pcm))
 
     def close(self) -> bytes:
@@ -104,8 +185,8 @@ class PcmEncoder(AudioEncoder):
 class WavEncoder(PcmEncoder):
     """PCM behind a RIFF/WAVE header whose sizes are unknown up front (``wav.py``)."""
 
-    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
-        super().__init__(fmt, sample_rate)
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
+        super().__init__(fmt, sample_rate, gain_db)
         self._header_sent = False
 
     def _header(self) -> bytes:
@@ -166,10 +247,10 @@ class _Sink:
 class PyAVEncoder(AudioEncoder):
     """mp3 / Ogg Opus / ADTS AAC / FLAC through one PyAV muxer per stream."""
 
-    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
         import av  # imported here: the Ingress reads this module's tables without loading ffmpeg
 
-        super().__init__(fmt, sample_rate)
+        super().__init__(fmt, sample_rate, gain_db)
         spec = _CODECS[fmt]
         self._sink = _Sink()
         self._frame_type = av.AudioFrame
@@ -231,18 +312,69 @@ class PyAVEncoder(AudioEncoder):
         return self._sink.take()
 
 
-def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> AudioEncoder:
-    """A fresh streaming encoder for ``fmt`` (one of AUDIO_FORMATS)."""
+class G711Encoder(AudioEncoder):
+    """Raw G.711 (``ulaw``: pcm_mulaw, ``alaw``: pcm_alaw), 8 kHz mono, one byte a sample, no
+    container: what telephony media streams carry.
+
+    The PCM goes through one libswresample resampler per stream (``av.AudioResampler``: a
+    windowed-sinc low-pass, flat to 3.4 kHz, aliases from 4.5 kHz up below -60 dB). It
+    holds back its filter's delay and ``close()`` flushes it, so a stream decodes to
+    round(n * 8000 / sample_rate) samples (within one for very short ones), the same bytes
+    however the input was cut into chunks.
+    """
+
+    _CODEC_NAMES = {"ulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
+        import av  # imported here: the Ingress reads this module's tables without loading ffmpeg
+
+        super().__init__(fmt, sample_rate, gain_db)
+        self.output_rate = TELEPHONY_RATE
+        self._frame_type = av.AudioFrame
+        self._time_base = Fraction(1, sample_rate)
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=TELEPHONY_RATE)
+        ctx = av.CodecContext.create(self._CODEC_NAMES[fmt], "w")
+        ctx.sample_rate = TELEPHONY_RATE
+        ctx.layout = "mono"
+        ctx.format = "s16"
+        ctx.time_base = Fraction(1, TELEPHONY_RATE)
+        ctx.open()
+        self._codec = ctx
+        self._pts = 0
+
+    def _encode(self, frames: list) -> bytes:
+        return b"".join(bytes(p) for f in frames for p in self._codec.encode(f))
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        if not len(samples):
+            return b""
+        frame = self._frame_type.from_ndarray(samples[None, :], format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.time_base = self._time_base
+        frame.pts = self._pts  # continuous, so the resampler never pads or drops at a chunk edge
+        self._pts += len(samples)
+        return self._encode(self._resampler.resample(frame))
+
+    def _close(self) -> bytes:
+        tail = self._encode(self._resampler.resample(None))  # the filter's held-back samples
+        return tail + b"".join(bytes(p) for p in self._codec.encode(None))
+
+
+def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> AudioEncoder:
+    """A fresh streaming encoder for ``fmt`` (one of ENCODER_FORMATS) of mono PCM at
+    ``sample_rate``, each chunk scaled by ``gain_db`` (GAIN_DB_RANGE) before it is clipped."""
     if fmt == "pcm":
-        return PcmEncoder(fmt, sample_rate)
+        return PcmEncoder(fmt, sample_rate, gain_db)
     if fmt == "wav":
-        return WavEncoder(fmt, sample_rate)
+        return WavEncoder(fmt, sample_rate, gain_db)
     if fmt in _CODECS:
-        return PyAVEncoder(fmt, sample_rate)
-    raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)}")
+        return PyAVEncoder(fmt, sample_rate, gain_db)
+    if fmt in TELEPHONY_FORMATS:
+        return G711Encoder(fmt, sample_rate, gain_db)
+    raise ValueError(_unknown(fmt))
 
 
-def encode_all(pcm: np.ndarray, fmt: str) -> bytes:
+def encode_all(pcm: np.ndarray, fmt: str, gain_db: float = 0.0) -> bytes:
     """Encode a whole clip in one go."""
-    enc = new_encoder(fmt)
+    enc = new_encoder(fmt, gain_db=gain_db)
     return enc.write(pcm) + enc.close()

@@ -1,5 +1,5 @@
 """Tests for serve_app.engine.audio: streaming encoders round-trip through
-PyAV (ffmpeg) and libsndfile decoders."""
+PyAV (ffmpeg) and libsndfile decoders; G.711 (8 kHz) and the volume gain."""
 
 from __future__ import annotations
 
@@ -10,13 +10,20 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+from scipy.signal import resample_poly
 
 from serve_app.engine.audio import (
     AUDIO_FORMATS,
     CONTENT_TYPES,
+    ENCODER_FORMATS,
+    GAIN_DB_RANGE,
     SAMPLE_RATE,
+    TELEPHONY_FORMATS,
     AudioEncoder,
+    apply_gain,
     encode_all,
+    format_bytes_per_second,
+    format_sample_rate,
     new_encoder,
     to_int16,
 )
@@ -47,7 +54,9 @@ EXTRA_SAMPLES = {"mp3": (1152, 1152 + 576), "aac": (1024, 2048), "opus": (0, 0)}
 MIN_SNR_DB = 20.0
 AMP_RANGE = (0.45, 0.52)
 
-DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le"}
+DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le",
+            "ulaw": "mulaw", "alaw": "alaw"}
+RAW_RATES = {"pcm": SR, "ulaw": 8000, "alaw": 8000}  # headerless: the demuxer is told the rate
 
 
 def sine(n: int = N, freq: float = FREQ, amp: float = 0.5) -> np.ndarray:
@@ -67,7 +76,7 @@ def feed(enc: AudioEncoder, x: np.ndarray, schedule: list[int] = SCHEDULE) -> tu
 
 def decode_av(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
     """Decode with PyAV; returns (samples as [channels, n], sample rate)."""
-    opts = {"sample_rate": str(SR), "ch_layout": "mono"} if fmt == "pcm" else {}
+    opts = {"sample_rate": str(RAW_RATES[fmt]), "ch_layout": "mono"} if fmt in RAW_RATES else {}
     with av.open(io.BytesIO(data), format=DEMUXERS[fmt], options=opts) as c:
         stream = c.streams.audio[0]
         assert stream.codec_context.channels == 1
@@ -164,11 +173,11 @@ def test_encode_all_matches_stream_length(fmt: str) -> None:
     assert lo <= extra <= hi
 
 
-@pytest.mark.parametrize("fmt", AUDIO_FORMATS)
+@pytest.mark.parametrize("fmt", ENCODER_FORMATS)
 def test_empty_stream(fmt: str) -> None:
     enc = new_encoder(fmt)
     data = enc.write(np.zeros(0, np.float32)) + enc.close()
-    if fmt == "pcm":
+    if fmt in ("pcm", "ulaw", "alaw"):
         assert data == b""
     elif fmt == "wav":
         assert len(data) == 44
@@ -211,7 +220,10 @@ def test_wav_header_is_streamable() -> None:
 
 
 def test_formats_and_content_types() -> None:
+    # The API's formats (protocol.ResponseFormat) stay these six until it serves 8 kHz audio.
     assert AUDIO_FORMATS == ("mp3", "opus", "aac", "flac", "wav", "pcm")
+    assert TELEPHONY_FORMATS == ("ulaw", "alaw")
+    assert ENCODER_FORMATS == AUDIO_FORMATS + TELEPHONY_FORMATS
     assert CONTENT_TYPES == {
         "mp3": "audio/mpeg",
         "opus": "audio/ogg",
@@ -219,12 +231,26 @@ def test_formats_and_content_types() -> None:
         "flac": "audio/flac",
         "wav": "audio/wav",
         "pcm": "audio/pcm",
+        "ulaw": "audio/basic",
+        "alaw": "audio/x-alaw-basic",
     }
-    for fmt in AUDIO_FORMATS:
+    for fmt in ENCODER_FORMATS:
         enc = new_encoder(fmt)
         assert isinstance(enc, AudioEncoder)
         assert enc.format == fmt and enc.content_type == CONTENT_TYPES[fmt]
+        assert enc.sample_rate == SR and enc.output_rate == format_sample_rate(fmt)
         enc.close()
+
+
+def test_format_rates() -> None:
+    assert {f: format_sample_rate(f) for f in ENCODER_FORMATS} == {
+        "mp3": SR, "opus": SR, "aac": SR, "flac": SR, "wav": SR, "pcm": SR, "ulaw": 8000, "alaw": 8000}
+    assert {f: format_bytes_per_second(f) for f in ENCODER_FORMATS} == {
+        "mp3": None, "opus": None, "aac": None, "flac": None, "wav": 2 * SR, "pcm": 2 * SR,
+        "ulaw": 8000, "alaw": 8000}
+    for fn in (format_sample_rate, format_bytes_per_second):
+        with pytest.raises(ValueError, match="unknown audio format"):
+            fn("ogg")
 
 
 @pytest.mark.parametrize("fmt", ["ogg", "MP3", "", "vorbis"])
@@ -235,7 +261,7 @@ def test_unknown_format(fmt: str) -> None:
         encode_all(sine(10), fmt)
 
 
-@pytest.mark.parametrize("fmt", AUDIO_FORMATS)
+@pytest.mark.parametrize("fmt", ENCODER_FORMATS)
 def test_close_is_idempotent(fmt: str) -> None:
     with new_encoder(fmt) as enc:
         enc.write(sine(1000))
@@ -249,7 +275,7 @@ def test_close_is_idempotent(fmt: str) -> None:
 # --- streaming behaviour -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "ulaw", "alaw"])
 def test_bytes_flow_before_close(fmt: str) -> None:
     """Bytes leave while audio is still being written. Measured first audio
     bytes (10 ms writes): mp3 80 ms, aac 90 ms, flac 100 ms, opus 120 ms
@@ -274,7 +300,7 @@ def test_no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subprocess, "Popen", forbidden)
     monkeypatch.setattr("os.system", forbidden)
     monkeypatch.setattr("os.posix_spawn", forbidden)
-    for fmt in AUDIO_FORMATS:
+    for fmt in ENCODER_FORMATS:
         data, _ = feed(new_encoder(fmt), sine(SR // 2))
         assert data
 
@@ -296,3 +322,180 @@ def test_many_interleaved_mp3_streams() -> None:
         assert y.shape[0] == 1 and lo <= y.shape[1] - SR <= hi
         snr, amp = sine_fit(y[0], rate, freqs[k])
         assert snr > MIN_SNR_DB and AMP_RANGE[0] < amp < AMP_RANGE[1], (freqs[k], snr, amp)
+
+
+# --- G.711 (ulaw / alaw, 8 kHz) ---------------------------------------------------
+
+TEL = 8000
+
+
+def g711_decode(data: bytes, fmt: str) -> np.ndarray:
+    """G.711's expansion (ITU-T G.711 tables as the classic formulas), independent of
+    ffmpeg's decoder: bytes -> 16-bit linear samples."""
+    b = np.frombuffer(data, np.uint8).astype(np.int32)
+    if fmt == "ulaw":
+        u = ~b & 0xFF
+        t = (((u & 0x0F) << 3) + 0x84) << ((u & 0x70) >> 4)
+        return np.where(u & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+    a = b ^ 0x55
+    seg = (a & 0x70) >> 4
+    q = 2 * (a & 0x0F) + 1
+    t = np.where(seg > 0, (q + 32) << (seg + 2), q << 3)
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
+def reference_8k(x: np.ndarray) -> np.ndarray:
+    """The input at 8 kHz through an independent anti-aliased resampler (scipy's polyphase)."""
+    return resample_poly(to_int16(x).astype(np.float64), 1, 3)
+
+
+def snr(y: np.ndarray, ref: np.ndarray, edge: int = 200) -> float:
+    y, ref = y[edge:-edge].astype(np.float64), ref[edge:-edge]
+    return float(10 * np.log10(np.sum(ref**2) / max(np.sum((y - ref) ** 2), 1e-20)))
+
+
+def tone_level_db(y: np.ndarray, freq: float, amp: float, rate: int = TEL) -> float:
+    """Level of a sine at freq in y (int16), in dB relative to amplitude amp."""
+    y = as_float(y)[400:-400]
+    t = np.arange(len(y)) / rate
+    basis = np.stack([np.sin(2 * np.pi * freq * t), np.cos(2 * np.pi * freq * t)], axis=1)
+    coef, *_ = np.linalg.lstsq(basis, y, rcond=None)
+    return float(20 * np.log10(max(np.hypot(*coef), 1e-12) / amp))
+
+
+# Measured SNR of the decoded bytes against reference_8k, 440 Hz tone: ulaw 37.5 dB (0.5),
+# 38.2 dB (0.05); alaw 38.4 / 38.6 dB. G.711's 8-bit companding holds ~38 dB over that
+# range; the two resamplers agree to ~58 dB, so the bound is the codec's.
+G711_MIN_SNR_DB = 35.0
+
+
+@pytest.mark.parametrize("fmt", TELEPHONY_FORMATS)
+@pytest.mark.parametrize("amp", [0.5, 0.05])
+def test_g711_roundtrip(fmt: str, amp: float) -> None:
+    x = sine(amp=amp)
+    data, _ = feed(new_encoder(fmt), x)
+    y, rate = decode_av(data, fmt)
+    assert rate == TEL and y.shape[0] == 1
+    assert len(data) == y.shape[1] == N // 3  # one byte a sample, 2.0 s at 8 kHz
+    assert len(data) / format_bytes_per_second(fmt) == N / SR
+    np.testing.assert_array_equal(y[0], g711_decode(data, fmt))  # ffmpeg's decoder agrees
+    got = snr(y[0], reference_8k(x))
+    assert got > G711_MIN_SNR_DB, f"{fmt} at {amp}: SNR {got:.1f} dB"
+
+
+@pytest.mark.parametrize("fmt,silence", [("ulaw", 0xFF), ("alaw", 0xD5)])
+def test_g711_silence_bytes(fmt: str, silence: int) -> None:
+    """Digital silence is G.711's idle code (what a telephony stack sends between words)."""
+    assert encode_all(np.zeros(2400, np.float32), fmt) == bytes([silence]) * 800
+
+
+@pytest.mark.parametrize("fmt", TELEPHONY_FORMATS)
+def test_g711_chunking_changes_nothing(fmt: str) -> None:
+    """The resampler's held-back delay is carried across writes: chunked == one shot, and
+    the length is the input's at 8 kHz."""
+    x = (0.3 * np.random.default_rng(5).standard_normal(N)).astype(np.float32)
+    whole = encode_all(x, fmt)
+    assert len(whole) == N // 3
+    for schedule in (SCHEDULE, [1] * 50 + [2, 3, 5, 7, 11, 13], [4799] * 5):
+        data, _ = feed(new_encoder(fmt), x, schedule)
+        assert data == whole, schedule
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 100, 1001, 24000, 24001, 24002, 37 * 480 + 1])
+def test_g711_length(n: int) -> None:
+    data, _ = feed(new_encoder("ulaw"), sine(n), [n // 3, 1, n // 5])
+    assert abs(len(data) - round(n * TEL / SR)) <= 1, (n, len(data))
+
+
+@pytest.mark.parametrize("fmt", TELEPHONY_FORMATS)
+def test_g711_anti_aliasing(fmt: str) -> None:
+    """Content above 4 kHz is filtered out before decimation, not folded back into the band
+    (keeping every third sample would put a 6 kHz tone at 2 kHz at full level); the band
+    stays flat. Measured: 1 kHz -0.0 dB, 3.4 kHz -0.1 dB, 4.5 kHz -> 3.5 kHz -61 dB, 6 kHz
+    and up: nothing (under half an LSB)."""
+    amp = 0.5
+    y, _ = decode_av(encode_all(sine(freq=1000.0, amp=amp), fmt), fmt)
+    assert abs(tone_level_db(y[0], 1000.0, amp)) < 0.3
+    y, _ = decode_av(encode_all(sine(freq=3400.0, amp=amp), fmt), fmt)
+    assert abs(tone_level_db(y[0], 3400.0, amp)) < 0.5
+    for freq, alias in ((4500.0, 3500.0), (6000.0, 2000.0), (9000.0, 1000.0)):
+        y, _ = decode_av(encode_all(sine(freq=freq, amp=amp), fmt), fmt)
+        level = tone_level_db(y[0], alias, amp)
+        assert level < -50.0, f"{freq} Hz folds to {alias} Hz at {level:.1f} dB"
+
+
+def test_g711_from_other_rates() -> None:
+    """The encoder takes PCM at any rate (the clips path decodes 16 or 48 kHz)."""
+    for rate in (16000, 48000, 8000):
+        x = (0.5 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate)).astype(np.float32)
+        enc = new_encoder("ulaw", sample_rate=rate)
+        data = enc.write(x) + enc.close()
+        assert abs(len(data) - TEL) <= 1, rate
+        assert abs(tone_level_db(g711_decode(data, "ulaw"), 440.0, 0.5)) < 0.3
+
+
+# --- volume gain ------------------------------------------------------------------------
+
+
+def test_gain_scales_amplitude() -> None:
+    x = sine(1000, amp=0.2)
+    np.testing.assert_allclose(apply_gain(x, 20 * np.log10(2)), 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(apply_gain(x, 6.0), 1.9953 * x, rtol=1e-4)
+    np.testing.assert_allclose(apply_gain(x, -20.0), 0.1 * x, rtol=1e-6)
+    assert apply_gain(x, 6.0).dtype == np.float32
+
+
+def test_zero_gain_is_identity() -> None:
+    x = sine(1000)
+    assert apply_gain(x, 0.0) is x
+    ints = to_int16(x)
+    np.testing.assert_array_equal(to_int16(apply_gain(ints, 0.0)), ints)
+    for fmt in ("pcm", "wav", "ulaw", "flac"):
+        assert encode_all(x, fmt, gain_db=0.0) == encode_all(x, fmt)
+
+
+def test_gain_on_int16_input() -> None:
+    ints = to_int16(sine(1000, amp=0.25))
+    out = to_int16(apply_gain(ints, 20 * np.log10(2)))
+    assert np.max(np.abs(out.astype(np.int32) - 2 * ints.astype(np.int32))) <= 1
+
+
+def test_gain_clips_at_full_scale() -> None:
+    """+20 dB on a half-scale tone: samples past full scale clip at +-32767 (to_int16),
+    they never wrap around to the other sign."""
+    x = sine(SR // 10, amp=0.5)
+    out = np.frombuffer(encode_all(x, "pcm", gain_db=20.0), "<i2")
+    assert out.max() == 32767 and out.min() == -32767
+    assert np.all(np.sign(out) == np.sign(to_int16(x)))
+    assert np.mean(np.abs(out) == 32767) > 0.8  # 5x full scale: mostly clipped
+
+
+def test_gain_is_per_chunk() -> None:
+    """Stateless: a stream cut into chunks gets the same samples as one write."""
+    x = sine(amp=0.3)
+    data, _ = feed(new_encoder("pcm", gain_db=-7.5), x)
+    assert data == encode_all(x, "pcm", gain_db=-7.5)
+    np.testing.assert_array_equal(np.frombuffer(data, "<i2"), to_int16(apply_gain(x, -7.5)))
+
+
+@pytest.mark.parametrize("fmt", ENCODER_FORMATS)
+def test_gain_in_every_format(fmt: str) -> None:
+    """+6.02 dB doubles the decoded amplitude in every format (lossy ones within 3%)."""
+    x = sine(amp=0.2)
+    amps = []
+    for db in (0.0, 20 * np.log10(2)):
+        data, _ = feed(new_encoder(fmt, gain_db=db), x)
+        y, rate = decode_av(data, fmt)
+        amps.append(sine_fit(y[0], rate)[1])
+    assert amps[1] / amps[0] == pytest.approx(2.0, rel=0.03), amps
+
+
+@pytest.mark.parametrize("db", [GAIN_DB_RANGE[0] - 0.1, GAIN_DB_RANGE[1] + 0.1, float("nan"), float("inf")])
+def test_gain_range(db: float) -> None:
+    assert GAIN_DB_RANGE == (-30.0, 20.0)
+    with pytest.raises(ValueError, match="gain"):
+        apply_gain(sine(10), db)
+    with pytest.raises(ValueError, match="gain"):
+        new_encoder("pcm", gain_db=db)
+    apply_gain(sine(10), GAIN_DB_RANGE[0])  # the bounds themselves are accepted
+    apply_gain(sine(10), GAIN_DB_RANGE[1])
