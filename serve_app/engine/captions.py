@@ -81,7 +81,7 @@ class Cue:
     speaker: Optional[str] = None
 
 
-Item = Union[TimedText, Tuple[float, float, str, Optional[str]]]
+Item = Union[TimedText, Tuple[float, float, str], Tuple[float, float, str, Optional[str]]]
 
 # --------------------------------------------------------------------------- #
 # Atoms: the pieces a line is made of, and where a cut may go
@@ -248,8 +248,8 @@ def _split_after(atoms: List[_Atom], level: int) -> List[List[_Atom]]:
 def _item(item: Item) -> TimedText:
     if isinstance(item, TimedText):
         return item
-    start_s, end_s, text, speaker = item
-    return TimedText(start_s, end_s, text, speaker)
+    start_s, end_s, text, *speaker = item  # (start, end, text) or (start, end, text, speaker)
+    return TimedText(start_s, end_s, text, speaker[0] if speaker else None)
 
 
 def _check(item: TimedText, previous_end: float) -> None:

@@ -44,7 +44,8 @@ import math
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from urllib.parse import quote
 
 from .text import data
@@ -204,7 +205,7 @@ def _build(table: dict) -> Tuple[_Phrases, Dict[str, Tuple[int, ...]], Dict[str,
 _TABLE = data.load("styles.json")
 _NEUTRAL = _TABLE["neutral"]
 _PHRASES, _LENGTHS, _PRESET_CONTROLS = _build(_TABLE)
-PRESETS: Dict[str, StyleControls] = dict(_PRESET_CONTROLS)  # name -> controls, for a style picker
+PRESETS: Mapping[str, StyleControls] = MappingProxyType(_PRESET_CONTROLS)  # name -> controls, for a style picker
 
 
 # --------------------------------------------------------------------------- #
@@ -249,6 +250,8 @@ def resolve_instructions(text: Optional[str]) -> StyleResult:
     refuses such a request before it gets here)."""
     if not text:
         return StyleResult()
+    if not isinstance(text, str):
+        raise TypeError(f"instructions must be str, got {type(text).__name__}")
     if len(text) > MAX_INSTRUCTIONS_CHARS:
         raise ValueError(f"instructions are {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS} are read")
     norm = _normalise(text)

@@ -269,3 +269,8 @@ def test_the_module_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_items_may_be_three_or_four_tuples():
+    assert build_cues([(0, 1, "One."), (1, 2, "Two.", "B")]) == [
+        Cue(0, 1000, ("One.",), None), Cue(1000, 2000, ("Two.",), "B")]

@@ -434,3 +434,10 @@ def test_element_spans_end_where_the_element_ends():
     (sub,) = pieces(second)
     assert sub.text == "a>b y" and second[slice(*sub.span)] == '<sub alias="a>b">x/></sub>y'
     assert [third[slice(*p.span)] for p in pieces(third)] == ['<break time="1s"></break>', "z"]
+
+
+def test_the_language_argument_is_checked():
+    with pytest.raises(ValueError, match="lang must be"):
+        parse_ssml("<speak>x</speak>", lang="fr")
+    with pytest.raises(TypeError):
+        parse_ssml(b"<speak>x</speak>")

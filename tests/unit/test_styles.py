@@ -305,3 +305,10 @@ def test_the_module_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_presets_are_read_only_and_instructions_must_be_text():
+    with pytest.raises(TypeError):
+        PRESETS["narrator"] = StyleControls()  # type: ignore[index]
+    with pytest.raises(TypeError):
+        resolve_instructions(["slow"])  # type: ignore[arg-type]

@@ -57,7 +57,7 @@ from ..types import MAX_SPEAKER_CHARS, SynthesisOptions
 from . import data
 from .chars import CJK_RE
 from .en import en_integer, en_number, en_ordinal, en_year
-from .lang import Lang, detect_language, detect_or
+from .lang import Lang, check_lang, detect_language, detect_or
 from .patterns import MAX_DIGITS
 from .zh import zh_integer, zh_number
 
@@ -668,6 +668,7 @@ def parse_ssml(
     input or breaks over their limits."""
     if not isinstance(text, str):
         raise TypeError(f"SSML must be str, got {type(text).__name__}")
+    check_lang(lang)
     if len(text) > max_chars:
         raise RequestTooLarge(f"SSML input is {len(text)} characters; the limit is {max_chars}")
     # Blanks and a byte order mark before the document are not XML: parse from its first "<",
