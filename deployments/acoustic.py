@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import numpy as np
 import ray
@@ -21,6 +21,7 @@ from ray import serve
 
 from serve_app.serving import metrics
 from serve_app.serving.autoscaling import engine_stats
+from serve_app.serving.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.errors import EngineError
@@ -53,6 +54,7 @@ class Acoustic:
         self.engine.start()
         self._gauges = asyncio.get_event_loop().create_task(self._report_queue())
         self._warmup()
+        board(board_name(serve.get_replica_context().app_name))  # the back-pressure board, found now (serving/flow.py)
         self.placement = _placement()
         log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
         log.info("Acoustic placement %s", json.dumps(self.placement))
@@ -91,13 +93,17 @@ class Acoustic:
                 out.append(exc)
         return out
 
-    async def stream(self, segments: list[SegmentRequest]) -> AsyncIterator[WireChunk]:
-        """Hidden-state chunks of every segment, in segment order, as they are decoded."""
+    async def stream(self, segments: list[SegmentRequest], flow: Optional[FlowRef] = None) -> AsyncIterator[WireChunk]:
+        """Hidden-state chunks of every segment, in segment order, as they are decoded. With
+        ``flow``, at most its window ahead of what the caller has taken: past it this stream stops
+        reading its rows, and the engine parks them until it reads again (serving/flow.py)."""
         streams = await self._admit(segments)
         if isinstance(streams, EngineError):
             raise streams
+        credit = FlowCredit(flow)
         try:
             async for seg, chunk in aordered_chunks(streams):
+                await credit.ready()
                 yield self._wire(seg, chunk)
         finally:
             for st in streams:

@@ -28,8 +28,9 @@ from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
 from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, VoiceList
 from serve_app.realtime.graph import UnstartedSockets, run_session
+from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
-from serve_app.settings import CacheConfig, IngressSettings, VoiceStoreConfig, merged
+from serve_app.settings import CacheConfig, FlowSettings, IngressSettings, VoiceStoreConfig, merged
 
 HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
 app = make_app(HTTP_POLICY)
@@ -59,16 +60,21 @@ class Ingress:
         settings: Optional[dict] = None,
         cache: Optional[dict] = None,
         voices: Optional[dict] = None,
+        flow: Optional[dict] = None,
     ):
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})
         HTTP_POLICY.route_max_bytes[VOICES_PATH] = voice_config.max_upload_bytes  # clip uploads
         self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
-        # One count of stream slots for every replica of this application.
-        slots = SharedSlots(f"stream-slots:{serve.get_replica_context().app_name}")
+        # One count of stream slots, and one board of back-pressure reports, for every replica of this application.
+        app_name = serve.get_replica_context().app_name
+        slots = SharedSlots(f"stream-slots:{app_name}")
+        flow_settings = FlowSettings.model_validate(flow or {})
+        flow_board = board_name(app_name)
+        board(flow_board)  # created (or found) now, not on the first request
         self.speech = SpeechService(normalizer, vocoder, acoustic, self.voices.catalog,
-                                    CacheConfig.model_validate(cache or {}), ingress, slots)
+                                    CacheConfig.model_validate(cache or {}), ingress, slots, flow_settings, flow_board)
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
@@ -121,7 +127,8 @@ class Ingress:
     async def speech_route(self, body: SpeechRequest, request: Request):
         rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
         try:
-            return await self.speech.respond(body, rec, self._caller(request), request.headers.get("cache-control", ""))
+            return await self.speech.respond(body, rec, self._caller(request), request.headers.get("cache-control", ""),
+                                             flow_acks=request.headers.get(ACKS_HEADER) == "1")
         except APIError as exc:
             rec.finish(str(exc.status))
             return error_response(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import AsyncIterator, Union
+from typing import AsyncIterator, Optional, Union
 
 import numpy as np
 import torch
@@ -19,6 +19,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.serving import metrics
+from serve_app.serving.flow import AckedStream, FlowCredit, FlowRef, board, board_name
+from serve_app.settings import FlowSettings
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
@@ -39,9 +41,13 @@ MIN_YIELD_BYTES = 2048
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml).
 @serve.deployment
 class Vocoder:
-    def __init__(self, acoustic: DeploymentHandle, model: dict | None = None, vocoder: dict | None = None):
+    def __init__(self, acoustic: DeploymentHandle, model: dict | None = None, vocoder: dict | None = None,
+                 flow: dict | None = None):
         t0 = time.perf_counter()
         self.acoustic = acoustic
+        self.flow = FlowSettings.model_validate(flow or {})
+        self.flow_board = board_name(serve.get_replica_context().app_name)
+        board(self.flow_board)  # created (or found) now, not on the first stream
         self.cfg = VocoderConfig.model_validate(vocoder or {})
         # All torch work of this replica on one thread, one OpenMP team (engine/threads.py).
         self._torch_thread = TorchThread("vocoder")
@@ -53,11 +59,15 @@ class Vocoder:
         self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
-    async def stream(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
-        """Encoded audio bytes as they are made, then one ``StreamSummary``."""
+    async def stream(self, plan: Plan, response_format: str, flow: Optional[FlowRef] = None) -> AsyncIterator[Union[bytes, StreamSummary]]:
+        """Encoded audio bytes as they are made, then one ``StreamSummary``. The Acoustic stage
+        stays at most a window ahead of what this stream has decoded, and with ``flow`` this
+        stream stays at most its window ahead of what the caller has taken (serving/flow.py)."""
         t0 = time.perf_counter()
         assembler = AudioAssembler(self.vocoder, response_format, self.cfg)
-        chunks = self.acoustic.options(stream=True).stream.remote(plan.segments)
+        upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
+        chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
+        credit = FlowCredit(flow)
         pending = b""
         done = False
         sent_first = False
@@ -69,12 +79,14 @@ class Vocoder:
                 # Decoding is CPU-bound: keep it off the replica's event loop.
                 pending += await self._torch_thread.acall(assembler.feed, wire.segment, hidden, wire.final)
                 if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
+                    await credit.ready()
                     yield pending
                     pending = b""
                     sent_first = True
             done = True
             pending += await self._torch_thread.acall(assembler.close)
             if pending:
+                await credit.ready()
                 yield pending
             seconds = assembler.samples / SAMPLE_RATE
             elapsed = time.perf_counter() - t0
@@ -85,7 +97,9 @@ class Vocoder:
             metrics.observe("tts_stage_seconds", assembler.encode_seconds, stage="encode")
             yield StreamSummary(seconds, len(plan.segments), batch_rows, assembler.vocode_seconds, assembler.encode_seconds)
         finally:
-            if not done:  # the caller went away or a stage failed: stop the decode too
+            if done:
+                chunks.close()
+            else:  # the caller went away or a stage failed: stop the decode too
                 chunks.cancel()
 
     async def encode_clip(self, data: bytes, min_seconds: float, max_seconds: float) -> EncodedClip:

@@ -97,6 +97,14 @@ class FrontGuardSettings(_Strict):
     max_clients: int = Field(default=65536, ge=16, description="Clients and addresses remembered (least recently seen forgotten first).")
 
 
+class FlowSettings(_Strict):
+    """``args.flow``: back-pressure between the stages of a stream (``serving/flow.py``)."""
+
+    enabled: bool = True
+    window: int = Field(default=16, ge=2, le=4096, description="Items (hidden-state chunks between the Acoustic and "
+                        "Vocoder stages, encoded blocks after them) a stream may have sent that its consumer has not taken.")
+
+
 class IngressSettings(_Strict):
     """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
 
@@ -209,5 +217,6 @@ class AppArgs(_Strict):
     ingress: IngressSettings = IngressSettings()
     cache: CacheConfig = CacheConfig()
     voices: VoiceStoreConfig = VoiceStoreConfig()
+    flow: FlowSettings = FlowSettings()
     # Vocoder replicas never need the GPU or its dtype: CPU float32.
     vocoder_device: str = "cpu"

@@ -41,7 +41,7 @@ from .decode.forward import DecodeForward
 from .decode.row import Row
 from .decode.sampling import REPETITION_WINDOW, Sampler
 from .decode.scheduler import AGING_SECONDS, Scheduler
-from .decode.streams import HiddenChunk, RowStream
+from .decode.streams import HiddenChunk, RowStream, StreamGroup
 from .errors import ClientQueueFull, EngineError, EngineOverloaded, RequestTooLarge
 from .threads import apply_torch_threads
 from .types import SegmentRequest
@@ -114,6 +114,7 @@ class AcousticEngine:
         self._thread: Optional[threading.Thread] = None
         self.torch_threads = model.torch_threads  # the decode thread applies it to itself
         self._stop = False
+        self._stalled = False  # rows wait, none may join now (step() found nothing to admit)
         # Called after every decode step with the number of rows decoded (metrics hook).
         self.on_step: Optional[Callable[[int], None]] = None
         # The decode pace a row's tokens come at (seconds per step, smoothed), with the time
@@ -145,6 +146,12 @@ class AcousticEngine:
         rows: list[Row] = []
         for req in reqs:
             rows.append(self._row(req, loop, rows[0].stream if rows else None))
+        if len(rows) > 1:
+            # Read in order by one consumer: later segments wait while the request holds
+            # max_stream_chunks unread (_park, the scheduler), and every chunk read may wake the loop.
+            StreamGroup([r.stream for r in rows])
+            for r in rows:
+                r.stream.on_taken = self._poke
         self._push(rows)
         return [r.stream for r in rows]
 
@@ -162,6 +169,7 @@ class AcousticEngine:
 
     def _push(self, rows: list[Row]) -> None:
         with self._wake:
+            self._stalled = False
             self.scheduler.push_all([(r, r.stream.row_id) for r in rows], self.cfg.max_queued_rows,
                                     self.cfg.max_queued_rows_per_client)
             self._wake.notify()
@@ -213,6 +221,9 @@ class AcousticEngine:
             self._resume()
             self._admit()
             if not self.batch.rows:
+                # Rows wait that none may join yet (their requests' readers are behind): the loop
+                # sleeps until a reader or a new row wakes it, instead of spinning.
+                self._stalled = bool(self.scheduler)
                 return bool(self.scheduler) or self._resumable()
             self._decode_step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails this batch, not the loop
@@ -231,10 +242,12 @@ class AcousticEngine:
         apply_torch_threads(self.torch_threads)
         while True:
             with self._wake:
-                while not self._stop and not self.batch.rows and not self.scheduler and not self._resumable():
+                while (not self._stop and not self.batch.rows and (not self.scheduler or self._stalled)
+                       and not self._resumable()):
                     # A parked row's consumer wakes the loop when it catches up (_poke); the
                     # timeout also notices a consumer that went away (cancelled).
-                    self._wake.wait(timeout=0.5 if self.parked else None)
+                    self._wake.wait(timeout=0.5 if self.parked or self._stalled else None)
+                    self._stalled = False
                 if self._stop:
                     break
             self.step()
@@ -249,7 +262,10 @@ class AcousticEngine:
     def _pop_admissible(self) -> list[Row]:
         """Rows to admit now (see ``Scheduler``); rows cancelled while waiting end here."""
         with self._lock:
-            taken = self.scheduler.pop_admissible(self.batch.rows, self.cfg, time.monotonic())
+            # A request's later segments join only while it holds fewer than max_stream_chunks
+            # unread (when the loop runs beside its readers: a caller of step() reads afterwards).
+            hold = self.cfg.max_stream_chunks if self._thread is not None else None
+            taken = self.scheduler.pop_admissible(self.batch.rows, self.cfg, time.monotonic(), hold_groups_at=hold)
         out = []
         for row in taken:
             if row.stream.cancelled.is_set():
@@ -401,7 +417,8 @@ class AcousticEngine:
         limit = self.cfg.max_stream_chunks
         if limit is None or self._thread is None:
             return
-        slow = [i for i, row in enumerate(self.batch.rows) if row.stream.backlog >= limit]
+        slow = [i for i, row in enumerate(self.batch.rows)
+                if row.stream.backlog >= limit or (row.stream.group is not None and row.stream.group.holds(row.stream, limit))]
         if not slow:
             return
         parked = self.batch.park(slow)
@@ -412,16 +429,23 @@ class AcousticEngine:
 
     def _ready_to_resume(self, p: Prefilled) -> bool:
         limit = self.cfg.max_stream_chunks
-        return p.row.stream.cancelled.is_set() or limit is None or p.row.stream.backlog <= limit // 2
+        stream = p.row.stream
+        if stream.cancelled.is_set() or limit is None:
+            return True
+        group = stream.group
+        return stream.backlog <= limit // 2 and (group is None or group.releases(stream, limit))
 
     def _resumable(self) -> bool:
         return any(self._ready_to_resume(p) for p in self.parked)
 
     def _poke(self, stream: RowStream) -> None:
-        """A parked row's consumer took a chunk (its thread): wake the loop once it caught up."""
+        """A parked row's consumer, or a request's, took a chunk (its thread): wake the loop once
+        it caught up."""
         limit = self.cfg.max_stream_chunks
-        if limit is None or stream.backlog <= limit // 2:
+        group = stream.group
+        if limit is None or group is not None or stream.backlog <= limit // 2:
             with self._wake:
+                self._stalled = False
                 self._wake.notify()
 
     @torch.inference_mode()
@@ -444,7 +468,8 @@ class AcousticEngine:
         if not back:
             return
         for p in back:
-            p.row.stream.on_taken = None
+            if p.row.stream.group is None:  # a request's rows keep waking the loop for their group
+                p.row.stream.on_taken = None
         try:
             self.batch.merge(back)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: these rows fail, the batch goes on

@@ -245,7 +245,10 @@ def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSet
 
 
 def middlewares() -> list[Middleware]:
-    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``."""
+    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``, and the
+    client's end of streams' back-pressure (``flow_acks.py``)."""
+    from .flow_acks import FlowAcksMiddleware
+
     settings = settings_from_env()
     log.info("front guard: %s", settings.model_dump_json())
-    return [Middleware(FrontGuard, settings=settings)]
+    return [Middleware(FrontGuard, settings=settings), Middleware(FlowAcksMiddleware)]

@@ -25,7 +25,8 @@ from ..engine.types import INTERNAL_CLIENT, Plan, StreamSummary, Voice
 from ..errors import APIError, as_api_error, to_api_error
 from ..protocol import MODEL_IDS, SpeechRequest
 from ..serving import metrics
-from ..settings import CacheConfig, IngressSettings
+from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
+from ..settings import CacheConfig, FlowSettings, IngressSettings
 from ..storage.cache import make_cache, request_key
 from ..storage.voices import VoiceCatalog
 from .request_log import RequestRecord
@@ -70,8 +71,11 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 
 class SpeechService:
     def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
-                 settings: IngressSettings, slots: StreamSlots):
+                 settings: IngressSettings, slots: StreamSlots, flow: FlowSettings = FlowSettings(),
+                 flow_board: Optional[str] = None):
         self.slots = slots
+        self.flow = flow
+        self.flow_board = flow_board  # None: no back-pressure (no board to report to)
         self.normalizer = normalizer
         self.vocoder = vocoder
         self.acoustic = acoustic
@@ -139,12 +143,24 @@ class SpeechService:
                 plan = await self.normalizer.replan.remote(texts, options, voice, client=client)
         return plan
 
+    def flow_ref(self) -> Optional[FlowRef]:
+        """A new stream's edge to report on (None when back-pressure is off)."""
+        if self.flow_board is None or not self.flow.enabled:
+            return None
+        return FlowRef.new(self.flow_board, self.flow.window)
+
+    def open_vocoder(self, plan: Plan, response_format: str) -> AckedStream:
+        """The Vocoder's stream of ``plan``, reported as this replica takes its byte blocks."""
+        ref = self.flow_ref()
+        return AckedStream(self.vocoder.options(stream=True).stream.remote(plan, response_format, ref), ref,
+                           counts=lambda item: isinstance(item, bytes))
+
     async def _open(self, req: SpeechRequest, voice: Voice, client: str = "") -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
             plan = await self._plan(req, voice, client)
-            gen = self.vocoder.options(stream=True).stream.remote(plan, req.response_format)
+            gen = self.open_vocoder(plan, req.response_format)
             try:
                 first = await gen.__anext__()
             except StopAsyncIteration:
@@ -238,6 +254,7 @@ class SpeechService:
                     log.warning("request %s hit its %gs timeout mid-stream", rec.request_id, self.settings.request_timeout_s)
                     return
             status = "200"
+            gen.close()
         except asyncio.CancelledError:
             status = "client_disconnect"
             raise
@@ -274,8 +291,11 @@ class SpeechService:
             async for data in audio:
                 yield data
 
-    async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str) -> Response:
-        """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request)."""
+    async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
+                      flow_acks: bool = False) -> Response:
+        """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
+        ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
+        stays at most a window ahead of the client (serving/flow.py)."""
         audio = await self.audio(body, rec, caller, cache_control)
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
         if isinstance(audio, bytes):
@@ -287,6 +307,10 @@ class SpeechService:
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
             stream = sse_stream(audio, usage)
+        ref = self.flow_ref() if flow_acks else None
+        if ref is not None:
+            headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
+            stream = paced(stream, FlowCredit(ref))
         return _StreamResponse(stream, audio, media_type=body.content_type, headers=headers)
 
 

@@ -22,9 +22,9 @@ class GraphBackend:
     once, at the session's start); per segment, a Vocoder stream (as an HTTP request), cancelled
     when the session stops reading it."""
 
-    def __init__(self, normalizer: Any, vocoder: Any, client: str = ""):
+    def __init__(self, normalizer: Any, open_vocoder: Callable[[Plan, str], Any], client: str = ""):
         self.normalizer = normalizer
-        self.vocoder = vocoder
+        self.open_vocoder = open_vocoder  # SpeechService.open_vocoder: a Vocoder stream, reported as it is read
         self.voice: Optional[Voice] = None
         self.client = client  # who asked (key id or ip:<addr>): the engine's fair admission
 
@@ -35,12 +35,13 @@ class GraphBackend:
             raise as_api_error(exc) from None
 
     async def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
-        gen = self.vocoder.options(stream=True).stream.remote(plan, response_format)
+        gen = self.open_vocoder(plan, response_format)
         done = False
         try:
             async for item in gen:
                 yield item
             done = True
+            gen.close()
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
         finally:
@@ -97,7 +98,7 @@ async def run_session(ws: Any, request_id: str, speech: SpeechService, identify:
 
     await ws.accept()
     slots: list[Slot] = []  # the caller's stream slot once taken
-    backend = GraphBackend(speech.normalizer, speech.vocoder)
+    backend = GraphBackend(speech.normalizer, speech.open_vocoder)
 
     async def admit(start: SessionStart) -> SessionCreated:
         started()

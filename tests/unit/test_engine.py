@@ -809,3 +809,32 @@ def test_a_parked_row_whose_consumer_leaves_ends_and_frees_everything(make_engin
     while eng.parked_rows and time.monotonic() < deadline:
         time.sleep(0.01)
     assert eng.parked_rows == 0 and eng.stats.rows_cancelled == 1 and stream.ended
+
+
+def test_a_requests_later_segments_wait_while_its_reader_is_behind(make_engine, spk):
+    """Back-pressure over a whole request: its segments are read in order, so a reader that stops
+    shows on the segment it reads, and the later segments then stop joining or park; each row
+    alone (a few chunks) would never reach the limit. Nothing is lost once the reader goes on."""
+    reqs = [seg(spk, 80, seed=20 + i) for i in range(12)]  # 10 chunks of 8 each, 120 in all
+    expected = [decode_alone(make_engine(), r) for r in reqs]
+    eng = make_engine(max_stream_chunks=6, first_chunk_tokens=8, chunk_tokens=8)
+    eng.start()
+    streams = eng.submit_all(reqs)
+    group = streams[0].group
+    assert group is not None and all(s.group is group for s in streams)
+    first = next(iter(streams[0]))  # the reader takes one chunk, then stops
+    deadline = time.monotonic() + 60
+    while (eng.running_rows or not group.backlog) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    held = group.backlog
+    # The limit, and at most a chunk or two of each row running when the reader fell behind.
+    assert 6 <= held <= 6 + 2 * len(reqs), held
+    assert sum(s.sent_chunks for s in streams) < 60  # far from the request's 120 chunks
+    got = [[first.hidden]] + [[] for _ in reqs[1:]]
+    for i, s in enumerate(streams):
+        for chunk in s:
+            got[i].append(chunk.hidden)
+    for g, want in zip(got, expected):
+        assert torch.allclose(torch.cat(g), want, atol=1e-5, rtol=0)
+    assert eng.parked_rows == 0 and eng.waiting_rows == 0

@@ -219,8 +219,11 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     assert asyncio.run(_statuses(guard, 10, key="Bearer wrong")) == [401] * 10
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", json.dumps({"tarpit_s": 0.5, "refusal_burst": 7}))
     assert settings_from_env().refusal_burst == 7
-    (mw,) = middlewares()
-    assert mw.cls is FrontGuard and mw.kwargs["settings"].tarpit_s == 0.5
+    from serve_app.http.flow_acks import FlowAcksMiddleware
+
+    guard_mw, flow_mw = middlewares()  # the guard, then the client's end of the streams' back-pressure
+    assert guard_mw.cls is FrontGuard and guard_mw.kwargs["settings"].tarpit_s == 0.5
+    assert flow_mw.cls is FlowAcksMiddleware
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", '{"tarpit_s": -1}')
     with pytest.raises(ValueError):
         settings_from_env()

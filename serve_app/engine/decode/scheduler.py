@@ -174,9 +174,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float) -> list[Row]:
+    def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float,
+                       hold_groups_at: Optional[int] = None) -> list[Row]:
         """Remove and return the rows to admit now, in admission order. Every row cancelled while
-        waiting comes out too (first): the caller ends them without decoding."""
+        waiting comes out too (first): the caller ends them without decoding. ``hold_groups_at``:
+        a later segment of a request holding that many unread chunks waits (StreamGroup.holds)."""
         self._note_presence(running, now)
         if not self._n:
             return []
@@ -198,6 +200,9 @@ class Scheduler:
             return None if alone else cfg.max_running_rows_per_client
 
         def eligible(w: _Waiting) -> bool:
+            group = w.row.stream.group
+            if hold_groups_at is not None and group is not None and group.holds(w.row.stream, hold_groups_at):
+                return False  # its request's reader is far behind: no slot for more of its audio yet
             # A later segment waits until its request's first segment has sent audio.
             return not cfg.continuous or w.row.after is None or w.row.after.started
 

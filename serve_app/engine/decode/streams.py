@@ -30,6 +30,57 @@ class HiddenChunk:
 _END = object()
 
 
+class StreamGroup:
+    """The streams of one request's segments, read in order by one consumer.
+
+    Later segments decode beside the one being read (the head) and wait in their streams until
+    the reader gets to them: that is what decoding one request's segments in parallel costs, and
+    while the reader keeps up with the head it is all it costs. A reader that has fallen behind
+    leaves chunks unread on the head (``BEHIND``: it has not taken the one before the last); then a
+    later segment stops once ``limit`` chunks are unread from the head up to it (it parks, or does
+    not join), and goes on once the reader caught up with the head or half of that is read. So a
+    stalled reader's request holds about ``limit`` chunks, however many segments it has."""
+
+    BEHIND = 2  # unread chunks on the head that mean its reader is behind (1: it just arrived)
+
+    def __init__(self, streams: list["RowStream"]):
+        self.streams = streams
+        for s in streams:
+            s.group = self
+
+    @property
+    def backlog(self) -> int:
+        return sum(s.backlog for s in self.streams)
+
+    def head(self) -> Optional["RowStream"]:
+        """The stream its consumer reads now: the first not read to its end."""
+        return next((s for s in self.streams if not (s.ended and s.backlog == 0)), None)
+
+    def unread_up_to(self, stream: "RowStream") -> int:
+        """Chunks unread from the head up to and including ``stream``."""
+        total = 0
+        reading = False
+        for s in self.streams:
+            reading = reading or not (s.ended and s.backlog == 0)
+            if reading:
+                total += s.backlog
+            if s is stream:
+                break
+        return total
+
+    def holds(self, stream: "RowStream", limit: int) -> bool:
+        """Whether ``stream``, a later one than the head, waits for the reader."""
+        head = self.head()
+        if head is None or head is stream or head.backlog < self.BEHIND:
+            return False
+        return self.unread_up_to(stream) >= limit
+
+    def releases(self, stream: "RowStream", limit: int) -> bool:
+        """Whether a held ``stream`` may go on."""
+        head = self.head()
+        return head is None or head is stream or head.backlog == 0 or self.unread_up_to(stream) <= limit // 2
+
+
 class RowStream:
     """The consumer side of one row: iterate chunks (sync or async), or cancel it; and the
     producer side the engine feeds it through (``send``, ``finish``, ``fail``).
@@ -53,6 +104,7 @@ class RowStream:
         self.sent_chunks = 0
         self.taken_chunks = 0
         self.on_taken: Optional[Callable[["RowStream"], None]] = None  # the engine's wake-up while parked
+        self.group: Optional[StreamGroup] = None  # the request's other segments, if any
 
     @property
     def backlog(self) -> int:
