@@ -12,8 +12,10 @@ end every Ray on the host. Each node is a ``ManagedProcess`` (bench/lib/procs.py
 
 ``cluster_config`` derives the Serve config the tests and the benchmark deploy from
 config/serve.gpu.yaml: tiny random weights on the CPU, small bounds, short delays, the proxy on the
-head only (one HTTP port per host), and the CPU stages pinned to the head (``head_only``
-resource) so a killed GPU node takes only Acoustic replicas with it.
+head only (one HTTP port per host), and by default the CPU stages pinned to the head (``head_only``
+resource) so a killed GPU node takes only Acoustic replicas with it; ``pin_cpu_stages=False``
+keeps the GPU config's CPU stages as shipped (resources, autoscaling, ``max_replicas_per_node``),
+free to land on the GPU nodes.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ class LocalCluster:
 def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: int = 4, target_fill: float = 0.5,
                    acoustic_bounds: tuple[int, int] = (1, 3), upscale_delay_s: float = 2.0,
                    downscale_delay_s: float = 6.0, look_back_period_s: float = 3.0,
-                   extra_apps: Optional[list[dict]] = None,
+                   pin_cpu_stages: bool = True, extra_apps: Optional[list[dict]] = None,
                    base: Path = GPU_CONFIG) -> dict:
     """config/serve.gpu.yaml for the local cluster.
 
@@ -214,7 +216,8 @@ def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: 
     cache directory, which the nodes inherit from this environment), one torch thread, ``max_rows`` and
     ``target_fill`` small enough that a few streams ask for several replicas, delays and the
     metrics push interval in seconds instead of minutes, one replica of each CPU stage pinned to the
-    head, the proxy on the head only, loopback HTTP on ``port`` without API keys (``auth: optional``).
+    head (``pin_cpu_stages``; else the CPU stages as shipped), the proxy on the head only, loopback
+    HTTP on ``port`` without API keys (``auth: optional``).
     """
     cfg = yaml.safe_load(base.read_text())
     cfg["proxy_location"] = "HeadOnly"  # only one node per host can bind the HTTP port
@@ -227,7 +230,7 @@ def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: 
     # Loopback only, and the tests send no key: the GPU config's auth: required would keep the
     # Ingress from starting.
     set_path(cfg, f"{app}.args.ingress.security.auth", "optional")
-    for dep in ("Ingress", "TextNormalizer", "Vocoder"):
+    for dep in ("Ingress", "TextNormalizer", "Vocoder") if pin_cpu_stages else ():
         set_path(cfg, f"{app}.deployments.{dep}.ray_actor_options", {"num_cpus": 0.25, "resources": {HEAD_RESOURCE: 1}})
         set_path(cfg, f"{app}.deployments.{dep}.autoscaling_config", {"min_replicas": 1, "max_replicas": 1})
     acoustic = f"{app}.deployments.Acoustic"

@@ -7,9 +7,11 @@ applications) and whose cluster has:
 
 - a head with ``num-cpus: "0"``: no replica lands there; it runs the GCS, the dashboard, Serve's
   controller (where the Acoustic autoscaling policy runs) and a proxy;
-- a GPU worker group (one ``nvidia.com/gpu`` per pod: two Acoustic replicas at ``num_gpus: 0.5``)
-  and a CPU worker group for the Vocoder, Ingress and TextNormalizer replicas, their sizes and
-  bounds derived from the Serve config's resources and ``max_replicas``;
+- a GPU worker group whose pod is the node shape the GPU config is sized for (``GPU_POD``: one
+  ``nvidia.com/gpu`` for two Acoustic replicas at ``num_gpus: 0.5``, and the CPUs they need plus
+  what the CPU stages may hold on a node) and a CPU worker group for more Vocoder, Ingress and
+  TextNormalizer replicas, its pod as large as those per-node bounds use, the groups' bounds
+  derived from the Serve config's resources, ``max_replicas`` and ``max_replicas_per_node``;
 - KubeRay's in-tree autoscaler: Serve asks for replicas, the autoscaler adds the pods they need;
 - every Ray node's metrics on a port named ``metrics`` and a ``PodMonitor`` for the Prometheus
   operator.
@@ -74,10 +76,12 @@ KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
 PROMETHEUS_NAMESPACE = "monitoring"
 PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
-# Pod shapes. GPU pod: one GPU for two Acoustic replicas (1 CPU each) plus room for one Vocoder
-# (2 CPUs) beside them. CPU pod: Vocoder, Ingress and TextNormalizer replicas.
+# The GPU node config/serve.gpu.yaml is sized for (the one home of that shape: the config's comment,
+# the README and docs/operations.md name it; tests/unit/test_configs.py checks the config against
+# it). Its CPUs are its Acoustic replicas' (two at 1 CPU) plus the most the CPU stages may hold on
+# one node (their max_replicas_per_node): gpu_node_cpus. The CPU pod is sized by cpu_pod.
 GPU_POD = {"cpu": 8, "memory": "32Gi", "gpu": 1}
-CPU_POD = {"cpu": 8, "memory": "16Gi"}
+CPU_POD_MEMORY = "16Gi"
 HEAD_POD = {"cpu": 4, "memory": "16Gi"}
 
 HEADER = f"""\
@@ -157,8 +161,46 @@ def _deployments(serve: dict) -> dict[str, dict]:
     return {d["name"]: d for app in serve["applications"] for d in app.get("deployments", [])}
 
 
+def cpu_stages(serve: dict) -> dict[str, dict]:
+    """The deployments that ask for no GPU (Ingress, TextNormalizer, Vocoder)."""
+    return {n: d for n, d in _deployments(serve).items() if not d["ray_actor_options"].get("num_gpus")}
+
+
+def cpu_stage_cpus_per_node(serve: dict) -> float:
+    """The most CPUs the CPU stages can hold on one node: each one's ``max_replicas_per_node`` x
+    ``num_cpus``. ValueError for a stage without that bound: its replicas could take every CPU of
+    a GPU node and leave its Acoustic replicas unscheduled beside a free GPU share."""
+    unbounded = [n for n, d in cpu_stages(serve).items() if not d.get("max_replicas_per_node")]
+    if unbounded:
+        raise ValueError(f"CPU stages without max_replicas_per_node: {unbounded}")
+    return sum(d["max_replicas_per_node"] * d["ray_actor_options"]["num_cpus"] for d in cpu_stages(serve).values())
+
+
+def acoustic_per_gpu_node(serve: dict, node: dict = GPU_POD) -> int:
+    """Acoustic replicas a node of shape ``node`` takes: its GPUs / ``num_gpus`` per replica."""
+    return int(node["gpu"] / _deployments(serve)["Acoustic"]["ray_actor_options"]["num_gpus"])
+
+
+def gpu_node_cpus(serve: dict, node: dict = GPU_POD) -> float:
+    """CPUs a GPU node needs so that the CPU stages can never take those of its Acoustic replicas:
+    theirs plus the CPU stages' per-node bound. At most ``node["cpu"]`` for the shape the config
+    is sized for."""
+    acoustic = _deployments(serve)["Acoustic"]["ray_actor_options"]
+    return acoustic_per_gpu_node(serve, node) * acoustic["num_cpus"] + cpu_stage_cpus_per_node(serve)
+
+
+def cpu_pod(serve: dict) -> dict:
+    """The CPU group's pod: as many CPUs as the CPU stages' per-node bounds can use (a larger pod's
+    extra CPUs would stay idle)."""
+    return {"cpu": cpu_stage_cpus_per_node(serve), "memory": CPU_POD_MEMORY}
+
+
+def _cpu_quantity(cpus: float) -> str:
+    return str(int(cpus)) if float(cpus).is_integer() else f"{round(cpus * 1000)}m"
+
+
 def _container(name: str, pod: dict, ports: list[dict], env: list[dict]) -> dict:
-    resources: dict[str, Any] = {"cpu": str(pod["cpu"]), "memory": pod["memory"]}
+    resources: dict[str, Any] = {"cpu": _cpu_quantity(pod["cpu"]), "memory": pod["memory"]}
     if pod.get("gpu"):
         resources["nvidia.com/gpu"] = str(pod["gpu"])
     return {
@@ -202,17 +244,22 @@ def _template(container: dict, gpu: bool = False) -> dict:
 
 def worker_bounds(serve: dict) -> dict[str, tuple[int, int]]:
     """(minReplicas, maxReplicas) of each worker group: enough pods for every deployment's
-    min_replicas / max_replicas given the pod shapes (what tests/unit/test_kuberay.py checks back)."""
-    deps = _deployments(serve)
-    acoustic = deps["Acoustic"]
-    opts = acoustic["ray_actor_options"]
-    per_gpu_pod = min(int(GPU_POD["gpu"] / opts["num_gpus"]), int(GPU_POD["cpu"] // opts["num_cpus"]))
-    gpu = (math.ceil(acoustic["autoscaling_config"]["min_replicas"] / per_gpu_pod),
-           math.ceil(acoustic["autoscaling_config"]["max_replicas"] / per_gpu_pod))
-    cpu_stages = [d for n, d in deps.items() if n != "Acoustic"]
-    cpus = {bound: sum(d["autoscaling_config"][bound] * d["ray_actor_options"]["num_cpus"] for d in cpu_stages)
-            for bound in ("min_replicas", "max_replicas")}
-    cpu = (max(1, math.ceil(cpus["min_replicas"] / CPU_POD["cpu"])), math.ceil(cpus["max_replicas"] / CPU_POD["cpu"]))
+    min_replicas / max_replicas given the pod shapes and the per-node bounds (what
+    tests/unit/test_kuberay.py checks back). Every pod, GPU or CPU, holds each CPU stage's
+    ``max_replicas_per_node``; the CPU group holds what the GPU pods do not."""
+    need = gpu_node_cpus(serve)
+    if need > GPU_POD["cpu"]:
+        raise ValueError(f"a GPU pod has {GPU_POD['cpu']} CPUs; its Acoustic replicas and the CPU stages' "
+                         f"max_replicas_per_node need {need:g}")
+    acoustic = _deployments(serve)["Acoustic"]["autoscaling_config"]
+    per_gpu_pod = acoustic_per_gpu_node(serve)
+    gpu = (math.ceil(acoustic["min_replicas"] / per_gpu_pod), math.ceil(acoustic["max_replicas"] / per_gpu_pod))
+
+    def cpu_pods(bound: str, gpu_pods: int) -> int:
+        return max(math.ceil(max(0, d["autoscaling_config"][bound] - gpu_pods * d["max_replicas_per_node"])
+                             / d["max_replicas_per_node"]) for d in cpu_stages(serve).values())
+
+    cpu = (max(1, cpu_pods("min_replicas", gpu[0])), cpu_pods("max_replicas", gpu[1]))
     return {"gpu": gpu, "cpu": cpu}
 
 
@@ -301,7 +348,7 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
                     "template": _template(_container("ray-head", HEAD_POD, head_ports,
                                                      _env(serve, float(head_start["num-cpus"])))),
                 },
-                "workerGroupSpecs": [group("gpu", GPU_POD, gpu=True), group("cpu", CPU_POD, gpu=False)],
+                "workerGroupSpecs": [group("gpu", GPU_POD, gpu=True), group("cpu", cpu_pod(serve), gpu=False)],
             },
         },
     }

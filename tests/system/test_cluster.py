@@ -1,6 +1,7 @@
-"""The app on a multi-node Ray cluster on this host: a head and two worker nodes that each declare
-one GPU (bench/cluster.py), the Serve config derived from config/serve.gpu.yaml (tiny random weights
-on the CPU, small bounds, delays of seconds), deployed with ``serve deploy``.
+"""The app on a multi-node Ray cluster on this host: a head (2 CPUs) and two worker nodes that each
+declare the GPU node shape config/serve.gpu.yaml is sized for, 8 CPUs and one GPU (bench/cluster.py),
+the Serve config derived from config/serve.gpu.yaml (tiny random weights on the CPU, small bounds,
+delays of seconds), deployed with ``serve deploy``.
 
 One cluster for the whole module. It is a separate Ray made of ``ray start`` processes with its
 own ports and temp dir, driven only through HTTP, Serve's REST API and the ``serve`` CLI: this
@@ -25,17 +26,19 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import yaml
 
 from bench.lib.cluster import LocalCluster, cluster_config, write_config
 from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
 from bench.lib.loadgen import StepLoad, complete
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port, wait_for
-from bench.lib.serve import get_path
+from bench.lib.serve import GPU_CONFIG, get_path, set_path
 from serve_app.engine.wav import with_true_length
+from serve_app.serving.kuberay import GPU_POD
 from support.audio import snr_db
 from support.report import report
-from support.waiting import wait_until_async
+from support.waiting import wait_until, wait_until_async
 
 
 FAILOVER_BOUNDS = (2, 2)
@@ -51,6 +54,8 @@ CALLER_APP = {
 BOUNDS = (1, 3)  # 3 > 2 GPUs: the third replica must share a GPU
 SEGMENTS = "applications.chattts.args.segments"
 ACOUSTIC = "applications.chattts.deployments.Acoustic"
+DEPLOYMENTS = "applications.chattts.deployments"
+CPU_STAGES = ("Ingress", "TextNormalizer", "Vocoder")
 
 
 class App:
@@ -96,7 +101,7 @@ class App:
 
 @pytest.fixture(scope="module")
 def app(request, chattts_cache_dir) -> App:
-    cluster = LocalCluster(workers=2, head_cpus=4, worker_cpus=2, worker_gpus=1)
+    cluster = LocalCluster(workers=2, head_cpus=2, worker_cpus=GPU_POD["cpu"], worker_gpus=GPU_POD["gpu"])
     failed_before = request.session.testsfailed
     try:
         start_s = cluster.start()
@@ -113,8 +118,9 @@ def app(request, chattts_cache_dir) -> App:
             shutil.rmtree(cluster.root, ignore_errors=True)  # kept (logs) when a test failed
 
 
-def _gpu_nodes(cluster: LocalCluster) -> set[str]:
-    return {n["node_id"] for n in cluster.list_nodes() if n["resources_total"].get("GPU", 0) >= 1}
+def _gpu_nodes(cluster: LocalCluster, alive: bool = False) -> set[str]:
+    return {n["node_id"] for n in cluster.list_nodes()
+            if n["resources_total"].get("GPU", 0) >= 1 and (not alive or n["state"] == "ALIVE")}
 
 
 def test_handle_call_from_another_serve_application(app):
@@ -297,3 +303,83 @@ def test_serve_deploy_of_a_user_config_change_restarts_nothing(app):
     status = app.cluster.serve("status")
     assert status.returncode == 0 and "RUNNING" in status.stdout
     report("cluster: serve deploy of a user_config change", f"{took:.1f} s, {len(before)} replicas kept")
+
+
+async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
+    """The GPU config's CPU stages as shipped (Vocoder num_cpus 2, not pinned to the head) with the
+    Vocoder forced to 8 replicas, which would hold all 16 CPUs of the two GPU nodes: their
+    max_replicas_per_node keeps 2 of each node's 8 CPUs for its two Acoustic replicas, so when the
+    load makes the Acoustic policy ask for 4 the new replicas start beside the Vocoders.
+
+    Last in the module: it leaves Vocoder replicas that never get a node, which Serve would hold
+    STOPPING for graceful_shutdown_timeout_s at the next deploy (docs/operations.md). Alone (``-k``)
+    it starts from the module's first deploy."""
+    cluster = app.cluster
+    t0 = time.monotonic()
+    while len(_gpu_nodes(cluster, alive=True)) < 2:  # the kill test took one
+        cluster.add_worker()  # in this thread: starting a node sets a signal handler
+    gpu_nodes = _gpu_nodes(cluster, alive=True)
+    # The shipped downscale delay: on this busy box the rows in the decode dip for seconds while
+    # the streams wait on the other stages, and the module's 6 s would stop the new replicas while
+    # they start (a starting replica told to stop keeps its GPU share until its shutdown times out).
+    auto = get_path(yaml.safe_load(GPU_CONFIG.read_text()), f"{ACOUSTIC}.autoscaling_config")
+    cfg = app.config(acoustic_bounds=(2, 4), pin_cpu_stages=False, downscale_delay_s=auto["downscale_delay_s"])
+    forced = 8
+    set_path(cfg, f"{DEPLOYMENTS}.Vocoder.autoscaling_config.min_replicas", forced)
+    deps = get_path(cfg, DEPLOYMENTS)
+    opts = {d["name"]: d for d in deps}
+    per_node = {n: opts[n]["max_replicas_per_node"] for n in CPU_STAGES}
+    old = {r["replica_id"] for n in CPU_STAGES for r in cluster.replicas(n, states=None)}
+    out = await asyncio.to_thread(cluster.serve, "deploy", str(write_config(cfg, app.root / "cpu-stages.yaml")))
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    def running_per_node() -> dict[str, collections.Counter]:
+        """node -> CPU-stage replicas of the new version RUNNING there. The old Vocoder replica
+        stays on the head: Serve replaces an outdated replica once the new ones reach the target,
+        which this one never does."""
+        return {n: collections.Counter(r["node_id"] for r in cluster.replicas(n) if r["replica_id"] not in old)
+                for n in CPU_STAGES}
+
+    def placed(running: dict[str, collections.Counter]) -> bool:
+        """Every CPU stage up, and the Vocoder at its per-node bound on every GPU node (it asked for more)."""
+        return all(running[n] for n in CPU_STAGES) and all(
+            running["Vocoder"][node] == per_node["Vocoder"] for node in gpu_nodes)
+
+    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed,
+                            what="the CPU stages placed, the Vocoder at its bound on each GPU node")
+    await asyncio.to_thread(_wait_acoustic, app, 2, 240, "2 Acoustic replicas (min_replicas)")
+    await asyncio.to_thread(wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 1.0, "/readyz 200")
+    placed_s = time.monotonic() - t0
+
+    expected = expected_pcm_bytes(ONE_ROW_TEXTS, get_path(cfg, SEGMENTS))
+    async with StepLoad(app.url) as load:
+        load.set_clients(8)  # 8 one-row streams / (0.5 fill * 4 rows) -> 4 replicas: every half-GPU
+        t_step = load.clock()
+        peak = await asyncio.to_thread(_wait_acoustic, app, 4, 240, "4 Acoustic replicas running")
+        running_s = load.clock() - t_step
+        reps = {n: await asyncio.to_thread(cluster.replicas, n, states=None) for n in CPU_STAGES}
+        nodes = {n["node_id"]: n for n in await asyncio.to_thread(cluster.list_nodes)}
+        await load.stop()
+
+    # Every half-GPU has its replica: two per GPU node.
+    per_gpu_node = collections.Counter(r["node_id"] for r in peak)
+    assert set(per_gpu_node) == gpu_nodes and set(per_gpu_node.values()) == {2}, per_gpu_node
+    # Beside them the CPU stages hold at most their bounds, and together the CPUs the Acoustic
+    # replicas leave; the Vocoder asked for more than the nodes give it (some never got one).
+    acoustic_cpus = opts["Acoustic"]["ray_actor_options"]["num_cpus"]
+    layout = []
+    for node in sorted(gpu_nodes):
+        held = {n: sum(1 for r in reps[n] if r.get("node_id") == node) for n in CPU_STAGES}
+        cpus = sum(held[n] * opts[n]["ray_actor_options"]["num_cpus"] for n in CPU_STAGES)
+        assert all(held[n] <= per_node[n] for n in CPU_STAGES), (node, held)
+        assert cpus + per_gpu_node[node] * acoustic_cpus <= nodes[node]["resources_total"]["CPU"], (node, held)
+        assert held["Vocoder"] == per_node["Vocoder"], (node, held)
+        layout.append(f"{node[:8]}: {per_gpu_node[node]} Acoustic + " + ", ".join(f"{held[n]} {n}" for n in CPU_STAGES)
+                      + f" = {cpus + per_gpu_node[node] * acoustic_cpus:g} of {nodes[node]['resources_total']['CPU']:g} CPUs")
+    unplaced = sum(1 for r in reps["Vocoder"] if not r.get("node_id"))
+    assert unplaced >= 1, reps["Vocoder"]
+    bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
+    assert not bad and load.records, bad
+    report("cluster: CPU stages as shipped, Vocoder forced to 8: placed / 2 -> 4 Acoustic running",
+           f"{placed_s:.1f} s / {running_s:.1f} s after the load; {unplaced} of {forced} Vocoder replicas without a node")
+    report("cluster: per GPU node at the peak", "; ".join(layout))

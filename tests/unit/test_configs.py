@@ -42,6 +42,24 @@ def test_gpu_config_shares_gpus_between_acoustic_replicas():
             assert not dep.get("ray_actor_options", {}).get("num_gpus"), name
 
 
+def test_gpu_config_cpu_stages_never_take_the_acoustic_cpus_of_a_gpu_node():
+    """On the node shape the GPU config is sized for (kuberay.GPU_POD, named in the config's
+    comment), the CPU stages at their max_replicas_per_node plus the node's Acoustic replicas fit
+    its CPUs: however far the CPU stages scale, each GPU node keeps the CPUs its GPU shares need."""
+    from serve_app.serving.kuberay import GPU_POD
+
+    deps = deployments(load("gpu"))
+    cpu_stages = {n: d for n, d in deps.items() if n != "Acoustic"}
+    for name, dep in cpu_stages.items():
+        assert dep.get("max_replicas_per_node"), f"{name}: no per-node bound, it could take a GPU node's CPUs"
+    bounded = sum(d["max_replicas_per_node"] * d["ray_actor_options"]["num_cpus"] for d in cpu_stages.values())
+    acoustic = deps["Acoustic"]["ray_actor_options"]
+    per_node = int(GPU_POD["gpu"] / acoustic["num_gpus"])
+    assert per_node * acoustic["num_cpus"] + bounded <= GPU_POD["cpu"], (per_node, bounded, GPU_POD)
+    # The config's comment names the shape checked here.
+    assert f"a GPU node has {GPU_POD['gpu']} GPU and {GPU_POD['cpu']} CPUs" in CONFIGS["gpu"].read_text()
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_deployments_exist_in_graph(name, chattts_cache_dir):
     from serve_app.serving.app import build_app

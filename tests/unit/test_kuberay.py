@@ -106,17 +106,18 @@ def test_metrics_port_and_pod_monitor(docs):
 
 def test_pods_hold_what_the_serve_config_asks_for(docs):
     """Every deployment fits a worker pod; the groups' maxReplicas hold every deployment at its
-    max_replicas, their minReplicas the Acoustic min_replicas; Acoustic only on GPU pods."""
+    max_replicas, their minReplicas the Acoustic min_replicas; Acoustic only on GPU pods. A pod
+    holds at most ``max_replicas_per_node`` of a deployment (Serve enforces it on every node)."""
     service = docs["RayService"]
     pods = {n: p for n, p in _pods(service).items() if n != "head"}
     serve = yaml.safe_load(service["spec"]["serveConfigV2"])
     deps = {d["name"]: d for a in serve["applications"] for d in a["deployments"]}
 
     def per_pod(dep: dict, pod: dict) -> int:
-        """Replicas of ``dep`` one pod holds, by CPUs and by GPUs."""
+        """Replicas of ``dep`` one pod holds, by CPUs, by GPUs and by its per-node bound."""
         opts = dep["ray_actor_options"]
         fits = [math.floor(pod[key] / opts[opt]) for key, opt in (("cpu", "num_cpus"), ("gpu", "num_gpus")) if opts.get(opt)]
-        return min(fits)
+        return min(fits + [dep.get("max_replicas_per_node") or math.inf])
 
     acoustic = deps["Acoustic"]
     assert per_pod(acoustic, pods["cpu"]) == 0
@@ -126,9 +127,43 @@ def test_pods_hold_what_the_serve_config_asks_for(docs):
     assert pods["gpu"]["min"] * on_gpu >= acoustic["autoscaling_config"]["min_replicas"]
     for name, dep in deps.items():
         assert max(per_pod(dep, p) for p in pods.values()) >= 1, name
+        held = sum(p["max"] * per_pod(dep, p) for p in pods.values())
+        assert held >= dep["autoscaling_config"]["max_replicas"], (name, held)
     need = sum(d["autoscaling_config"]["max_replicas"] * d["ray_actor_options"]["num_cpus"] for d in deps.values())
     have = sum(p["max"] * p["cpu"] for p in pods.values())
     assert need <= have, f"{need} CPUs at max_replicas, {have} in the largest cluster"
+
+
+def test_pods_have_the_node_shape_and_cpu_stages_leave_acoustic_its_cpus(docs):
+    """The GPU pod is the node shape the GPU config is sized for (kuberay.GPU_POD), and on it the
+    CPU stages at their per-node bounds plus the pod's Acoustic replicas fit its CPUs: the CPU
+    stages can never take the CPUs a new Acoustic replica needs. The CPU pod is exactly what those
+    bounds use (more CPUs would stay idle)."""
+    pods = _pods(docs["RayService"])
+    deps = {d["name"]: d for a in _serve(docs)["applications"] for d in a["deployments"]}
+    assert (pods["gpu"]["cpu"], pods["gpu"]["gpu"]) == (kuberay.GPU_POD["cpu"], kuberay.GPU_POD["gpu"])
+    cpu_stages = {n: d for n, d in deps.items() if not d["ray_actor_options"].get("num_gpus")}
+    assert set(cpu_stages) == {"Ingress", "TextNormalizer", "Vocoder"}
+    bounded = sum(d["max_replicas_per_node"] * d["ray_actor_options"]["num_cpus"] for d in cpu_stages.values())
+    acoustic = deps["Acoustic"]["ray_actor_options"]
+    acoustic_cpus = math.floor(pods["gpu"]["gpu"] / acoustic["num_gpus"]) * acoustic["num_cpus"]
+    assert bounded + acoustic_cpus <= pods["gpu"]["cpu"], (bounded, acoustic_cpus, pods["gpu"]["cpu"])
+    assert pods["cpu"]["cpu"] == bounded
+    assert kuberay.gpu_node_cpus(_serve(docs)) == bounded + acoustic_cpus
+
+
+def test_a_cpu_stage_without_a_per_node_bound_is_refused():
+    """The generator will not write a manifest in which a CPU stage is unbounded per node, or in
+    which the bounds leave a GPU pod too few CPUs for its Acoustic replicas."""
+    serve = kuberay.for_kubernetes(kuberay.serve_config(GPU_CONFIG))
+    (app,) = serve["applications"]
+    deps = {d["name"]: d for d in app["deployments"]}
+    del deps["Vocoder"]["max_replicas_per_node"]
+    with pytest.raises(ValueError, match="Vocoder"):
+        kuberay.worker_bounds(serve)
+    deps["Vocoder"]["max_replicas_per_node"] = 3  # 6 + 1 + 1 + 2 Acoustic = 10 CPUs > 8
+    with pytest.raises(ValueError, match="need 10"):
+        kuberay.worker_bounds(serve)
 
 
 # ---------------------------------------------------------------- exposes nothing it should not
