@@ -26,7 +26,7 @@ from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
-from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, VoiceList
+from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, TimedSpeech, TimedSpeechRequest, VoiceList
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
@@ -129,6 +129,16 @@ class Ingress:
         try:
             return await self.speech.respond(body, rec, self._caller(request), request.headers.get("cache-control", ""),
                                              flow_acks=request.headers.get(ACKS_HEADER) == "1")
+        except APIError as exc:
+            rec.finish(str(exc.status))
+            return error_response(exc)
+
+    @app.post("/v1/audio/speech/with-timestamps", response_model=TimedSpeech)
+    async def timed_speech_route(self, body: TimedSpeechRequest, request: Request):
+        """The whole audio (base64) with where each segment lies in it, and captions on request."""
+        rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
+        try:
+            return await self.speech.timed(body, rec, self._caller(request), request.headers.get("cache-control", ""))
         except APIError as exc:
             rec.finish(str(exc.status))
             return error_response(exc)

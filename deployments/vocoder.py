@@ -26,7 +26,7 @@ from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
 from serve_app.engine.pipeline import AudioAssembler
 from serve_app.engine.threads import TorchThread
-from serve_app.engine.types import Plan, StreamSummary
+from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.wav import with_true_length
 from serve_app.engine.weights import load_vocoder
@@ -59,12 +59,14 @@ class Vocoder:
         self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
-    async def stream(self, plan: Plan, response_format: str, flow: Optional[FlowRef] = None) -> AsyncIterator[Union[bytes, StreamSummary]]:
-        """Encoded audio bytes as they are made, then one ``StreamSummary``. The Acoustic stage
-        stays at most a window ahead of what this stream has decoded, and with ``flow`` this
-        stream stays at most its window ahead of what the caller has taken (serving/flow.py)."""
+    async def stream(self, plan: Plan, response_format: str,
+                     flow: Optional[FlowRef] = None) -> AsyncIterator[Union[bytes, SegmentMark, StreamSummary]]:
+        """Encoded audio bytes as they are made, a ``SegmentMark`` right after the bytes that
+        complete each segment, then one ``StreamSummary``. The Acoustic stage stays at most a
+        window ahead of what this stream has decoded, and with ``flow`` this stream stays at most
+        its window ahead of what the caller has taken (serving/flow.py)."""
         t0 = time.perf_counter()
-        assembler = AudioAssembler(self.vocoder, response_format, self.cfg)
+        assembler = AudioAssembler(self.vocoder, response_format, self.cfg, pauses=plan.pauses)
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
@@ -78,16 +80,21 @@ class Vocoder:
                 hidden = torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32))
                 # Decoding is CPU-bound: keep it off the replica's event loop.
                 pending += await self._torch_thread.acall(assembler.feed, wire.segment, hidden, wire.final)
-                if pending and (not sent_first or len(pending) >= MIN_YIELD_BYTES):
+                marks = assembler.take_marks()
+                if pending and (marks or not sent_first or len(pending) >= MIN_YIELD_BYTES):
                     await credit.ready()
                     yield pending
                     pending = b""
                     sent_first = True
+                for mark in marks:  # after the bytes that complete its segment
+                    yield mark
             done = True
             pending += await self._torch_thread.acall(assembler.close)
             if pending:
                 await credit.ready()
                 yield pending
+            for mark in assembler.take_marks():
+                yield mark
             seconds = assembler.samples / SAMPLE_RATE
             elapsed = time.perf_counter() - t0
             metrics.inc("tts_audio_seconds_total", seconds)

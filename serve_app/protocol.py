@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine.audio import CONTENT_TYPES, AudioFormat
 from .engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
@@ -55,6 +55,14 @@ class SpeechRequest(_ApiOptions):
     stream_format: StreamFormat = "audio"
     instructions: Optional[str] = Field(default=None, max_length=4096, description="Accepted for OpenAI compatibility; ignored.")
     refine_text: bool = False
+    timestamps: bool = Field(default=False, description="With stream_format sse: a speech.segment event (its input text and "
+                             "span, start and end seconds) once each segment's audio is complete.")
+
+    @model_validator(mode="after")
+    def _timestamps_need_events(self) -> "SpeechRequest":
+        if self.timestamps and self.stream_format != "sse":
+            raise ValueError("timestamps needs stream_format 'sse' (or POST /v1/audio/speech/with-timestamps for one JSON answer)")
+        return self
 
     @field_validator("input")
     @classmethod
@@ -72,6 +80,44 @@ class SpeechRequest(_ApiOptions):
     @property
     def content_type(self) -> str:
         return "text/event-stream" if self.stream_format == "sse" else CONTENT_TYPES[self.response_format]
+
+
+CaptionFormat = Literal["srt", "vtt"]
+
+
+class TimedSpeechRequest(SpeechRequest):
+    """``POST /v1/audio/speech/with-timestamps``: one JSON answer with the whole audio, where each
+    segment lies in it, and captions on request."""
+
+    stream_format: Literal["audio"] = "audio"
+    captions: Optional[CaptionFormat] = Field(default=None, description="Also captions of the audio: SubRip or WebVTT.")
+
+
+class SpeechSegment(BaseModel):
+    """Where one segment (a sentence or clause) lies in the audio. ChatTTS has no aligner: the
+    times are exact per segment, there are no word times."""
+
+    index: int
+    text: str = Field(description="The input's text of the segment.")
+    input_start: Optional[int] = Field(default=None, description="Character offsets of that text in the input.")
+    input_end: Optional[int] = None
+    start: float = Field(description="Seconds from the audio's first sample.")
+    end: float
+    speaker: Optional[str] = None
+
+
+class TimedSpeech(BaseModel):
+    """The answer of ``/v1/audio/speech/with-timestamps`` (the shape of ElevenLabs' "with
+    timestamps" and Kokoro's captioned speech: base64 audio beside its timing)."""
+
+    object: Literal["speech"] = "speech"
+    audio: str = Field(description="The audio file, base64.")
+    response_format: str
+    content_type: str
+    duration: float = Field(description="Seconds of audio.")
+    segments: list[SpeechSegment]
+    captions: Optional[str] = None
+    captions_format: Optional[CaptionFormat] = None
 
 
 class ModelCard(BaseModel):
@@ -187,9 +233,14 @@ class SegmentStart(BaseModel):
 
 
 class SegmentDone(BaseModel):
+    """A segment's audio is all sent; ``start`` and ``end`` place it on the session's audio
+    timeline (seconds from the session's first sample)."""
+
     type: Literal["segment.done"] = "segment.done"
     index: int
     audio_seconds: float
+    start: float = 0.0
+    end: float = 0.0
 
 
 class Cancelled(BaseModel):

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from .acoustic import AcousticEngine, HiddenChunk, RowStream
-from .audio import AudioEncoder, new_encoder
+from .audio import SAMPLE_RATE, AudioEncoder, new_encoder
 from .config import EngineConfig, VocoderConfig, acoustic_heard_through
 from .errors import EmptyInputError  # noqa: F401  (re-exported: callers catch it with the planner)
 from .planner import Planner, segment_seed  # noqa: F401  (re-exported)
 from .threads import TorchThread, on_new_thread
-from .types import Plan, SynthesisOptions  # noqa: F401  (re-exported)
+from .types import Plan, SegmentMark, SynthesisOptions  # noqa: F401  (re-exported)
 from .vocoder import Vocoder, VocoderStream
 from .wav import with_true_length
 
@@ -34,15 +34,21 @@ class AudioAssembler:
     """Ordered hidden chunks of a request's segments -> encoded audio bytes, as they come.
 
     One sliding-window vocoder stream per segment (segments are independent utterances) and
-    one encoder for the whole response.
+    one encoder for the whole response. It knows where each segment's audio lies in the stream
+    (``take_marks``: a ``SegmentMark`` once a segment's audio is complete) and puts the plan's
+    silences after segments (``pauses``: seconds after segment i).
     """
 
-    def __init__(self, vocoder: Vocoder, fmt: str, vocoder_cfg: Optional[VocoderConfig] = None):
+    def __init__(self, vocoder: Vocoder, fmt: str, vocoder_cfg: Optional[VocoderConfig] = None,
+                 pauses: Optional[list[float]] = None):
         self.vocoder = vocoder
         self.vocoder_cfg = vocoder_cfg
         self.encoder: AudioEncoder = new_encoder(fmt)
+        self.pauses = list(pauses or [])
         self._stream: Optional[VocoderStream] = None
         self._segment: Optional[int] = None
+        self._segment_start = 0
+        self._marks: list[SegmentMark] = []
         self.samples = 0
         self.vocode_seconds = 0.0  # time in Decoder + Vocos
         self.encode_seconds = 0.0  # time in the audio encoder
@@ -53,6 +59,7 @@ class AudioAssembler:
         if segment != self._segment:
             out += self._end_segment()
             self._segment = segment
+            self._segment_start = self.samples
             self._stream = self.vocoder.stream(self.vocoder_cfg)
         t0 = time.perf_counter()
         pcm = self._stream.push(hidden)
@@ -60,7 +67,10 @@ class AudioAssembler:
             pcm = np.concatenate([pcm, self._stream.finish()])
             self._stream = None
         self.vocode_seconds += time.perf_counter() - t0
-        return out + self._encode(pcm)
+        out += self._encode(pcm)
+        if final:
+            out += self._close_segment()
+        return out
 
     def _end_segment(self) -> bytes:
         if self._stream is None:
@@ -69,7 +79,19 @@ class AudioAssembler:
         pcm = self._stream.finish()
         self.vocode_seconds += time.perf_counter() - t0
         self._stream = None
-        return self._encode(pcm)
+        return self._encode(pcm) + self._close_segment()
+
+    def _close_segment(self) -> bytes:
+        """The segment's audio is complete: its mark, then the silence the plan puts after it."""
+        index = self._segment
+        self._marks.append(SegmentMark(index, self._segment_start, self.samples))
+        pause = self.pauses[index] if index is not None and index < len(self.pauses) else 0.0
+        return self._encode(np.zeros(int(round(pause * SAMPLE_RATE)), dtype=np.float32)) if pause > 0 else b""
+
+    def take_marks(self) -> list[SegmentMark]:
+        """Segments whose audio became complete since the last call, in order."""
+        marks, self._marks = self._marks, []
+        return marks
 
     def _encode(self, pcm: np.ndarray) -> bytes:
         if not len(pcm):

@@ -25,6 +25,13 @@ def segment_seed(seed: int, index: int) -> int:
     return (seed + index * 7919) % (MAX_SEED + 1)
 
 
+def source_texts(text: str, texts: list[str], spans: list[Optional[tuple[int, int]]]) -> list[str]:
+    """What captions show per segment: ``text[span]`` where the segment has its span alone, else
+    (no span, or a piece cut again after normalising) the normalised text."""
+    shared = {span for span in spans if span is not None and spans.count(span) > 1}
+    return [text[span[0]:span[1]] if span is not None and span not in shared else t for t, span in zip(texts, spans)]
+
+
 class Planner:
     def __init__(self, limits: SegmentLimits = SegmentLimits(), frontend: Optional[TextFrontend] = None):
         self.limits = limits
@@ -41,13 +48,18 @@ class Planner:
             text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars,
             max_seconds=self.limits.max_seconds,
         )
-        return self.plan_texts([s.text for s in segments], opts, voice, client)
+        plan = self.plan_texts([s.text for s in segments], opts, voice, client, spans=[s.span for s in segments])
+        plan.sources = source_texts(text, plan.texts, plan.spans)
+        return plan
 
     def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None,
-                   client: str = "") -> Plan:
-        """Segment requests for already normalised segment texts (e.g. after refine_text)."""
+                   client: str = "", spans: Optional[list] = None) -> Plan:
+        """Segment requests for already normalised segment texts (e.g. after refine_text);
+        ``spans``: where each text came from in the input, when known."""
         voice = voice if voice is not None else self.voices.resolve(opts.voice)
-        texts = [t for t in texts if t.strip()]
+        spans = list(spans) if spans is not None else [None] * len(texts)
+        kept = [(t, span) for t, span in zip(texts, spans) if t.strip()]
+        texts, spans = [t for t, _ in kept], [span for _, span in kept]
         if not texts:
             raise EmptyInputError("input has nothing to speak (only punctuation, tags or whitespace)")
         level = speed_tag_level(opts.speed)
@@ -73,7 +85,7 @@ class Planner:
             for i, text in enumerate(texts)
         ]
         self.check_cost(reqs, opts)
-        return Plan(voice, reqs, texts)
+        return Plan(voice, reqs, texts, spans=spans)
 
     def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions) -> None:
         """``RequestTooLarge`` past ``max_segments`` or ``max_request_seconds`` of expected speech."""

@@ -11,12 +11,13 @@ numpy, the standard library (the Ingress and TextNormalizer replicas never impor
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .audio import SAMPLE_RATE
 from .text import CONTROL_TAG_RE
 
 # The longest voice string any schema takes. A ChatTTS speaker string (the longest kind of voice
@@ -124,6 +125,27 @@ class Plan:
     voice: Voice
     segments: list[SegmentRequest]
     texts: list[str]  # the normalised segment texts
+    # Per segment, aligned with ``segments`` (empty: none): where its text came from in the input
+    # (character offsets), the silence after it (seconds: a pause between turns, an SSML break),
+    # and who speaks it (a voice's name, for captions of several voices).
+    spans: list[Optional[tuple[int, int]]] = field(default_factory=list)
+    pauses: list[float] = field(default_factory=list)
+    speakers: list[Optional[str]] = field(default_factory=list)
+    # What captions show for each segment: the input's own text where the segment has a span of
+    # its own (a piece that had to be cut again shows its normalised parts).
+    sources: list[str] = field(default_factory=list)
+
+    def pause_after(self, i: int) -> float:
+        return self.pauses[i] if i < len(self.pauses) else 0.0
+
+    def span_of(self, i: int) -> Optional[tuple[int, int]]:
+        return self.spans[i] if i < len(self.spans) else None
+
+    def speaker_of(self, i: int) -> Optional[str]:
+        return self.speakers[i] if i < len(self.speakers) else None
+
+    def source_of(self, i: int) -> str:
+        return self.sources[i] if i < len(self.sources) else self.texts[i]
 
 
 @dataclass
@@ -135,6 +157,25 @@ class WireChunk:
     final: bool
     finish_reason: Optional[str] = None
     batch_rows: int = 0  # rows decoding together when this chunk left (for logs)
+
+
+@dataclass(frozen=True)
+class SegmentMark:
+    """Where a segment's audio lies in its stream, in samples at ``SAMPLE_RATE`` (after speed
+    and the vocoder's hold-back: the samples emitted for it), sent once its audio is complete.
+    A pause after it (``Plan.pauses``) follows ``end`` and belongs to no segment."""
+
+    index: int
+    start: int
+    end: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start / SAMPLE_RATE
+
+    @property
+    def end_s(self) -> float:
+        return self.end / SAMPLE_RATE
 
 
 @dataclass

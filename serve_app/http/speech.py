@@ -11,9 +11,12 @@ the Vocoder drives the stream (it pulls hidden states from the Acoustic stage it
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import time
 import weakref
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, AsyncIterator, Optional, Union
 
@@ -21,9 +24,11 @@ import anyio
 from fastapi.responses import Response, StreamingResponse
 
 from ..engine.wav import with_true_length
-from ..engine.types import INTERNAL_CLIENT, Plan, StreamSummary, Voice
+from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary, Voice
 from ..errors import APIError, as_api_error, to_api_error
-from ..protocol import MODEL_IDS, SpeechRequest
+from ..engine.captions import TimedText, to_srt, to_webvtt
+from ..protocol import MODEL_IDS, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
+from ..engine.audio import CONTENT_TYPES
 from ..serving import metrics
 from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
 from ..settings import CacheConfig, FlowSettings, IngressSettings
@@ -65,8 +70,33 @@ def _package_version() -> str:
         return "dev"
 
 
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
+@dataclass
+class Hit:
+    """A cached answer: its audio, and where its segments lie (and its length) when they were
+    stored with it."""
+
+    audio: bytes
+    segments: Optional[list[SpeechSegment]] = None
+    duration: Optional[float] = None
+
+
+def segments_key(key: str) -> str:
+    """The cache entry beside an answer's audio that holds its segments' timing."""
+    return key + ":segments"
+
+
+def speech_segment(mark: SegmentMark, plan: Plan) -> SpeechSegment:
+    span = plan.span_of(mark.index)
+    return SpeechSegment(index=mark.index, text=plan.source_of(mark.index), input_start=span[0] if span else None,
+                         input_end=span[1] if span else None, start=round(mark.start_s, 6), end=round(mark.end_s, 6),
+                         speaker=plan.speaker_of(mark.index))
+
+
+async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """The audio bytes of a synthesis stream (which also carries its segments' timing)."""
+    async for item in items:
+        if isinstance(item, bytes):
+            yield item
 
 
 class SpeechService:
@@ -173,10 +203,13 @@ class SpeechService:
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
 
-    async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "") -> Union[bytes, AsyncIterator[bytes]]:
-        """The request's audio: the cached bytes on a hit, else a stream, which holds one of the
-        caller's stream slots until it ends (a hit takes none: it is one quick answer). The
-        caller's id goes with every segment to the engine's fair admission.
+    async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "",
+                    timed: bool = False) -> Union[Hit, "_Stream"]:
+        """The request's audio: the cached answer on a hit, else a stream of its bytes and of a
+        ``SpeechSegment`` once each segment's audio is complete, which holds one of the caller's
+        stream slots until it ends (a hit takes none: it is one quick answer). The caller's id goes
+        with every segment to the engine's fair admission. ``timed``: the caller needs the
+        segments' timing, so only a hit stored with it counts.
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
@@ -198,13 +231,13 @@ class SpeechService:
                 rec.cache = "miss"
                 metrics.inc("tts_cache_total", result="miss")
             elif key is not None:
-                cached = await self.cache.get(key)
-                rec.cache = "hit" if cached is not None else "miss"
+                hit = await self._cached(key, timed)
+                rec.cache = "hit" if hit is not None else "miss"
                 metrics.inc("tts_cache_total", result=rec.cache)
-                if cached is not None:
+                if hit is not None:
                     rec.first_byte()
                     rec.finish("200")
-                    return cached
+                    return hit
             else:
                 metrics.inc("tts_cache_total", result="bypass")
             self.check_busy()
@@ -223,12 +256,25 @@ class SpeechService:
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        return _Stream(self._chain(first, gen, rec, key), slot, gen, rec)
+        return _Stream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
 
-    async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str]) -> AsyncIterator[bytes]:
-        """Forward the stream within the deadline; record metrics and the log line; cache it."""
+    async def _cached(self, key: str, timed: bool) -> Optional[Hit]:
+        audio = await self.cache.get(key)
+        if audio is None or not timed:
+            return None if audio is None else Hit(audio)
+        stored = await self.cache.get(segments_key(key))
+        if stored is None:
+            return None  # stored without its timing: synthesise again (and store both)
+        timing = json.loads(stored)
+        return Hit(audio, [SpeechSegment.model_validate(s) for s in timing["segments"]], timing["duration"])
+
+    async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str],
+                     plan: Plan) -> AsyncIterator[Union[bytes, SpeechSegment]]:
+        """Forward the stream within the deadline (marks as ``SpeechSegment``); record metrics and
+        the log line; cache it with its segments."""
         status = "aborted"
         kept: Optional[list[bytes]] = [] if key else None
+        segments: list[SpeechSegment] = []
         size = 0
         limit = self.cache_config.max_item_bytes
         deadline = rec.t0 + self.settings.request_timeout_s
@@ -238,6 +284,10 @@ class SpeechService:
             while True:
                 if isinstance(data, StreamSummary):
                     rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                elif isinstance(data, SegmentMark):
+                    segment = speech_segment(data, plan)
+                    segments.append(segment)
+                    yield segment
                 elif data:
                     if kept is not None:
                         size += len(data)
@@ -266,6 +316,8 @@ class SpeechService:
             if status == "200":
                 if kept:  # stored whole: a hit is one answer, with its true length
                     await self.cache.put(key, with_true_length(b"".join(kept)))
+                    timing = {"segments": [seg.model_dump() for seg in segments], "duration": rec.audio_s}
+                    await self.cache.put(segments_key(key), json.dumps(timing).encode())
             else:  # client gone, timeout or a stage failed: stop every stage's work
                 gen.cancel()
                 metrics.inc("tts_stream_aborted_total", reason=status)
@@ -276,42 +328,72 @@ class SpeechService:
     async def synthesize(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> bytes:
         """The whole audio file (handle API, warm-up), with its true length."""
         audio = await self.audio(req, rec, caller)
-        if isinstance(audio, bytes):
-            return audio
+        if isinstance(audio, Hit):
+            return audio.audio
         async with audio:
-            return with_true_length(b"".join([b async for b in audio]))
+            return with_true_length(b"".join([b async for b in audio_only(audio)]))
 
     async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
         audio = await self.audio(req, rec, caller)
-        if isinstance(audio, bytes):
-            yield audio
+        if isinstance(audio, Hit):
+            yield audio.audio
             return
         async with audio:
-            async for data in audio:
+            async for data in audio_only(audio):
                 yield data
+
+    async def timed(self, req: TimedSpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "") -> TimedSpeech:
+        """The whole audio with where each segment lies in it, and captions on request."""
+        audio = await self.audio(req, rec, caller, cache_control, timed=True)
+        if isinstance(audio, Hit):
+            data, segments, duration = audio.audio, audio.segments or [], audio.duration
+        else:
+            chunks: list[bytes] = []
+            segments = []
+            async with audio:
+                async for item in audio:
+                    (chunks if isinstance(item, bytes) else segments).append(item)
+            data, duration = with_true_length(b"".join(chunks)), rec.audio_s
+        captions = None
+        if req.captions is not None:
+            cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
+            captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
+        return TimedSpeech(audio=base64.b64encode(data).decode(), response_format=req.response_format,
+                           content_type=CONTENT_TYPES[req.response_format],
+                           duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 4),
+                           segments=segments, captions=captions, captions_format=req.captions)
 
     async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
                       flow_acks: bool = False) -> Response:
         """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (serving/flow.py)."""
-        audio = await self.audio(body, rec, caller, cache_control)
+        audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
-        if isinstance(audio, bytes):
+        if isinstance(audio, Hit):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy.
-                return Response(audio, media_type=body.content_type, headers=headers)
-            audio = _once(audio)
-        stream = audio
+                return Response(audio.audio, media_type=body.content_type, headers=headers)
+            items: Any = _hit_items(audio)
+        else:
+            items = audio
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
-            stream = sse_stream(audio, usage)
+            stream = sse_stream(items, usage, timestamps=body.timestamps)
+        else:
+            stream = audio_only(items)
         ref = self.flow_ref() if flow_acks else None
         if ref is not None:
             headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
             stream = paced(stream, FlowCredit(ref))
-        return _StreamResponse(stream, audio, media_type=body.content_type, headers=headers)
+        return _StreamResponse(stream, items, media_type=body.content_type, headers=headers)
+
+
+async def _hit_items(hit: Hit) -> AsyncIterator[Union[bytes, SpeechSegment]]:
+    yield hit.audio
+    for segment in hit.segments or ():
+        yield segment
 
 
 class _Stream:

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 from ..engine.errors import EmptyInputError
 from ..engine.planner import segment_seed
 from ..engine.text import is_speakable, segment_fits, split_unfinished
-from ..engine.types import Plan, StreamSummary, SynthesisOptions
+from ..engine.types import Plan, SegmentMark, StreamSummary, SynthesisOptions
 from ..engine.voices import effective_seed
 from ..errors import APIError, as_api_error
 from ..protocol import (
@@ -376,6 +376,8 @@ class RealtimeSession:
             if isinstance(item, StreamSummary):
                 seg.audio_seconds = item.audio_seconds
                 continue
+            if isinstance(item, SegmentMark):  # one segment per stream here: its summary times it
+                continue
             data = self._joiner.feed(item)
             if not data:
                 continue
@@ -390,9 +392,11 @@ class RealtimeSession:
         self._joiner.end_segment()
         if not started:
             await send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
+        start = self.stats.audio_seconds  # on the session's audio timeline: its segments back to back
         self.stats.segments += 1
         self.stats.audio_seconds += seg.audio_seconds
-        await send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4)))
+        await send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4),
+                                                      start=round(start, 6), end=round(self.stats.audio_seconds, 6)))
 
 
 async def serve_session(

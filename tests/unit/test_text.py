@@ -516,3 +516,15 @@ def test_thread_safety(frontend: TextFrontend) -> None:
 def test_dates_before_a_sentence_final_stop(text, spoken):
     frontend = TextFrontend()
     assert spoken in " ".join(s.text for s in frontend.process(text))
+
+
+def test_segments_know_where_they_came_from_in_the_input():
+    from serve_app.engine.text import TextFrontend
+
+    text = "你好，欢迎使用语音合成服务。\u200b It is 10:30 now.\n\nSecond   paragraph here! 第三句？"
+    segments = TextFrontend().process(text, max_chars=20)
+    spans = [s.span for s in segments]
+    assert all(span is not None for span in spans)
+    assert [text[a:b] for a, b in spans[:2]] == ["你好，欢迎使用语音合成服务。", "It is 10:30 now."]
+    assert text[spans[-1][0]:spans[-1][1]].endswith("第三句？")
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]) if a != b)  # in order, never overlapping

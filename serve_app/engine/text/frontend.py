@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 from .chars import WS_RE, is_speakable, sanitize
 from .chattts_norm import ChatTTSNormalizer
 from .en import normalize_numbers_en
 from .lang import Lang, check_lang, detect_language, detect_or
-from .segment import check_max_chars, segment_fits, split_segments, split_sentences
+from .segment import check_max_chars, locate_pieces, segment_fits, split_segments, split_sentences
 from .tags import strip_stray_brackets
 from .zh import normalize_numbers_zh
 
@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 class Segment:
     text: str  # normalised, ready for the ChatTTS tokenizer
     lang: Lang
+    # Where it came from in the input (character offsets); the parts of a piece that grew past
+    # max_chars when normalised share its span. Not part of what a segment is (equality).
+    span: Optional[tuple[int, int]] = field(default=None, compare=False)
 
 
 # Commas right after another mark add nothing ("，，" / "。，" / ", ,").
@@ -110,7 +113,8 @@ class TextFrontend:
         check_lang(lang)
         check_max_chars(max_chars)
         segments: List[Segment] = []
-        for raw in split_segments(text, max_chars, max_seconds):
+        pieces = split_segments(text, max_chars, max_seconds)
+        for raw, span in zip(pieces, locate_pieces(text, pieces)):
             normed = self.normalize(raw, lang=lang, do_normalize=normalize)
             if not normed:
                 continue
@@ -118,6 +122,6 @@ class TextFrontend:
             parts = [normed] if fits else split_segments(normed, max_chars, max_seconds)
             # Detected on the normalised text: numbers are words by now, in the
             # language they were normalised in.
-            segments.extend(Segment(text=p, lang=lang or detect_language(p)) for p in parts)  # type: ignore[arg-type]
+            segments.extend(Segment(text=p, lang=lang or detect_language(p), span=span) for p in parts)  # type: ignore[arg-type]
         logger.debug("text front end produced %d segment(s) from %d chars", len(segments), len(text))
         return segments

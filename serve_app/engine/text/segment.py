@@ -14,6 +14,7 @@ Chinese segment speak ~3x longer than an English one.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Callable, List, Optional, Sequence, Tuple
 
 # The module, not its names: pacing imports .chars and .tags from this package (an import cycle).
@@ -22,7 +23,7 @@ from . import data
 from .chars import WS_RE, is_speakable, sanitize, text_length
 from .tags import ATOM_RE, CONTROL_TAG_RE
 
-__all__ = ["segment_fits", "split_segments", "split_sentences", "split_unfinished"]
+__all__ = ["locate_pieces", "segment_fits", "split_segments", "split_sentences", "split_unfinished"]
 
 # Sentence ends, clause breaks, closing quotes/brackets that belong to the sentence they close.
 _SENT_PUNCT = "。！？!?…"
@@ -261,3 +262,38 @@ def split_unfinished(text: str, max_chars: int = 120, max_seconds: Optional[floa
         return done, last
     pieces = _fit(last, lambda p: text_length(p) <= max_chars, prefer=lambda p: segment_fits(p, max_chars, max_seconds))
     return done + "".join(pieces[:-1]), pieces[-1]
+
+
+def _skipped(ch: str) -> bool:
+    """Characters ``sanitize`` and the splitter drop or turn into the whitespace they collapse."""
+    return ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc", "Cs", "Co", "Zl", "Zp")
+
+
+def locate_pieces(text: str, pieces: List[str]) -> List[Optional[tuple[int, int]]]:
+    """Where each of ``pieces`` (``split_segments(text)``, in order) lies in ``text``: (start, end)
+    character offsets from its first to its last non-blank character. The splitter only drops
+    control characters and collapses whitespace, so a piece's other characters appear in ``text``
+    in order; a piece that cannot be matched (it should not happen) gets None and the next piece is
+    looked for from the same place."""
+    spans: List[Optional[tuple[int, int]]] = []
+    pos = 0
+    for piece in pieces:
+        want = [c for c in piece if not _skipped(c)]
+        i, k, start = pos, 0, None
+        while k < len(want) and i < len(text):
+            ch = text[i]
+            if _skipped(ch):
+                i += 1
+                continue
+            if ch != want[k]:
+                break
+            if start is None:
+                start = i
+            k += 1
+            i += 1
+        if want and k == len(want) and start is not None:
+            spans.append((start, i))
+            pos = i
+        else:
+            spans.append(None)
+    return spans
