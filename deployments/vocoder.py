@@ -66,7 +66,8 @@ class Vocoder:
         window ahead of what this stream has decoded, and with ``flow`` this stream stays at most
         its window ahead of what the caller has taken (serving/flow.py)."""
         t0 = time.perf_counter()
-        assembler = AudioAssembler(self.vocoder, response_format, self.cfg, pauses=plan.pauses)
+        assembler = AudioAssembler(self.vocoder, response_format, self.cfg, pauses=plan.pauses, gain_db=plan.gain_db,
+                                   lead_in=plan.lead_in, loudness=plan.loudness)
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine.audio import CONTENT_TYPES, AudioFormat
+from .engine.loudness import LOUDNESS_RANGE_LUFS
 from .engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
 
 ResponseFormat = AudioFormat
@@ -57,6 +58,9 @@ class SpeechRequest(_ApiOptions):
     refine_text: bool = False
     timestamps: bool = Field(default=False, description="With stream_format sse: a speech.segment event (its input text and "
                              "span, start and end seconds) once each segment's audio is complete.")
+    loudness: Optional[float] = Field(default=None, ge=LOUDNESS_RANGE_LUFS[0], le=LOUDNESS_RANGE_LUFS[1],
+                                      description="Integrated loudness of the answer, LUFS (EBU R128), e.g. -16: the audio is "
+                                      "normalised as a whole, so it is sent once it is all made (no streaming).")
 
     @model_validator(mode="after")
     def _timestamps_need_events(self) -> "SpeechRequest":
@@ -156,7 +160,7 @@ class VoiceList(BaseModel):
 # text frames: ``session.start`` first, then ``text.append`` / ``text.flush`` / ``cancel`` /
 # ``close``. The server sends audio as binary frames and these JSON events.
 
-RealtimeFormat = Literal["pcm", "opus", "mp3"]
+RealtimeFormat = Literal["pcm", "opus", "mp3", "ulaw", "alaw"]
 
 
 class SessionStart(_ApiOptions):
@@ -220,7 +224,7 @@ class SessionCreated(BaseModel):
     type: Literal["session.created"] = "session.created"
     id: str
     response_format: RealtimeFormat
-    sample_rate: int  # of the audio before encoding (opus decodes at 48000 whatever it is)
+    sample_rate: int  # of the audio in its format: 24000, 8000 for ulaw/alaw (opus decodes at 48000 whatever it is)
     weights: str
 
 

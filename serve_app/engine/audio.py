@@ -25,16 +25,13 @@ SAMPLE_RATE = 24000  # ChatTTS output rate; mono throughout
 
 TELEPHONY_RATE = 8000  # G.711's rate
 
-# The formats the API serves (``protocol.ResponseFormat`` is this type).
-AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
-AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)
-# Raw G.711 at 8 kHz, as telephony media streams carry it. Kept out of AudioFormat
-# until the API, its clients and its tests know a format whose rate is not 24 kHz.
+# Raw G.711 at 8 kHz, as telephony media streams carry it (Twilio's media streams, ElevenLabs'
+# ulaw_8000): the one output whose rate is not SAMPLE_RATE (format_sample_rate).
 TelephonyFormat = Literal["ulaw", "alaw"]
 TELEPHONY_FORMATS: tuple[str, ...] = get_args(TelephonyFormat)
-# Everything new_encoder() makes.
-EncoderFormat = Literal[AudioFormat, TelephonyFormat]
-ENCODER_FORMATS: tuple[str, ...] = get_args(EncoderFormat)
+# The formats the API serves (``protocol.ResponseFormat`` is this type); new_encoder() makes each.
+AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", TelephonyFormat]
+AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)
 
 CONTENT_TYPES: dict[str, str] = {
     "mp3": "audio/mpeg",
@@ -62,7 +59,7 @@ def format_sample_rate(fmt: str) -> int:
     """
     if fmt in TELEPHONY_FORMATS:
         return TELEPHONY_RATE
-    if fmt in ENCODER_FORMATS:
+    if fmt in AUDIO_FORMATS:
         return SAMPLE_RATE
     raise ValueError(_unknown(fmt))
 
@@ -74,13 +71,13 @@ def format_bytes_per_second(fmt: str) -> int | None:
         return TELEPHONY_RATE
     if fmt in ("pcm", "wav"):
         return 2 * SAMPLE_RATE
-    if fmt in ENCODER_FORMATS:
+    if fmt in AUDIO_FORMATS:
         return None
     raise ValueError(_unknown(fmt))
 
 
 def _unknown(fmt: str) -> str:
-    return f"unknown audio format {fmt!r}; expected one of {', '.join(ENCODER_FORMATS)}"
+    return f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)}"
 
 
 def check_gain_db(db: float) -> float:
@@ -361,7 +358,7 @@ class G711Encoder(AudioEncoder):
 
 
 def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> AudioEncoder:
-    """A fresh streaming encoder for ``fmt`` (one of ENCODER_FORMATS) of mono PCM at
+    """A fresh streaming encoder for ``fmt`` (one of AUDIO_FORMATS) of mono PCM at
     ``sample_rate``, each chunk scaled by ``gain_db`` (GAIN_DB_RANGE) before it is clipped."""
     if fmt == "pcm":
         return PcmEncoder(fmt, sample_rate, gain_db)

@@ -72,7 +72,8 @@ def _mono_float(pcm: np.ndarray) -> np.ndarray:
 
 def _run_graph(pcm: np.ndarray, rate: int, filters: list[tuple[str, str]]) -> tuple[np.ndarray, dict[str, str]]:
     """``pcm`` (float32 mono at ``rate``) through ``filters``, each ``(name, args)``; returns the
-    output samples (float32 mono) and the metadata of the last output frame."""
+    output samples (float32 mono) and the metadata of the last output frame that had any (the
+    frames a filter flushes at the end may carry none: ebur128's last one, for some lengths)."""
     import av
     import av.filter
 
@@ -96,7 +97,7 @@ def _run_graph(pcm: np.ndarray, rate: int, filters: list[tuple[str, str]]) -> tu
             except (av.error.BlockingIOError, av.error.EOFError):
                 return
             out.append(frame.to_ndarray().reshape(-1))
-            meta = dict(frame.metadata)
+            meta = dict(frame.metadata) or meta
 
     step = max(1, int(rate * _FRAME_SECONDS))
     for start in range(0, len(pcm), step):

@@ -35,16 +35,23 @@ class AudioAssembler:
 
     One sliding-window vocoder stream per segment (segments are independent utterances) and
     one encoder for the whole response. It knows where each segment's audio lies in the stream
-    (``take_marks``: a ``SegmentMark`` once a segment's audio is complete) and puts the plan's
-    silences after segments (``pauses``: seconds after segment i).
+    (``take_marks``: a ``SegmentMark`` once a segment's audio is complete), puts the plan's
+    silences before the first segment (``lead_in``) and after segments (``pauses``: seconds after
+    segment i), applies ``gain_db`` to every chunk, and with ``loudness`` (LUFS) keeps the whole
+    audio and normalises it at ``close()`` (a loudness is a property of the whole: the bytes then
+    all come at the end).
     """
 
     def __init__(self, vocoder: Vocoder, fmt: str, vocoder_cfg: Optional[VocoderConfig] = None,
-                 pauses: Optional[list[float]] = None):
+                 pauses: Optional[list[float]] = None, gain_db: float = 0.0, lead_in: float = 0.0,
+                 loudness: Optional[float] = None):
         self.vocoder = vocoder
         self.vocoder_cfg = vocoder_cfg
-        self.encoder: AudioEncoder = new_encoder(fmt)
+        self.encoder: AudioEncoder = new_encoder(fmt, gain_db=gain_db)
         self.pauses = list(pauses or [])
+        self.lead_in = lead_in
+        self.loudness = loudness
+        self._whole: Optional[list[np.ndarray]] = [] if loudness is not None else None
         self._stream: Optional[VocoderStream] = None
         self._segment: Optional[int] = None
         self._segment_start = 0
@@ -56,6 +63,8 @@ class AudioAssembler:
     def feed(self, segment: int, hidden: torch.Tensor, final: bool) -> bytes:
         """Hidden states (n, 768) of ``segment``; ``final`` on its last chunk."""
         out = b""
+        if self._segment is None and self.lead_in > 0:
+            out += self._encode(_silence(self.lead_in))
         if segment != self._segment:
             out += self._end_segment()
             self._segment = segment
@@ -86,7 +95,7 @@ class AudioAssembler:
         index = self._segment
         self._marks.append(SegmentMark(index, self._segment_start, self.samples))
         pause = self.pauses[index] if index is not None and index < len(self.pauses) else 0.0
-        return self._encode(np.zeros(int(round(pause * SAMPLE_RATE)), dtype=np.float32)) if pause > 0 else b""
+        return self._encode(_silence(pause)) if pause > 0 else b""
 
     def take_marks(self) -> list[SegmentMark]:
         """Segments whose audio became complete since the last call, in order."""
@@ -97,6 +106,9 @@ class AudioAssembler:
         if not len(pcm):
             return b""
         self.samples += len(pcm)
+        if self._whole is not None:
+            self._whole.append(pcm)
+            return b""
         t0 = time.perf_counter()
         data = self.encoder.write(pcm)
         self.encode_seconds += time.perf_counter() - t0
@@ -105,9 +117,20 @@ class AudioAssembler:
     def close(self) -> bytes:
         tail = self._end_segment()
         t0 = time.perf_counter()
+        if self._whole is not None:
+            from .loudness import normalize_loudness
+
+            whole = np.concatenate(self._whole) if self._whole else np.zeros(0, dtype=np.float32)
+            self._whole = None
+            if len(whole):
+                tail += self.encoder.write(normalize_loudness(whole, self.loudness))
         tail += self.encoder.close()
         self.encode_seconds += time.perf_counter() - t0
         return tail
+
+
+def _silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(round(seconds * SAMPLE_RATE)), dtype=np.float32)
 
 
 def ordered_chunks(streams: list[RowStream]) -> Iterator[tuple[int, HiddenChunk]]:

@@ -85,7 +85,7 @@ class Planner:
             for i, text in enumerate(texts)
         ]
         self.check_cost(reqs, opts)
-        return Plan(voice, reqs, texts, spans=spans)
+        return Plan(voice, reqs, texts, spans=spans, gain_db=opts.volume)
 
     def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions) -> None:
         """``RequestTooLarge`` past ``max_segments`` or ``max_request_seconds`` of expected speech."""

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .audio import SAMPLE_RATE
+from .audio import GAIN_DB_RANGE, SAMPLE_RATE
 from .text import CONTROL_TAG_RE
 
 # The longest voice string any schema takes. A ChatTTS speaker string (the longest kind of voice
@@ -51,6 +51,7 @@ class SynthesisOptions(BaseModel):
     normalize: bool = True
     lang: Optional[Literal["zh", "en"]] = None
     priority: int = Field(default=0, ge=-10, le=10)
+    volume: float = Field(default=0.0, ge=GAIN_DB_RANGE[0], le=GAIN_DB_RANGE[1], description="Gain in dB applied to the audio.")
 
     @field_validator("prompt")
     @classmethod
@@ -134,6 +135,11 @@ class Plan:
     # What captions show for each segment: the input's own text where the segment has a span of
     # its own (a piece that had to be cut again shows its normalised parts).
     sources: list[str] = field(default_factory=list)
+    # How the audio is shaped: a gain (dB), silence before the first segment (an SSML break there),
+    # and a loudness target for the whole answer (LUFS: the audio is then sent once it is all made).
+    gain_db: float = 0.0
+    lead_in: float = 0.0
+    loudness: Optional[float] = None
 
     def pause_after(self, i: int) -> float:
         return self.pauses[i] if i < len(self.pauses) else 0.0

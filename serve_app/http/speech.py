@@ -190,6 +190,7 @@ class SpeechService:
         gen = None
         try:
             plan = await self._plan(req, voice, client)
+            plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
             gen = self.open_vocoder(plan, req.response_format)
             try:
                 first = await gen.__anext__()

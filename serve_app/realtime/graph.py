@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
-from ..engine.audio import SAMPLE_RATE
+from ..engine.audio import format_sample_rate
 from ..engine.types import Plan, StreamSummary, Voice
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
@@ -111,7 +111,7 @@ async def run_session(ws: Any, request_id: str, speech: SpeechService, identify:
         speech.check_busy()
         slots.append(await hold_slot(speech.slots, caller))
         rec.voice, rec.format = voice_label(start.voice), start.response_format
-        return SessionCreated(id=request_id, response_format=start.response_format, sample_rate=SAMPLE_RATE,
+        return SessionCreated(id=request_id, response_format=start.response_format, sample_rate=format_sample_rate(start.response_format),
                               weights=speech.weights_kind)
 
     try:

@@ -77,7 +77,7 @@ MIN_PRIORITY = next(m.ge for m in SynthesisOptions.model_fields["priority"].meta
 
 
 class _PassThrough:
-    """pcm and mp3: each segment's bytes go out as they are."""
+    """pcm, mp3, ulaw and alaw: each segment's bytes go out as they are."""
 
     def feed(self, data: bytes) -> bytes:
         return data

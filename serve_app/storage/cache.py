@@ -35,7 +35,7 @@ from ..settings import CacheConfig
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chattts"
-KEY_VERSION = 2  # bump when the key's meaning changes: every deployed cache is invalidated
+KEY_VERSION = 3  # bump when the key's meaning changes: every deployed cache is invalidated
 MiB = 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +71,7 @@ def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_V
         **{k: _canon(v) for k, v in opts.model_dump(exclude=_NOT_IN_KEY).items()},
         "format": req.response_format,
         "refine_text": bool(req.refine_text),
+        "loudness": _canon(getattr(req, "loudness", None)),
         "weights": weights_id,
     }
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

@@ -1,5 +1,6 @@
 """``chattts-serve``: speak a line to a file (in-process or through a running server), speak lines
-as they arrive on stdin (through a server's WebSocket), build weights, make API keys."""
+as they arrive on stdin (through a server's WebSocket), synthesise a whole data set on a Ray
+cluster (``batch``), build weights, make API keys."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Optional, Sequence
 if TYPE_CHECKING:
     from ..engine.config import EngineConfig
 
-FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-STREAM_FORMATS = ("pcm", "opus", "mp3")  # one stream for text that arrives over time (the WebSocket)
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw", "alaw")  # engine/audio.py's AUDIO_FORMATS (kept light here)
+STREAM_FORMATS = ("pcm", "opus", "mp3", "ulaw", "alaw")  # one stream for text that arrives over time (the WebSocket)
 
 
 def _format_for(path: str, fmt: Optional[str]) -> str:
@@ -123,6 +124,32 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    """Exit status 0 when every row has its audio, 3 when some rows are in the errors file."""
+    from pydantic import ValidationError
+
+    from ..batch.config import BatchConfig
+    from ..batch.job import run_batch
+    from ..batch.output import OutputLocked
+
+    given = {k: getattr(args, k) for k in BATCH_OPTIONS if getattr(args, k) is not None}
+    weights = {"source": args.weights or "auto", **({"path": args.weights_path} if args.weights_path else {})}
+    try:
+        cfg = BatchConfig.model_validate({"input": args.input, "out": args.out, "weights": weights, **given})
+        summary = run_batch(cfg, progress=not args.no_progress)
+    except (ValidationError, ValueError, OutputLocked) as exc:
+        print(f"batch: {exc}", file=sys.stderr)
+        return 2
+    print(summary.text(), file=sys.stderr)
+    return 3 if summary.failed else 0
+
+
+# ``batch`` flags that map one to one onto BatchConfig fields (their defaults live there).
+BATCH_OPTIONS = ("input_format", "default_format", "address", "num_cpus", "device", "dtype", "quantize",
+                 "acoustic_actors", "num_gpus", "acoustic_cpus", "acoustic_threads", "max_rows", "rows_per_call",
+                 "calls_per_actor", "vocoders", "vocoder_cpus")
+
+
 def _weights_build(args: argparse.Namespace) -> int:
     from ..engine.config import WeightsConfig
     from ..engine.weights import build_random_weights
@@ -184,6 +211,41 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--url", default=None, help="speak through a running server instead of in-process")
     say.add_argument("--api-key", default=None)
 
+    batch = sub.add_parser(
+        "batch", help="synthesise every row of a JSONL/CSV/Parquet file on Ray (resumable): audio files, a manifest",
+        description="Each row (id, text, and optionally voice, seed, speed, response_format and the other request "
+        "options) becomes OUT/audio/<id>.<format> and a row of OUT/manifest.parquet; rows that cannot be "
+        "synthesised go to OUT/errors.jsonl. Run it again with the same OUT to finish an interrupted run: rows "
+        "already written are skipped. Voices: built-in names, seed:<n>, ChatTTS speaker strings (not a service's "
+        "stored voices). Exit status 3 when some rows failed.")
+    batch.add_argument("input", help="JSONL, CSV or Parquet: a file, directory or glob (every node must read it)")
+    batch.add_argument("--out", required=True, help="output directory on this machine")
+    batch.add_argument("--input-format", choices=("jsonl", "csv", "parquet"), default=None, help="default: from the suffix")
+    batch.add_argument("--format", dest="default_format", choices=FORMATS, default=None,
+                       help="response_format of rows that set none (default wav)")
+    batch.add_argument("--address", default=None,
+                       help="Ray cluster to join (auto, ray://host:10001); default RAY_ADDRESS, else a local Ray")
+    batch.add_argument("--num-cpus", type=float, default=None, help="CPUs of the local Ray (default: all cores)")
+    batch.add_argument("--weights", choices=("auto", "huggingface", "local", "random", "random-tiny"), default=None,
+                       help="weights source, as model.weights.source (CHATTTS_WEIGHTS overrides)")
+    batch.add_argument("--weights-path", default=None, help="asset directory for --weights local (on every node)")
+    batch.add_argument("--device", default=None, choices=("auto", "cpu", "cuda", "mps"))
+    batch.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                       help="GPT dtype (default bfloat16 on a GPU, float32 on CPU)")
+    batch.add_argument("--quantize", default=None, choices=("auto", "none", "int8"),
+                       help="int8 GPT layers on CPU (auto: int8 on CPU); none decodes each row the same in any batch")
+    batch.add_argument("--acoustic-actors", type=int, default=None,
+                       help="GPT actors (default: one per --num-gpus share of every GPU, else one per node)")
+    batch.add_argument("--num-gpus", type=float, default=None, help="GPU share per acoustic actor (default 0.5 with GPUs)")
+    batch.add_argument("--acoustic-cpus", type=float, default=None, help="Ray CPUs per acoustic actor (default 1)")
+    batch.add_argument("--acoustic-threads", type=int, default=None, help="torch threads per acoustic actor")
+    batch.add_argument("--max-rows", type=int, default=None, help="segments decoded together per actor (default 16 CPU, 64 GPU)")
+    batch.add_argument("--rows-per-call", type=int, default=None, help="input rows per acoustic call (default 32)")
+    batch.add_argument("--calls-per-actor", type=int, default=None, help="acoustic calls in flight per actor (default 2)")
+    batch.add_argument("--vocoders", type=int, default=None, help="vocoder actors at most (default: one per spare CPU)")
+    batch.add_argument("--vocoder-cpus", type=float, default=None, help="Ray CPUs per vocoder actor (default 0.5)")
+    batch.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars")
+
     weights = sub.add_parser("weights", help="weights tools")
     wsub = weights.add_subparsers(dest="weights_command", required=True)
     build = wsub.add_parser("build", help="build random weights in ChatTTS's asset layout")
@@ -216,6 +278,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             build_parser().error("say needs TEXT (or --stdin)")
         fmt = _format_for(args.output, args.format)
         return _say_remote(args, fmt) if args.url else _say_local(args, fmt)
+    if args.command == "batch":
+        return _batch(args)
     if args.command == "weights":
         return _weights_build(args)
     return 2

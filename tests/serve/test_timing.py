@@ -123,3 +123,30 @@ async def test_websocket_segments_sit_on_the_session_timeline(app_url):
 async def iter_text():
     for piece in ("第一句话在这里。", "第二句话也在这里。", "Third one."):
         yield piece
+
+
+def _loudness(pcm: np.ndarray) -> float:
+    import pyloudnorm
+
+    return pyloudnorm.Meter(SR).integrated_loudness(pcm.astype(np.float64) / 32768.0)
+
+
+def test_telephony_volume_and_loudness_on_the_answer(app_url):
+    from support.audio import assert_duration
+
+    body = {"input": TEXT, "seed": 11, "response_format": "pcm"}
+    plain = httpx.post(app_url + "/v1/audio/speech", json=body, headers={"Cache-Control": "no-store"}, timeout=120)
+    quieter = httpx.post(app_url + "/v1/audio/speech", json={**body, "volume": -6.0}, headers={"Cache-Control": "no-store"},
+                         timeout=120)
+    a, b = (np.frombuffer(r.content, "<i2").astype(np.float64) for r in (plain, quieter))
+    assert len(a) == len(b) and np.sqrt(np.mean(b**2)) / np.sqrt(np.mean(a**2)) == pytest.approx(10 ** (-6 / 20), rel=0.01)
+    # A loudness target for the whole answer (EBU R128, measured by pyloudnorm), same length.
+    for target in (-16.0, -26.0):
+        r = httpx.post(app_url + "/v1/audio/speech", json={**body, "loudness": target}, timeout=120)
+        pcm = np.frombuffer(r.content, "<i2")
+        assert len(pcm) == len(a) and _loudness(pcm) == pytest.approx(target, abs=1.0)
+    # G.711 at 8 kHz, as telephony stacks take it: a third of the samples, same seconds.
+    for fmt, ctype in (("ulaw", "audio/basic"), ("alaw", "audio/x-alaw-basic")):
+        r = httpx.post(app_url + "/v1/audio/speech", json={**body, "response_format": fmt}, timeout=120)
+        assert r.status_code == 200 and r.headers["content-type"] == ctype
+        assert_duration(r.content, fmt, len(a))

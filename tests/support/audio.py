@@ -10,16 +10,18 @@ import numpy as np
 from serve_app.engine.audio import SAMPLE_RATE
 
 SR = SAMPLE_RATE  # 24 kHz mono everywhere except Opus, which always decodes at 48 kHz
-DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le"}
+DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le",
+            "ulaw": "mulaw", "alaw": "alaw"}
+RAW_RATES = {"pcm": SR, "ulaw": 8000, "alaw": 8000}  # headerless formats: the demuxer is told the rate
 LOSSY = ("mp3", "opus", "aac")
 
 
 def decode_av(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
     """Decode a whole answer with PyAV (ffmpeg); (samples as [channels, n], sample rate). Mono
-    only; ``pcm`` is raw s16le at 24 kHz."""
+    only; ``pcm`` is raw s16le at 24 kHz, ``ulaw`` / ``alaw`` raw G.711 at 8 kHz."""
     import av
 
-    opts = {"sample_rate": str(SR), "ch_layout": "mono"} if fmt == "pcm" else {}
+    opts = {"sample_rate": str(RAW_RATES[fmt]), "ch_layout": "mono"} if fmt in RAW_RATES else {}
     with av.open(io.BytesIO(data), format=DEMUXERS[fmt], options=opts) as c:
         stream = c.streams.audio[0]
         assert stream.codec_context.channels == 1, f"{fmt}: expected mono"
@@ -37,9 +39,11 @@ def assert_duration(data: bytes, fmt: str, expected: int) -> float:
     samples, rate = decode_av(data, fmt)
     samples = samples.shape[1]
     assert samples > 0, f"{fmt}: nothing decoded"
-    assert rate == (48000 if fmt == "opus" else SR), f"{fmt}: sample rate {rate}"
+    assert rate == {"opus": 48000, "ulaw": 8000, "alaw": 8000}.get(fmt, SR), f"{fmt}: sample rate {rate}"
     got, want = samples / rate, expected / SR
-    if fmt in LOSSY:
+    if fmt in ("ulaw", "alaw"):  # resampled to 8 kHz: a third of the samples, within the resampler's rounding
+        assert abs(samples - expected / 3) <= 2, f"{fmt}: {samples} samples at 8 kHz for {expected} at 24 kHz"
+    elif fmt in LOSSY:
         assert want - 0.005 <= got <= want + 0.1, f"{fmt}: {got:.4f} s, expected {want:.4f} s (+<=0.1)"
     else:
         assert samples == expected, f"{fmt}: {samples} samples, expected {expected}"

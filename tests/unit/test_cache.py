@@ -37,7 +37,7 @@ WEIGHTS = "random-tiny:abc"
 BASE = dict(input="Hello world. 你好。", voice="alloy", response_format="mp3")
 
 # The key of BASE, pinned: if it changes, every deployed cache is invalidated (bump KEY_VERSION).
-GOLDEN_KEY = "chattts:v2:d13083ef5bce3d26f37afb1049df6f3a74a281b804cc2232af714b19d9a6604a"
+GOLDEN_KEY = "chattts:v3:6aa9ceb301d6d820cb76c4a5f5b2ae930f6d5fce4978de76696000b80bb5f20c"
 
 
 def key(**changes) -> str:
@@ -60,7 +60,7 @@ class FakeClock:
 
 def test_key_format_and_golden_value():
     k = key()
-    assert k.startswith("chattts:v2:") and len(k) == len("chattts:v2:") + 64
+    assert k.startswith("chattts:v3:") and len(k) == len("chattts:v3:") + 64
     assert k == key()
     assert k == GOLDEN_KEY
 
@@ -96,6 +96,8 @@ CHANGES = {
     "lang": "en",
     "normalize": False,
     "refine_text": True,
+    "volume": -3.0,
+    "loudness": -16.0,
 }
 
 
@@ -114,7 +116,7 @@ def test_every_field_changes_the_key():
     req = SpeechRequest(**BASE)
     voice = VoiceResolver().resolve("alloy")
     assert request_key(req, voice, weights_id="random-tiny:abd") != base
-    assert request_key(req, voice, weights_id=WEIGHTS, version=3).startswith("chattts:v3:")
+    assert request_key(req, voice, weights_id=WEIGHTS, version=4).startswith("chattts:v4:")
 
 
 def test_key_canonicalisation():
