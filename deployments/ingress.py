@@ -26,7 +26,8 @@ from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
-from serve_app.protocol import MODEL_IDS, ModelCard, ModelList, SpeechRequest, TimedSpeech, TimedSpeechRequest, VoiceList
+from serve_app.protocol import (MODEL_IDS, DialogueRequest, ModelCard, ModelList, SpeechRequest, TimedSpeech,
+                                TimedSpeechRequest, VoiceList)
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
@@ -125,20 +126,30 @@ class Ingress:
 
     @app.post("/v1/audio/speech", response_class=StreamingResponse)
     async def speech_route(self, body: SpeechRequest, request: Request):
-        rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
-        try:
-            return await self.speech.respond(body, rec, self._caller(request), request.headers.get("cache-control", ""),
-                                             flow_acks=request.headers.get(ACKS_HEADER) == "1")
-        except APIError as exc:
-            rec.finish(str(exc.status))
-            return error_response(exc)
+        return await self._answer(body, request)
 
     @app.post("/v1/audio/speech/with-timestamps", response_model=TimedSpeech)
     async def timed_speech_route(self, body: TimedSpeechRequest, request: Request):
         """The whole audio (base64) with where each segment lies in it, and captions on request."""
+        return await self._answer(body, request, timed=True)
+
+    @app.post("/v1/audio/dialogue", response_class=StreamingResponse)
+    async def dialogue_route(self, body: DialogueRequest, request: Request):
+        """Turns in several voices, decoded together, spoken in turn order with a pause between."""
+        return await self._answer(body, request)
+
+    @app.post("/v1/audio/dialogue/with-timestamps", response_model=TimedSpeech)
+    async def timed_dialogue_route(self, body: DialogueRequest, request: Request):
+        return await self._answer(body, request, timed=True)
+
+    async def _answer(self, body: SpeechRequest, request: Request, timed: bool = False):
         rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
+        cache_control = request.headers.get("cache-control", "")
         try:
-            return await self.speech.timed(body, rec, self._caller(request), request.headers.get("cache-control", ""))
+            if timed:
+                return await self.speech.timed(body, rec, self._caller(request), cache_control)
+            return await self.speech.respond(body, rec, self._caller(request), cache_control,
+                                             flow_acks=request.headers.get(ACKS_HEADER) == "1")
         except APIError as exc:
             rec.finish(str(exc.status))
             return error_response(exc)

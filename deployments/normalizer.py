@@ -15,7 +15,7 @@ from ray import serve
 from serve_app.serving import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.planner import Planner
-from serve_app.engine.types import Plan, SynthesisOptions, Voice
+from serve_app.engine.types import Plan, ScriptPart, SynthesisOptions, Voice
 
 log = logging.getLogger("ray.serve")
 
@@ -43,3 +43,10 @@ class TextNormalizer:
                client: str = "") -> Plan:
         """Segments from refined texts (refine_text); the texts are ChatTTS's own output."""
         return self.planner.plan_texts(texts, options, voice, client=client)
+
+    def plan_script(self, parts: list[ScriptPart], options: SynthesisOptions, client: str = "") -> Plan:
+        """A script of several parts (SSML pieces, dialogue turns: their voices already resolved)."""
+        t0 = time.perf_counter()
+        plan = self.planner.plan_script(parts, options, client=client)
+        metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
+        return plan

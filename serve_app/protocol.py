@@ -4,16 +4,21 @@ ingress, the handle API, the WebSocket sessions and the client alike. Errors: ``
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine.audio import CONTENT_TYPES, AudioFormat
 from .engine.loudness import LOUDNESS_RANGE_LUFS
+from .engine.styles import MAX_INSTRUCTIONS_CHARS
+from .engine.text.ssml import looks_like_ssml
 from .engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
 
 ResponseFormat = AudioFormat
 StreamFormat = Literal["audio", "sse"]
+CaptionFormat = Literal["srt", "vtt"]
+MAX_DIALOGUE_TURNS = 64
 MODEL_IDS = ("chattts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
@@ -54,7 +59,11 @@ class SpeechRequest(_ApiOptions):
     input: str = Field(min_length=1, description="Text to speak.")
     response_format: ResponseFormat = "mp3"
     stream_format: StreamFormat = "audio"
-    instructions: Optional[str] = Field(default=None, max_length=4096, description="Accepted for OpenAI compatibility; ignored.")
+    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, in words "
+                                        "(English or Chinese) or a preset name: mapped to ChatTTS's oral/laugh/break tags and "
+                                        "the speed (docs/api.md, \"instructions\"); X-Style-Applied / X-Style-Ignored say how.")
+    input_format: Optional[Literal["text", "ssml"]] = Field(default=None, description="ssml: the input is SSML (the "
+                                                            "default when it starts with <speak).")
     refine_text: bool = False
     timestamps: bool = Field(default=False, description="With stream_format sse: a speech.segment event (its input text and "
                              "span, start and end seconds) once each segment's audio is complete.")
@@ -82,11 +91,14 @@ class SpeechRequest(_ApiOptions):
         return _options_of(self)
 
     @property
+    def is_ssml(self) -> bool:
+        return self.input_format == "ssml" or (self.input_format is None and looks_like_ssml(self.input))
+
+    @property
     def content_type(self) -> str:
         return "text/event-stream" if self.stream_format == "sse" else CONTENT_TYPES[self.response_format]
 
 
-CaptionFormat = Literal["srt", "vtt"]
 
 
 class TimedSpeechRequest(SpeechRequest):
@@ -108,6 +120,7 @@ class SpeechSegment(BaseModel):
     start: float = Field(description="Seconds from the audio's first sample.")
     end: float
     speaker: Optional[str] = None
+    turn: Optional[int] = Field(default=None, description="A dialogue's turn (input_start / input_end are in its input).")
 
 
 class TimedSpeech(BaseModel):
@@ -122,6 +135,49 @@ class TimedSpeech(BaseModel):
     segments: list[SpeechSegment]
     captions: Optional[str] = None
     captions_format: Optional[CaptionFormat] = None
+
+
+class DialogueTurn(BaseModel):
+    """One turn of a dialogue: who speaks it, the text (plain or SSML), how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: Union[Annotated[str, Field(max_length=MAX_SPEAKER_CHARS)], VoiceRef] = "alloy"
+    input: str = Field(min_length=1)
+    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS)
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_id(cls, v: Union[str, VoiceRef]) -> str:
+        return v.id if isinstance(v, VoiceRef) else v
+
+
+class DialogueRequest(SpeechRequest):
+    """``POST /v1/audio/dialogue``: a script of turns in several voices, decoded together (every
+    turn's segments at once) and spoken in turn order with ``pause_s`` between turns. The
+    request's own options (seed, speed, sampling, format, volume, loudness, timestamps) apply to
+    every turn; a turn's ``instructions`` add to the request's."""
+
+    input: str = Field(default="", description="Not used: the turns are the script.")
+    turns: list[DialogueTurn] = Field(min_length=1, max_length=MAX_DIALOGUE_TURNS)
+    pause_s: float = Field(default=0.4, ge=0.0, le=5.0, description="Silence between turns, seconds.")
+    captions: Optional[CaptionFormat] = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        return v
+
+    @model_validator(mode="after")
+    def _as_input(self) -> "DialogueRequest":
+        # What the length limit and the cache key see: the whole script, canonical.
+        self.input = json.dumps({"turns": [t.model_dump() for t in self.turns], "pause_s": self.pause_s},
+                                ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        return self
+
+    @property
+    def is_ssml(self) -> bool:
+        return False
 
 
 class ModelCard(BaseModel):

@@ -16,7 +16,7 @@ from .config import SegmentLimits
 from .errors import EmptyInputError, RequestTooLarge
 from .pacing import TOKENS_PER_SECOND, expected_tokens, max_new_tokens, speed_tag_level
 from .text import TextFrontend
-from .types import Plan, SegmentRequest, SynthesisOptions, Voice
+from .types import Plan, ScriptPart, SegmentRequest, SynthesisOptions, Voice
 from .voices import MAX_SEED, VoiceResolver, effective_seed
 
 
@@ -52,6 +52,49 @@ class Planner:
         plan.sources = source_texts(text, plan.texts, plan.spans)
         return plan
 
+    def plan_script(self, parts: list[ScriptPart], opts: SynthesisOptions, client: str = "") -> Plan:
+        """One plan of several parts (voices, speeds, prompts, pauses between them): each part
+        cut and normalised as ``plan`` cuts a text, its segments seeded by their place in the
+        whole script (the same seeds whatever the parts), all of them decoding together."""
+        reqs: list[SegmentRequest] = []
+        plan = Plan(parts[0].voice if parts else self.voices.resolve(opts.voice), reqs, [], gain_db=opts.volume)
+        pause = 0.0
+        for part in parts:
+            pause += part.pause_before
+            segments = self.frontend.process(part.text, lang=opts.lang, normalize=opts.normalize,
+                                             max_chars=self.limits.max_chars, max_seconds=self.limits.max_seconds)
+            if not segments:
+                continue  # nothing speakable (a break alone): its pause goes on to the next part
+            if pause > 0:
+                if plan.segments:
+                    plan.pauses[-1] += pause
+                else:
+                    plan.lead_in = pause
+                pause = 0.0
+            level = speed_tag_level(part.speed)
+            seed = effective_seed(part.voice, opts.seed)
+            spans = [None if s.span is None or part.offset is None else (part.offset + s.span[0], part.offset + s.span[1])
+                     for s in segments]
+            own = part.offset is not None
+            texts = [s.text for s in segments]
+            sources = source_texts(part.text, texts, [s.span for s in segments]) if own else (
+                [part.text] if len(segments) == 1 else texts)
+            for seg, span, source in zip(segments, spans, sources):
+                i = len(reqs)
+                reqs.append(self._request(seg.text, part.voice, segment_seed(seed, i), level, f"[speed_{level}]{part.prompt}",
+                                          opts, client))
+                plan.texts.append(seg.text)
+                plan.spans.append(span if own else part.span)
+                plan.sources.append(source)
+                plan.pauses.append(0.0)
+                plan.speakers.append(part.speaker)
+                plan.turns.append(part.turn)
+        if not reqs:
+            raise EmptyInputError("input has nothing to speak (only punctuation, tags, breaks or whitespace)")
+        plan.pauses[-1] += pause  # a break at the very end
+        self.check_cost(reqs, opts)
+        return plan
+
     def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None,
                    client: str = "", spans: Optional[list] = None) -> Plan:
         """Segment requests for already normalised segment texts (e.g. after refine_text);
@@ -65,27 +108,17 @@ class Planner:
         level = speed_tag_level(opts.speed)
         prompt = f"[speed_{level}]{opts.prompt}"
         seed = effective_seed(voice, opts.seed)
-        reqs = [
-            SegmentRequest(
-                text=text,
-                spk_emb=voice.spk_emb,
-                spk_seed=voice.seed,
-                spk_smp=voice.spk_smp,
-                txt_smp=voice.txt_smp,
-                seed=segment_seed(seed, i),
-                target_tokens=expected_tokens(text, level),
-                max_new_tokens=max_new_tokens(text, self.limits, level),
-                prompt=prompt,
-                temperature=opts.temperature,
-                top_p=opts.top_p,
-                top_k=opts.top_k,
-                priority=opts.priority,
-                client=client,
-            )
-            for i, text in enumerate(texts)
-        ]
+        reqs = [self._request(text, voice, segment_seed(seed, i), level, prompt, opts, client) for i, text in enumerate(texts)]
         self.check_cost(reqs, opts)
         return Plan(voice, reqs, texts, spans=spans, gain_db=opts.volume)
+
+    def _request(self, text: str, voice: Voice, seed: int, level: int, prompt: str, opts: SynthesisOptions,
+                 client: str) -> SegmentRequest:
+        return SegmentRequest(
+            text=text, spk_emb=voice.spk_emb, spk_seed=voice.seed, spk_smp=voice.spk_smp, txt_smp=voice.txt_smp,
+            seed=seed, target_tokens=expected_tokens(text, level), max_new_tokens=max_new_tokens(text, self.limits, level),
+            prompt=prompt, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, priority=opts.priority,
+            client=client)
 
     def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions) -> None:
         """``RequestTooLarge`` past ``max_segments`` or ``max_request_seconds`` of expected speech."""

@@ -121,6 +121,25 @@ class Voice:
         return f"seed:{self.seed}"
 
 
+@dataclass(frozen=True)
+class ScriptPart:
+    """One stretch of a script in one voice and speed: an SSML piece, a dialogue turn, or both.
+    The Ingress makes them (it resolves voices, instructions and SSML); the planner cuts each
+    into segments that all decode together, in order."""
+
+    text: str  # plain text for the front end
+    voice: Voice
+    speed: float = 1.0
+    prompt: str = ""  # control tags (a request's prompt with its instructions' tags)
+    # Where ``text`` is in the caller's input: ``offset`` when it is that input verbatim from
+    # there (its segments then get their own spans), else ``span`` for every segment of it.
+    offset: Optional[int] = None
+    span: Optional[tuple[int, int]] = None
+    pause_before: float = 0.0  # silence before it (an SSML break, the pause between turns)
+    speaker: Optional[str] = None  # for captions and segment events
+    turn: Optional[int] = None  # a dialogue's turn
+
+
 @dataclass
 class Plan:
     voice: Voice
@@ -135,6 +154,7 @@ class Plan:
     # What captions show for each segment: the input's own text where the segment has a span of
     # its own (a piece that had to be cut again shows its normalised parts).
     sources: list[str] = field(default_factory=list)
+    turns: list[Optional[int]] = field(default_factory=list)
     # How the audio is shaped: a gain (dB), silence before the first segment (an SSML break there),
     # and a loudness target for the whole answer (LUFS: the audio is then sent once it is all made).
     gain_db: float = 0.0
@@ -149,6 +169,9 @@ class Plan:
 
     def speaker_of(self, i: int) -> Optional[str]:
         return self.speakers[i] if i < len(self.speakers) else None
+
+    def turn_of(self, i: int) -> Optional[int]:
+        return self.turns[i] if i < len(self.turns) else None
 
     def source_of(self, i: int) -> str:
         return self.sources[i] if i < len(self.sources) else self.texts[i]

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, AsyncIterator, Optional, Union
 
@@ -27,7 +27,7 @@ from ..engine.wav import with_true_length
 from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary, Voice
 from ..errors import APIError, as_api_error, to_api_error
 from ..engine.captions import TimedText, to_srt, to_webvtt
-from ..protocol import MODEL_IDS, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
+from ..protocol import MODEL_IDS, DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
 from ..engine.audio import CONTENT_TYPES
 from ..serving import metrics
 from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
@@ -35,6 +35,7 @@ from ..settings import CacheConfig, FlowSettings, IngressSettings
 from ..storage.cache import make_cache, request_key
 from ..storage.voices import VoiceCatalog
 from .request_log import RequestRecord
+from .script import Script, dialogue_script, speech_script
 from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
 from .sse import sse_stream
 
@@ -78,6 +79,7 @@ class Hit:
     audio: bytes
     segments: Optional[list[SpeechSegment]] = None
     duration: Optional[float] = None
+    headers: dict[str, str] = field(default_factory=dict)  # what the answer says about the script (style, SSML)
 
 
 def segments_key(key: str) -> str:
@@ -89,7 +91,7 @@ def speech_segment(mark: SegmentMark, plan: Plan) -> SpeechSegment:
     span = plan.span_of(mark.index)
     return SpeechSegment(index=mark.index, text=plan.source_of(mark.index), input_start=span[0] if span else None,
                          input_end=span[1] if span else None, start=round(mark.start_s, 6), end=round(mark.end_s, 6),
-                         speaker=plan.speaker_of(mark.index))
+                         speaker=plan.speaker_of(mark.index), turn=plan.turn_of(mark.index))
 
 
 async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
@@ -160,8 +162,17 @@ class SpeechService:
 
     # ------------------------------------------------------------------ the pipeline
 
-    async def _plan(self, req: SpeechRequest, voice: Voice, client: str = "") -> Plan:
-        options = req.to_options()
+    async def script(self, req: SpeechRequest, voice: Voice, caller: Caller) -> Script:
+        """The request as the planner's script: instructions applied, SSML or a dialogue's turns
+        as parts with their voices resolved for the caller (a malformed document: 400 here)."""
+        if isinstance(req, DialogueRequest):
+            return await dialogue_script(req, self.voices, caller, self.settings.max_input_chars)
+        return await speech_script(req, voice, self.voices, caller, self.settings.max_input_chars)
+
+    async def _plan(self, req: SpeechRequest, voice: Voice, script: Script, client: str = "") -> Plan:
+        options = script.options
+        if script.parts is not None:  # SSML, a dialogue: no refine_text (its text is not the input's)
+            return await self.normalizer.plan_script.remote(script.parts, options, client=client)
         plan = await self.normalizer.plan.remote(req.input, options, voice, client=client)
         if req.refine_text:
             busy = self.settings.skip_refine_queue_rows
@@ -185,11 +196,11 @@ class SpeechService:
         return AckedStream(self.vocoder.options(stream=True).stream.remote(plan, response_format, ref), ref,
                            counts=lambda item: isinstance(item, bytes))
 
-    async def _open(self, req: SpeechRequest, voice: Voice, client: str = "") -> tuple[Any, bytes, Plan]:
+    async def _open(self, req: SpeechRequest, voice: Voice, script: Script, client: str = "") -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
-            plan = await self._plan(req, voice, client)
+            plan = await self._plan(req, voice, script, client)
             plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
             gen = self.open_vocoder(plan, req.response_format)
             try:
@@ -224,7 +235,9 @@ class SpeechService:
             check_priority(caller, req.priority)
             # Built-in or custom (the voice store): an unknown voice fails here, before any work.
             voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
-            key = request_key(req, voice, weights_id=self.weights_id) if self.weights_id != "unknown" else None
+            script = await self.script(req, voice, caller)
+            key = request_key(req, voice, weights_id=self.weights_id, options=script.options,
+                              voices=[v.cache_id for v in script.voices]) if self.weights_id != "unknown" else None
             if key is not None and "no-store" in directives:
                 key = None
                 metrics.inc("tts_cache_total", result="bypass")
@@ -238,13 +251,14 @@ class SpeechService:
                 if hit is not None:
                     rec.first_byte()
                     rec.finish("200")
+                    hit.headers = script.headers
                     return hit
             else:
                 metrics.inc("tts_cache_total", result="bypass")
             self.check_busy()
             slot = await hold_slot(self.slots, caller)
             try:
-                gen, first, plan = await asyncio.wait_for(self._open(req, voice, caller.id), self.settings.request_timeout_s)
+                gen, first, plan = await asyncio.wait_for(self._open(req, voice, script, caller.id), self.settings.request_timeout_s)
             except asyncio.TimeoutError:
                 raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
                                code="timeout") from None
@@ -257,7 +271,9 @@ class SpeechService:
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        return _Stream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
+        stream = _Stream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
+        stream.headers = script.headers
+        return stream
 
     async def _cached(self, key: str, timed: bool) -> Optional[Hit]:
         audio = await self.cache.get(key)
@@ -344,9 +360,11 @@ class SpeechService:
             async for data in audio_only(audio):
                 yield data
 
-    async def timed(self, req: TimedSpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "") -> TimedSpeech:
-        """The whole audio with where each segment lies in it, and captions on request."""
+    async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
+                    cache_control: str = "") -> Response:
+        """The whole audio with where each segment lies in it, and captions on request (JSON)."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
+        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
         if isinstance(audio, Hit):
             data, segments, duration = audio.audio, audio.segments or [], audio.duration
         else:
@@ -360,10 +378,11 @@ class SpeechService:
         if req.captions is not None:
             cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
             captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
-        return TimedSpeech(audio=base64.b64encode(data).decode(), response_format=req.response_format,
-                           content_type=CONTENT_TYPES[req.response_format],
-                           duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 4),
-                           segments=segments, captions=captions, captions_format=req.captions)
+        answer = TimedSpeech(audio=base64.b64encode(data).decode(), response_format=req.response_format,
+                             content_type=CONTENT_TYPES[req.response_format],
+                             duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
+                             segments=segments, captions=captions, captions_format=req.captions)
+        return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
 
     async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
                       flow_acks: bool = False) -> Response:
@@ -371,7 +390,7 @@ class SpeechService:
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (serving/flow.py)."""
         audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
-        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store"}
+        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy.
@@ -403,6 +422,7 @@ class _Stream:
     ever read (a client gone between the answer's start and its first byte)."""
 
     def __init__(self, chain: AsyncIterator[bytes], slot: Slot, gen: Any, rec: RequestRecord):
+        self.headers: dict[str, str] = {}  # what the answer says about the script (style, SSML)
         self._chain = chain
         self._slot = slot
         self._gen = gen

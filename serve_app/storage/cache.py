@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from cachetools import Cache, TLRUCache
 
@@ -51,7 +51,8 @@ def _canon(value: Any) -> Any:
     return repr(round(float(value), 6)) if isinstance(value, float) else value
 
 
-def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_VERSION) -> str:
+def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_VERSION,
+                options: Any = None, voices: Sequence[str] = ()) -> str:
     """``chattts:v<version>:<sha256 hex>`` of everything that determines a request's audio bytes.
 
     ``req`` is a ``SpeechRequest`` (duck-typed: ``to_options()``, ``input``,
@@ -61,8 +62,10 @@ def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_V
     is a deterministic function of it and the options. ``weights_id`` must identify the weights
     and the engine code version. Not in the key: ``priority`` and ``model`` (aliases of the same
     weights); ``stream_format`` is framing the caller applies to the cached audio bytes.
+    ``options``: the options the audio is made with, when they are not ``req.to_options()`` (its
+    ``instructions`` applied); ``voices``: the ``cache_id`` of every other voice it speaks in.
     """
-    opts = req.to_options()
+    opts = options if options is not None else req.to_options()
     doc = {
         "v": int(version),
         "text": req.input,
@@ -74,6 +77,8 @@ def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_V
         "loudness": _canon(getattr(req, "loudness", None)),
         "weights": weights_id,
     }
+    if voices:  # the other voices a script speaks in (SSML <voice>, a dialogue's turns), by content
+        doc["voices"] = list(voices)
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return f"{KEY_PREFIX}:v{int(version)}:{hashlib.sha256(blob).hexdigest()}"
 
