@@ -43,13 +43,14 @@ def _timed(url: str, headers: dict | None = None, **body) -> httpx.Response:
     return r
 
 
-def _check_segments(segments: list[dict], audio_s: float, padding_s: float = 0.0) -> None:
-    """``padding_s``: what a lossy encoder may add around the audio (priming, a last frame)."""
+def _check_segments(segments: list[dict], audio_s: float, padding_s: float = 0.0, rate: int = SR) -> None:
+    """``padding_s``: what a lossy encoder may add around the audio (priming, a last frame);
+    ``rate``: the format's, whose one sample the resampled length may be short by."""
     assert [s["index"] for s in segments] == list(range(len(segments))) and len(segments) >= 3
     assert segments[0]["start"] == 0.0
     for a, b in zip(segments, segments[1:]):
         assert a["end"] == b["start"] and a["end"] > a["start"]  # back to back: no pause was asked for
-    assert -1 / SR <= audio_s - segments[-1]["end"] <= padding_s + 1 / SR, (segments[-1]["end"], audio_s)
+    assert -1 / rate - 1 / SR <= audio_s - segments[-1]["end"] <= padding_s + 1 / SR, (segments[-1]["end"], audio_s)
     for s in segments:  # each segment names the input's own text it speaks
         assert TEXT[s["input_start"]:s["input_end"]] == s["text"]
 
@@ -93,13 +94,17 @@ def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_
     assert "".join(c.content for c in cues).replace("\n", "").replace(" ", "") == TEXT.replace(" ", "")
 
 
-@pytest.mark.parametrize("fmt", ["mp3", "opus"])
-def test_compressed_answers_end_where_their_last_segment_does(app_url, fmt):
+# What each encoder adds around the audio when decoded (tests/support/audio.py): mp3 48-72 ms of
+# priming and padding, aac 43-85 ms; opus is trimmed exactly (at 48 kHz), the rest are exact
+# (ulaw/alaw at 8 kHz: within a sample there).
+PADDING_S = {"mp3": 0.1, "aac": 0.1, "ulaw": 1 / 8000, "alaw": 1 / 8000}
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "ulaw", "alaw"])
+def test_every_format_ends_where_its_last_segment_does(app_url, fmt):
     answer = _timed(app_url, headers={"Cache-Control": "no-store"}, response_format=fmt).json()
     pcm, rate = decode_av(base64.b64decode(answer["audio"]), fmt)
-    # The decoded length is the segments' plus what the encoder adds (tests/support/audio.py:
-    # mp3 48-72 ms of priming and padding; opus trimmed exactly, at 48 kHz).
-    _check_segments(answer["segments"], pcm.shape[1] / rate, padding_s=0.1 if fmt == "mp3" else 0.0)
+    _check_segments(answer["segments"], pcm.shape[1] / rate, padding_s=PADDING_S.get(fmt, 0.0), rate=rate)
 
 
 def test_timestamps_without_sse_is_a_clear_400(app_url):
