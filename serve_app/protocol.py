@@ -61,7 +61,7 @@ class SpeechRequest(_ApiOptions):
     stream_format: StreamFormat = "audio"
     instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, in words "
                                         "(English or Chinese) or a preset name: mapped to ChatTTS's oral/laugh/break tags and "
-                                        "the speed (docs/api.md, \"instructions\"); X-Style-Applied / X-Style-Ignored say how.")
+                                        "the speed (README, \"Timed content\"); X-Style-Applied / X-Style-Ignored say how.")
     input_format: Optional[Literal["text", "ssml"]] = Field(default=None, description="ssml: the input is SSML (the "
                                                             "default when it starts with <speak).")
     refine_text: bool = False
