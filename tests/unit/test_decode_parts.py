@@ -212,6 +212,66 @@ def test_batch_merge_is_all_or_nothing(batch):
     model.check(batch)
 
 
+def test_batch_kv_is_never_held_twice(batch, monkeypatch):
+    """A merge packs one layer's buffer at a time and drops the old one at once, and a step that
+    re-grows the buffers drops each layer's old one as it writes: while a buffer is being built,
+    the layers already done hold no old buffer (a whole second copy of the KV was the peak)."""
+    import weakref
+
+    from serve_app.engine.decode import batch as batch_mod
+
+    model = Model()
+    batch.merge([model.prefill(0, 5), model.prefill(1, 9)])
+
+    def olds() -> list:
+        return [weakref.ref(t) for t in (*batch.kbuf, *batch.vbuf, *batch.keys, *batch.values)]
+
+    def alive(refs: list) -> int:
+        return sum(r() is not None for r in refs)
+
+    before = olds()
+    seen: list[int] = []
+    real_pack = batch_mod.pack_rows
+
+    def pack(rows, t):
+        seen.append(alive(before))
+        return real_pack(rows, t)
+
+    monkeypatch.setattr(batch_mod, "pack_rows", pack)
+    batch.merge([model.prefill(2, 4)])
+    model.check(batch)
+    # 2 buffers (keys, values) per layer; each packed one frees its buffer and its view.
+    assert seen == [4 * LAYERS - 2 * i for i in range(2 * LAYERS)]
+    assert alive(before) == 0
+    # Steps up to the re-allocation: each layer's old buffers go before the next layer grows, on
+    # transformers' cache layers (``cache``) and on the decode forward's path (``write_column``).
+    real_grow = batch_mod.with_headroom
+    grown: list[int] = []
+
+    def grow(x):
+        grown.append(alive(before))
+        return real_grow(x)
+
+    monkeypatch.setattr(batch_mod, "with_headroom", grow)
+    for _ in range(KV_HEADROOM):
+        model.step(batch)
+    assert grown == []
+    before = olds()
+    model.step(batch)
+    model.check(batch)
+    assert grown == [4 * LAYERS - 4 * (i // 2) for i in range(2 * LAYERS)] and alive(before) == 0
+    grown.clear()
+    for _ in range(batch.kbuf[0].shape[2] - batch.width):
+        model.step(batch)
+    before = olds()
+    batch.open_step()
+    t = batch.width
+    new = [batch.write_column(i, t, torch.ones(3, H, 1, D), torch.ones(3, H, 1, D)) for i in range(LAYERS)]
+    batch.close_step([k for k, _ in new], [v for _, v in new])
+    assert grown == [4 * LAYERS - 4 * (i // 2) for i in range(2 * LAYERS)] and alive(before) == 0
+    assert batch.width == t + 1 and all(bool(k[:, :, t].eq(1).all()) for k in batch.keys)
+
+
 # ============================================================================== streams and rows
 
 

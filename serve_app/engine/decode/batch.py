@@ -32,10 +32,14 @@ class BufferedLayer(DynamicLayer):
         self.lazy_initialization(kbuf, vbuf)
         self.kbuf, self.vbuf, self.n = kbuf, vbuf, n
         self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
+        self.owner: Optional[tuple["BatchState", int]] = None  # the batch and layer these buffers are (BatchState.cache)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         end = self.n + key_states.shape[2]
         self.kbuf, self.vbuf = write_kv(self.kbuf, self.vbuf, self.n, key_states, value_states)
+        if self.owner is not None:
+            batch, layer = self.owner
+            batch.adopt(layer, self.kbuf, self.vbuf, self.n)
         self.n = end
         self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
         return self.keys, self.values
@@ -99,23 +103,40 @@ class BatchState:
 
     def merge(self, prefilled: list[Prefilled]) -> None:
         """Append prefilled rows: every row's KV right-aligned (left padding) in new buffers, the
-        running rows' copied once. All or nothing: on an error the batch is unchanged."""
+        running rows' copied once. All or nothing: on an error the batch is unchanged.
+
+        One buffer at a time, each replacing its old one at once, so the batch's KV is never held
+        twice: building every layer's new buffers before dropping the old ones was a transient
+        second copy of the whole KV at every admission (the Acoustic replica's peak memory)."""
         lengths = [p.keys[0].shape[2] for p in prefilled]
-        t = max([self.width if self.rows else 0, *lengths])
+        w = self.width if self.rows else 0
+        t = max([w, *lengths])
         b_run = len(self.rows)
-        kv = []
-        for running, new in ((self.keys, [p.keys for p in prefilled]), (self.values, [p.values for p in prefilled])):
-            bufs = []
-            for layer in range(self.num_layers):
-                sources = [running[layer][i] for i in range(b_run)] + [n[layer][0] for n in new]
-                bufs.append(pack_rows(sources, t))
-            kv.append(bufs)
         new_mask = [torch.ones(1, n, dtype=torch.bool, device=self.device) for n in lengths]
         masks = ([self.mask] if self.rows else []) + new_mask
         mask = torch.cat([pad_left(m, t, dim=1) for m in masks], 0)
         new_pos = torch.tensor(lengths, dtype=torch.long, device=self.device)
         pos = torch.cat([self.pos, new_pos]) if self.rows else new_pos
-        self.set_kv(kv[0], kv[1], t)
+        if not self.rows:
+            kbuf = [pack_rows([p.keys[layer][0] for p in prefilled], t) for layer in range(self.num_layers)]
+            vbuf = [pack_rows([p.values[layer][0] for p in prefilled], t) for layer in range(self.num_layers)]
+            self.set_kv(kbuf, vbuf, t)
+        else:
+            replaced: list[tuple[list, list, int]] = []
+            try:
+                for layer in range(self.num_layers):
+                    for bufs, views, attr in ((self.kbuf, self.keys, "keys"), (self.vbuf, self.values, "values")):
+                        sources = [views[layer][i] for i in range(b_run)] + [getattr(p, attr)[layer][0] for p in prefilled]
+                        buf = pack_rows(sources, t)
+                        del sources
+                        bufs[layer], views[layer] = buf, buf[:, :, :t]  # the old buffer goes here
+                        replaced.append((bufs, views, layer))
+            except BaseException:
+                # Back to the running rows alone: views of the new buffers (nothing to allocate).
+                for bufs, views, layer in replaced:
+                    bufs[layer] = bufs[layer][:b_run, :, t - w :]
+                    views[layer] = bufs[layer][:, :, :w]
+                raise
         self.mask, self.pos = mask, pos
         self.sampling.append([p.row.req for p in prefilled], [p.sampling for p in prefilled])
         self.rows.extend(p.row for p in prefilled)
@@ -132,12 +153,26 @@ class BatchState:
         cache = DynamicCache(config=self.gpt_config)
         t = self.width
         cache.layers = [self.layer_cls(self.kbuf[i], self.vbuf[i], t) for i in range(self.num_layers)]
+        for i, layer in enumerate(cache.layers):
+            if isinstance(layer, BufferedLayer):
+                layer.owner = (self, i)
         return cache
 
     def write_column(self, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a step's KV (B, H, 1, D) of ``layer`` at column ``t``; returns the layer's buffers
         (re-allocated when full; hand them to ``close_step``)."""
-        return write_kv(self.kbuf[layer], self.vbuf[layer], t, k, v)
+        kbuf, vbuf = write_kv(self.kbuf[layer], self.vbuf[layer], t, k, v)
+        self.adopt(layer, kbuf, vbuf, t)
+        return kbuf, vbuf
+
+    def adopt(self, layer: int, kbuf: torch.Tensor, vbuf: torch.Tensor, t: int) -> None:
+        """A layer's buffers re-allocated mid-step (``write_kv``) replace the old ones now, so each
+        old buffer is freed as its layer moves on, not all of them after the forward (a second
+        copy of the whole KV every ``KV_HEADROOM`` steps). The views keep width ``t`` until
+        ``close_step``."""
+        if kbuf is not self.kbuf[layer]:
+            self.kbuf[layer], self.vbuf[layer] = kbuf, vbuf
+            self.keys[layer], self.values[layer] = kbuf[:, :, :t], vbuf[:, :, :t]
 
     def close_step(self, kbuf: list[torch.Tensor], vbuf: list[torch.Tensor]) -> None:
         """After the forward: the buffers now hold one more column (re-allocated if they grew)."""
