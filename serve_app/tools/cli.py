@@ -147,7 +147,7 @@ def _batch(args: argparse.Namespace) -> int:
 # ``batch`` flags that map one to one onto BatchConfig fields (their defaults live there).
 BATCH_OPTIONS = ("input_format", "default_format", "address", "num_cpus", "device", "dtype", "quantize",
                  "acoustic_actors", "num_gpus", "acoustic_cpus", "acoustic_threads", "max_rows", "rows_per_call",
-                 "calls_per_actor", "vocoders", "vocoder_cpus")
+                 "vocoders", "vocoder_cpus")
 
 
 def _weights_build(args: argparse.Namespace) -> int:
@@ -240,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--acoustic-cpus", type=float, default=None, help="Ray CPUs per acoustic actor (default 1)")
     batch.add_argument("--acoustic-threads", type=int, default=None, help="torch threads per acoustic actor")
     batch.add_argument("--max-rows", type=int, default=None, help="segments decoded together per actor (default 16 CPU, 64 GPU)")
-    batch.add_argument("--rows-per-call", type=int, default=None, help="input rows per acoustic call (default 32)")
-    batch.add_argument("--calls-per-actor", type=int, default=None, help="acoustic calls in flight per actor (default 2)")
+    batch.add_argument("--rows-per-call", type=int, default=None,
+                       help="rows per group, decoded together (default 2 x --max-rows); keep it across runs of one --out")
     batch.add_argument("--vocoders", type=int, default=None, help="vocoder actors at most (default: one per spare CPU)")
     batch.add_argument("--vocoder-cpus", type=float, default=None, help="Ray CPUs per vocoder actor (default 0.5)")
     batch.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars")
