@@ -393,6 +393,44 @@ def resolve_weights(cfg: WeightsConfig) -> ResolvedWeights:
 # --------------------------------------------------------------------------- loading
 
 
+def own_tensors(module: Any) -> None:
+    """Copy every parameter and buffer of ``module`` into memory of its own. transformers loads a
+    safetensors checkpoint as views of the file's mapping, and one such view left alive keeps the
+    whole mapping, every page read once resident: after int8 replaces the GPT's linear layers its
+    norms alone kept the 720 MiB float32 file in the Acoustic process's RSS."""
+    import torch
+
+    copies: dict[int, Any] = {}  # a tensor shared by two modules stays shared
+    with torch.no_grad():
+        for sub in module.modules():
+            for table, wrap in ((sub._parameters, True), (sub._buffers, False)):
+                for name, t in list(table.items()):
+                    if t is not None:
+                        if id(t) not in copies:
+                            c = t.detach().clone()
+                            copies[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if wrap else c
+                        table[name] = copies[id(t)]
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``; elsewhere nothing).
+    Loading frees far more than it keeps (state dicts copied into modules, float weights packed
+    or quantized, modules dropped) and glibc keeps freed chunks below its mmap threshold mapped:
+    ~100 MiB of the Acoustic replica's RSS after loading (bench/README.md, "Memory")."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+
+
 def select_device(name: str) -> "Any":
     import torch
 
@@ -428,6 +466,7 @@ class LoadedModel:
         for name in ("decoder", "vocos", "dvae"):
             if hasattr(self.chat, name):
                 delattr(self.chat, name)
+        release_free_memory()
 
 
 @dataclass
@@ -506,6 +545,8 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         from .quant import quantize_gpt
 
         quantize = quantize_gpt(chat.gpt.gpt, quantize, device)
+        if quantize != "none":
+            own_tensors(chat.gpt.gpt)  # what int8 left (norms): off the checkpoint's mapping
     if quantize != "none":
         # Cache keys include the weights id: quantized weights decode to different audio.
         weights = replace(weights, weights_id=f"{weights.weights_id}+{quantize}")
@@ -513,6 +554,7 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
         from .linear import use_dual_layout
 
         use_dual_layout(chat.gpt.gpt)
+    release_free_memory()
     elapsed = time.perf_counter() - t0
     log.info("loaded %s weights (%s) on %s in %.1fs", weights.kind, weights.source, device, elapsed)
     return LoadedModel(chat, weights, device, dtype, elapsed, threads, quantize)

@@ -300,3 +300,28 @@ def test_vocoder_stage_never_imports_the_gpt_or_transformers(tiny_root):
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-2:] == ["[]", "True"], out.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps")
+def test_int8_gpt_keeps_no_tensor_in_the_checkpoints_mapping(tiny_weights_config):
+    """After int8 replaced the GPT's linear layers, what is left of the float GPT (norms) is
+    copied off the checkpoint's file mapping, so the mapping (720 MiB at full size, all of it
+    resident once read) goes with the float weights."""
+    from serve_app.engine.weights import load_model
+
+    def in_mapping(model) -> list:
+        mapped = []
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith(".safetensors"):
+                mapped.append(tuple(int(x, 16) for x in parts[0].split("-")))
+        tensors = list(model.chat.gpt.gpt.parameters()) + list(model.chat.gpt.gpt.buffers())
+        assert tensors
+        return [t for t in tensors if any(lo <= t.data_ptr() < hi for lo, hi in mapped)]
+
+    model = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="int8"))
+    assert model.quantize == "int8" and in_mapping(model) == []
+    # float32 GPT layers as loaded are views of the checkpoint (what the check above would find).
+    plain = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none",
+                                   cpu_dual_layout=False))
+    assert plain.quantize == "none" and len(in_mapping(plain)) > 10
