@@ -68,8 +68,9 @@ def _instrument(vocoder, bucket: dict) -> Callable[[], None]:
         vocoder.net.mel = _Timed(vocoder.net.mel, bucket, "decoder")
         vocoder.net.spectra = _Timed(vocoder.net.spectra, bucket, "vocos")
         vocoder.net.audio = _Timed(vocoder.net.audio, bucket, "vocos")
-    vocoder.decoder = _Timed(decoder, bucket, "decoder")
-    vocoder.vocos = SimpleNamespace(decode=_Timed(vocos.decode, bucket, "vocos"))
+    if decoder is not None:  # a Vocoder with a net holds no modules (it runs none)
+        vocoder.decoder = _Timed(decoder, bucket, "decoder")
+        vocoder.vocos = SimpleNamespace(decode=_Timed(vocos.decode, bucket, "vocos"))
 
     def undo() -> None:
         vocoder.decoder, vocoder.vocos = decoder, vocos

@@ -18,8 +18,9 @@ there): the Acoustic stage keeps only the GPT, and the Ingress imports neither t
 from __future__ import annotations
 
 import io
+import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -205,11 +206,31 @@ class EncodedClip:
 
 class VoiceEncoder:
     """ChatTTS's DVAE encoder (``dvae``, a ``ChatTTS.model.DVAE`` with its encoder and quantiser)
-    and speaker statistics (``speaker``, a ``ChatTTS.model.Speaker``)."""
+    and speaker statistics (``speaker``, a ``ChatTTS.model.Speaker``).
 
-    def __init__(self, dvae: Any, speaker: Any):
-        self.dvae = dvae
+    With ``dvae`` None, ``build`` makes it at the first clip (``load_voice_encoder``), on the
+    thread that encodes."""
+
+    def __init__(self, dvae: Any, speaker: Any, build: Optional[Callable[[], Any]] = None):
+        if dvae is None and build is None:
+            raise ValueError("VoiceEncoder needs a DVAE or a function that builds one")
+        self._dvae = dvae
+        self._build = build
+        self._lock = threading.Lock()
         self.speaker = speaker
+
+    @property
+    def dvae(self) -> Any:
+        if self._dvae is None:
+            with self._lock:
+                if self._dvae is None:
+                    self._dvae = self._build()
+                    self._build = None
+        return self._dvae
+
+    @property
+    def dvae_loaded(self) -> bool:
+        return self._dvae is not None
 
     def encode(self, pcm: np.ndarray) -> EncodedClip:
         """What ``Chat.sample_audio_speaker(pcm)`` returns, for 24 kHz mono float32 PCM."""
@@ -224,34 +245,42 @@ class VoiceEncoder:
         return speaker_from_seed(self.speaker, seed)
 
 
-def load_voice_encoder(cfg: Any) -> VoiceEncoder:
-    """Build the DVAE (encoder + quantiser) as ``Chat._load`` builds it, from the same
-    ``DVAE.safetensors``, and the speaker statistics from ChatTTS's config. ``cfg`` is a
-    ``ModelConfig``; the DVAE runs where its device says (the Vocoder stage: CPU float32)."""
-    from dataclasses import asdict
+def load_voice_encoder(cfg: Any, lazy: bool = True) -> VoiceEncoder:
+    """The speaker statistics from ChatTTS's config now, and the DVAE (encoder + quantiser) built
+    as ``Chat._load`` builds it, from the same ``DVAE.safetensors``: at the first clip with
+    ``lazy`` (the default), now without. ``cfg`` is a ``ModelConfig``; the DVAE runs where its
+    device says (the Vocoder stage: CPU float32).
 
-    import torch
-
+    Why lazy: the quantiser imports vector_quantize_pytorch, einx and with them ``torch._dynamo``
+    and triton; with the encoder that is ~180 MiB of the Vocoder replica's RSS for voices made
+    from clips, which are rare. The first clip pays it instead: ~2 s more, once per replica."""
     from .quiet import quiet_libraries
     from .weights import _fresh_chattts_config, chattts_modules, resolve_weights, select_device
 
-    dvae_module, speaker_module = chattts_modules("model.dvae", "model.speaker")  # not the GPT
-    DVAE, Speaker = dvae_module.DVAE, speaker_module.Speaker
-
+    (speaker_module,) = chattts_modules("model.speaker")  # not the GPT, nor the DVAE
     quiet_libraries()
     weights = resolve_weights(cfg.weights)
     device = select_device(cfg.device)
     config = _fresh_chattts_config(weights.overrides)
-    with torch.no_grad():
-        dvae = DVAE(
-            decoder_config=asdict(config.dvae.decoder),
-            encoder_config=asdict(config.dvae.encoder),
-            vq_config=asdict(config.dvae.vq),
-            dim=config.dvae.decoder.idim,
-            device=device,
-        )
-        dvae.load_pretrained(weights.asset_paths["dvae_ckpt_path"], device)
-        # Encoding never runs the DVAE's decoder half: free it.
-        del dvae.decoder, dvae.out_conv
-    speaker = Speaker(config.gpt.hidden_size, config.spk_stat, device)
-    return VoiceEncoder(dvae.eval(), speaker)
+    speaker = speaker_module.Speaker(config.gpt.hidden_size, config.spk_stat, device)
+
+    def build() -> Any:
+        from dataclasses import asdict
+
+        import torch
+
+        (dvae_module,) = chattts_modules("model.dvae")
+        with torch.no_grad():
+            dvae = dvae_module.DVAE(
+                decoder_config=asdict(config.dvae.decoder),
+                encoder_config=asdict(config.dvae.encoder),
+                vq_config=asdict(config.dvae.vq),
+                dim=config.dvae.decoder.idim,
+                device=device,
+            )
+            dvae.load_pretrained(weights.asset_paths["dvae_ckpt_path"], device)
+            # Encoding never runs the DVAE's decoder half: free it.
+            del dvae.decoder, dvae.out_conv
+        return dvae.eval()
+
+    return VoiceEncoder(None, speaker, build) if lazy else VoiceEncoder(build(), speaker)

@@ -31,7 +31,7 @@ import torch
 from .config import VocoderConfig
 from .pacing import SAMPLES_PER_TOKEN
 from .vocoder_net import NetState, StreamingNet
-from .weights import LoadedModel, VocoderWeights, select_device
+from .weights import LoadedModel, VocoderWeights, release_free_memory, select_device
 
 
 @lru_cache(maxsize=None)
@@ -78,6 +78,11 @@ class Vocoder:
         self.net: Optional[StreamingNet] = None
         if config.cache_state or self.dtype != torch.float32:
             self.net = StreamingNet(self.decoder, self.vocos, self.vocos_device, self.dtype)
+            # The net holds its own (packed) weights and serves every call, one-shot decodes
+            # included: the modules' float32 weights (~150 MB at full size) go once nothing else
+            # holds them (the Vocoder stage's loader does not; an in-process Chat still does).
+            self.decoder = self.vocos = None
+            release_free_memory()
         self._lock = threading.Lock()
         # Called with the tokens of every decode call (an observer: metrics, tests of the window).
         self.on_decode: Optional[Callable[[int], None]] = None
@@ -87,7 +92,7 @@ class Vocoder:
         """One-shot decode of (T, 768) hidden states -> float32 PCM of 512*T - 256 samples."""
         if hidden.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
-        if self.net is not None and self.dtype != torch.float32:
+        if self.net is not None:
             return self.window(hidden, NetState(), None)
         x = hidden.to(self.device, torch.float32).T.unsqueeze(0)  # (1, 768, T)
         with self._lock:

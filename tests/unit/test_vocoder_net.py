@@ -133,3 +133,26 @@ def test_cuda_matches_cpu(tiny_model, hidden):
         v = Vocoder(tiny_model, VocoderConfig(device="cuda", precision=precision))
         assert v.net.device.type == "cuda"
         assert snr_db(cpu, stream(v, hidden, SHIPPED)) >= 30.0
+
+
+def test_the_net_serves_every_call_and_the_modules_go(tiny_weights_config, hidden):
+    """With the net, the Vocoder keeps no reference to ChatTTS's Decoder and Vocos: once the
+    loader's result is dropped (the Vocoder stage) their float32 weights are freed. A one-shot
+    decode is the net's too, as close to the modules as the net's streams are."""
+    import gc
+    import weakref
+
+    from serve_app.engine.config import ModelConfig
+    from serve_app.engine.weights import load_vocoder
+
+    parts = load_vocoder(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
+    ref = Vocoder(parts, TODAY).decode(hidden)  # no net: the modules themselves
+    modules = [weakref.ref(parts.decoder), weakref.ref(parts.vocos)]
+    for precision in ("float32", "bfloat16"):
+        v = Vocoder(parts, VocoderConfig(precision=precision))
+        assert v.net is not None and v.decoder is None and v.vocos is None
+        assert snr_db(ref, v.decode(hidden)) >= (60.0 if precision == "float32" else 40.0)
+    del parts
+    gc.collect()
+    assert [m() for m in modules] == [None, None]
+    assert len(v.decode(hidden)) == 512 * TOKENS - 256

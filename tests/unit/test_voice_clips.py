@@ -169,6 +169,21 @@ def test_clip_encoder_matches_chattts_sample_audio_speaker(voice_encoder, chat):
         assert voice_encoder.encode_file(data).spk_smp == chat.sample_audio_speaker(decoded)
 
 
+def test_clip_encoder_loads_the_dvae_at_the_first_clip(tiny_weights_config, chat):
+    """``load_voice_encoder`` builds the DVAE at the first clip (lazy, the default) or at once:
+    the same codes either way, and a seed's speaker needs no DVAE."""
+    from serve_app.engine.clips import load_voice_encoder
+    from serve_app.engine.config import ModelConfig
+
+    cfg = ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1)
+    lazy, eager = load_voice_encoder(cfg), load_voice_encoder(cfg, lazy=False)
+    assert not lazy.dvae_loaded and eager.dvae_loaded
+    assert lazy.speaker_for_seed(7) == eager.speaker_for_seed(7) and not lazy.dvae_loaded
+    pcm = speechlike(2.5)
+    assert lazy.encode(pcm) == eager.encode(pcm) and lazy.encode(pcm).spk_smp == chat.sample_audio_speaker(pcm)
+    assert lazy.dvae_loaded and lazy.dvae is lazy.dvae
+
+
 def test_seed_speaker_from_the_encoder_is_the_acoustic_stages(voice_encoder, chat):
     from serve_app.engine.voices import SpeakerSampler
 

@@ -281,8 +281,13 @@ from serve_app.engine.config import ModelConfig, WeightsConfig
 from serve_app.engine.weights import load_vocoder
 cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=1)
 load_vocoder(cfg)
-load_voice_encoder(cfg)
-print(sorted(m for m in ("transformers", "ChatTTS", "ChatTTS.model", "ChatTTS.model.gpt") if m in sys.modules))
+encoder = load_voice_encoder(cfg)
+encoder.speaker_for_seed(2222)
+heavy = ("transformers", "ChatTTS", "ChatTTS.model", "ChatTTS.model.gpt", "vector_quantize_pytorch", "torch._dynamo")
+print(sorted(m for m in heavy if m in sys.modules))
+import numpy as np
+encoder.encode(np.sin(np.arange(48000, dtype=np.float32) / 9))  # the first clip loads the quantiser for real
+print(sorted(m for m in ("vector_quantize_pytorch", "torch._dynamo") if m in sys.modules))
 import ChatTTS  # the real package afterwards, reusing the modules loaded on their own
 from ChatTTS.model import DVAE
 import ChatTTS.model.dvae as dvae
@@ -293,13 +298,38 @@ print(DVAE is dvae.DVAE and hasattr(ChatTTS, "Chat"))
 @pytest.mark.timeout(120)
 def test_vocoder_stage_never_imports_the_gpt_or_transformers(tiny_root):
     """The Vocoder stage's loaders take ChatTTS's DVAE, speaker and config modules without the
-    package's ``__init__`` files, which import the GPT and transformers (~100 MiB of RSS); a
-    later ``import ChatTTS`` still works and shares those modules."""
+    package's ``__init__`` files, which import the GPT and transformers (~100 MiB of RSS), and
+    without the DVAE quantiser's vector_quantize_pytorch (einx, torch._dynamo, triton: ~150 MiB)
+    until a clip is encoded; a later ``import ChatTTS`` still works and shares those modules."""
     out = subprocess.run([sys.executable, "-c", _VOCODER_STAGE, str(tiny_root.parent)], capture_output=True,
                          text=True, timeout=110, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-2:] == ["[]", "True"], out.stdout
+    assert lines[-3:] == ["[]", "['torch._dynamo', 'vector_quantize_pytorch']", "True"], out.stdout
+
+
+def test_a_deferred_package_is_imported_at_the_first_call(monkeypatch):
+    """``chattts_modules(defer=...)``'s stand-in: taking a name imports nothing, calling it imports
+    the real package and calls its name; a submodule import through it fails (what makes
+    ``chattts_modules`` fall back to a plain import)."""
+    import importlib
+
+    from serve_app.engine.weights import _Deferred
+
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    stub = _Deferred("colorsys")
+    monkeypatch.setitem(sys.modules, "colorsys", stub)
+    from colorsys import rgb_to_hsv  # what ChatTTS's dvae does with vector_quantize_pytorch
+
+    monkeypatch.delitem(sys.modules, "colorsys")
+    assert "colorsys" not in sys.modules
+    assert rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+    assert sys.modules["colorsys"] is not stub
+    with pytest.raises(AttributeError):
+        stub.__path__
+    monkeypatch.setitem(sys.modules, "colorsys", stub)
+    with pytest.raises(ImportError):
+        importlib.import_module("colorsys.sub")
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps")
