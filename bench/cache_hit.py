@@ -2,7 +2,9 @@
 
 One ~10-second utterance (wav) is synthesised once (miss), then requested again and again: every
 answer must be ``X-Cache: hit`` and byte-identical. Reports p50/p95 latency of a hit through HTTP
-(sequential) and hit throughput at a given concurrency.
+(sequential: after the first, answered by the edge cache in the proxy where the README's hook
+installs it), the same from the Ingress (a new credential each time), and hit throughput at a
+given concurrency.
 
     python -m bench cache-hit --url http://127.0.0.1:8000 [--n 200] [--concurrency 8]
 
@@ -39,10 +41,13 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
 
         misses = 0
 
-        async def hit() -> float:
-            nonlocal misses
+        edge_hits = 0
+
+        async def hit(credential: str = "") -> float:
+            nonlocal misses, edge_hits
             t = time.perf_counter()
-            r = await client.post("/v1/audio/speech", json=body)
+            headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+            r = await client.post("/v1/audio/speech", json=body, headers=headers)
             dt = time.perf_counter() - t
             # A hit is the stored whole file: a WAV's header carries its true length, where the
             # streamed miss said "unknown" (0xFFFFFFFF); the audio is the same byte for byte.
@@ -51,14 +56,20 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
             if r.headers.get("x-cache") != "hit":  # another Ingress replica (memory cache is per replica)
                 misses += 1
                 return float("nan")
+            edge_hits += r.headers.get("x-edge-cache") == "hit"
             return dt
 
         # Prime: with several Ingress replicas each caches after its own first miss.
         for _ in range(10):
             if await hit() == await hit():  # two hits (nan never equals): every replica primed
                 break
-        misses = 0
+        misses = edge_hits = 0
         sequential = [dt for dt in [await hit() for _ in range(n)] if dt == dt]
+        from_edge = edge_hits
+        # The same hits from the Ingress: a new credential each time is a new request to the edge
+        # cache in the proxy (it keys by Authorization), the same entry to the Ingress's cache
+        # (a loopback config without keys ignores the header).
+        ingress = [dt for dt in [await hit(f"bench-{i}") for i in range(min(n, 100))] if dt == dt]
         sem = asyncio.Semaphore(concurrency)
 
         async def bounded() -> float:
@@ -74,6 +85,9 @@ async def measure(url: str, n: int = 200, concurrency: int = 8, seed: int = 4242
         "hit_p50_ms": round(1000 * median(sequential), 2),
         "hit_p95_ms": round(1000 * nearest_rank(sequential, 0.95), 2),
         "hits": len(sequential),
+        "edge_hits": from_edge,  # of the sequential ones, answered by the edge cache in the proxy
+        "ingress_hit_p50_ms": round(1000 * median(ingress), 2) if ingress else None,
+        "ingress_hit_p95_ms": round(1000 * nearest_rank(ingress, 0.95), 2) if ingress else None,
         "misses": misses,
         "concurrency": concurrency,
         "hit_req_per_s": round(n / wall, 1),

@@ -56,6 +56,9 @@ class RunPlan:
     baseline_threads: Optional[int] = None
     seed: int = 0
     front_door: str = "proxy"  # "haproxy": RAY_SERVE_ENABLE_HA_PROXY (docs/operations.md, "Fast front door")
+    # The proxy's middlewares as the README's run command installs them (front guard, edge cache,
+    # the client's end of back-pressure); "off" measures Serve's proxy bare.
+    front_guard: bool = True
     profile: bool = False  # py-spy the replicas during the closed loop at profile_level clients
     profile_level: int = 8
 
@@ -305,7 +308,8 @@ class BenchRun:
     def run_serve(self, est: dict) -> None:
         p = self.plan
         self.progress.phase("serve: starting", est["serve_start"])
-        serve = ServeRunner(self.serve_cfg, ray_cpus=self.ray_cpus, front_door=self.plan.front_door)
+        serve = ServeRunner(self.serve_cfg, ray_cpus=self.ray_cpus, front_door=self.plan.front_door,
+                            front_guard=self.plan.front_guard)
         self._serve = serve
         start_s = serve.start()
         res: dict[str, Any] = {"start_s": round(start_s, 1), "closed": {}, "open": {}, "overrides": self.overrides,
@@ -333,7 +337,8 @@ class BenchRun:
                 # Cache-hit path: one 10-second wav synthesised once, then answered from the cache.
                 self.progress.write("serve: cache-hit path")
                 res["cache_hit"] = asyncio.run(cache_hit.measure(serve.base_url, n=100 if p.quick else 300))
-                self.progress.write(f"cache hit p50 {res['cache_hit']['hit_p50_ms']} ms, "
+                self.progress.write(f"cache hit p50 {res['cache_hit']['hit_p50_ms']} ms "
+                                    f"(from the Ingress {res['cache_hit']['ingress_hit_p50_ms']} ms), "
                                     f"{res['cache_hit']['hit_req_per_s']} req/s")
             res["rss_peak"] = self._overall_rss({**res["closed"], **{f"{m}{k}": v for m, d in res["open"].items() for k, v in d.items() if isinstance(v, dict)}})
             res["engine_total"] = serve.acoustic_stats()
@@ -422,6 +427,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--ceiling-tokens", type=int, help="tokens per row in the ceiling (default: corpus mean segment)")
     r.add_argument("--baseline-threads", type=int, help="torch threads of the baseline (default: torch's, all cores)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--front-guard", default="on", choices=["on", "off"],
+                   help="the proxy's middlewares as the README installs them (front guard, edge cache, back-pressure)")
     r.add_argument("--front-door", default="proxy", choices=["proxy", "haproxy"],
                    help="HTTP front door of the project: Serve's proxy, or Ray's HAProxy (RAY_SERVE_ENABLE_HA_PROXY)")
     r.add_argument("--profile", action="store_true", help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase")
@@ -504,7 +511,8 @@ def main(a: argparse.Namespace) -> int:
     bad = [x for x in phases if x not in PHASES]
     if bad:
         raise SystemExit(f"unknown phase(s) {bad}; choose from {PHASES}")
-    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed, "front_door": a.front_door}
+    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed, "front_door": a.front_door,
+                "front_guard": a.front_guard == "on"}
     plan = RunPlan.quick_plan(**kw) if a.quick else RunPlan(**kw)
     if a.levels:
         plan.baseline_levels = plan.serve_levels = a.levels

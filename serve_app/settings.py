@@ -105,6 +105,18 @@ class FlowSettings(_Strict):
                         "Vocoder stages, encoded blocks after them) a stream may have sent that its consumer has not taken.")
 
 
+class EdgeCacheSettings(_Strict):
+    """The edge cache (``http/edge_cache.py``): cache hits kept in Serve's HTTP proxy and given
+    there again (env ``CHATTTS_EDGE_CACHE``, JSON: the proxy never sees the app's args)."""
+
+    enabled: bool = True
+    ttl_s: float = Field(default=30.0, gt=0, le=3600, description="How long the proxy gives an answer again: a revoked key, "
+                         "a deleted voice or new weights reach every client within it.")
+    max_bytes: int = Field(default=64 * MiB, ge=0, description="All entries of one proxy process (least recently used out).")
+    max_item_bytes: int = Field(default=4 * MiB, ge=0, description="A larger answer is not kept.")
+    max_body_bytes: int = Field(default=64 * KiB, ge=1024, description="A larger request is not looked up (it goes on as it came).")
+
+
 class IngressSettings(_Strict):
     """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
 

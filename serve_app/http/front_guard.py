@@ -245,10 +245,14 @@ def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSet
 
 
 def middlewares() -> list[Middleware]:
-    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``, and the
-    client's end of streams' back-pressure (``flow_acks.py``)."""
+    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``, the edge
+    cache (``edge_cache.py``, ``CHATTTS_EDGE_CACHE``) and the client's end of streams'
+    back-pressure (``flow_acks.py``)."""
+    from . import edge_cache
     from .flow_acks import FlowAcksMiddleware
 
     settings = settings_from_env()
-    log.info("front guard: %s", settings.model_dump_json())
-    return [Middleware(FrontGuard, settings=settings), Middleware(FlowAcksMiddleware)]
+    edge = edge_cache.settings_from_env()
+    log.info("front guard: %s; edge cache: %s", settings.model_dump_json(), edge.model_dump_json())
+    return [Middleware(FrontGuard, settings=settings), Middleware(edge_cache.EdgeCacheMiddleware, settings=edge),
+            Middleware(FlowAcksMiddleware)]

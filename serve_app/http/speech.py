@@ -33,13 +33,16 @@ from ..serving import metrics
 from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
 from ..settings import CacheConfig, FlowSettings, IngressSettings
 from ..storage.cache import make_cache, request_key
+from ..engine.voices import VoiceResolver
 from ..storage.voices import VoiceCatalog
 from .request_log import RequestRecord
+from .edge_cache import EDGE_HEADER
 from .script import Script, dialogue_script, speech_script
 from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
 from .sse import sse_stream
 
 log = logging.getLogger("ray.serve")
+_BUILTIN = VoiceResolver()
 
 
 def as_request(request: Union[SpeechRequest, dict]) -> SpeechRequest:
@@ -360,6 +363,12 @@ class SpeechService:
             async for data in audio_only(audio):
                 yield data
 
+    @staticmethod
+    def _edge_cacheable(req: SpeechRequest) -> bool:
+        """A plain request of a content-addressed voice (an SSML document or a dialogue may name
+        stored voices inside: always answered by the Ingress)."""
+        return type(req) is SpeechRequest and not req.is_ssml and _edge_cacheable_voice(req.voice)
+
     async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
                     cache_control: str = "") -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
@@ -393,7 +402,10 @@ class SpeechService:
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
-                # A hit goes out as one plain response: no streaming round trips through the proxy.
+                # A hit goes out as one plain response: no streaming round trips through the proxy;
+                # the edge cache in the proxy may give it again (http/edge_cache.py).
+                if self._edge_cacheable(body):
+                    headers[EDGE_HEADER] = "1"
                 return Response(audio.audio, media_type=body.content_type, headers=headers)
             items: Any = _hit_items(audio)
         else:
@@ -408,6 +420,18 @@ class SpeechService:
             headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
             stream = paced(stream, FlowCredit(ref))
         return _StreamResponse(stream, items, media_type=body.content_type, headers=headers)
+
+
+def _edge_cacheable_voice(name: str) -> bool:
+    """A voice named by its content (built in, seed:<n>, a speaker string): what it says cannot
+    change under the name, unlike a stored voice's."""
+    from ..engine.errors import VoiceError
+
+    try:
+        _BUILTIN.resolve(name)
+        return True
+    except VoiceError:
+        return False
 
 
 async def _hit_items(hit: Hit) -> AsyncIterator[Union[bytes, SpeechSegment]]:

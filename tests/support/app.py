@@ -166,10 +166,13 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     # Serve's proxy runs the service's middlewares as the README installs them, with the front
     # guard's refusal budget off (tests send many bad requests from one address; the guard has its
     # own tests): the streams' back-pressure then reaches the client's socket.
+    # The edge cache is off too: tests count what the Ingress answers (test_serve_run.py runs it).
+    from serve_app.http.edge_cache import ENV as EDGE_ENV
     from serve_app.http.front_guard import ENV as GUARD_ENV, HOOK_ENV, IMPORT_PATH
 
     init_env.setenv(HOOK_ENV, IMPORT_PATH)
     init_env.setenv(GUARD_ENV, '{"enabled": false}')
+    init_env.setenv(EDGE_ENV, '{"enabled": false}')
     init_env.delenv("CHATTTS_WEIGHTS_PATH", raising=False)
     init_env.delenv("RAY_ADDRESS", raising=False)  # always a fresh local cluster, never someone else's
     port = free_port()

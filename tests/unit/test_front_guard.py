@@ -221,7 +221,7 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     assert settings_from_env().refusal_burst == 7
     from serve_app.http.flow_acks import FlowAcksMiddleware
 
-    guard_mw, flow_mw = middlewares()  # the guard, then the client's end of the streams' back-pressure
+    guard_mw, edge_mw, flow_mw = middlewares()  # the guard, the edge cache, the client's end of back-pressure
     assert guard_mw.cls is FrontGuard and guard_mw.kwargs["settings"].tarpit_s == 0.5
     assert flow_mw.cls is FlowAcksMiddleware
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", '{"tarpit_s": -1}')
