@@ -11,6 +11,7 @@ proved with the page's own ``performance.now()`` timestamps (``window.ttsTimelin
 from __future__ import annotations
 
 import io
+import random
 import shutil
 import uuid
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Iterator
 
 import av
 import pytest
+import srt
+import webvtt
 
 from support.app import app_args, ingress_settings
 from support.clips import encode, speechlike
@@ -83,12 +86,21 @@ def wait_js(pg, expression: str, timeout_s: float = 60) -> object:
     return wait_until(lambda: pg.evaluate(expression), timeout_s, 0.05, what=expression)
 
 
-def speak(pg, text: str, fmt: str = "mp3", timeout_s: float = 240) -> dict:
-    pg.fill("#text", text)
+def speak(pg, text: str | None, fmt: str = "mp3", timeout_s: float = 240) -> dict:
+    """Speak ``text`` (None: what the page holds) and wait for the response's end."""
+    if text is not None:
+        pg.fill("#text", text)
     pg.select_option("#format", fmt)
     pg.click("#speak")
+    return wait_response(pg, timeout_s)
+
+
+def wait_response(pg, timeout_s: float = 240) -> dict:
     wait_js(pg, "window.ttsTimeline && (window.ttsTimeline.responseEnd !== null || window.ttsTimeline.error)", timeout_s)
     return pg.evaluate("window.ttsTimeline")
+
+
+HIGHLIGHTED = "(document.querySelector('#captions li.current') || {dataset: {}}).dataset.index"
 
 
 def test_the_page_loads_and_asks_for_a_key(browser, server):
@@ -165,10 +177,6 @@ def test_a_voice_made_from_an_uploaded_clip_is_used(page, tmp_path):
     assert t["error"] is None and t["bytes"] > 1000, t
     assert sent and sent[-1]["voice"] == {"id": voice_id}  # OpenAI's custom voice shape
     wait_js(page, "document.querySelector('#stat-rtf').textContent !== '–'")
-    shot = tmp_path / "page.png"
-    bottom = page.evaluate("document.querySelector('footer').getBoundingClientRect().bottom")
-    page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": 1280, "height": bottom + 12})
-    print(f"\nscreenshot: {shot}")
 
     page.on("dialog", lambda d: d.accept())
     item.locator("button.delete").click()
@@ -202,3 +210,124 @@ def test_errors_are_shown_readably(page):
     page.fill("#voice-transcript", "x")
     page.click("#create-voice")
     wait_js(page, "document.querySelector('#error').textContent.includes('invalid voice name')")
+
+
+def caption_lines(pg) -> list[dict]:
+    return pg.evaluate("[...document.querySelectorAll('#captions li')].map(li => ({index: Number(li.dataset.index), "
+                       "when: li.querySelector('.when').textContent, who: (li.querySelector('.who') || {}).textContent, "
+                       "say: li.querySelector('.say').textContent}))")
+
+
+def vtt_seconds(stamp: str) -> float:
+    h, m, sec = stamp.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+def test_captions_stream_in_and_follow_the_audio(page, tmp_path):
+    """Web Audio (wav): each segment's line appears while the response streams, the highlighted
+    line moves on as the scheduled audio plays, a click plays from a line, and the captions
+    download as WebVTT and SubRip matching the segments."""
+    page.fill("#seed", str(random.randrange(1, 2**31)))  # a fresh synthesis, not a cached answer
+    page.fill("#text", "第一句话在这里。Then an English sentence, with a clause. 最后一句，很短。")
+    page.select_option("#format", "wav")
+    page.click("#speak")
+    wait_js(page, f"{HIGHLIGHTED} === '0'", 120)  # the first line, as its audio is heard
+    wait_js(page, f"Number({HIGHLIGHTED}) >= 1", 120)  # then a later one
+    t = wait_response(page)
+    assert t["error"] is None, t["error"]
+    segments = t["segments"]
+    assert [s["index"] for s in segments] == list(range(len(segments))) and len(segments) >= 3
+    # Lines came with the stream: the first before the response had ended.
+    assert t["segmentArrivals"][0] < t["responseEnd"], (t["segmentArrivals"], t["responseEnd"])
+    # A line is highlighted no earlier than its audio could be heard (the context's clock, not the arrival).
+    when, index, pos = next(h for h in t["highlights"] if h[1] is not None and h[1] >= 1)
+    assert segments[index]["start"] <= pos < segments[index]["end"]
+    assert when - t["firstAudio"] >= segments[index]["start"] * 1000 - 100, (when, t["firstAudio"], segments[index])
+    lines = caption_lines(page)
+    assert [line["index"] for line in lines] == [s["index"] for s in segments]
+    assert [line["say"] for line in lines] == [s["text"].strip() for s in segments]
+    assert lines[0]["when"].startswith("0:00.00–")
+
+    shot = tmp_path / "page.png"
+    bottom = page.evaluate("document.querySelector('footer').getBoundingClientRect().bottom")
+    page.screenshot(path=str(shot), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": bottom + 12})
+    print(f"\nscreenshot: {shot}")
+
+    last = len(segments) - 1  # a click on the last line plays from its start
+    page.click(f"#captions li[data-index='{last}']")
+    wait_js(page, f"{HIGHLIGHTED} === '{last}'", 60)
+
+    files = {}
+    for fmt in ("vtt", "srt"):
+        with page.expect_download() as download:
+            page.click(f"#captions-{fmt}")
+        assert download.value.suggested_filename == f"speech.{fmt}"
+        files[fmt] = Path(download.value.path()).read_text()
+    cues = list(webvtt.from_string(files["vtt"]))
+    assert [c.text for c in cues] == [s["text"] for s in segments]
+    assert [(vtt_seconds(c.start), vtt_seconds(c.end)) for c in cues] == [
+        pytest.approx((s["start"], s["end"]), abs=1e-3) for s in segments]
+    subs = list(srt.parse(files["srt"]))
+    assert [c.content for c in subs] == [c.text for c in cues]
+    assert subs[-1].end.total_seconds() == pytest.approx(segments[-1]["end"], abs=1e-3)
+    report("browser: captions (wav, Web Audio)", f"first line {t['segmentArrivals'][0] - t['start']:.0f} ms after the "
+           f"click, response end {t['responseEnd'] - t['start']:.0f} ms, {len(segments)} lines")
+
+
+def test_the_ssml_example_plays_with_its_segments(page):
+    """mp3 through the media element: the example's break, rate change, voice change and say-as."""
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/audio/speech") else None)
+    page.fill("#text", "plain")
+    assert not page.is_checked("#ssml")
+    page.click("#ssml-example")
+    assert page.is_checked("#ssml") and page.input_value("#text").startswith("<speak>")
+    page.fill("#seed", str(random.randrange(1, 2**31)))
+    t = speak(page, None, "mp3")
+    assert t["error"] is None, t["error"]
+    assert sent[-1]["input_format"] == "ssml" and sent[-1]["input"].startswith("<speak>")
+    segments = t["segments"]
+    assert len(segments) >= 4
+    assert segments[1]["start"] - segments[0]["end"] == pytest.approx(0.7, abs=0.01)  # the break
+    lines = caption_lines(page)
+    assert len(lines) == len(segments) and "echo" in {line["who"] for line in lines}
+    said = " ".join(line["say"] for line in lines)
+    assert "<" not in said and "12345" not in said  # spoken text, say-as read out
+    wait_js(page, f"{HIGHLIGHTED} !== undefined", 60)  # the element's clock highlights a line
+    # Typing SSML turns the switch on by itself; plain text turns it off.
+    page.fill("#text", "")
+    page.type("#text", "<speak>")
+    assert page.is_checked("#ssml")
+    page.fill("#text", "")
+    page.type("#text", "hi")
+    assert not page.is_checked("#ssml")
+
+
+def test_a_dialogue_of_two_voices_plays_with_speakers_on_its_captions(page):
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/audio/dialogue") else None)
+    page.check("input[name='mode'][value='dialogue']")
+    assert page.is_hidden("#text") and page.is_hidden("#voice")
+    assert page.locator("#turns li").count() == 2
+    page.click("#add-turn")
+    assert page.locator("#turns li").count() == 3
+    page.locator("#turns li").nth(2).locator("button.delete").click()
+    turns = page.locator("#turns li")
+    assert turns.count() == 2
+    turns.nth(0).locator("select").select_option("alloy")
+    turns.nth(0).locator("textarea").fill("Hello, welcome to the show.")
+    turns.nth(1).locator("select").select_option("echo")
+    turns.nth(1).locator("textarea").fill("谢谢，很高兴来到这里。")
+    page.fill("#pause", "0.5")
+    page.fill("#seed", str(random.randrange(1, 2**31)))
+    t = speak(page, None, "pcm")
+    assert t["error"] is None, t["error"]
+    assert [(x["voice"], x["input"]) for x in sent[-1]["turns"]] == [
+        ("alloy", "Hello, welcome to the show."), ("echo", "谢谢，很高兴来到这里。")]
+    segments = t["segments"]
+    assert {s["turn"]: s["speaker"] for s in segments} == {0: "alloy", 1: "echo"}
+    first_of_1 = next(i for i, s in enumerate(segments) if s["turn"] == 1)
+    assert segments[first_of_1]["start"] - segments[first_of_1 - 1]["end"] == pytest.approx(0.5, abs=0.01)
+    assert [line["who"] for line in caption_lines(page)] == [s["speaker"] for s in segments]
+    assert page.get_attribute("#captions-vtt", "download") == "dialogue.vtt"
+    wait_js(page, f"{HIGHLIGHTED} === '{first_of_1}'", 60)  # the second voice's line, as it is heard

@@ -1,4 +1,5 @@
-// The chattts-serve page: type text, hear it while it is made; make voices from clips.
+// The chattts-serve page: type text, SSML or a dialogue, hear it while it is made with its captions;
+// make voices from clips.
 // No build step and no dependencies. Talks to the same server's API (relative URLs, so the page
 // works under any route prefix) with the API key kept in localStorage.
 "use strict";
@@ -59,12 +60,29 @@ function showError(err) {
 }
 
 // ------------------------------------------------------------------ players
+// Each player takes the audio bytes as they arrive; position() is where playback is now (seconds
+// into the audio, null before it starts), seek(s) plays from there.
+
+// An <audio> element's clock and seeking (MSE and whole-file playback).
+class ElementPlayer {
+  constructor(audio) { this.audio = audio; }
+  position() { return this.audio.currentTime > 0 || !this.audio.paused ? this.audio.currentTime : null; }
+  seek(s) {
+    const b = this.audio.buffered;
+    if (!b.length || s > b.end(b.length - 1)) return false;
+    this.audio.currentTime = s;
+    this.audio.play().catch(() => {});
+    return true;
+  }
+  seconds() { return Number.isFinite(this.audio.duration) ? this.audio.duration : null; }
+  stop() { this.audio.pause(); }
+}
 
 // mp3 through Media Source Extensions: bytes are appended as they arrive, the element plays
 // as soon as it has enough.
-class MsePlayer {
+class MsePlayer extends ElementPlayer {
   constructor(audio) {
-    this.audio = audio;
+    super(audio);
     this.queue = [];
     this.ended = false;
     this.source = new MediaSource();
@@ -94,13 +112,19 @@ class MsePlayer {
       this.source.endOfStream();
     }
   }
+}
 
-  seconds() { return Number.isFinite(this.audio.duration) ? this.audio.duration : null; }
-  stop() { this.audio.pause(); }
+// Other formats: played once complete.
+class FilePlayer extends ElementPlayer {
+  constructor(audio, type) { super(audio); this.type = type; this.parts = []; }
+  push(bytes) { this.parts.push(bytes); }
+  end() { this.audio.src = URL.createObjectURL(new Blob(this.parts, { type: this.type })); this.audio.play().catch(() => {}); }
 }
 
 // wav / pcm (s16le mono 24 kHz) through Web Audio: each chunk is scheduled right after the last.
 // ``timeline`` gets the first audio's time and, at each chunk, how much has played so far.
+// ``plan`` maps the context's clock to the audio: [context time, audio offset, seconds] per
+// scheduled buffer (a late chunk leaves a gap, a seek starts a new plan).
 class PcmPlayer {
   constructor(skipBytes, timeline) {
     this.ctx = new AudioContext({ sampleRate: SAMPLE_RATE });
@@ -109,7 +133,9 @@ class PcmPlayer {
     this.at = 0;
     this.first = null; // the context time the first buffer starts at
     this.samples = 0;
+    this.buffers = []; // [audio offset, AudioBuffer]: kept for seeking
     this.sources = [];
+    this.plan = [];
     this.timeline = timeline;
   }
 
@@ -123,40 +149,66 @@ class PcmPlayer {
     data = concat([this.carry, data]);
     const whole = data.length - (data.length % 2);
     this.carry = data.slice(whole);
-    if (!whole) return;
+    if (!whole || this.ctx.state === "closed") return;
     const ints = new Int16Array(data.buffer.slice(data.byteOffset, data.byteOffset + whole));
     const buffer = this.ctx.createBuffer(1, ints.length, SAMPLE_RATE);
     const out = buffer.getChannelData(0);
     for (let i = 0; i < ints.length; i++) out[i] = ints[i] / 32768;
-    const src = this.ctx.createBufferSource();
-    src.buffer = buffer;
-    src.connect(this.ctx.destination);
+    const offset = this.samples / SAMPLE_RATE;
+    this.buffers.push([offset, buffer]);
+    this.samples += ints.length;
     const now = this.ctx.currentTime;
-    const start = Math.max(this.at, now + 0.05);
-    src.start(start);
+    const start = this.schedule(buffer, offset, 0);
     if (this.first === null) {
       this.first = start;
       this.timeline.firstAudio = performance.now() + (start - now) * 1000;
     } else if (now > this.first) {
-      this.timeline.plays.push([performance.now(), now - this.first]); // the graph is playing samples
+      this.timeline.plays.push([performance.now(), this.position()]); // the graph is playing samples
     }
+  }
+
+  // Plays ``buffer`` (at ``offset`` in the audio) from ``skip`` seconds into it, after what is scheduled.
+  schedule(buffer, offset, skip) {
+    const src = this.ctx.createBufferSource();
+    src.buffer = buffer;
+    src.connect(this.ctx.destination);
+    const start = Math.max(this.at, this.ctx.currentTime + 0.05);
+    src.start(start, skip);
     this.sources.push(src);
-    this.at = start + buffer.duration;
-    this.samples += ints.length;
+    this.plan.push([start, offset + skip, buffer.duration - skip]);
+    this.at = start + buffer.duration - skip;
+    return start;
+  }
+
+  position() {
+    if (this.first === null || this.ctx.state === "closed") return null;
+    const now = this.ctx.currentTime;
+    let pos = null;
+    for (const [at, offset, secs] of this.plan) {
+      if (at > now) break;
+      pos = offset + Math.min(now - at, secs);
+    }
+    return pos ?? (this.plan.length ? this.plan[0][1] : null);
+  }
+
+  seek(s) {
+    if (this.ctx.state === "closed" || !this.buffers.length) return false;
+    this.sources.forEach((src) => { try { src.stop(); } catch (_) { /* not started */ } });
+    this.sources = [];
+    this.plan = [];
+    this.at = 0;
+    for (const [offset, buffer] of this.buffers) {
+      if (offset + buffer.duration > s) this.schedule(buffer, offset, Math.max(0, s - offset));
+    }
+    return true;
   }
 
   end() {}
   seconds() { return this.samples / SAMPLE_RATE; }
-  stop() { this.sources.forEach((s) => { try { s.stop(); } catch (_) { /* not started */ } }); this.ctx.close(); }
-}
-
-// Other formats: played once complete.
-class FilePlayer {
-  constructor(audio, type) { this.audio = audio; this.type = type; this.parts = []; }
-  push(bytes) { this.parts.push(bytes); }
-  end() { this.audio.src = URL.createObjectURL(new Blob(this.parts, { type: this.type })); this.audio.play().catch(() => {}); }
-  seconds() { return Number.isFinite(this.audio.duration) ? this.audio.duration : null; }
-  stop() { this.audio.pause(); }
+  stop() {
+    this.sources.forEach((s) => { try { s.stop(); } catch (_) { /* not started */ } });
+    if (this.ctx.state !== "closed") this.ctx.close();
+  }
 }
 
 function concat(parts) {
@@ -166,30 +218,210 @@ function concat(parts) {
   return out;
 }
 
+function fromBase64(text) {
+  const bin = atob(text);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+// The events of a text/event-stream response (each "data:" payload parsed as JSON), as they arrive.
+async function* sseEvents(resp, onBytes) {
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  let from = 0; // where to look for the next event's end (the text before it has none)
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (value) { onBytes(value.length); buf += decoder.decode(value, { stream: true }); }
+    let cut;
+    while ((cut = buf.indexOf("\n\n", from)) >= 0) {
+      const data = buf.slice(0, cut).split("\n").filter((l) => l.startsWith("data:"))
+        .map((l) => l.slice(l.startsWith("data: ") ? 6 : 5)).join("\n");
+      buf = buf.slice(cut + 2);
+      from = 0;
+      if (data) yield JSON.parse(data);
+    }
+    from = Math.max(0, buf.length - 1);
+    if (done) return;
+  }
+}
+
+// ------------------------------------------------------------------ captions
+// One line per speech.segment event: its time in the audio, its speaker (a dialogue's voice or
+// an SSML <voice>), its text. The line being heard is highlighted from the player's position.
+
+const TAG_RE = /\[(?:uv_break|v_break|lbreak|llbreak|laugh|(?:laugh|break|oral|speed)_\d+)\]/g; // ChatTTS control tags
+let voiceNames = {}; // voice id -> its name, for the speakers of custom voices
+
+function captionText(seg) { return seg.text.replace(TAG_RE, " ").replace(/\s+/g, " ").trim(); }
+function speakerName(seg) { return seg.speaker ? (voiceNames[seg.speaker] || seg.speaker) : null; }
+
+function fmtClock(s) {
+  const m = Math.floor(s / 60);
+  return `${m}:${(s - m * 60).toFixed(2).padStart(5, "0")}`;
+}
+
+function resetCaptions() {
+  $("captions").replaceChildren();
+  $("captions-box").hidden = true;
+  for (const id of ["captions-vtt", "captions-srt"]) {
+    const link = $(id);
+    if (link.href) URL.revokeObjectURL(link.href);
+    link.removeAttribute("href");
+    link.hidden = true;
+  }
+}
+
+function addCaption(seg, speakers) {
+  const li = document.createElement("li");
+  li.dataset.index = seg.index;
+  li.tabIndex = 0;
+  li.title = "Play from here";
+  const when = document.createElement("span");
+  when.className = "when";
+  when.textContent = `${fmtClock(seg.start)}–${fmtClock(seg.end)}`;
+  li.append(when);
+  const name = speakerName(seg);
+  if (name) {
+    if (!(name in speakers)) speakers[name] = Object.keys(speakers).length % 4;
+    const who = document.createElement("span");
+    who.className = `who spk-${speakers[name]}`;
+    who.textContent = name;
+    li.append(who);
+  }
+  const say = document.createElement("span");
+  say.className = "say";
+  say.textContent = captionText(seg) || "…";
+  li.append(say);
+  $("captions").append(li);
+  $("captions-box").hidden = false;
+}
+
+function stamp(s, sep) {
+  const ms = Math.round(s * 1000);
+  const h = Math.floor(ms / 3600000), m = Math.floor(ms / 60000) % 60, sec = Math.floor(ms / 1000) % 60;
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${pad(h)}:${pad(m)}:${pad(sec)}${sep}${pad(ms % 1000, 3)}`;
+}
+
+// WebVTT (a speaker in a <v> span) or SubRip (a "Name: " prefix), one cue per segment.
+function captionFile(segments, format) {
+  const cues = segments.filter((s) => captionText(s) && s.end > s.start);
+  if (format === "vtt") {
+    const esc = (x) => x.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    const blocks = cues.map((s) => {
+      const name = speakerName(s);
+      const text = name ? `<v ${esc(name)}>${esc(captionText(s))}</v>` : esc(captionText(s));
+      return `${stamp(s.start, ".")} --> ${stamp(s.end, ".")}\n${text}`;
+    });
+    return ["WEBVTT", ...blocks].join("\n\n") + "\n";
+  }
+  return cues.map((s, i) => {
+    const name = speakerName(s);
+    return `${i + 1}\n${stamp(s.start, ",")} --> ${stamp(s.end, ",")}\n${name ? `${name}: ` : ""}${captionText(s)}`;
+  }).join("\n\n") + "\n";
+}
+
+function offerCaptions(segments, stem) {
+  if (!segments.length) return;
+  for (const format of ["vtt", "srt"]) {
+    const link = $(`captions-${format}`);
+    link.href = URL.createObjectURL(new Blob([captionFile(segments, format)], { type: format === "vtt" ? "text/vtt" : "application/x-subrip" }));
+    link.download = `${stem}.${format}`;
+    link.hidden = false;
+  }
+}
+
+// The segment at the player's position (none in a pause between segments), highlighted.
+function followPlayback() {
+  const t = window.ttsTimeline;
+  if (!current || !t) return;
+  const pos = current.player.position();
+  let index = null;
+  if (pos != null) {
+    const seg = t.segments.find((s) => s.start <= pos && pos < s.end);
+    if (seg) index = seg.index;
+  }
+  if (index === t.highlighted) return;
+  t.highlighted = index;
+  t.highlights.push([performance.now(), index, pos]);
+  const list = $("captions");
+  for (const li of list.querySelectorAll("li.current")) { li.classList.remove("current"); li.removeAttribute("aria-current"); }
+  const li = index == null ? null : list.querySelector(`li[data-index="${index}"]`);
+  if (li) {
+    li.classList.add("current");
+    li.setAttribute("aria-current", "true");
+    // Keep it in view inside the list (not by scrolling the page).
+    if (li.offsetTop < list.scrollTop || li.offsetTop + li.offsetHeight > list.scrollTop + list.clientHeight) {
+      list.scrollTop = li.offsetTop - list.clientHeight / 3;
+    }
+  }
+}
+setInterval(followPlayback, 50);
+
+function seekTo(li) {
+  const t = window.ttsTimeline;
+  if (!current || !t || !li) return;
+  const seg = t.segments.find((s) => String(s.index) === li.dataset.index);
+  if (seg && current.player.seek) current.player.seek(seg.start);
+}
+
 // ------------------------------------------------------------------ speaking
 
 let current = null; // { controller, player }
 
-function requestBody() {
+const SSML_EXAMPLE = `<speak>
+  <p>你好，欢迎收听。<break time="700ms"/>今天的节目现在开始。</p>
+  <s><prosody rate="slow">This sentence is spoken slowly.</prosody></s>
+  <voice name="echo">我是另一个声音，电话是<say-as interpret-as="telephone">12345</say-as>。</voice>
+  <s>It is <say-as interpret-as="cardinal">42</say-as> past <say-as interpret-as="characters">ten</say-as>.</s>
+</speak>`;
+
+function mode() { return document.querySelector('input[name="mode"]:checked').value; }
+function looksLikeSsml(text) { return /^\s*(<\?xml[^>]*>\s*)?<speak[\s>]/.test(text); }
+
+// The options every request shares (OpenAI's fields and ChatTTS's extras).
+function commonBody() {
   const body = {
     model: "chattts",
-    input: $("text").value,
-    voice: voiceValue(),
     response_format: $("format").value,
     speed: Number($("speed").value),
     temperature: Number($("temperature").value),
     top_p: Number($("top-p").value),
     top_k: Number($("top-k").value),
+    stream_format: "sse",
+    timestamps: true,
   };
   const seed = $("seed").value.trim();
   if (seed !== "") body.seed = Number(seed);
   const prompt = $("prompt").value.trim();
   if (prompt) body.prompt = prompt;
+  const volume = Number($("volume").value);
+  if (volume) body.volume = volume;
+  const instructions = $("instructions").value.trim();
+  if (instructions) body.instructions = instructions;
   return body;
 }
 
-function voiceValue() {
-  const opt = $("voice").selectedOptions[0];
+// [API path, body] of what the page is set to speak.
+function request() {
+  const body = commonBody();
+  if (mode() === "dialogue") {
+    body.turns = [...$("turns").children].map((li) => ({
+      voice: voiceValue(li.querySelector("select")), input: li.querySelector("textarea").value,
+    }));
+    body.pause_s = Number($("pause").value);
+    return ["audio/dialogue", body];
+  }
+  body.input = $("text").value;
+  body.voice = voiceValue($("voice"));
+  body.input_format = $("ssml").checked ? "ssml" : "text";
+  return ["audio/speech", body];
+}
+
+function voiceValue(select) {
+  const opt = select.selectedOptions[0];
   if (!opt) return "alloy";
   return opt.dataset.custom ? { id: opt.value } : opt.value; // OpenAI's custom voice shape
 }
@@ -208,14 +440,18 @@ function showStats(t) {
 async function speak() {
   stop();
   showError(null);
-  const body = requestBody();
+  const [path, body] = request();
   const fmt = body.response_format;
+  const stem = path === "audio/dialogue" ? "dialogue" : "speech";
   const audio = $("player");
+  // firstByte: the response's first bytes; chunks/bytes: the audio's (the SSE framing aside).
   const t = { start: performance.now(), firstByte: null, firstAudio: null, responseEnd: null, audioSeconds: null,
-              chunks: 0, bytes: 0, format: fmt, plays: [], events: [], arrivals: [], error: null };
+              chunks: 0, bytes: 0, format: fmt, plays: [], events: [], arrivals: [], error: null,
+              segments: [], segmentArrivals: [], highlighted: null, highlights: [] };
   window.ttsTimeline = t;
   showStats(t);
   $("download").hidden = true;
+  resetCaptions();
 
   audio.pause();
   audio.removeAttribute("src"); // the last synthesis's audio must not count as this one's
@@ -235,29 +471,36 @@ async function speak() {
   $("stop").disabled = false;
 
   const parts = [];
+  const speakers = {}; // speaker name -> colour
   try {
-    const resp = await api("audio/speech", {
+    const resp = await api(path, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       signal: controller.signal,
     });
-    const reader = resp.body.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (t.firstByte == null) t.firstByte = performance.now();
-      t.chunks += 1;
-      t.bytes += value.length;
-      t.arrivals.push([performance.now(), value.length]);
-      parts.push(value);
-      player.push(value);
-      showStats(t);
+    const onBytes = () => { if (t.firstByte == null) t.firstByte = performance.now(); };
+    for await (const event of sseEvents(resp, onBytes)) {
+      if (event.type === "speech.audio.delta") {
+        const value = fromBase64(event.audio);
+        t.chunks += 1;
+        t.bytes += value.length;
+        t.arrivals.push([performance.now(), value.length]);
+        parts.push(value);
+        player.push(value);
+        showStats(t);
+      } else if (event.type === "speech.segment") {
+        t.segments.push(event);
+        t.segmentArrivals.push(performance.now());
+        addCaption(event, speakers);
+      } else if (event.type === "error") {
+        throw new ApiError(500, event);
+      }
     }
     t.responseEnd = performance.now();
     player.end();
     const blob = new Blob(parts, { type: CONTENT_TYPES[fmt] });
     const link = $("download");
     link.href = URL.createObjectURL(blob);
-    link.download = `speech.${fmt}`;
+    link.download = `${stem}.${fmt}`;
     link.textContent = `Download ${fmt} (${(blob.size / 1024).toFixed(0)} KiB)`;
     link.hidden = false;
     t.audioSeconds = player.seconds();
@@ -270,6 +513,7 @@ async function speak() {
     if (err.name !== "AbortError") { t.error = err.message; showError(err); }
     player.stop();
   } finally {
+    offerCaptions(t.segments, stem);
     showStats(t);
     $("speak").disabled = false;
     $("stop").disabled = true;
@@ -298,40 +542,89 @@ $("player").addEventListener("timeupdate", () => {
   if (t.firstAudio == null) { t.firstAudio = now - audio.currentTime * 1000; showStats(t); }
 });
 
+// ------------------------------------------------------------------ dialogue
+
+const DEFAULT_TURNS = [
+  ["alloy", "Hello, and welcome to the show. Today we talk about speech."],
+  ["echo", "谢谢，很高兴来到这里。我们开始吧。"],
+];
+
+function addTurn(voice, text) {
+  const li = document.createElement("li");
+  const select = document.createElement("select");
+  select.setAttribute("aria-label", "Voice of this turn");
+  fillVoices(select, voice);
+  const box = document.createElement("textarea");
+  box.rows = 2;
+  box.maxLength = 4096;
+  box.value = text || "";
+  box.setAttribute("aria-label", "What this turn says");
+  const del = document.createElement("button");
+  del.type = "button";
+  del.className = "delete";
+  del.textContent = "Remove";
+  del.title = "Remove this turn";
+  del.addEventListener("click", () => { li.remove(); renumberTurns(); });
+  li.append(select, box, del);
+  $("turns").append(li);
+  renumberTurns();
+  return li;
+}
+
+function renumberTurns() {
+  const turns = [...$("turns").children];
+  turns.forEach((li) => { li.querySelector("button.delete").disabled = turns.length <= 1; });
+}
+
+function setMode(value) {
+  const dialogue = value === "dialogue";
+  $("text-mode").hidden = dialogue;
+  $("dialogue-mode").hidden = !dialogue;
+  $("ssml-tools").hidden = dialogue;
+  $("voice-field").hidden = dialogue; // each turn has its voice
+}
+
 // ------------------------------------------------------------------ voices
 
-async function loadVoices(select) {
-  const list = $("voice-list");
-  let voices;
-  try {
-    voices = (await (await api("audio/voices")).json()).data;
-  } catch (err) {
-    showError(err);
-    return;
-  }
-  const picker = $("voice");
-  const keep = select || picker.value || "alloy";
+let voiceList = []; // GET audio/voices' data
+
+// The voice picker's options (built-in, then the caller's), keeping ``keep`` selected if it is there.
+function fillVoices(picker, keep) {
   picker.replaceChildren();
   const builtin = document.createElement("optgroup");
   builtin.label = "Built-in";
   const custom = document.createElement("optgroup");
   custom.label = "Your voices";
-  list.replaceChildren();
-  for (const v of voices) {
+  for (const v of voiceList) {
     const opt = new Option(v.kind === "builtin" ? v.name : `${v.name} (${v.kind})`, v.id);
     if (v.kind !== "builtin") {
       opt.dataset.custom = "1";
       custom.append(opt);
-      list.append(voiceItem(v));
     } else {
       builtin.append(opt);
     }
   }
+  if (!voiceList.length) builtin.append(new Option(keep || "alloy", keep || "alloy"));
   picker.append(builtin);
   if (custom.children.length) picker.append(custom);
-  else list.innerHTML = '<li class="empty">No custom voices yet.</li>';
   picker.value = keep;
   if (!picker.value) picker.value = "alloy";
+}
+
+async function loadVoices(select) {
+  const list = $("voice-list");
+  try {
+    voiceList = (await (await api("audio/voices")).json()).data;
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  voiceNames = Object.fromEntries(voiceList.map((v) => [v.id, v.name]));
+  fillVoices($("voice"), select || $("voice").value || "alloy");
+  for (const turn of $("turns").querySelectorAll("select")) fillVoices(turn, turn.value || "alloy");
+  list.replaceChildren();
+  for (const v of voiceList) if (v.kind !== "builtin") list.append(voiceItem(v));
+  if (!list.children.length) list.innerHTML = '<li class="empty">No custom voices yet.</li>';
 }
 
 function voiceItem(v) {
@@ -446,7 +739,30 @@ $("api-key").addEventListener("change", () => {
 $("tags").addEventListener("click", (e) => { if (e.target.dataset.tag) insertTag(e.target.dataset.tag); });
 $("speed").addEventListener("input", () => { $("speed-out").textContent = `${Number($("speed").value).toFixed(2)}×`; });
 $("speak").addEventListener("click", speak);
+$("ssml-example").addEventListener("click", () => {
+  $("text").value = SSML_EXAMPLE;
+  $("ssml").checked = true;
+  $("text").focus();
+});
+let lookedLikeSsml = looksLikeSsml($("text").value);
+$("text").addEventListener("input", () => {
+  // Follows the text when it starts or stops looking like SSML; a click on the box overrides it.
+  const now = looksLikeSsml($("text").value);
+  if (now !== lookedLikeSsml) $("ssml").checked = now;
+  lookedLikeSsml = now;
+});
+for (const radio of document.querySelectorAll('input[name="mode"]')) radio.addEventListener("change", () => setMode(mode()));
+$("add-turn").addEventListener("click", () => {
+  const turns = $("turns").querySelectorAll("select");
+  const last = turns.length ? turns[turns.length - 1].value : "echo";
+  addTurn(last === "alloy" ? "echo" : "alloy", "").querySelector("textarea").focus();
+});
+$("captions").addEventListener("click", (e) => seekTo(e.target.closest("li")));
+$("captions").addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); seekTo(e.target.closest("li")); } });
 $("stop").addEventListener("click", () => { stop(); $("speak").disabled = false; $("stop").disabled = true; });
 $("record").addEventListener("click", toggleRecording);
 $("voice-form").addEventListener("submit", createVoice);
+for (const [voice, text] of DEFAULT_TURNS) addTurn(voice, text);
+setMode(mode());
+$("ssml").checked = lookedLikeSsml;
 loadVoices();
