@@ -40,7 +40,9 @@ HIDDEN_SIZE = 768  # ChatTTS's GPT hidden size (the tiny random weights keep it)
 _COMMON = [
     ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("name", pa.string()),
     ("format", pa.string()), ("text", pa.string()), ("normalized_text", pa.string()), ("voice", pa.string()),
-    ("seed", pa.int64()), ("speed", pa.float64()), ("segments_count", pa.int32()), ("pauses", pa.list_(pa.float64())),
+    ("seed", pa.int64()), ("speed", pa.float64()), ("segments_count", pa.int32()),
+    # How the plan shapes the audio (engine/types.py Plan), for the vocoder stage's AudioAssembler.
+    ("pauses", pa.list_(pa.float64())), ("gain_db", pa.float64()), ("lead_in", pa.float64()), ("loudness", pa.float64()),
     ("weights", pa.string()), ("permanent", pa.bool_()),
 ]
 DECODED = pa.schema([*_COMMON, ("hidden", pa.large_binary()), ("lengths", pa.list_(pa.int32()))])
@@ -195,7 +197,8 @@ def plan_item(planner: Planner, item: Item) -> dict:
         **base, "status": TODO, "reason": None, "permanent": False, "name": f"{audio_stem(row.id)}.{row.response_format}",
         "format": row.response_format, "normalized_text": " ".join(plan.texts), "voice": plan.voice.name,
         "seed": effective_seed(plan.voice, row.seed), "speed": row.speed, "segments_count": len(plan.segments),
-        "pauses": list(getattr(plan, "pauses", None) or []), "segments": plan.segments,
+        "pauses": list(plan.pauses), "gain_db": plan.gain_db, "lead_in": plan.lead_in, "loudness": plan.loudness,
+        "segments": plan.segments,
     }
 
 

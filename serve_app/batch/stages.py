@@ -124,7 +124,7 @@ class VocodeStage:
             hidden, lengths = r.pop("hidden", None), r.pop("lengths", None)
             if r["status"] == TODO:
                 try:
-                    data, seconds = self.torch.call(self._audio, hidden, lengths, r["format"], r.get("pauses") or [])
+                    data, seconds = self.torch.call(self._audio, hidden, lengths, r)
                     r.update(audio=data, seconds=seconds)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
                     log.exception("vocoding %s failed", r["id"])
@@ -133,7 +133,7 @@ class VocodeStage:
             out.append(r)
         return pa.Table.from_pylist(out, schema=VOICED)
 
-    def _audio(self, hidden: bytes, lengths: list[int], fmt: str, pauses: list[float]) -> tuple[bytes, float]:
+    def _audio(self, hidden: bytes, lengths: list[int], r: dict) -> tuple[bytes, float]:
         import numpy as np
         import torch
 
@@ -141,9 +141,8 @@ class VocodeStage:
         from ..engine.pipeline import AudioAssembler
         from ..engine.wav import with_true_length
 
-        # Plans with pauses only come from an engine whose assembler places them.
-        extra = {"pauses": pauses} if pauses else {}
-        assembler = AudioAssembler(self.vocoder, fmt, self.cfg, **extra)
+        assembler = AudioAssembler(self.vocoder, r["format"], self.cfg, pauses=r["pauses"], gain_db=r["gain_db"] or 0.0,
+                                   lead_in=r["lead_in"] or 0.0, loudness=r["loudness"])
         data = b""
         for j, part in enumerate(split_hidden(hidden, lengths)):
             # Each segment whole, in one window: nothing streams, and the assembler ends it at once.
