@@ -22,8 +22,12 @@ from .engine.errors import (
     InvalidClipError,
     InvalidSSMLError,
     InvalidVoiceError,
+    JobNotReady,
+    JobQuotaExceeded,
     RefineBusy,
     RequestTooLarge,
+    TooManyJobs,
+    UnknownJobError,
     UnknownVoiceError,
 )
 
@@ -73,6 +77,10 @@ _ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str
     (ClientQueueFull, 429, "rate_limit_error", "too_many_queued_rows", None, {"Retry-After": "2"}),
     (RefineBusy, 503, "server_error", "refine_busy", None, {"Retry-After": "2"}),
     (EngineOverloaded, 503, "server_error", "overloaded", None, {"Retry-After": "1"}),
+    (UnknownJobError, 404, "invalid_request_error", "job_not_found", "job_id", {}),
+    (TooManyJobs, 429, "rate_limit_error", "too_many_jobs", None, {"Retry-After": "30"}),
+    (JobQuotaExceeded, 409, "invalid_request_error", "job_quota_exceeded", None, {}),
+    (JobNotReady, 409, "invalid_request_error", "job_not_ready", "job_id", {}),
 )
 
 

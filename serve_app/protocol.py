@@ -211,6 +211,85 @@ class VoiceList(BaseModel):
     data: list[VoiceCard]
 
 
+# ------------------------------------------------------------------ jobs: long work in the background
+# ``/v1/audio/jobs`` (service: ``http/jobs.py``; runner: ``serving/jobs.py``; store: ``storage/jobs/``).
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobRequest(_ApiOptions):
+    """``POST /v1/audio/jobs``: a text of any length up to ``jobs.max_input_chars`` (a book),
+    spoken in the background into one file. The options are ``SpeechRequest``'s for plain text;
+    ``priority`` is the service's (``jobs.priority``: below interactive requests)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="chattts", max_length=64)
+    input: str = Field(min_length=1, description="Text to speak: paragraphs separated by blank lines.")
+    response_format: ResponseFormat = "mp3"
+    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, "
+                                        "as in /v1/audio/speech.")
+
+    @field_validator("input")
+    @classmethod
+    def _plain_text(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("input must not be blank")
+        if "\x00" in v:
+            raise ValueError("input must not contain NUL characters")
+        if looks_like_ssml(v):  # a document cannot be cut into paragraphs that each parse
+            raise ValueError("jobs take plain text; send SSML to /v1/audio/speech")
+        return v
+
+    def to_options(self) -> SynthesisOptions:
+        return _options_of(self)
+
+
+class JobProgress(BaseModel):
+    chunks_done: int
+    chunks_total: int
+    characters_done: int
+    characters_total: int
+    audio_seconds: float = Field(description="Seconds of audio made so far.")
+    eta_seconds: Optional[float] = Field(default=None, description="Until the job is done, from its rate so far.")
+
+
+class JobFailure(BaseModel):
+    code: str
+    message: str
+
+
+class AudioJob(BaseModel):
+    """A job as ``/v1/audio/jobs`` answers it. Times are Unix seconds."""
+
+    id: str
+    object: Literal["audio.job"] = "audio.job"
+    status: JobStatus
+    created_at: int
+    started_at: Optional[int] = None
+    finished_at: Optional[int] = None
+    expires_at: Optional[int] = Field(default=None, description="When a finished job and its audio are deleted.")
+    model: str
+    voice: str
+    response_format: ResponseFormat
+    progress: JobProgress
+    bytes: int = Field(description="What the job holds in the store now.")
+    error: Optional[JobFailure] = None
+    audio_url: Optional[str] = Field(default=None, description="Once succeeded: GET it (Range requests work).")
+    owner: Optional[str] = Field(default=None, description="The key id that made it, or 'anonymous'.")
+
+
+class AudioJobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AudioJob]
+
+
+class AudioJobDeleted(BaseModel):
+    id: str
+    object: Literal["audio.job.deleted"] = "audio.job.deleted"
+    deleted: bool = True
+
+
 # ------------------------------------------------------------------ WebSocket: text in, audio out
 # ``WS /v1/audio/speech/stream`` (session logic in ``serve_app/realtime/``). The client sends JSON
 # text frames: ``session.start`` first, then ``text.append`` / ``text.flush`` / ``cancel`` /

@@ -181,6 +181,39 @@ class VoiceStoreConfig(_Strict):
         return self
 
 
+class JobsSettings(_Strict):
+    """``args.jobs``: long work (``POST /v1/audio/jobs``) run in the background by the
+    application's job runner (``serving/jobs.py``) and kept in the job store (``storage/jobs/``)."""
+
+    backend: Literal["directory"] = Field(default="directory", description="directory: one host, or a volume every "
+                                          "node that runs an Ingress replica or the runner mounts at the same path.")
+    path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/jobs")
+    max_input_chars: int = Field(default=1_000_000, ge=1, description="A job's text at most.")
+    max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/jobs "
+                                  "(a million CJK characters are ~3 MB of UTF-8, ~6 MB as JSON escapes).")
+    chunk_chars: int = Field(default=600, ge=10, le=4000, description="A chunk (one synthesis) holds whole sentences "
+                             "up to this many characters; a paragraph is never merged with the next.")
+    paragraph_pause_s: float = Field(default=0.5, ge=0.0, le=5.0, description="Silence after a chunk that ends a paragraph.")
+    max_parallel_chunks: int = Field(default=2, ge=1, le=256, description="Chunks synthesised at once, over all jobs.")
+    priority: int = Field(default=-10, ge=-10, le=10, description="Admission priority of a job's segments "
+                          "(interactive requests have 0: they are admitted first).")
+    max_chunk_retries: int = Field(default=8, ge=0, description="Failed tries of one chunk (a replica died, a stage "
+                                   "failed) before the job fails with the reason.")
+    retry_backoff_s: float = Field(default=1.0, gt=0, description="Wait before a chunk's first retry, doubled each "
+                                   "time up to 10 s.")
+    chunk_timeout_s: float = Field(default=900.0, gt=0, description="A chunk not done within this is tried again.")
+    max_active_jobs_per_key: int = Field(default=4, ge=1, description="Jobs queued or running at once per key "
+                                         "(without keys every caller is 'anonymous' and they share it): 429 past it.")
+    max_jobs_per_key: int = Field(default=100, ge=1, description="Jobs kept per key, finished ones included: 409 past it.")
+    max_bytes_per_key: int = Field(default=16 * 1024 * MiB, ge=MiB, description="Bytes a key's jobs may hold (a job "
+                                   "counts its PCM estimate until it is done, its files after): 409 past it.")
+    ttl_s: float = Field(default=7 * 86400.0, gt=0, description="A finished job (its audio) is kept this long.")
+    sweep_interval_s: float = Field(default=600.0, gt=0, description="How often the runner deletes expired jobs.")
+    rescan_s: float = Field(default=5.0, gt=0, description="How often the runner looks for jobs it was not told about.")
+    runner_num_cpus: float = Field(default=0.1, ge=0.0, description="The runner actor's CPUs (it encodes each "
+                                   "finished job's file once; the synthesis is the stages').")
+
+
 # Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what
 # the app derives from the vocoder) are read when the engine is built.
 LIVE_ACOUSTIC_FIELDS = ("max_rows", "token_budget", "first_chunk_tokens", "chunk_tokens", "listener_margin_s",
@@ -230,5 +263,6 @@ class AppArgs(_Strict):
     cache: CacheConfig = CacheConfig()
     voices: VoiceStoreConfig = VoiceStoreConfig()
     flow: FlowSettings = FlowSettings()
+    jobs: JobsSettings = JobsSettings()
     # Vocoder replicas never need the GPU or its dtype: CPU float32.
     vocoder_device: str = "cpu"

@@ -72,3 +72,26 @@ class InvalidSSMLError(ValueError):
 
     def __reduce__(self):  # picklable across Ray processes with all its fields
         return (type(self), (self.args[0], self.element, self.line, self.column))
+
+
+class JobError(Exception):
+    """A background job (``POST /v1/audio/jobs``) the job store cannot take or give."""
+
+
+class UnknownJobError(JobError):
+    """No job with this id belongs to the caller: it never existed, expired, was deleted, or is
+    another key's (all answered alike)."""
+
+
+class TooManyJobs(JobError):
+    """The caller has as many jobs queued or running as one key may (``jobs.max_active_jobs_per_key``):
+    try again once one has finished."""
+
+
+class JobQuotaExceeded(JobError):
+    """The caller's jobs hold as many jobs or bytes as one key may keep (``jobs.max_jobs_per_key``,
+    ``jobs.max_bytes_per_key``): delete some first."""
+
+
+class JobNotReady(JobError):
+    """The job's audio was asked for before the job succeeded."""
