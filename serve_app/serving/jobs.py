@@ -1,0 +1,391 @@
+"""The job runner: one detached async Ray actor per application (``JobRunner``, found by name),
+which speaks every queued and running job in the store, chunk by chunk, through the app's
+stages, and encodes each job's file once all of its chunks are done.
+
+Why an actor of its own and not a deployment: it must outlive what it serves. It is not part
+of the app's deployments, so a ``serve deploy`` of a new version leaves it running (the new
+Ingress replicas find it by name and hand it their settings and handles), an Ingress replica
+that dies takes no job with it, and the runner itself restarts when it dies
+(``max_restarts=-1``) and takes every job up again from the store.
+
+Each chunk is one synthesis as the Ingress makes one: ``TextNormalizer.plan`` (the chunk's text,
+the job's options, its seed, ``jobs.priority`` and the job's owner as the client: interactive
+requests are admitted first, and the owner shares the engine fairly with everyone else), then
+``Vocoder.stream(plan, "pcm")``, which drives its Acoustic replica; Serve routes every chunk's
+calls to any replica. At most ``jobs.max_parallel_chunks`` chunks run at once over all jobs,
+taken owner by owner (the owner with the fewest running first), each job's in order. A chunk's
+PCM is stored whole (``put_chunk``: temporary file + rename), then ``job.json`` is rewritten, so
+after a crash anywhere a chunk is either stored whole and never done again, or done again from
+its start with the same text, options and seed. A chunk that fails (a replica died, a stage
+failed) is tried again after a backoff, at most ``jobs.max_chunk_retries`` times, then the job
+fails with the reason; a refusal of the request itself (413, 400) fails it at once. Cancelling a
+job (DELETE) cancels its running chunks' streams: the Vocoder cancels its Acoustic stream and
+the engine drops the rows at its next step.
+
+The Ingress imports this module: nothing here imports torch or PyAV but the final encoding,
+inside the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Iterator, Optional
+
+from ..engine.audio import SAMPLE_RATE
+from ..engine.errors import EmptyInputError, EngineOverloaded
+from ..errors import to_api_error
+from ..settings import JobsSettings
+from ..storage.jobs import JobChunk, JobGone, StoredJob, jobs_root, make_job_store
+
+log = logging.getLogger("ray.serve")
+
+NAMESPACE = "chattts_serve"
+MAX_BACKOFF_S = 10.0
+SAMPLE_BYTES = 2
+
+
+def runner_name(app_name: str) -> str:
+    return f"job-runner:{app_name}"
+
+
+def job_runner(app_name: str, settings: JobsSettings, normalizer: Any, vocoder: Any) -> Any:
+    """The application's runner (created by the first replica that asks, found by the others);
+    ``normalizer`` and ``vocoder``: the stages' handles it synthesises with."""
+    import ray
+
+    actor = ray.remote(JobRunner).options(
+        name=runner_name(app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, num_cpus=settings.runner_num_cpus, max_concurrency=1000)
+    return actor.remote(settings.model_dump(), normalizer, vocoder)
+
+
+def _is(exc: BaseException, kind: type) -> bool:
+    return isinstance(exc, kind) or isinstance(getattr(exc, "cause", None), kind)
+
+
+def _reason(exc: BaseException) -> str:
+    known = to_api_error(exc)
+    if known is not None:
+        return known.message
+    cause = getattr(exc, "cause", None) or exc
+    return f"{cause.__class__.__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}".rstrip(": ")
+
+
+class _Job:
+    """A job the runner holds: its state, its chunks, what is left and what runs."""
+
+    def __init__(self, job: StoredJob, chunks: list[JobChunk], done: dict[int, int]):
+        self.job = job
+        self.chunks = chunks
+        job.chunks_total = len(chunks)
+        job.chunk_samples = [done.get(k, -1) for k in range(len(chunks))]
+        job.chars_done = sum(len(c.text) for k, c in enumerate(chunks) if k in done)
+        job.bytes = job.input_bytes + SAMPLE_BYTES * job.audio_samples
+        self.pending = [k for k in range(len(chunks)) if k not in done]  # in order
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.options = job.synthesis_options()
+        self.voice = job.resolved_voice()
+        self.save_lock = asyncio.Lock()
+        self.run_t0 = time.time()
+        self.run_chars0 = job.chars_done
+        self.stopped = False
+        self.finishing = False
+
+    @property
+    def complete(self) -> bool:
+        return self.job.chunks_done == len(self.chunks)
+
+
+class JobRunner:
+    """The Ray actor. Async: every method runs on one event loop, file work in threads."""
+
+    def __init__(self, settings: dict, normalizer: Any, vocoder: Any):
+        self.settings = JobsSettings.model_validate(settings)
+        self.store = make_job_store(self.settings)
+        self.normalizer = normalizer
+        self.vocoder = vocoder
+        self.jobs: dict[str, _Job] = {}
+        self._running: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._rescan_now = True
+        self._last_scan = 0.0
+        self._last_sweep = 0.0
+        self.chunks_done = 0  # this process's, for tests and the bench
+        self.chunks_retried = 0
+        self.resumed: dict[str, int] = {}  # job id -> chunks it had stored when this process took it up
+        self.started_at = time.time()
+        self._main = asyncio.get_event_loop().create_task(self._run())
+
+    # ------------------------------------------------------------------ calls from the Ingress
+
+    async def configure(self, settings: dict, normalizer: Any = None, vocoder: Any = None) -> None:
+        """The settings and stages of the Ingress that calls (each replica calls every few seconds:
+        a new app version's reach a runner that outlived the old one, or restarted)."""
+        new = JobsSettings.model_validate(settings)
+        if jobs_root(new) != jobs_root(self.settings):
+            log.warning("jobs: path changed; jobs under the old one stay there")
+            for active in list(self.jobs.values()):
+                self._stop(active)
+            self.store = make_job_store(new)
+            self._rescan_now = True
+        self.settings = new
+        if normalizer is not None:
+            self.normalizer = normalizer
+        if vocoder is not None:
+            self.vocoder = vocoder
+        self._wake.set()
+
+    async def notify(self) -> None:
+        """A job was made: look now rather than at the next scan."""
+        self._rescan_now = True
+        self._wake.set()
+
+    async def cancel(self, job_id: str) -> bool:
+        """Stop the job's running chunks (their streams are cancelled: the engine drops the rows
+        at its next step) and forget it; its files are the caller's to delete."""
+        active = self.jobs.get(job_id)
+        if active is None:
+            return False
+        tasks = self._stop(active)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        return True
+
+    async def info(self) -> dict[str, Any]:
+        return {"root": str(jobs_root(self.settings)), "settings": self.settings.model_dump(),
+                "running_chunks": len(self._running), "chunks_done": self.chunks_done,
+                "chunks_retried": self.chunks_retried, "started_at": self.started_at, "resumed": dict(self.resumed),
+                "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()}}
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                now = time.time()
+                if now - self._last_sweep >= self.settings.sweep_interval_s:
+                    self._last_sweep = now
+                    swept = await asyncio.to_thread(self.store.sweep)
+                    if swept:
+                        log.info("jobs: %d expired jobs deleted", swept)
+                if self._rescan_now or now - self._last_scan >= self.settings.rescan_s:
+                    self._rescan_now = False
+                    self._last_scan = now
+                    await self._scan()
+                self._fill()
+            except Exception:  # noqa: BLE001 - a store hiccup: the next round tries again
+                log.exception("jobs: runner loop")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.rescan_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _scan(self) -> None:
+        """Take up every queued or running job of the store not held yet (all of them after a
+        restart: each from its chunks stored whole); let go of held ones deleted meanwhile."""
+        stored = await asyncio.to_thread(self.store.active_jobs)
+        ids = {j.id for j in stored}
+        for job in stored:
+            if job.id in self.jobs:
+                continue
+            try:
+                chunks, done = await asyncio.to_thread(lambda j=job: (self.store.chunks(j), self.store.done_chunks(j)))
+            except JobGone:
+                continue
+            active = _Job(job, chunks, done)
+            self.jobs[job.id] = active
+            if done:
+                self.resumed[job.id] = len(done)
+                log.info("jobs: %s resumed at %d of %d chunks", job.id, len(done), len(chunks))
+            if active.complete:
+                self._spawn(self._finish(active))
+        for job_id, active in list(self.jobs.items()):
+            if job_id not in ids and not active.finishing:
+                self._stop(active)  # deleted without a cancel reaching us (we were down, or it was lost)
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._running.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._wake.set()
+
+    def _fill(self) -> None:
+        """Start chunks while fewer than ``max_parallel_chunks`` run: the owner with the fewest
+        running chunks first, then the job with the fewest, then the oldest; its next chunk."""
+        while sum(len(a.tasks) for a in self.jobs.values()) < self.settings.max_parallel_chunks:
+            ready = [a for a in self.jobs.values() if a.pending and not a.stopped]
+            if not ready:
+                return
+            owners = Counter({a.job.owner: 0 for a in ready})
+            for a in self.jobs.values():
+                owners[a.job.owner] += len(a.tasks)
+            active = min(ready, key=lambda a: (owners[a.job.owner], len(a.tasks), a.job.created_at))
+            k = active.pending.pop(0)
+            active.tasks[k] = self._spawn(self._chunk(active, k))
+
+    def _stop(self, active: _Job) -> list[asyncio.Task]:
+        active.stopped = True
+        self.jobs.pop(active.job.id, None)
+        tasks = list(active.tasks.values())
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    # ------------------------------------------------------------------ one chunk
+
+    async def _chunk(self, active: _Job, k: int) -> None:
+        job = active.job
+        try:
+            if job.status == "queued":
+                job.status = "running"
+                job.started_at = job.started_at or time.time()
+                await self._save(active)
+            tries = 0
+            while True:
+                try:
+                    samples = await asyncio.wait_for(self._synthesise(active, k), self.settings.chunk_timeout_s)
+                    break
+                except (asyncio.CancelledError, JobGone):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - sorted below: the request's fault, or a stage's
+                    known = to_api_error(exc)
+                    if known is not None and known.status < 500 and known.status != 429:
+                        await self._fail(active, known.code or "chunk_failed", f"chunk {k}: {known.message}")
+                        return
+                    busy = _is(exc, EngineOverloaded)  # a full queue is no failure: wait for room
+                    tries += 0 if busy else 1
+                    if tries > self.settings.max_chunk_retries:
+                        await self._fail(active, "chunk_failed",
+                                         f"chunk {k} failed {tries} times; the last time: {_reason(exc)}")
+                        return
+                    job.retries += 1
+                    self.chunks_retried += 1
+                    delay = min(MAX_BACKOFF_S, self.settings.retry_backoff_s * 2 ** max(0, tries - 1))
+                    log.warning("jobs: %s chunk %d failed (%s); again in %.1f s", job.id, k, _reason(exc), delay)
+                    await asyncio.sleep(delay)
+            job.chunk_samples[k] = samples
+            job.chars_done += len(active.chunks[k].text)
+            job.bytes += SAMPLE_BYTES * samples
+            elapsed = time.time() - active.run_t0
+            if elapsed > 0:
+                job.rate_chars_per_s = (job.chars_done - active.run_chars0) / elapsed
+            self.chunks_done += 1
+            await self._save(active)
+        except JobGone:
+            self._stop(active)  # deleted: nothing of it is to be written
+            return
+        finally:
+            active.tasks.pop(k, None)
+        if active.complete and not active.finishing and not active.stopped:
+            await self._finish(active)
+
+    async def _synthesise(self, active: _Job, k: int) -> int:
+        """Plan and speak chunk ``k`` as one request; store its PCM whole. Its samples."""
+        job, chunk = active.job, active.chunks[k]
+        options = active.options.model_copy(update={"seed": chunk.seed, "priority": self.settings.priority})
+        try:
+            plan = await self.normalizer.plan.remote(chunk.text, options, active.voice, client=job.owner)
+        except Exception as exc:  # noqa: BLE001
+            if not _is(exc, EmptyInputError):
+                raise
+            plan = None  # nothing the normaliser can say (symbols only): an empty chunk
+        parts: list[bytes] = []
+        if plan is not None:
+            gen = self.vocoder.options(stream=True).stream.remote(plan, "pcm", None)
+            try:
+                async for item in gen:
+                    if isinstance(item, bytes):
+                        parts.append(item)
+            except BaseException:
+                gen.cancel()  # cancelled, timed out or failed: the stages stop their work too
+                raise
+        pcm = b"".join(parts)
+        await asyncio.to_thread(self.store.put_chunk, job, k, pcm)
+        return len(pcm) // SAMPLE_BYTES
+
+    async def _save(self, active: _Job) -> None:
+        async with active.save_lock:  # one write at a time, the newest state last
+            if active.stopped:
+                raise JobGone(active.job.id)
+            active.job.updated_at = time.time()
+            await asyncio.to_thread(self.store.save, active.job.model_copy(deep=True))
+
+    # ------------------------------------------------------------------ the end of a job
+
+    async def _finish(self, active: _Job) -> None:
+        """Every chunk is stored: encode the file once, mark the job succeeded, drop its chunks."""
+        active.finishing = True
+        job = active.job
+        try:
+            size = await asyncio.to_thread(self.store.put_audio, job, _encoded(self.store, job, active.chunks))
+            now = time.time()
+            job.status = "succeeded"
+            job.finished_at = now
+            job.expires_at = now + self.settings.ttl_s
+            job.bytes = job.input_bytes + size
+            job.rate_chars_per_s = None
+            await self._save(active)
+            await asyncio.to_thread(self.store.remove_chunks, job)
+            log.info("jobs: %s succeeded: %d chunks, %.1f s of audio", job.id, len(active.chunks),
+                     job.audio_samples / SAMPLE_RATE)
+        except JobGone:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            log.exception("jobs: %s could not be encoded", job.id)
+            await self._fail(active, "encode_failed", f"the audio could not be encoded: {_reason(exc)}")
+            return
+        self.jobs.pop(job.id, None)
+
+    async def _fail(self, active: _Job, code: str, message: str) -> None:
+        job = active.job
+        log.warning("jobs: %s failed: %s", job.id, message)
+        for k, task in list(active.tasks.items()):
+            if task is not asyncio.current_task():
+                task.cancel()
+        now = time.time()
+        job.status = "failed"
+        job.error = {"code": code, "message": message}
+        job.finished_at = now
+        job.expires_at = now + self.settings.ttl_s
+        job.rate_chars_per_s = None
+        try:
+            await self._save(active)
+            await asyncio.to_thread(self.store.remove_chunks, job)
+            job.bytes = job.input_bytes
+        except JobGone:
+            pass
+        active.stopped = True
+        self.jobs.pop(job.id, None)
+
+
+def _encoded(store: Any, job: StoredJob, chunks: list[JobChunk]) -> Iterator[bytes]:
+    """The final file's bytes, chunk by chunk (one chunk's PCM in memory at a time): the chunks in
+    order with their pauses, through one encoder. A WAV's header carries its true size at once
+    (the length is known), so the file is written front to back."""
+    import numpy as np
+
+    from ..engine.audio import new_encoder
+    from ..engine.wav import wav_header
+
+    fmt = job.response_format
+    pauses = [int(round(c.pause_after * SAMPLE_RATE)) for c in chunks]
+    if fmt == "wav":
+        total = job.audio_samples + sum(pauses)
+        yield wav_header(SAMPLE_RATE, SAMPLE_BYTES * total)
+        fmt = "pcm"
+    encoder = new_encoder(fmt)
+    for k in range(len(chunks)):
+        pcm = np.frombuffer(store.read_chunk(job, k), dtype="<i2")
+        if len(pcm):
+            yield encoder.write(pcm)
+        if pauses[k]:
+            yield encoder.write(np.zeros(pauses[k], dtype=np.int16))
+    yield encoder.close()

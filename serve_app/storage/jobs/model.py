@@ -1,0 +1,147 @@
+"""A job as stored: its state (``StoredJob``, ``job.json``), its chunks (``JobChunk``,
+``chunks.json``), its id, its owner's tag, and the per-owner limits (``JobLimits``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...engine.errors import JobQuotaExceeded, TooManyJobs
+from ...engine.types import SynthesisOptions, Voice
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+ACTIVE: tuple[str, ...] = ("queued", "running")
+JOB_ID_RE = re.compile(r"^job_[0-9a-f]{24}$")
+PCM_BYTES_PER_SAMPLE = 2  # chunks are s16le mono at the engine's rate
+
+
+class JobGone(Exception):
+    """The job's files are gone (deleted or expired) while the runner worked on it."""
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def owner_tag(owner: str) -> str:
+    """An owner as the store names its directory: a hash, never the key id itself."""
+    return hashlib.sha256(b"jobs-owner\0" + owner.encode()).hexdigest()[:24]
+
+
+def default_jobs_dir() -> Path:
+    """``$XDG_DATA_HOME/chattts-serve/jobs`` (``~/.local/share/...``): user data, not a cache."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "chattts-serve" / "jobs"
+
+
+class JobChunk(BaseModel):
+    """One synthesis of a job: its text, the seed it decodes with and the silence after it.
+    Fixed at submission, so a chunk done again (after a crash) gives the same audio."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    seed: int
+    pause_after: float = 0.0
+
+
+class StoredJob(BaseModel):
+    """``job.json``: written by the Ingress when the job is made, rewritten only by the runner
+    after (each chunk, the end), always atomically. Times are Unix seconds."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    owner: str
+    status: JobStatus = "queued"
+    model: str = "chattts"
+    voice_name: str
+    voice: dict[str, Any]  # the resolved ``Voice``: the job keeps it whatever happens to a stored voice
+    options: dict[str, Any]  # ``SynthesisOptions``, instructions applied, the seed the effective one
+    response_format: str
+    created_at: float
+    updated_at: float
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    expires_at: Optional[float] = None
+    chunks_total: int
+    chunk_samples: list[int] = Field(default_factory=list)  # per chunk: PCM samples once done, -1 before
+    chars_total: int
+    chars_done: int = 0
+    input_bytes: int = 0  # its chunks' texts as stored
+    bytes: int = 0  # what its files hold now
+    reserved_bytes: int = 0  # its PCM estimate: what it counts against its owner's quota until done
+    rate_chars_per_s: Optional[float] = None  # of the runner's current run, for the ETA
+    retries: int = 0
+    error: Optional[dict[str, str]] = None  # {"code", "message"}
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def chunks_done(self) -> int:
+        return sum(1 for n in self.chunk_samples if n >= 0)
+
+    @property
+    def audio_samples(self) -> int:
+        return sum(n for n in self.chunk_samples if n > 0)
+
+    @property
+    def held_bytes(self) -> int:
+        return max(self.bytes, self.reserved_bytes) if self.active else self.bytes
+
+    def expired(self, now: Optional[float] = None) -> bool:
+        return self.expires_at is not None and (time.time() if now is None else now) >= self.expires_at
+
+    def synthesis_options(self) -> SynthesisOptions:
+        return SynthesisOptions.model_validate(self.options)
+
+    def resolved_voice(self) -> Voice:
+        return Voice(**self.voice)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What one owner's jobs may hold (``JobsSettings``' per-key fields)."""
+
+    max_active: int
+    max_jobs: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    active: int
+    jobs: int
+    bytes: int
+
+
+def usage_of(jobs: list[StoredJob], now: Optional[float] = None) -> Usage:
+    live = [j for j in jobs if not j.expired(now)]
+    return Usage(sum(1 for j in live if j.active), len(live), sum(j.held_bytes for j in live))
+
+
+def check_room(used: Usage, limits: JobLimits, reserved: int = 0) -> None:
+    """Refuse a new job of ``reserved`` bytes: 429 while the owner has its active jobs, 409 when
+    it keeps as many jobs or bytes as it may."""
+    if used.active >= limits.max_active:
+        raise TooManyJobs(f"{used.active} of your jobs are queued or running; at most {limits.max_active} at once "
+                          "(jobs.max_active_jobs_per_key): retry once one has finished")
+    if used.jobs >= limits.max_jobs:
+        raise JobQuotaExceeded(f"you keep {used.jobs} jobs; at most {limits.max_jobs} (jobs.max_jobs_per_key): "
+                               "delete finished ones first")
+    if used.bytes + reserved > limits.max_bytes:
+        raise JobQuotaExceeded(f"your jobs hold {used.bytes} bytes and this one needs about {reserved}; at most "
+                               f"{limits.max_bytes} (jobs.max_bytes_per_key): delete finished ones or send less text")
