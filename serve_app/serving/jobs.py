@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import EmptyInputError, EngineOverloaded
