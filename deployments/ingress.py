@@ -2,9 +2,10 @@
 
 Each route checks the caller and calls a service object: the speech pipeline
 (``serve_app/http/speech.py``), WebSocket sessions over the graph (``serve_app/realtime/graph.py``),
-the voices API (``serve_app/http/voices.py``), readiness (``serve_app/http/health.py``) and the
-web page (``serve_app/http/webui.py``). Handle API for other Ray apps: ``synthesize(request)``
--> bytes and ``stream(request)`` (with ``.options(stream=True)``).
+the voices API (``serve_app/http/voices.py``), background jobs (``serve_app/http/jobs.py``),
+readiness (``serve_app/http/health.py``) and the web page (``serve_app/http/webui.py``). Handle
+API for other Ray apps: ``synthesize(request)`` -> bytes and ``stream(request)`` (with
+``.options(stream=True)``).
 """
 
 import uuid
@@ -19,6 +20,7 @@ from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
+from serve_app.http.jobs import CREATE_JOB_OPENAPI, JOBS_PATH, JobsService
 from serve_app.http.middleware import HttpPolicy
 from serve_app.http.request_log import RequestRecord
 from serve_app.http.middleware import caller_of
@@ -26,12 +28,12 @@ from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
-from serve_app.protocol import (MODEL_IDS, DialogueRequest, ModelCard, ModelList, SpeechRequest, TimedSpeech,
-                                TimedSpeechRequest, VoiceList)
+from serve_app.protocol import (MODEL_IDS, AudioJob, AudioJobDeleted, AudioJobList, DialogueRequest, ModelCard,
+                                ModelList, SpeechRequest, TimedSpeech, TimedSpeechRequest, VoiceList)
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
-from serve_app.settings import CacheConfig, FlowSettings, IngressSettings, VoiceStoreConfig, merged
+from serve_app.settings import CacheConfig, FlowSettings, IngressSettings, JobsSettings, VoiceStoreConfig, merged
 
 HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
 app = make_app(HTTP_POLICY)
@@ -62,6 +64,7 @@ class Ingress:
         cache: Optional[dict] = None,
         voices: Optional[dict] = None,
         flow: Optional[dict] = None,
+        jobs: Optional[dict] = None,
     ):
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
@@ -76,6 +79,10 @@ class Ingress:
         board(flow_board)  # created (or found) now, not on the first request
         self.speech = SpeechService(normalizer, vocoder, acoustic, self.voices.catalog,
                                     CacheConfig.model_validate(cache or {}), ingress, slots, flow_settings, flow_board)
+        jobs_config = JobsSettings.model_validate(jobs or {})
+        HTTP_POLICY.route_max_bytes[JOBS_PATH] = jobs_config.max_upload_bytes  # a book's text
+        # The application's job runner (found by name, made if missing) speaks through these stages.
+        self.jobs = JobsService(jobs_config, normalizer, vocoder, self.voices.catalog, app_name)
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
@@ -192,6 +199,33 @@ class Ingress:
     @app.delete(VOICES_PATH + "/{voice_id}")
     async def delete_voice(self, voice_id: str, request: Request):
         return await self.voices.delete(voice_id, self._caller(request))
+
+    # ------------------------------------------------------------------ jobs
+
+    @app.post(JOBS_PATH, status_code=202, response_model=AudioJob, openapi_extra=CREATE_JOB_OPENAPI)
+    async def create_job(self, request: Request):
+        """A long text (JSON, text/plain or a file) spoken in the background into one file: 202 and the job."""
+        return await self.jobs.create(request, self._caller(request))
+
+    @app.get(JOBS_PATH, response_model=AudioJobList)
+    async def list_jobs(self, request: Request):
+        """The caller's jobs, newest first (an admin key: every key's)."""
+        return await self.jobs.list(self._caller(request), request.scope.get("root_path", ""))
+
+    @app.get(JOBS_PATH + "/{job_id}", response_model=AudioJob)
+    async def get_job(self, job_id: str, request: Request):
+        """A job's status and progress (chunks, characters, audio seconds so far, an ETA)."""
+        return await self.jobs.get(job_id, self._caller(request), request.scope.get("root_path", ""))
+
+    @app.api_route(JOBS_PATH + "/{job_id}/audio", methods=["GET", "HEAD"])
+    async def job_audio(self, job_id: str, request: Request):
+        """A succeeded job's file; Range requests answer 206 (players seek)."""
+        return await self.jobs.audio(job_id, self._caller(request))
+
+    @app.delete(JOBS_PATH + "/{job_id}", response_model=AudioJobDeleted)
+    async def delete_job(self, job_id: str, request: Request):
+        """Cancel the job (its running chunks stop at once) and delete its files."""
+        return await self.jobs.delete(job_id, self._caller(request))
 
     # ------------------------------------------------------------------ the web page, health
 

@@ -1,0 +1,394 @@
+"""Background jobs through real Serve: an Ingress app of its own (its job settings: a store in a
+temporary directory, small chunks and quotas, three keys) in front of the session app's stages,
+and its job runner. A job runs to its end with every chunk as a request of that chunk would
+speak it; the file answers Range requests; quotas and owners hold; a cancel frees the engine's
+rows at once and deletes the files; a job whose Acoustic replica, runner and Ingress replica are
+killed mid-way finishes from its last stored chunks with the audio of an uninterrupted run.
+
+Audio compared between runs is the same length exactly and within 2 LSB per sample: chunks run
+two at a time, so a chunk's rows share decode steps with different rows in each run, and float
+sums over another batch differ in the last bits (docs/architecture.md, "The decode loop"); the
+numbers of differing samples and the largest difference are reported.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from serve_app.engine.planner import Planner
+from serve_app.engine.types import SynthesisOptions
+from serve_app.http.security import key_id
+from serve_app.storage.jobs import cut_text, owner_tag
+from support.app import APP_NAME, acoustic_stats, app_args, replica_actor_name, wait_idle, wait_ready
+from support.engine import expected_samples
+from support.http import assert_openai_error
+from support.report import report
+from support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(600)
+
+JOBS_APP = "jobsapp"
+KEYS = {"alice": "sk-jobs-alice", "bob": "sk-jobs-bob", "root": "sk-jobs-root"}
+JOBS = "/v1/audio/jobs"
+CHUNK_CHARS = 12
+PAUSE_S = 0.3
+MAX_BYTES = 8 * 2**20  # ~830 CJK characters of estimated speech per key
+MAX_INPUT = 5000
+# Three paragraphs, four chunks: the first paragraph is two (no pause between them), ~7 s of audio.
+BOOK = "山上有一座庙。庙里有个老和尚。\n\n老和尚讲故事。\n\n天黑了，睡觉了。"
+SEED = 4242
+
+
+def auth(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[who]}"}
+
+
+def _runner():
+    import ray
+
+    return ray.get_actor(f"job-runner:{JOBS_APP}", namespace="chattts_serve")
+
+
+def runner_info() -> dict[str, Any]:
+    import ray
+
+    return ray.get(_runner().info.remote(), timeout=30)
+
+
+@pytest.fixture(scope="module")
+def jobs_url(app_url, tmp_path_factory) -> Iterator[str]:
+    """An Ingress with keys and small job limits in front of the session app's stages, at /jobsapp."""
+    import ray
+    from ray import serve
+
+    from deployments.ingress import Ingress
+
+    tmp = tmp_path_factory.mktemp("jobs")
+    (tmp / "keys").write_text("".join(k + "\n" for k in KEYS.values()))
+    security = {"api_keys_env": None, "api_keys_file": str(tmp / "keys"), "max_streams_per_key": 0,
+                "keys": {key_id(KEYS["root"]): {"admin": True}}}
+    jobs = {"path": str(tmp / "store"), "chunk_chars": CHUNK_CHARS, "paragraph_pause_s": PAUSE_S,
+            "max_active_jobs_per_key": 2, "max_bytes_per_key": MAX_BYTES, "max_input_chars": MAX_INPUT,
+            "rescan_s": 1.0, "retry_backoff_s": 0.5, "max_chunk_retries": 20}
+    stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
+    ingress = Ingress.options(num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    app = ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"),
+                       settings={"warmup": False, "security": security}, voices={"backend": "memory"}, jobs=jobs)
+    t0 = time.monotonic()
+    serve.run(app, name=JOBS_APP, route_prefix=f"/{JOBS_APP}", blocking=False)
+    base = app_url + f"/{JOBS_APP}"
+    try:
+        wait_ready(base, 120)
+        report("jobs: its Ingress app to /readyz 200", f"{time.monotonic() - t0:.1f} s")
+        yield base
+    finally:
+        serve.delete(JOBS_APP, _blocking=False)  # nothing else uses its name: no need to wait
+        try:
+            ray.kill(_runner(), no_restart=True)  # detached: it would outlive the app
+        except ValueError:
+            pass
+
+
+def submit(url: str, who: str = "alice", text: str = BOOK, **options) -> dict:
+    body = {"input": text, "voice": "nova", "seed": SEED, "response_format": "pcm", **options}
+    r = httpx.post(url + JOBS, json=body, headers=auth(who), timeout=30)
+    assert r.status_code == 202, r.text[:300]
+    job = r.json()
+    assert job["status"] == "queued" and r.headers["location"].endswith(f"{JOBS}/{job['id']}")
+    return job
+
+
+def status(url: str, job_id: str, who: str = "alice") -> dict:
+    r = httpx.get(f"{url}{JOBS}/{job_id}", headers=auth(who), timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()
+
+
+def wait_done(url: str, job_id: str, timeout_s: float = 120, seen: list | None = None) -> dict:
+    def probe() -> dict | None:
+        try:
+            r = httpx.get(f"{url}{JOBS}/{job_id}", headers=auth("alice"), timeout=10)
+        except httpx.HTTPError:
+            return None  # an Ingress replica being replaced
+        if r.status_code != 200:
+            assert r.status_code in (502, 503, 504), r.text[:300]
+            return None
+        job = r.json()
+        if seen is not None:
+            seen.append(job)
+        return job
+
+    job = wait_until(probe, timeout_s, 0.1, until=lambda j: j is not None and j["status"] not in ("queued", "running"),
+                     what=f"job {job_id} finished")
+    assert job["status"] == "succeeded", job
+    return job
+
+
+def audio(url: str, job_id: str, who: str = "alice", **headers) -> httpx.Response:
+    return httpx.get(f"{url}{JOBS}/{job_id}/audio", headers={**auth(who), **headers}, timeout=60)
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.int32)
+
+
+def close_to(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    """Same length; within 2 LSB (rows decoded beside other rows: module docstring)."""
+    assert len(a) == len(b), (what, len(a), len(b))
+    diff = np.abs(a - b)
+    report(f"jobs: {what}", f"{int((diff > 0).sum())} of {len(a)} samples differ, at most {int(diff.max(initial=0))} LSB")
+    assert diff.max(initial=0) <= 2, (what, int(diff.max()))
+
+
+def job_dir(job_id: str, who: str = "alice") -> Path:
+    return Path(runner_info()["root"]) / owner_tag(key_id(KEYS[who])) / job_id
+
+
+def chunks():
+    return cut_text(BOOK, SEED, CHUNK_CHARS, PAUSE_S)
+
+
+@pytest.fixture(scope="module")
+def book_job(jobs_url) -> dict:
+    """BOOK spoken once, uninterrupted: its status snapshots and its audio."""
+    seen: list[dict] = []
+    t0 = time.monotonic()
+    job = submit(jobs_url)
+    done = wait_done(jobs_url, job["id"], seen=seen)
+    elapsed = time.monotonic() - t0
+    r = audio(jobs_url, job["id"])
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm", r.headers
+    report(f"jobs: BOOK (4 chunks, {len(r.content) / 48000:.1f} s of audio) submitted to succeeded", f"{elapsed:.1f} s")
+    return {"job": done, "seen": seen, "audio": r.content}
+
+
+# ------------------------------------------------------------------ a job, end to end
+
+
+def test_a_job_succeeds_with_the_right_length_and_every_chunk_as_a_request_speaks_it(jobs_url, book_job):
+    planner = Planner(app_args().segments)
+    parts = chunks()
+    assert [(len(c.text), c.pause_after) for c in parts] == [(7, 0.0), (8, PAUSE_S), (7, PAUSE_S), (8, 0.0)]
+    lengths = [expected_samples(planner.plan(c.text, SynthesisOptions(voice="nova", seed=c.seed))) for c in parts]
+    pause = round(PAUSE_S * 24000)
+    whole = pcm(book_job["audio"])
+    assert len(whole) == sum(lengths) + 2 * pause  # random weights: exact to the sample
+    done = book_job["job"]
+    assert done["progress"] == {"chunks_done": 4, "chunks_total": 4, "characters_done": sum(len(c.text) for c in parts),
+                                "characters_total": sum(len(c.text) for c in parts),
+                                "audio_seconds": round(sum(lengths) / 24000, 3), "eta_seconds": 0.0}
+    assert done["audio_url"].endswith(f"/{JOBS_APP}{JOBS}/{done['id']}/audio") and done["expires_at"] > done["finished_at"]
+    assert done["bytes"] >= len(book_job["audio"]) and done["voice"] == "nova" and done["error"] is None
+    # Each chunk is what /v1/audio/speech gives for its text and seed.
+    at = 0
+    with httpx.Client(base_url=jobs_url, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=120) as http:
+        for k, (c, n) in enumerate(zip(parts, lengths)):
+            r = http.post("/v1/audio/speech", json={"input": c.text, "voice": "nova", "seed": c.seed, "response_format": "pcm"})
+            assert r.status_code == 200, r.text[:200]
+            close_to(whole[at:at + n], pcm(r.content), f"chunk {k} of the job against its own request")
+            at += n
+            if c.pause_after:
+                assert not whole[at:at + pause].any()  # the paragraph's silence
+                at += pause
+
+
+def test_progress_moves_while_the_job_runs(book_job):
+    seen = book_job["seen"]
+    done = [s["progress"]["chunks_done"] for s in seen]
+    assert done == sorted(done) and len(set(done)) >= 3, done  # never back, and seen part way
+    running = [s for s in seen if s["status"] == "running"]
+    assert running and all(s["started_at"] for s in running)
+    seconds = [s["progress"]["audio_seconds"] for s in seen]
+    assert seconds == sorted(seconds) and seconds[-1] > 0
+    etas = [s["progress"]["eta_seconds"] for s in running if s["progress"]["chunks_done"]]
+    assert etas and all(e is not None and e >= 0 for e in etas), etas
+    report("jobs: progress seen (chunks done)", str(sorted(set(done))))
+
+
+def test_the_audio_answers_range_requests(jobs_url, book_job):
+    data, job_id = book_job["audio"], book_job["job"]["id"]
+    size = len(data)
+    r = audio(jobs_url, job_id, Range="bytes=1000-1999")
+    assert r.status_code == 206 and r.content == data[1000:2000], (r.status_code, len(r.content))
+    assert r.headers["content-range"] == f"bytes 1000-1999/{size}" and r.headers["content-length"] == "1000"
+    r = audio(jobs_url, job_id, Range="bytes=-500")  # a player reading the end
+    assert r.status_code == 206 and r.content == data[-500:]
+    r = audio(jobs_url, job_id, Range=f"bytes={size - 10}-")
+    assert r.status_code == 206 and r.content == data[-10:]
+    r = audio(jobs_url, job_id, Range=f"bytes={size}-{size + 100}")  # past the end
+    assert r.status_code == 416 and r.headers["content-range"] == f"bytes */{size}"
+    whole = audio(jobs_url, job_id)
+    assert whole.status_code == 200 and whole.headers["accept-ranges"] == "bytes" and whole.content == data
+    r = audio(jobs_url, job_id, Range="bytes=0-99", **{"If-Range": whole.headers["etag"]})
+    assert r.status_code == 206 and r.content == data[:100]
+    r = audio(jobs_url, job_id, Range="bytes=0-99", **{"If-Range": '"not-this-file"'})
+    assert r.status_code == 200 and r.content == data  # changed since: the whole file
+    head = httpx.head(f"{jobs_url}{JOBS}/{job_id}/audio", headers=auth("alice"), timeout=30)
+    assert head.status_code == 200 and head.headers["content-length"] == str(size) and not head.content
+
+
+# ------------------------------------------------------------------ owners and quotas
+
+
+def test_jobs_belong_to_their_key(jobs_url, book_job):
+    job_id = book_job["job"]["id"]
+    missing = "job_" + "0" * 24
+    with httpx.Client(base_url=jobs_url, timeout=30) as http:
+        for method, suffix in (("GET", ""), ("GET", "/audio"), ("DELETE", "")):
+            foreign = http.request(method, f"{JOBS}/{job_id}{suffix}", headers=auth("bob"))
+            absent = http.request(method, f"{JOBS}/{missing}{suffix}", headers=auth("bob"))
+            a, b = assert_openai_error(foreign, 404, "job_not_found"), assert_openai_error(absent, 404, "job_not_found")
+            assert a["message"].replace(job_id, "ID") == b["message"].replace(missing, "ID")
+        assert [j["id"] for j in http.get(JOBS, headers=auth("bob")).json()["data"]] == []
+        assert job_id in [j["id"] for j in http.get(JOBS, headers=auth("alice")).json()["data"]]
+        admin = http.get(JOBS, headers=auth("root")).json()["data"]
+        assert {j["owner"] for j in admin if j["id"] == job_id} == {key_id(KEYS["alice"])}
+        assert http.get(f"{JOBS}/{job_id}", headers=auth("root")).status_code == 200
+        assert http.get(JOBS).status_code == 401  # keys are on: no anonymous jobs here
+        assert status(jobs_url, job_id)["status"] == "succeeded"  # bob's DELETE did nothing
+
+
+def test_quotas_and_checks_come_before_anything_is_queued(jobs_url):
+    long_text = "\n\n".join(["今天天气很好，我们一起去公园散步吧。"] * 6)
+    made: list[tuple[str, str]] = []
+    try:
+        for _ in range(2):  # alice's two active jobs
+            made.append(("alice", submit(jobs_url, text=long_text, seed=None)["id"]))
+        before = {j["id"] for j in httpx.get(jobs_url + JOBS, headers=auth("alice"), timeout=30).json()["data"]}
+        r = httpx.post(jobs_url + JOBS, json={"input": "再来一个。"}, headers=auth("alice"), timeout=30)
+        assert_openai_error(r, 429, "too_many_jobs")
+        assert r.headers["retry-after"]
+        made.append(("bob", submit(jobs_url, "bob", text="鲍勃的工作。")["id"]))  # bob's own quota
+        big = "很" * 2000  # ~20 MB of estimated PCM: past bob's 8 MiB
+        assert_openai_error(httpx.post(jobs_url + JOBS, json={"input": big}, headers=auth("bob"), timeout=30), 409,
+                            "job_quota_exceeded")
+        cases = [({"input": "x" * (MAX_INPUT + 1)}, 413, "input_too_long"),
+                 ({"input": "<speak>你好</speak>"}, 400, "invalid_value"),
+                 ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
+                 ({"input": "你好", "stream_format": "sse"}, 400, "invalid_value"),
+                 ({"input": "。。。！！"}, 400, "empty_input"),
+                 ({"input": "你好", "model": "tts-9"}, 404, "model_not_found")]
+        for body, code, name in cases:
+            assert_openai_error(httpx.post(jobs_url + JOBS, json=body, headers=auth("bob"), timeout=30), code, name)
+        after = {j["id"] for j in httpx.get(jobs_url + JOBS, headers=auth("bob"), timeout=30).json()["data"]}
+        assert after == {made[-1][1]}  # none of the refused ones left a job
+        assert before == {j["id"] for j in httpx.get(jobs_url + JOBS, headers=auth("alice"), timeout=30).json()["data"]}
+    finally:
+        for who, job_id in made:
+            assert httpx.delete(f"{jobs_url}{JOBS}/{job_id}", headers=auth(who), timeout=30).status_code == 200
+    # Deleted jobs free the quota at once.
+    job = submit(jobs_url, text="又一个。")
+    assert httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30).status_code == 200
+    wait_idle(60)
+
+
+def test_a_text_file_or_a_plain_body_makes_a_job_with_its_options(jobs_url):
+    text = "第一段。\n\n第二段。"
+    made = []
+    try:
+        r = httpx.post(jobs_url + JOBS, files={"file": ("book.txt", text.encode(), "text/plain")},
+                       data={"voice": "echo", "response_format": "wav", "speed": "1.5"}, headers=auth("bob"), timeout=30)
+        assert r.status_code == 202, r.text[:300]
+        made.append(r.json())
+        r = httpx.post(jobs_url + JOBS + "?voice=onyx&response_format=mp3", content=text.encode(),
+                       headers={**auth("bob"), "Content-Type": "text/plain; charset=utf-8"}, timeout=30)
+        assert r.status_code == 202, r.text[:300]
+        made.append(r.json())
+        assert [(j["voice"], j["response_format"], j["progress"]["chunks_total"]) for j in made] == \
+            [("echo", "wav", 2), ("onyx", "mp3", 2)]
+        bad = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
+                         timeout=30)
+        assert_openai_error(bad, 400, "invalid_text")
+        assert_openai_error(httpx.post(jobs_url + JOBS, files={"file": ("a.txt", b"x")}, data={"loudness": "-16"},
+                                       headers=auth("bob"), timeout=30), 400)
+    finally:
+        for job in made:
+            httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("bob"), timeout=30)
+    wait_idle(60)
+
+
+# ------------------------------------------------------------------ cancel
+
+
+def test_cancel_frees_its_rows_at_once_and_deletes_its_files(jobs_url):
+    text = "\n\n".join(["取消的工作会立刻停下来，不再占用解码的位置。"] * 4)
+    job = submit(jobs_url, text=text, seed=777)
+    wait_until(acoustic_stats, 60, 0.05, until=lambda s: s["running_rows"] > 0, what="the job's rows decoding")
+    folder = job_dir(job["id"])
+    assert folder.is_dir()
+    t0 = time.monotonic()
+    r = httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
+    assert r.status_code == 200 and r.json() == {"id": job["id"], "object": "audio.job.deleted", "deleted": True}
+    answered = time.monotonic() - t0
+    wait_idle(5)  # nothing else runs: every row left in the engine would be the job's
+    freed = time.monotonic() - t0
+    report("jobs: DELETE answered / no rows left", f"{answered * 1000:.0f} ms / {freed * 1000:.0f} ms")
+    assert freed < 3.0
+    assert not folder.exists()
+    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30), 404, "job_not_found")
+    assert job["id"] not in runner_info()["jobs"]
+
+
+# ------------------------------------------------------------------ durability
+
+
+def _mid_job(url: str, job_id: str) -> dict:
+    """Wait until at least one chunk is stored and another one is being made."""
+    def probe():
+        info = runner_info()["jobs"].get(job_id)
+        return info is not None and bool(info["running"]) and status(url, job_id)["progress"]["chunks_done"] >= 1
+
+    wait_until(probe, 120, 0.05, what="the job part way, a chunk running")
+    return status(url, job_id)
+
+
+def _replica(app: str, stage: str) -> str:
+    from support.app import live_actors
+
+    names = [a["Name"] for a in live_actors() if (a["ActorClassName"] or "") == f"ServeReplica:{app}:{stage}"]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def test_a_job_finishes_after_its_acoustic_replica_runner_and_ingress_are_killed(jobs_url, book_job):
+    """Mid-job, the Acoustic replica is killed (the chunks it was decoding fail and wait for its
+    replacement), then, while they wait, the runner (Ray restarts it) and the Ingress replica
+    (Serve replaces it): the job resumes from its stored chunks, makes each missing chunk once,
+    and its audio is the uninterrupted run's. All three at once: Serve takes ~50 s on this box to
+    replace the Acoustic replica, and the other two restart within that time."""
+    import ray
+
+    job = submit(jobs_url)  # BOOK with its seed again
+    at = _mid_job(jobs_url, job["id"])
+    first = runner_info()
+    t_kill = time.monotonic()
+    ray.kill(ray.get_actor(replica_actor_name("Acoustic"), namespace="serve"), no_restart=True)
+    wait_until(lambda: runner_info()["chunks_retried"] > first["chunks_retried"], 30, 0.05,
+               what="the runner trying a cut chunk again")
+    ingress = _replica(JOBS_APP, "Ingress")
+    ray.kill(_runner(), no_restart=False)  # as if its process died: Ray restarts it
+    ray.kill(ray.get_actor(ingress, namespace="serve"), no_restart=True)
+    done = wait_done(jobs_url, job["id"], timeout_s=240)
+    report(f"jobs: Acoustic, runner and Ingress killed at chunk {at['progress']['chunks_done']} of 4 -> succeeded",
+           f"{time.monotonic() - t_kill:.1f} s")
+    info = runner_info()
+    assert info["started_at"] > first["started_at"]  # a new runner process took the job up
+    resumed = info["resumed"][job["id"]]
+    assert 1 <= resumed < 4 and info["chunks_done"] == 4 - resumed, (resumed, info["chunks_done"])  # none twice
+    assert _replica(JOBS_APP, "Ingress") != ingress
+    close_to(pcm(audio(jobs_url, job["id"]).content), pcm(book_job["audio"]), "after the kills, against the uninterrupted run")
+    assert done["progress"] == book_job["job"]["progress"]
+    httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
+
+
+def test_the_session_app_serves_jobs_too(app_url):
+    r = httpx.get(app_url + JOBS, timeout=30)
+    assert r.status_code == 200 and r.json()["object"] == "list"
+    assert_openai_error(httpx.get(f"{app_url}{JOBS}/job_{uuid.uuid4().hex[:24]}", timeout=30), 404, "job_not_found")
