@@ -1,0 +1,200 @@
+"""``python -m bench batch``: bulk synthesis (``chattts-serve batch``) against the online service,
+on the same corpus, in one run.
+
+Each phase runs alone on the machine, on a local Ray of its own (``--ray-cpus``, default all
+cores), with the same weights (``--weights``) on CPU:
+
+1. **Bulk, 1 acoustic actor** (1 Ray CPU, 2 torch threads: the service's Acoustic replica) and
+   **bulk, 2 acoustic actors** (0.5 CPU and 1 thread each): ``--rows`` rows of bench/corpus.txt
+   (cycled, each row its own seed) through ``serve_app.batch.run_batch``, as the command runs it,
+   into a scratch directory. Throughput in steady state: the audio of the groups after the
+   first wave (one group per actor) over the time from that wave's last row to the run's last
+   row (start-up, model loading and the first decode are before it, as the service's warm-up is
+   before its measurement); the whole run's figure beside it.
+2. **The service**: config/serve.yaml started as ``serve run`` does (bench/lib/serve.py), two
+   warm-up requests, then closed-loop clients at each of ``--levels`` (4, 8) for ``--serve-s``
+   seconds (bench/lib/loadgen.py: streamed wav, a seed per request, no cache), the same texts.
+
+Target: bulk (1 actor) / the service's best level >= 1.2.
+
+    python -m bench batch --quick --out bench/results/tmp-batch     # tiny weights, ~6 min on 2 cores
+    python -m bench batch --weights random --out bench/results/batch-<date>
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .lib.harness import Harness, ints, logger
+from .lib.render import fmt, write_files
+
+_log = logger("batch")
+TARGET = 1.2
+# Acoustic actors -> (Ray CPUs, torch threads) each: 1 is the service's Acoustic replica's shape.
+ACTOR_SHAPES = {1: (1.0, 2), 2: (0.5, 1)}
+
+
+def corpus_rows(n: int, seed: int) -> list[dict]:
+    from .lib.corpus import load_corpus
+
+    texts = load_corpus()
+    return [{"id": f"row-{i:05d}", "text": texts[i % len(texts)], "seed": seed * 100003 + i} for i in range(n)]
+
+
+def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str, Any]:
+    from serve_app.batch.config import BatchConfig
+    from serve_app.batch.job import run_batch
+    from serve_app.engine.config import WeightsConfig
+
+    cpus, threads = ACTOR_SHAPES.get(actors, (1.0 / actors, 1))
+    written: list[tuple[float, float, str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
+        src = Path(tmp) / "in.jsonl"
+        src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        cfg = BatchConfig(input=str(src), out=str(Path(tmp) / "out"), weights=WeightsConfig(source=a.weights),
+                          device="cpu", num_cpus=a.ray_cpus, acoustic_actors=actors, acoustic_cpus=cpus,
+                          acoustic_threads=threads, rows_per_call=a.rows_per_call)
+        t0 = time.perf_counter()
+        summary = run_batch(cfg, progress=False,
+                            on_row=lambda rec: written.append((time.perf_counter(), rec["seconds"], rec["id"])))
+        wall = time.perf_counter() - t0
+    g = summary.pools["group_rows"]
+    ends: dict[int, float] = {}
+    audio: dict[int, float] = {}
+    for t, sec, rid in written:
+        k = int(rid.removeprefix("row-")) // g  # every corpus row passes the checks: row i is in group i // g
+        ends[k] = max(ends.get(k, 0.0), t)
+        audio[k] = audio.get(k, 0.0) + sec
+    first_wave = sorted(ends, key=ends.get)[:actors]  # the groups that finished first, one per actor
+    later = [k for k in ends if k not in first_wave]
+    t_wave = max(ends[k] for k in first_wave)
+    steady = sum(audio[k] for k in later) / (max(ends.values()) - t_wave) if later else None
+    out = {
+        "acoustic_actors": actors, "acoustic_cpus": cpus, "acoustic_threads": threads,
+        "rows": summary.rows, "written": summary.written, "failed": summary.failed, "groups": summary.groups,
+        "group_rows": summary.pools.get("group_rows"), "vocoders": summary.pools.get("vocoders"),
+        "audio_s": round(summary.audio_seconds, 2), "wall_s": round(wall, 1), "pipeline_s": round(summary.pipeline_s, 1),
+        "first_row_s": round(summary.first_row_s or 0.0, 1),
+        "audio_s_per_s": round(steady, 4) if steady else None, "steady_groups": len(later),
+        "audio_s_per_s_whole_run": round(summary.audio_seconds / wall, 4),
+    }
+    _log(f"bulk, {actors} acoustic actor(s): {out['audio_s_per_s']} audio s/s steady, {out['audio_s_per_s_whole_run']} "
+         f"over the whole run ({out['audio_s']} s of audio, {out['wall_s']} s, first row after {out['first_row_s']} s)")
+    return out
+
+
+def serve_phase(a: argparse.Namespace) -> dict[str, Any]:
+    from .lib import loadgen
+    from .lib.corpus import expected_audio_s, plan_corpus, text_stream
+    from .lib.procs import free_port
+    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
+
+    runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
+    res: dict[str, Any] = {"levels": {}}
+    try:
+        res["start_s"] = round(runner.start(), 1)
+        target = loadgen.Target(runner.base_url, "serve", streaming=True, response_format="wav", timeout_s=600)
+        asyncio.run(loadgen.closed_loop(target, 2, 0.01, iter(["你好。", "Hello there."]), max_requests=2))  # warm-up
+        runner.wait_idle(60)
+        expected = expected_audio_s(plan_corpus())
+        for c in a.levels:
+            before = runner.acoustic_stats()
+            run = asyncio.run(loadgen.closed_loop(target, c, a.serve_s, text_stream(a.seed + c), expected, seed=a.seed + c))
+            s = loadgen.summarize(run)
+            s["engine"] = engine_delta(before, runner.acoustic_stats())
+            res["levels"][str(c)] = {k: s[k] for k in ("concurrency", "duration_s", "completed", "errors", "cut",
+                                                        "audio_s_per_s", "ttfb_s", "latency_s", "engine")}
+            _log(f"service at {c} clients: {s['audio_s_per_s']} audio s/s ({s['completed']} done, {s['errors']} errors, "
+                 f"{s['engine'].get('mean_rows_per_step')} rows per step)")
+            runner.wait_idle(120)
+    finally:
+        runner.stop()
+    return res
+
+
+def targets(report: dict) -> dict:
+    bulk = (report.get("bulk") or {}).get("1", {}).get("audio_s_per_s")
+    levels = (report.get("serve") or {}).get("levels", {})
+    best = max((lv["audio_s_per_s"] or 0 for lv in levels.values()), default=None)
+    out: dict = {}
+    if bulk and best:
+        ratio = round(bulk / best, 3)
+        out["bulk (1 actor) / service best"] = {"value": ratio, "target": f">= {TARGET}", "met": ratio >= TARGET}
+    two = (report.get("bulk") or {}).get("2", {}).get("audio_s_per_s")
+    if bulk and two:
+        out["bulk 2 actors / 1 actor"] = {"value": round(two / bulk, 3), "target": "(measured)", "met": None}
+    return out
+
+
+def to_markdown(report: dict) -> str:
+    m = report["meta"]
+    lines = [f"# Bulk synthesis against the service, {m['started']}", "", f"`{m['command']}`", "",
+             f"weights: {m['weights']}, {m['rows']} corpus rows per bulk run, {m['cpus']} CPUs, "
+             f"load average at start {m['loadavg_start']}, at the end {m.get('loadavg_end')}", ""]
+    if report.get("error"):
+        lines += [f"**The run failed:** `{report['error']}` (the tables hold what was measured before).", ""]
+    lines += ["| bulk: acoustic actors (CPUs / threads each) | audio s/s, steady (groups) | audio s/s, whole run "
+              "| audio (s) | wall (s) | first row after (s) | groups x rows | vocoders |", "|---|---|---|---|---|---|---|---|"]
+    for n, b in (report.get("bulk") or {}).items():
+        lines.append(f"| {n} ({b['acoustic_cpus']:g} / {b['acoustic_threads']}) | {fmt(b['audio_s_per_s'], 3)} "
+                     f"({b['steady_groups']}) "
+                     f"| {fmt(b['audio_s_per_s_whole_run'], 3)} | {b['audio_s']} | {b['wall_s']} | {b['first_row_s']} "
+                     f"| {b['groups']} x {b['group_rows']} | {b['vocoders']} |")
+    lines += ["", "| service: clients | audio s/s | TTFB p50 (s) | latency p50 / p99 (s) | done | errors | rows per step |",
+              "|---|---|---|---|---|---|---|"]
+    for c, s in ((report.get("serve") or {}).get("levels") or {}).items():
+        lines.append(f"| {c} | {fmt(s['audio_s_per_s'], 3)} | {fmt(s['ttfb_s'].get('p50'))} "
+                     f"| {fmt(s['latency_s'].get('p50'))} / {fmt(s['latency_s'].get('p99'))} | {s['completed']} "
+                     f"| {s['errors']} | {fmt((s.get('engine') or {}).get('mean_rows_per_step'))} |")
+    lines += ["", "| target | value | met |", "|---|---|---|"]
+    for name, t in (report.get("targets") or {}).items():
+        lines.append(f"| {name} {t['target']} | {t['value']} | {'–' if t['met'] is None else t['met']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, out: Path) -> None:
+    write_files(report, out, "batch.json", to_markdown)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
+    p.add_argument("--quick", action="store_true", help="96 rows in groups of 16, 30 s per service level")
+    p.add_argument("--rows", type=int, default=None, help="corpus rows per bulk run (default 192; quick 96)")
+    p.add_argument("--rows-per-call", type=int, default=None, help="bulk group size (default: the command's, 32 on "
+                   "CPU; quick 16): the steady-state figure needs a few groups per actor")
+    p.add_argument("--actors", type=ints, default=[1, 2], help="acoustic actors of each bulk run, comma list")
+    p.add_argument("--levels", type=ints, default=[4, 8], help="the service's closed-loop clients, comma list")
+    p.add_argument("--serve-s", type=float, default=None, help="seconds per service level (default 90; quick 30)")
+    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
+    p.add_argument("--ray-cpus", type=float, help="CPUs of each local Ray (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write batch.json and report.md here")
+
+
+def main(a: argparse.Namespace) -> int:
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    for var in ("CHATTTS_WEIGHTS", "CHATTTS_WEIGHTS_PATH", "RAY_ADDRESS"):
+        os.environ.pop(var, None)  # the weights are --weights; every Ray is this run's own
+    a.rows = a.rows or (96 if a.quick else 192)
+    a.rows_per_call = a.rows_per_call or (16 if a.quick else None)
+    a.serve_s = a.serve_s or (30.0 if a.quick else 90.0)
+    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights, rows=a.rows,
+                      levels=a.levels, serve_s=a.serve_s)
+    report = harness.report
+    with harness:
+        rows = corpus_rows(a.rows, a.seed)
+        report["bulk"] = {}
+        for n in a.actors:
+            report["bulk"][str(n)] = bulk_phase(a, n, rows)
+            harness.write()
+        report["serve"] = serve_phase(a)
+        report["targets"] = targets(report)
+    print(to_markdown(report))
+    return 0
