@@ -236,9 +236,11 @@ class JobsService:
     @staticmethod
     def view(job: StoredJob, root: str = "") -> AudioJob:
         eta = None
-        if job.active and job.rate_chars_per_s:
-            left = (job.chars_total - job.chars_done) / job.rate_chars_per_s
-            eta = round(max(0.0, left - (time.time() - job.updated_at)), 1)
+        made = job.chars_done - job.run_chars_start
+        if job.active and job.run_started_at is not None and made > 0:
+            # The rate of the runner's current run, up to now: it falls while a chunk takes long.
+            rate = made / max(1e-3, time.time() - job.run_started_at)
+            eta = round((job.chars_total - job.chars_done) / rate, 1)
         elif job.status == "succeeded":
             eta = 0.0
         progress = JobProgress(chunks_done=job.chunks_done, chunks_total=job.chunks_total,

@@ -89,8 +89,7 @@ class _Job:
         self.options = job.synthesis_options()
         self.voice = job.resolved_voice()
         self.save_lock = asyncio.Lock()
-        self.run_t0 = time.time()
-        self.run_chars0 = job.chars_done
+        job.run_started_at, job.run_chars_start = time.time(), job.chars_done
         self.stopped = False
         self.finishing = False
 
@@ -274,9 +273,6 @@ class JobRunner:
             job.chunk_samples[k] = samples
             job.chars_done += len(active.chunks[k].text)
             job.bytes += SAMPLE_BYTES * samples
-            elapsed = time.time() - active.run_t0
-            if elapsed > 0:
-                job.rate_chars_per_s = (job.chars_done - active.run_chars0) / elapsed
             self.chunks_done += 1
             await self._save(active)
         except JobGone:
@@ -331,7 +327,6 @@ class JobRunner:
             job.finished_at = now
             job.expires_at = now + self.settings.ttl_s
             job.bytes = job.input_bytes + size
-            job.rate_chars_per_s = None
             await self._save(active)
             await asyncio.to_thread(self.store.remove_chunks, job)
             log.info("jobs: %s succeeded: %d chunks, %.1f s of audio", job.id, len(active.chunks),
@@ -355,7 +350,6 @@ class JobRunner:
         job.error = {"code": code, "message": message}
         job.finished_at = now
         job.expires_at = now + self.settings.ttl_s
-        job.rate_chars_per_s = None
         try:
             await self._save(active)
             await asyncio.to_thread(self.store.remove_chunks, job)

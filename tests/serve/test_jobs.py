@@ -262,6 +262,7 @@ def test_quotas_and_checks_come_before_anything_is_queued(jobs_url):
         for _ in range(2):  # alice's two active jobs
             made.append(("alice", submit(jobs_url, text=long_text, seed=None)["id"]))
         before = {j["id"] for j in httpx.get(jobs_url + JOBS, headers=auth("alice"), timeout=30).json()["data"]}
+        assert_openai_error(audio(jobs_url, made[0][1]), 409, "job_not_ready")  # queued or running: no file yet
         r = httpx.post(jobs_url + JOBS, json={"input": "再来一个。"}, headers=auth("alice"), timeout=30)
         assert_openai_error(r, 429, "too_many_jobs")
         assert r.headers["retry-after"]

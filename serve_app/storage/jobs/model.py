@@ -79,7 +79,9 @@ class StoredJob(BaseModel):
     input_bytes: int = 0  # its chunks' texts as stored
     bytes: int = 0  # what its files hold now
     reserved_bytes: int = 0  # its PCM estimate: what it counts against its owner's quota until done
-    rate_chars_per_s: Optional[float] = None  # of the runner's current run, for the ETA
+    # The runner's current run: when it took the job up and what was done then (the ETA's rate).
+    run_started_at: Optional[float] = None
+    run_chars_start: int = 0
     retries: int = 0
     error: Optional[dict[str, str]] = None  # {"code", "message"}
 
