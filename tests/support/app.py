@@ -231,6 +231,7 @@ def app_url(ray_session: dict[str, Any]) -> Iterator[str]:
     args["model"]["weights"]["cache_dir"] = str(ray_session["cache_dir"])
     # The default voice store is a directory in the user's data dir: the session's own instead.
     args["voices"] = {"backend": "directory", "path": str(ray_session["cache_dir"] / "voices")}
+    args["jobs"] = {"path": str(ray_session["cache_dir"] / "jobs")}  # and its jobs' store
     app = build_app(args)
     _pin_one_replica(app)
     t0 = time.monotonic()
