@@ -52,6 +52,15 @@ def status_mib() -> dict[str, int]:
     return out
 
 
+def short_path(path: str) -> str:
+    """A mapped file's name without this machine's directories (reports are committed): relative to
+    the venv or the Python install, else the file's own name."""
+    for root in (sys.prefix, sys.base_prefix):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return os.path.basename(path)
+
+
 def largest_mappings(n: int = 12) -> list[dict]:
     """RSS per mapping name (a file, ``[heap]``, ``[anon]`` for unnamed anonymous memory)."""
     rows: dict[str, int] = {}
@@ -60,7 +69,7 @@ def largest_mappings(n: int = 12) -> list[dict]:
         parts = line.split()
         if parts and "-" in parts[0] and not parts[0].endswith(":"):
             name = parts[5] if len(parts) > 5 else "[anon]"
-            name = name if name.startswith("[") else os.path.relpath(name, sys.prefix) if name.startswith(sys.prefix) else name
+            name = name if name.startswith("[") else short_path(name)
         elif parts and parts[0] == "Rss:":
             rows[name] = rows.get(name, 0) + int(parts[1])
     top = sorted(rows.items(), key=lambda kv: -kv[1])[:n]

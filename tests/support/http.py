@@ -32,6 +32,11 @@ def is_error_body(resp: httpx.Response) -> bool:
     return isinstance(err, dict) and isinstance(err.get("message"), str) and bool(err["message"]) and ERROR_KEYS <= set(err)
 
 
+def is_error_head(resp: httpx.Response) -> bool:
+    """An error answer to HEAD: no body (RFC 9110), the JSON type its GET's error body has."""
+    return not resp.content and resp.headers.get("content-type", "").startswith("application/json")
+
+
 def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict:
     """``resp`` is ``status`` with exactly OpenAI's error body (and ``code``); returns the error."""
     assert resp.status_code == status, f"expected {status}, got {resp.status_code}: {resp.text[:300]}"

@@ -106,7 +106,9 @@ def errors(out: Path) -> list[dict]:
 
 
 def journal(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / ".batch" / "journal.jsonl").read_text().splitlines()]
+    """The journal's complete lines (a kill can cut the last one: it commits nothing)."""
+    text = (out / ".batch" / "journal.jsonl").read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
 
 
 # The rows that pass the driver's checks, in input order: the groups are cut from these. The
