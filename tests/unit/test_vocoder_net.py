@@ -60,9 +60,10 @@ def test_carried_state_is_todays_audio(tiny_model, stressed, hidden, precision, 
     assert len(y) == len(today) == 512 * TOKENS - 256
     print(f"\n{weights} {precision}: SNR vs today {snr_db(today, y):.1f} dB")
     assert snr_db(today, y) >= 30.0
-    # And no further from the one-shot decode than today's stream is (within 1 dB).
+    # And no further from the one-shot decode than today's stream is (within 1 dB), or past 50 dB:
+    # there bf16's own rounding (~60 dB here) is the floor, not what streaming cuts.
     one_shot = Vocoder(parts, TODAY).decode(hidden)
-    assert snr_db(one_shot, y) >= snr_db(one_shot, today) - 1.0
+    assert snr_db(one_shot, y) >= min(snr_db(one_shot, today) - 1.0, 50.0)
 
 
 def test_bf16_alone_and_one_shot(tiny_model, hidden):
