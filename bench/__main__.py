@@ -21,6 +21,8 @@ SUBCOMMANDS = {
     "vocoder": ("bench.vocoder", "the Vocoder stage alone: audio s/s per core, today's path vs the optimised one, SNR"),
     "step": ("bench.step", "the decode step: GPT forward vs the rest, batch 1/8/16, tiny and full size, int8 vs float32"),
     "batch": ("bench.batch", "bulk synthesis (chattts-serve batch) against the service on one corpus; 1 vs 2 acoustic actors"),
+    "dialogue": ("bench.dialogue", "a ten-turn, two-voice dialogue: /v1/audio/dialogue vs the turns one after another"),
+    "jobs": ("bench.jobs", "an interactive client's first audio alone and beside a running background job"),
     "memory": ("bench.memory", "where the model stages' memory goes, in-process: RSS per load and decode step, KV, mappings"),
     "fairness": ("bench.fairness", "the engine alone: a polite client's first chunk beside a client with 200 queued segments"),
     "abuse": ("bench.abuse", "a polite client's first audio alone and under attackers (costly requests, idle sockets, slow bodies, flush floods)"),

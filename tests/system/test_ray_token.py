@@ -70,7 +70,9 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
         driver = f"import ray; ray.init(address='127.0.0.1:{gcs}', log_to_driver=False); print(ray.cluster_resources()['CPU'])"
         ok = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
         assert ok.returncode == 0 and ok.stdout.strip().endswith("1.0"), ok.stderr[-2000:]
-        wrong = subprocess.run([sys.executable, "-c", driver], env={**env, "RAY_AUTH_TOKEN": "f" * 64},
+        # A refused driver retries its GCS lookup once a second, RAY_NUM_REDIS_GET_RETRIES (20) times.
+        wrong = subprocess.run([sys.executable, "-c", driver], env={**env, "RAY_AUTH_TOKEN": "f" * 64,
+                                                                   "RAY_NUM_REDIS_GET_RETRIES": "3"},
                                capture_output=True, text=True, timeout=120)
         assert wrong.returncode != 0
         node = subprocess.run([ray, "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",

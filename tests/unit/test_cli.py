@@ -25,12 +25,31 @@ from support.engine import expected_samples
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
 
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def start_cli(*args: str) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("CHATTTS_WEIGHTS", None)
     env.pop("CHATTTS_WEIGHTS_PATH", None)
     env["OMP_NUM_THREADS"] = "1"  # as the test process (support.engine.tiny_model): same numerics, no oversubscription
-    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.Popen([*cli_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def say_runs(tmp_path_factory, tiny_model) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """``say`` to a wav and to an mp3, the two processes at once (each loads the model on one
+    thread: together they take the time of one). After the session's weights exist (tiny_model)."""
+    d = tmp_path_factory.mktemp("say")
+    outs = {"wav": d / "x.wav", "mp3": d / "x.mp3"}
+    procs = {"wav": start_cli("say", TEXT, "-o", str(outs["wav"]), "--weights", "random-tiny"),
+             "mp3": start_cli("say", TEXT, "-o", str(outs["mp3"]), "--weights", "random-tiny", "--format", "mp3")}
+    return {k: (outs[k], finish(p)) for k, p in procs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +59,8 @@ def text_samples(tiny_planner) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_say_writes_a_24khz_mono_wav(tmp_path, text_samples, tiny_model, tiny_weights_config, chattts_cache_dir):
-    out = tmp_path / "x.wav"
-    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny")
+def test_say_writes_a_24khz_mono_wav(say_runs, text_samples, tiny_model, tiny_weights_config, chattts_cache_dir):
+    out, proc = say_runs["wav"]
     assert proc.returncode == 0, proc.stderr
     assert "RANDOM weights" in proc.stderr
     info = sf.info(str(out))
@@ -67,9 +85,8 @@ def test_say_writes_a_24khz_mono_wav(tmp_path, text_samples, tiny_model, tiny_we
 
 
 @pytest.mark.timeout(300)
-def test_say_mp3(tmp_path, text_samples):
-    out = tmp_path / "x.mp3"
-    proc = run_cli("say", TEXT, "-o", str(out), "--weights", "random-tiny", "--format", "mp3")
+def test_say_mp3(say_runs, text_samples):
+    out, proc = say_runs["mp3"]
     assert proc.returncode == 0, proc.stderr
     data = out.read_bytes()
     assert data[:3] == b"ID3" or data[0] == 0xFF  # an mp3 stream, not a WAV
@@ -85,16 +102,18 @@ def test_say_mp3(tmp_path, text_samples):
 @pytest.mark.timeout(120)
 def test_weights_build_prints_the_path(tmp_path, tiny_model):
     d = tmp_path / "weights"
-    proc = run_cli("weights", "build", "--source", "random-tiny", "--dir", str(d))
+    # Both at once: a build into --dir, and one without it (CHATTTS_SERVE_CACHE: the session's tree).
+    procs = [start_cli("weights", "build", "--source", "random-tiny", "--dir", str(d)),
+             start_cli("weights", "build", "--source", "random-tiny")]
+    proc, cached = (finish(p, 120) for p in procs)
     assert proc.returncode == 0, proc.stderr
     path = Path(proc.stdout.strip().splitlines()[-1])
     assert path.parent == d and path.name == tiny_model.weights.root.name
     assert json.loads((path / MANIFEST).read_text())["kind"] == "random-tiny"
     assert (path / "asset" / "gpt" / "model.safetensors").is_file()
     # Without --dir it uses CHATTTS_SERVE_CACHE: the session's tree, already built.
-    proc = run_cli("weights", "build", "--source", "random-tiny")
-    assert proc.returncode == 0, proc.stderr
-    assert Path(proc.stdout.strip().splitlines()[-1]) == tiny_model.weights.root
+    assert cached.returncode == 0, cached.stderr
+    assert Path(cached.stdout.strip().splitlines()[-1]) == tiny_model.weights.root
 
 
 def test_format_from_suffix_and_flags():
