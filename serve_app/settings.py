@@ -185,9 +185,28 @@ class JobsSettings(_Strict):
     """``args.jobs``: long work (``POST /v1/audio/jobs``) run in the background by the
     application's job runner (``serving/jobs.py``) and kept in the job store (``storage/jobs/``)."""
 
-    backend: Literal["directory"] = Field(default="directory", description="directory: one host, or a volume every "
-                                          "node that runs an Ingress replica or the runner mounts at the same path.")
+    backend: Literal["directory", "fsspec"] = Field(
+        default="directory",
+        description="Where jobs' files (chunks' PCM, the final audio) and, without redis_url, their state live. "
+        "directory: one host, or a volume every node that runs an Ingress replica or the runner mounts at the same "
+        "path; fsspec: the same layout under jobs.url (an object store such as S3, shared by every node).")
     path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/jobs")
+    url: Optional[str] = Field(
+        default=None,
+        description="fsspec backend: s3://bucket/prefix (needs chattts-serve[s3]), another fsspec URL (gs://...), "
+        "file:///path, or memory://name (one process: tests only). The store must honour exclusive creates "
+        "(If-None-Match) unless redis_url keeps the state.")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec backend: the filesystem's options, e.g. for an S3-compatible store "
+        "{endpoint_url: ..., key: ..., secret: ...}; credentials are better left to the environment "
+        "(AWS_ACCESS_KEY_ID, an instance role), since settings travel to every replica and the runner.")
+    redis_url: Optional[str] = Field(
+        default=None,
+        description="redis://host:port/db: keep each job's state and each key's job ids in Redis (creation and "
+        "its quota check one transaction); the files stay on the backend above.")
+    redis_prefix: str = Field(default="chattts:jobs", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9:_.-]+$")
+    redis_timeout_s: float = Field(default=2.0, gt=0)
     max_input_chars: int = Field(default=1_000_000, ge=1, description="A job's text at most.")
     max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/jobs "
                                   "(a million CJK characters are ~3 MB of UTF-8, ~6 MB as JSON escapes).")
@@ -212,6 +231,27 @@ class JobsSettings(_Strict):
     rescan_s: float = Field(default=5.0, gt=0, description="How often the runner looks for jobs it was not told about.")
     runner_num_cpus: float = Field(default=0.1, ge=0.0, description="The runner actor's CPUs (it encodes each "
                                    "finished job's file once; the synthesis is the stages').")
+
+    @model_validator(mode="after")
+    def _check_store(self) -> "JobsSettings":
+        if self.backend == "fsspec":
+            if not self.url or "://" not in self.url or not self.url.split("://", 1)[0]:
+                raise ValueError("jobs backend 'fsspec' needs url: s3://bucket/prefix, file:///path, memory://name, ...")
+            protocol = self.url.split("://", 1)[0]
+            try:
+                import fsspec
+            except ImportError:  # make_job_store says what to install
+                fsspec = None
+            if fsspec is not None and protocol not in fsspec.available_protocols():
+                raise ValueError(f"jobs.url: fsspec knows no {protocol!r} filesystem")
+            if self.path:
+                raise ValueError("jobs.path is the directory backend's; with backend 'fsspec' give url")
+        else:
+            if self.url or self.storage_options:
+                raise ValueError("jobs.url and jobs.storage_options are the fsspec backend's: set backend: fsspec")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("jobs.redis_url must be a redis://, rediss:// or unix:// URL")
+        return self
 
 
 # Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
 from typing import Any, Optional
 
 from fastapi import Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 
 from ..engine.audio import CONTENT_TYPES, SAMPLE_RATE
@@ -36,7 +37,9 @@ from ..serving.jobs import job_runner
 from ..settings import JobsSettings
 from ..storage.jobs import (
     JOB_ID_RE,
+    JobStore,
     StoredJob,
+    audio_file_name,
     check_room,
     cut_text,
     estimated_pcm_bytes,
@@ -45,6 +48,7 @@ from ..storage.jobs import (
     new_job_id,
 )
 from ..storage.voices import VoiceCatalog
+from .ranged import RangedResponse
 from .script import styled
 from .security import Caller
 from .speech import check_model
@@ -107,6 +111,37 @@ def _not_found(job_id: str) -> UnknownJobError:
     return UnknownJobError(f"no job with id {job_id[:64]!r}")
 
 
+async def store_call(fn: Any, *args: Any) -> Any:
+    """A store call, off the event loop; a disk or network failure is a 503, a refusal its own status."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except (APIError, JobError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
+        raise APIError(503, "job store unavailable; retry shortly", type="server_error",
+                       code="job_store_unavailable", headers={"Retry-After": "2"}) from None
+
+
+async def file_response(store: JobStore, job: StoredJob, name: str, media_type: str, filename: str) -> Response:
+    """One of ``job``'s stored files (``name``: the store's own name for it, never user text),
+    with Range requests. A local file (the directory backend, ``file://``) is Starlette's
+    ``FileResponse``: one range 206 with Content-Range, several a multipart/byteranges 206, a
+    start past the end 416 with ``Content-Range: bytes */<size>``, ``If-Range`` with its ETag or
+    Last-Modified. A file in an object store is a ``RangedResponse``: the same for one range
+    (several get the whole file), streamed by ranged reads from the store."""
+    headers = {"Cache-Control": "private, max-age=0"}
+    path = await store_call(store.local_path, job, name)
+    if path is not None:
+        return FileResponse(path, media_type=media_type, filename=filename, content_disposition_type="inline",
+                            headers=headers)
+    stat = await store_call(store.stat, job, name)
+    if stat is None:
+        raise as_api_error(_not_found(job.id))
+    return RangedResponse(stat, functools.partial(store.read_range, job, name), media_type=media_type,
+                          filename=filename, content_disposition_type="inline", headers=headers)
+
+
 class JobsService:
     """The store (read, listed and written here) and the application's runner (told of new
     jobs, of cancels, and every few seconds of the settings and stages it runs with)."""
@@ -136,15 +171,7 @@ class JobsService:
             await asyncio.sleep(RUNNER_PING_S)
 
     async def _store(self, fn: Any, *args: Any) -> Any:
-        """A store call, off the event loop; a disk failure is a 503, a refusal its own status."""
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except (APIError, JobError):
-            raise
-        except Exception as exc:  # noqa: BLE001
-            log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
-            raise APIError(503, "job store unavailable; retry shortly", type="server_error",
-                           code="job_store_unavailable", headers={"Retry-After": "2"}) from None
+        return await store_call(fn, *args)
 
     # ------------------------------------------------------------------ routes
 
@@ -197,21 +224,16 @@ class JobsService:
         jobs = await self._store(self.store.list, caller.owner, caller.admin)
         return AudioJobList(data=[self.view(j, root) for j in jobs])
 
-    async def audio(self, job_id: str, caller: Caller) -> FileResponse:
-        """The finished file. Starlette's ``FileResponse`` answers Range requests: one range 206
-        with Content-Range, several a multipart/byteranges 206, a start past the end 416 with
-        ``Content-Range: bytes */<size>``; ``If-Range`` with its ETag or Last-Modified."""
+    async def audio(self, job_id: str, caller: Caller) -> Response:
+        """The finished file, with Range requests (``file_response``)."""
         job = await self._job(job_id, caller)
         if job.status != "succeeded":
             raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its audio is there once it has succeeded"))
-        path = await self._store(self.store.audio_file, job)
-        if path is None:
-            raise as_api_error(_not_found(job_id))
-        return FileResponse(path, media_type=CONTENT_TYPES[job.response_format], filename=f"{job.id}.{job.response_format}",
-                            content_disposition_type="inline", headers={"Cache-Control": "private, max-age=0"})
+        return await file_response(self.store, job, audio_file_name(job), CONTENT_TYPES[job.response_format],
+                                   f"{job.id}.{job.response_format}")
 
     async def delete(self, job_id: str, caller: Caller) -> AudioJobDeleted:
-        """Delete the job's files at once (a rename: the runner's next write of it fails), then
+        """Delete the job at once (its state first: the runner's next write of it fails), then
         have the runner cancel its running chunks, whose rows leave the engine at its next step."""
         job = await self._store(self.store.delete, job_id, caller.owner, caller.admin) if JOB_ID_RE.match(job_id) else None
         if job is None:

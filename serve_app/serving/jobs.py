@@ -38,7 +38,7 @@ from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import EmptyInputError, EngineOverloaded
 from ..errors import to_api_error
 from ..settings import JobsSettings
-from ..storage.jobs import JobChunk, JobGone, StoredJob, jobs_root, make_job_store
+from ..storage.jobs import JobChunk, JobGone, StoredJob, make_job_store, store_identity, store_location
 
 log = logging.getLogger("ray.serve")
 
@@ -124,8 +124,8 @@ class JobRunner:
         """The settings and stages of the Ingress that calls (each replica calls every few seconds:
         a new app version's reach a runner that outlived the old one, or restarted)."""
         new = JobsSettings.model_validate(settings)
-        if jobs_root(new) != jobs_root(self.settings):
-            log.warning("jobs: path changed; jobs under the old one stay there")
+        if store_identity(new) != store_identity(self.settings):
+            log.warning("jobs: store changed; jobs in the old one stay there")
             for active in list(self.jobs.values()):
                 self._stop(active)
             self.store = make_job_store(new)
@@ -154,7 +154,7 @@ class JobRunner:
         return True
 
     async def info(self) -> dict[str, Any]:
-        return {"root": str(jobs_root(self.settings)), "settings": self.settings.model_dump(),
+        return {"root": store_location(self.settings), "settings": self.settings.model_dump(),
                 "running_chunks": len(self._running), "chunks_done": self.chunks_done,
                 "chunks_retried": self.chunks_retried, "started_at": self.started_at, "resumed": dict(self.resumed),
                 "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()}}

@@ -1,37 +1,60 @@
-"""The job store without Ray: chunks and their seeds, atomic writes, owners, quotas (also under
-concurrent submissions), the TTL sweep, and what a runner taking a job up again finds (the
-runner's own resume state and the final file it encodes)."""
+"""The job store without Ray, on every backend: chunks and their seeds, atomic writes, owners,
+quotas (also under concurrent submissions from several store instances, as Ingress replicas),
+deletion while the runner writes, the TTL sweep, what a runner taking a job up again finds (the
+runner's own resume state and the final file it encodes), and the ranged reads HTTP serves a
+file with.
+
+Backends are real: a directory, fsspec's ``memory://`` and ``file://``, S3 (moto's server, a
+subprocess: ``support/moto_s3.py``), and Redis for the state (``redis-server``, as the voice
+store's tests) over a directory or ``memory://``.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from serve_app.engine.audio import to_int16
 from serve_app.engine.errors import JobQuotaExceeded, TooManyJobs
 from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
+from serve_app.http import ranged
+from serve_app.http.jobs import file_response
 from serve_app.serving.jobs import _encoded, _Job
+from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import (
-    DirectoryJobStore,
     JobGone,
     JobLimits,
+    JobStore,
+    Place,
     StoredJob,
+    audio_file_name,
     chunk_seed,
     cut_text,
     estimated_pcm_bytes,
+    make_job_store,
     new_job_id,
     owner_tag,
 )
-from serve_app.storage.jobs.directory import write_atomic
+from serve_app.storage.jobs.directory import DirectoryFiles, write_atomic
+from serve_app.storage.jobs.object_files import ObjectFiles
+from serve_app.storage.jobs.object_lock import ObjectLock
+from serve_app.storage.jobs.redis_states import RedisStates
+from serve_app.storage.jobs.states import FileStates
 
 ROOMY = JobLimits(max_active=100, max_jobs=100, max_bytes=10**12)
 VOICE = {"name": "alloy", "seed": 2222, "spk_emb": None, "spk_smp": None, "txt_smp": None}
+BACKENDS = ["directory", "memory", "file", "s3", "redis+directory", "redis+memory"]
 
 
 def make_job(owner: str = "alice", n: int = 3, fmt: str = "pcm", reserved: int = 0, **extra) -> StoredJob:
@@ -45,9 +68,57 @@ def chunks_of(n: int, pause: float = 0.0):
     return cut_text("\n\n".join(f"第{i}段。" for i in range(n)), 7, 600, pause)
 
 
+@pytest.fixture(params=BACKENDS)
+def settings(request, tmp_path: Path) -> JobsSettings:
+    """Settings of one backend; every store made from them shares its jobs (replicas, a runner)."""
+    state, _, files = request.param.rpartition("+")
+    extra = {"redis_url": request.getfixturevalue("redis_server").url} if state == "redis" else {}
+    if files == "directory":
+        return JobsSettings(backend="directory", path=str(tmp_path / "jobs"), **extra)
+    if files == "file":
+        return JobsSettings(backend="fsspec", url=(tmp_path / "jobs").as_uri(), **extra)
+    if files == "memory":
+        url = f"memory://jobs-{uuid.uuid4().hex}"
+        request.addfinalizer(lambda: _forget_memory(url))
+        return JobsSettings(backend="fsspec", url=url, **extra)
+    s3 = request.getfixturevalue("moto_s3")
+    return JobsSettings(backend="fsspec", url=f"s3://{s3.new_bucket()}/jobs", storage_options=s3.storage_options(), **extra)
+
+
+def _forget_memory(url: str) -> None:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> DirectoryJobStore:
-    return DirectoryJobStore(tmp_path / "jobs")
+def store(settings: JobsSettings) -> JobStore:
+    return make_job_store(settings)
+
+
+def files_of(store: JobStore, job: StoredJob) -> set[str]:
+    """Every file the job's place holds, temporaries included, by name within the place."""
+    place = Place.of(job)
+    files = store.files
+    if isinstance(files, DirectoryFiles):
+        folder = files.root / place.key()
+        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert isinstance(files, ObjectFiles)
+    objects = files.objects
+    prefix = objects._path(place.key())
+    return {p[len(prefix) + 1:] for p in objects.fs.find(prefix)}
+
+
+def state_on_files(store: JobStore) -> set[str]:
+    return {"job.json"} if isinstance(store.states, FileStates) else set()
+
+
+def read_all(store: JobStore, job: StoredJob, name: str) -> bytes:
+    stat = store.stat(job, name)
+    assert stat is not None, name
+    return store.read_range(job, name, 0, stat.size)
 
 
 # ------------------------------------------------------------------ chunks
@@ -90,6 +161,32 @@ def test_estimate_follows_speed():
     assert estimated_pcm_bytes(chunks, 2.0) < estimated_pcm_bytes(chunks, 1.0) < estimated_pcm_bytes(chunks, 0.5)
 
 
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_pick_the_backend_and_refuse_bad_combinations(tmp_path: Path):
+    assert isinstance(make_job_store(JobsSettings(path=str(tmp_path / "d"))).files, DirectoryFiles)
+    url = f"memory://jobs-{uuid.uuid4().hex}"
+    try:
+        store = make_job_store(JobsSettings(backend="fsspec", url=url))
+        assert isinstance(store.files, ObjectFiles) and isinstance(store.states, FileStates)
+    finally:
+        _forget_memory(url)
+    bad = [
+        {"backend": "fsspec"},  # no url
+        {"backend": "fsspec", "url": "/just/a/path"},
+        {"backend": "fsspec", "url": "nosuchfs://x"},
+        {"backend": "fsspec", "url": "memory://x", "path": "/tmp/x"},
+        {"backend": "directory", "url": "s3://bucket/jobs"},
+        {"backend": "directory", "storage_options": {"key": "k"}},
+        {"redis_url": "http://localhost:6379"},
+        {"redis_prefix": "has space"},
+    ]
+    for fields in bad:
+        with pytest.raises(ValidationError):
+            JobsSettings(**fields)
+
+
 # ------------------------------------------------------------------ atomic writes
 
 
@@ -107,26 +204,98 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path: Pat
     assert [p.name for p in tmp_path.iterdir()] == ["job.json"]
 
 
-def test_a_job_appears_whole_and_writes_after_its_delete_fail(store: DirectoryJobStore):
+def test_an_interrupted_file_leaves_the_old_one_whole_on_every_backend(store: JobStore):
+    job = store.create(make_job(), chunks_of(1), ROOMY)
+    store.put_audio(job, [b"old ", b"file"])
+
+    def pieces():
+        yield b"new, half"
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        store.put_audio(job, pieces())
+    assert read_all(store, job, audio_file_name(job)) == b"old file"
+    assert files_of(store, job) == {"chunks.json", "audio.pcm"} | state_on_files(store)  # no temporary
+    other = store.create(make_job(), chunks_of(1), ROOMY)
+    with pytest.raises(RuntimeError):
+        store.put_audio(other, pieces())
+    assert store.stat(other, audio_file_name(other)) is None
+
+
+def test_a_job_appears_whole_and_writes_after_its_delete_fail(store: JobStore):
     job = store.create(make_job(), chunks_of(3), ROOMY)
-    folder = store.root / owner_tag("alice") / job.id
-    assert sorted(p.name for p in folder.iterdir()) == ["chunks", "chunks.json", "job.json"]
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".tmp-")]
-    assert job.bytes == job.input_bytes == (folder / "chunks.json").stat().st_size
+    assert files_of(store, job) == {"chunks.json"} | state_on_files(store)
+    assert job.bytes == job.input_bytes == len(store.files.get(Place.of(job), "chunks.json"))
+    assert store.get(job.id, "alice") == job
     store.put_chunk(job, 0, b"\x01\x00" * 10)
     assert store.delete(job.id, "alice") is not None
-    assert not folder.exists() and not list(store.trash.iterdir())
+    assert store.delete(job.id, "alice") is None  # once
+    assert files_of(store, job) == set()
     with pytest.raises(JobGone):
         store.save(job)  # the runner's next write: nothing is re-created
     with pytest.raises(JobGone):
         store.put_chunk(job, 1, b"\x00\x00")
-    assert not folder.exists()
+    with pytest.raises(JobGone):
+        store.put_audio(job, [b"x"])
+    assert files_of(store, job) == set() and store.get(job.id, "alice") is None
+    assert store.list("alice") == [] and store.active_jobs() == []
+    if isinstance(store.files, DirectoryFiles):
+        assert not list(store.files.trash.iterdir())
+
+
+def test_a_write_racing_the_delete_fails_and_leaves_nothing(settings: JobsSettings):
+    """The runner writes while the Ingress (another store instance) deletes the job: the write
+    that was under way when the delete came fails with JobGone, and nothing is left of it."""
+    runner, ingress = make_job_store(settings), make_job_store(settings)
+    job = ingress.create(make_job(), chunks_of(3), ROOMY)
+
+    def deleted_midway():
+        yield b"\x01\x00" * 100
+        assert ingress.delete(job.id, "alice") is not None
+        yield b"\x02\x00" * 100
+
+    with pytest.raises(JobGone):
+        runner.put_audio(job, deleted_midway())
+    assert files_of(runner, job) == set()
+    if isinstance(runner.states, FileStates):  # the state's own write: the same path as a save
+        with pytest.raises(JobGone):
+            runner.files.put(Place.of(job), "job.json", iter([job.to_json().encode()]))
+    with pytest.raises(JobGone):
+        runner.save(job)
+    assert files_of(runner, job) == set() and ingress.get(job.id, "alice") is None
+
+
+def test_delete_while_the_runner_writes_leaves_nothing(settings: JobsSettings):
+    runner, ingress = make_job_store(settings), make_job_store(settings)
+    job = ingress.create(make_job(n=1000), chunks_of(3), ROOMY)
+    job.status = "running"
+    written = threading.Event()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for k in range(1000):
+                runner.put_chunk(job, k, b"\x01\x00" * 50)
+                job.chunk_samples[k] = 50
+                runner.save(job)
+                written.set()
+        except BaseException as exc:  # noqa: BLE001 - what the runner got
+            outcome.append(exc)
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    assert written.wait(30)
+    assert ingress.delete(job.id, "alice") is not None
+    writer.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], JobGone), outcome
+    assert files_of(ingress, job) == set()
+    assert ingress.get(job.id, "alice") is None and ingress.active_jobs() == []
 
 
 # ------------------------------------------------------------------ owners
 
 
-def test_another_owners_job_reads_as_a_missing_one_and_an_admin_sees_all(store: DirectoryJobStore):
+def test_another_owners_job_reads_as_a_missing_one_and_an_admin_sees_all(store: JobStore):
     mine = store.create(make_job("alice"), chunks_of(1), ROOMY)
     theirs = store.create(make_job("bob"), chunks_of(1), ROOMY)
     assert store.get(mine.id, "alice").id == mine.id
@@ -138,14 +307,16 @@ def test_another_owners_job_reads_as_a_missing_one_and_an_admin_sees_all(store: 
     assert store.delete(mine.id, "bob") is None and store.get(mine.id, "alice") is not None
     assert store.delete(mine.id, "root", admin=True).id == mine.id
     assert store.get(mine.id, "alice") is None
-    # Owners are hashed: a key id never becomes a path.
-    assert {p.name for p in store.root.iterdir()} == {".trash", owner_tag("alice"), owner_tag("bob")}
+    # Owners are hashed: a key id never becomes a path or a key.
+    assert set(store.files.owners()) == {owner_tag("alice"), owner_tag("bob")}
+    with pytest.raises(ValueError):
+        Place("../alice", mine.id)
 
 
 # ------------------------------------------------------------------ quotas
 
 
-def test_active_jobs_count_and_bytes_per_owner(store: DirectoryJobStore):
+def test_active_jobs_count_and_bytes_per_owner(store: JobStore):
     limits = JobLimits(max_active=2, max_jobs=3, max_bytes=1000)
     a = store.create(make_job(reserved=300), chunks_of(1), limits)
     store.create(make_job(reserved=300), chunks_of(1), limits)
@@ -160,12 +331,14 @@ def test_active_jobs_count_and_bytes_per_owner(store: DirectoryJobStore):
     assert store.usage("alice").jobs == 3
     with pytest.raises(TooManyJobs):
         store.create(make_job(reserved=1), chunks_of(1), limits)
+    assert len(store.list("alice")) == 3  # a refused job left nothing
+    assert sum(len(store.files.places(t)) for t in store.files.owners()) == 4
 
 
-def test_concurrent_submissions_cannot_pass_the_quota_together(tmp_path: Path):
+def test_concurrent_submissions_cannot_pass_the_quota_together(settings: JobsSettings):
     limits = JobLimits(max_active=3, max_jobs=100, max_bytes=10**12)
-    stores = [DirectoryJobStore(tmp_path / "jobs") for _ in range(4)]  # as replicas on one host
-    start = threading.Barrier(12)
+    stores = [make_job_store(settings) for _ in range(4)]  # as Ingress replicas
+    start = threading.Barrier(8)
 
     def submit(i: int) -> bool:
         start.wait()
@@ -175,16 +348,51 @@ def test_concurrent_submissions_cannot_pass_the_quota_together(tmp_path: Path):
         except TooManyJobs:
             return False
 
-    with ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(submit, range(12)))
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(submit, range(8)))
     assert results.count(True) == 3, results
     assert stores[0].usage("alice").active == 3
+    assert len(stores[1].files.places(owner_tag("alice"))) == 3  # the refused ones left no files
+
+
+# ------------------------------------------------------------------ the object store's lock
+
+
+@pytest.mark.parametrize("settings", ["memory", "s3"], indirect=True)
+def test_the_object_lock_admits_one_holder_at_a_time_and_outlives_a_dead_one(settings: JobsSettings):
+    objects = make_job_store(settings).files.objects
+    inside, most, entries = [0], [0], []
+    guard = threading.Lock()
+
+    def hold(i: int) -> None:
+        with ObjectLock(objects, "lock-test", timeout_s=30, poll_s=0.01):
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.01)
+            with guard:
+                inside[0] -= 1
+                entries.append(i)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(hold, range(8)))
+    assert most[0] == 1 and sorted(entries) == list(range(8))
+    dead = ObjectLock(objects, "lock-test", ttl_s=0.2)
+    dead.acquire()  # and never released: its holder died
+    with pytest.raises(TimeoutError):
+        ObjectLock(objects, "lock-test", timeout_s=0.05, poll_s=0.01).acquire()
+    time.sleep(0.25)
+    with ObjectLock(objects, "lock-test", timeout_s=5, poll_s=0.01):  # its time is up: taken over
+        dead.release()  # too late: it must not free the lock its successor holds
+        with pytest.raises(TimeoutError):
+            ObjectLock(objects, "lock-test", timeout_s=0.05, poll_s=0.01).acquire()
+    assert len(objects.ls("lock-test")) <= 4  # old tickets are collected
 
 
 # ------------------------------------------------------------------ expiry
 
 
-def test_expired_jobs_vanish_at_once_and_the_sweep_deletes_them(store: DirectoryJobStore):
+def test_expired_jobs_vanish_at_once_and_the_sweep_deletes_them(store: JobStore):
     old = store.create(make_job(), chunks_of(1), ROOMY)
     old.status, old.finished_at, old.expires_at = "succeeded", time.time() - 10, time.time() - 1
     store.save(old)
@@ -193,16 +401,22 @@ def test_expired_jobs_vanish_at_once_and_the_sweep_deletes_them(store: Directory
     store.put_chunk(kept, 0, b"\x00\x00")  # finished before its chunks were removed
     store.save(kept)
     running = store.create(make_job(), chunks_of(1), ROOMY)
-    stale = store.root / owner_tag("alice") / ".tmp-job_half"
-    stale.mkdir()
+    store.put_chunk(running, 0, b"\x00\x00")
+    orphan = Place(owner_tag("alice"), new_job_id())
+    store.files.make_place(orphan, b"[]")  # a creation that died before its state
+    stale = None
+    if isinstance(store.files, DirectoryFiles):
+        stale = store.files.root / owner_tag("alice") / ".tmp-job_half"  # an older version's half-made job
+        stale.mkdir()
     assert store.get(old.id, "alice") is None and old.id not in [j.id for j in store.list("alice")]
     assert store.usage("alice").jobs == 2  # an expired job holds no quota
-    assert store.sweep(now=time.time() + 2 * 3600 - 10) == 1
-    owner_dir = store.root / owner_tag("alice")
-    assert sorted(p.name for p in owner_dir.iterdir() if not p.name.startswith(".")) == sorted([kept.id, running.id])
-    assert not stale.exists()
-    assert not (owner_dir / kept.id / "chunks").exists()
-    assert (owner_dir / running.id / "chunks").exists()
+    assert store.sweep() == 1  # the orphan is young: it may be a creation in progress
+    assert orphan in store.files.places(owner_tag("alice"))
+    assert store.sweep(now=time.time() + 2 * 3600 - 10) == 0
+    assert set(store.files.places(owner_tag("alice"))) == {Place.of(kept), Place.of(running)}
+    assert stale is None or not stale.exists()
+    assert files_of(store, kept) == {"chunks.json"} | state_on_files(store)
+    assert store.files.listing(Place.of(running), "chunks") == {"0.pcm": 2}
     assert store.sweep(now=time.time() + 4 * 3600) == 1  # kept's turn
     assert [j.id for j in store.active_jobs()] == [running.id]
 
@@ -210,8 +424,8 @@ def test_expired_jobs_vanish_at_once_and_the_sweep_deletes_them(store: Directory
 # ------------------------------------------------------------------ resume
 
 
-def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(tmp_path: Path):
-    first = DirectoryJobStore(tmp_path / "jobs")
+def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(settings: JobsSettings):
+    first = make_job_store(settings)
     chunks = chunks_of(4)
     job = first.create(make_job(n=4), chunks, ROOMY)
     job.status = "running"
@@ -219,23 +433,28 @@ def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(tmp_path: Path
     first.put_chunk(job, 2, b"\x02\x00" * 50)  # chunks run in parallel: not a prefix
     job.chunk_samples[0] = 100  # the runner died before it recorded chunk 2
     first.save(job)
-    half = first.root / owner_tag("alice") / job.id / "chunks" / ".tmp-abc"
-    half.write_bytes(b"\x03" * 7)  # a chunk being written when it died
+    half = None
+    if isinstance(first.files, DirectoryFiles):
+        half = first.files.root / Place.of(job).key("chunks") / ".tmp-abc"
+        half.write_bytes(b"\x03" * 7)  # a chunk being written when it died
 
-    again = DirectoryJobStore(tmp_path / "jobs")  # the restarted runner's
+    again = make_job_store(settings)  # the restarted runner's
     [found] = again.active_jobs()
     taken = _Job(found, again.chunks(found), again.done_chunks(found))
     assert taken.pending == [1, 3]
     assert found.chunk_samples == [100, -1, 50, -1] and found.chunks_done == 2
     assert found.chars_done == len(chunks[0].text) + len(chunks[2].text)
     assert found.bytes == found.input_bytes + 300
-    assert not half.exists()
+    assert half is None or not half.exists()
     assert [c.seed for c in again.chunks(found)] == [c.seed for c in chunks]
+    assert again.read_chunk(found, 2) == b"\x02\x00" * 50
+    found.status = "succeeded"
+    again.save(found)
+    assert again.active_jobs() == [] and again.get(job.id, "alice").status == "succeeded"
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "wav", "flac"])
-def test_the_final_file_is_the_chunks_in_order_with_their_pauses(tmp_path: Path, fmt: str):
-    store = DirectoryJobStore(tmp_path / "jobs")
+def test_the_final_file_is_the_chunks_in_order_with_their_pauses(store: JobStore, fmt: str):
     chunks = chunks_of(3, pause=0.25)
     job = store.create(make_job(n=3, fmt=fmt), chunks, ROOMY)
     rng = np.random.default_rng(0)
@@ -244,8 +463,10 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(tmp_path: Path,
         store.put_chunk(job, k, p.tobytes())
         job.chunk_samples[k] = len(p)
     size = store.put_audio(job, _encoded(store, job, chunks))
-    data = store.audio_file(job).read_bytes()
-    assert size == len(data)
+    store.remove_chunks(job)
+    assert files_of(store, job) == {"chunks.json", f"audio.{fmt}"} | state_on_files(store)
+    data = read_all(store, job, audio_file_name(job))
+    assert size == len(data) == store.stat(job, audio_file_name(job)).size
     pause = np.zeros(6000, dtype=np.int16)  # 0.25 s after each paragraph's chunk, none after the last
     expected = np.concatenate([pcm[0], pause, pcm[1], pause, pcm[2]])
     if fmt == "flac":
@@ -259,3 +480,89 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(tmp_path: Path,
         assert int.from_bytes(data[4:8], "little") == len(data) - 8
         data = data[HEADER_BYTES:]
     assert np.array_equal(np.frombuffer(data, dtype="<i2"), expected)
+
+
+# ------------------------------------------------------------------ what HTTP serves
+
+
+def test_the_audio_is_served_with_ranges_from_every_backend(store: JobStore, monkeypatch):
+    job = store.create(make_job(fmt="wav"), chunks_of(1), ROOMY)
+    body = bytes(range(256)) * 40  # 10240 bytes
+    store.put_audio(job, [body])
+    name = audio_file_name(job)
+    monkeypatch.setattr(ranged, "PIECE_BYTES", 1000)  # so a read takes several ranged reads
+    reads: list[int] = []
+    read_range = store.read_range
+
+    def counted(j, n, start, length):
+        reads.append(length)
+        return read_range(j, n, start, length)
+
+    monkeypatch.setattr(store, "read_range", counted)
+
+    async def audio(request):
+        return await file_response(store, job, name, "audio/wav", f"{job.id}.wav")
+
+    local = store.local_path(job, name) is not None  # then Starlette's FileResponse
+    assert local == (isinstance(store.files, DirectoryFiles) or store.files.location.startswith("file:"))
+    with TestClient(Starlette(routes=[Route("/a", audio, methods=["GET", "HEAD"])])) as http:
+        whole = http.get("/a")
+        assert whole.status_code == 200 and whole.content == body
+        assert whole.headers["accept-ranges"] == "bytes" and whole.headers["content-length"] == str(len(body))
+        assert whole.headers["content-type"] == "audio/wav"
+        assert whole.headers["content-disposition"] == f'inline; filename="{job.id}.wav"'
+        etag, modified = whole.headers["etag"], whole.headers["last-modified"]
+        part = http.get("/a", headers={"Range": "bytes=1500-4499"})
+        assert part.status_code == 206 and part.content == body[1500:4500]
+        assert part.headers["content-range"] == f"bytes 1500-4499/{len(body)}"
+        assert part.headers["content-length"] == "3000"
+        assert http.get("/a", headers={"Range": "bytes=10000-"}).content == body[10000:]
+        assert http.get("/a", headers={"Range": "bytes=-5"}).content == body[-5:]
+        assert http.get("/a", headers={"Range": "bytes=10000-99999"}).content == body[10000:]
+        past = http.get("/a", headers={"Range": f"bytes={len(body)}-"})
+        assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(body)}"
+        assert http.get("/a", headers={"Range": "bytes=9-3"}).status_code == 400
+        assert http.get("/a", headers={"Range": "lines=1-2"}).status_code == 400
+        for validator in (etag, modified):
+            kept = http.get("/a", headers={"Range": "bytes=0-9", "If-Range": validator})
+            assert kept.status_code == 206 and kept.content == body[:10]
+        changed = http.get("/a", headers={"Range": "bytes=0-9", "If-Range": '"another"'})
+        assert changed.status_code == 200 and changed.content == body
+        head = http.head("/a", headers={"Range": "bytes=100-199"})
+        assert head.status_code == 206 and head.headers["content-length"] == "100" and head.content == b""
+        head = http.head("/a")
+        assert head.status_code == 200 and head.headers["content-length"] == str(len(body))
+    if not local:
+        assert reads and max(reads) <= 1000  # streamed piece by piece, never the whole file
+
+
+def test_a_missing_file_is_a_404(store: JobStore):
+    from serve_app.errors import APIError
+
+    job = store.create(make_job(), chunks_of(1), ROOMY)
+
+    async def audio(request):
+        try:
+            return await file_response(store, job, audio_file_name(job), "audio/pcm", "x.pcm")
+        except APIError as exc:
+            from starlette.responses import PlainTextResponse
+
+            return PlainTextResponse(exc.message, status_code=exc.status)
+
+    with TestClient(Starlette(routes=[Route("/a", audio)])) as http:
+        assert http.get("/a").status_code == 404
+
+
+@pytest.mark.parametrize("settings", ["redis+directory", "redis+memory"], indirect=True)
+def test_redis_keeps_the_state_and_the_files_keep_the_rest(settings: JobsSettings):
+    store = make_job_store(settings)
+    assert isinstance(store.states, RedisStates)
+    job = store.create(make_job(), chunks_of(2), ROOMY)
+    assert files_of(store, job) == {"chunks.json"}  # the state is in Redis, not among the files
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url)
+    assert client.zrange(f"chattts:jobs:own:{owner_tag('alice')}", 0, -1) == [job.id.encode()]
+    assert StoredJob.model_validate_json(client.get(f"chattts:jobs:job:{job.id}")).id == job.id
+    store.delete(job.id, "alice")
+    assert client.zrange(f"chattts:jobs:own:{owner_tag('alice')}", 0, -1) == []

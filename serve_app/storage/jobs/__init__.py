@@ -7,56 +7,103 @@ text, seed and the silence after it), each finished chunk's PCM and, once every 
 the final file in the job's format. The Ingress makes jobs (its owner's quota checked atomically
 with the write), reads, lists and deletes them; the runner (``serving/jobs.py``) is the only
 writer after that. Ids (``job_`` + 24 hex digits) are checked by ``JOB_ID_RE`` before any use and
-owners are hashed: user input never becomes a path. Every read takes the owner: another owner's
-id reads exactly as a missing one (an admin reads every owner's).
+owners are hashed: user input never becomes a path or an object key. Every read takes the owner:
+another owner's id reads exactly as a missing one (an admin reads every owner's).
 
-Backends: ``directory`` (``DirectoryJobStore``) only. Another one implements ``JobStore``:
+The store (``store.py``'s ``JobStore``) is two parts, each concern in one of them:
 
-- Redis: ``job.json`` as a string per job and an owner's ids in a set (create as a Lua script:
-  the quota check and the write in one step, as the voice store does); chunks and the final
-  file do not belong in Redis: keep them on a volume or an object store, below.
-- fsspec (S3, GCS, ...): the same layout under a URL. Object stores have no rename, but a
-  ``put`` of a whole object is atomic, which is all ``put_chunk``, ``save`` and ``put_audio``
-  need; ``delete`` removes ``job.json`` first (then the job is gone for every reader and the
-  runner's next ``save`` must see it missing: check it before each write), the quota check
-  needs a lock of its own (a conditional put of a lock object), and ``audio_file`` gives way to
-  a ranged read (the service then answers Range requests itself, or redirects to a signed URL).
+- the state (``states.py``): ``job.json`` and which owner has which jobs; creation with the
+  quota check, owner-scoped reads, the runner's saves (only while the job exists), removal.
+  ``FileStates`` keeps ``job.json`` among the job's files, the check under the file store's owner
+  lock; ``RedisStates`` (``jobs.redis_url``) keeps it in Redis, creation one WATCH/MULTI.
+- the files (``files.py``): ``chunks.json``, ``chunks/<k>.pcm``, ``audio.<fmt>``, each written
+  whole or not at all, read whole or by range, and removed so that a write racing the removal
+  fails (``JobGone``) and leaves nothing. ``DirectoryFiles`` (``directory.py``: temporary file
+  + rename, removal by a rename into ``.trash``, a file lock per owner) and ``ObjectFiles``
+  (``object_files.py`` over ``objects.py``'s fsspec access: one PUT per object, removal behind
+  a ``.gone`` marker that every write checks before and after, a per-owner lock made of
+  exclusively created tickets in ``object_lock.py``, an index of active jobs so the runner's scan
+  reads one listing).
+
+``make_job_store`` puts them together: ``directory`` (files and state in a directory),
+``fsspec`` (both under a URL), and either with ``redis_url`` (state in Redis, files there).
+Deleting removes the state first (from then on the job is gone for every reader and its runner's
+next save fails), then the files. HTTP serves a finished file as a local file where there is one
+(``FileResponse``) and by ranged reads from the store otherwise (``http/ranged.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ...settings import JobsSettings
 from .chunking import chunk_seed, cut_text, estimated_pcm_bytes
-from .directory import DirectoryJobStore
+from .files import JobFiles, Place
 from .model import (
     ACTIVE,
     JOB_ID_RE,
+    FileStat,
     JobChunk,
     JobGone,
     JobLimits,
     JobStatus,
     StoredJob,
     Usage,
+    audio_file_name,
     check_room,
     default_jobs_dir,
     new_job_id,
     owner_tag,
 )
+from .states import FileStates, JobStates
 from .store import JobStore
 
-__all__ = ["ACTIVE", "JOB_ID_RE", "DirectoryJobStore", "JobChunk", "JobGone", "JobLimits", "JobStatus", "JobStore",
-           "StoredJob", "Usage", "check_room", "chunk_seed", "cut_text", "default_jobs_dir", "estimated_pcm_bytes",
-           "job_limits", "jobs_root", "make_job_store", "new_job_id", "owner_tag"]
+__all__ = ["ACTIVE", "JOB_ID_RE", "FileStat", "JobChunk", "JobFiles", "JobGone", "JobLimits", "JobStates", "JobStatus",
+           "JobStore", "Place", "StoredJob", "Usage", "audio_file_name", "check_room", "chunk_seed", "cut_text",
+           "default_jobs_dir", "estimated_pcm_bytes", "job_limits", "jobs_root", "make_job_store", "new_job_id",
+           "owner_tag", "store_identity", "store_location"]
 
 
 def jobs_root(cfg: JobsSettings) -> Path:
+    """The directory backend's directory."""
     return Path(cfg.path).expanduser() if cfg.path else default_jobs_dir()
 
 
+def store_location(cfg: JobsSettings) -> str:
+    """Where the files are, as operators wrote it: the directory, or the URL."""
+    return (cfg.url or "") if cfg.backend == "fsspec" else str(jobs_root(cfg))
+
+
+def store_identity(cfg: JobsSettings) -> tuple[Any, ...]:
+    """What decides which jobs a store holds: when it changes, the runner opens the new store."""
+    return (cfg.backend, store_location(cfg), sorted(cfg.storage_options.items()), cfg.redis_url, cfg.redis_prefix)
+
+
+def make_files(cfg: JobsSettings) -> JobFiles:
+    if cfg.backend == "fsspec":
+        from .object_files import ObjectFiles
+        from .objects import open_objects
+
+        assert cfg.url is not None
+        return ObjectFiles(open_objects(cfg.url, cfg.storage_options))
+    from .directory import DirectoryFiles
+
+    return DirectoryFiles(jobs_root(cfg))
+
+
 def make_job_store(cfg: JobsSettings) -> JobStore:
-    return DirectoryJobStore(jobs_root(cfg))
+    files = make_files(cfg)
+    if cfg.redis_url:
+        from .redis_states import RedisStates
+
+        return JobStore(RedisStates(cfg.redis_url, cfg.redis_prefix, cfg.redis_timeout_s), files)
+    if cfg.backend == "fsspec":
+        from .object_files import ObjectFiles
+
+        assert isinstance(files, ObjectFiles)
+        files.check_exclusive_create()  # the owner lock is only as good as the store's exclusive create
+    return JobStore(FileStates(files), files)
 
 
 def job_limits(cfg: JobsSettings) -> JobLimits:

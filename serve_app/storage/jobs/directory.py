@@ -1,5 +1,5 @@
-"""The ``directory`` backend: one directory per job under its owner's, on one host or a volume
-every node of the Ingress replicas and the runner mounts at the same path.
+"""The ``directory`` files: one directory per job under its owner's, on one host or a volume every
+node of the Ingress replicas and the runner mounts at the same path.
 
     <root>/<owner tag>/.lock                  the owner's lock: quota check + create
     <root>/<owner tag>/<job id>/job.json      the state (rewritten whole after each chunk)
@@ -9,42 +9,32 @@ every node of the Ingress replicas and the runner mounts at the same path.
     <root>/.trash/                            deleted jobs on their way out
 
 Every file is written to a temporary name in its directory, flushed and renamed into place, so a
-reader (or a runner taking a job up after a crash) sees a file whole or not at all. A job is
-made as ``.tmp-<id>`` and renamed into place, and deleted by a rename into ``.trash`` first: its
-runner's next write then fails (``JobGone``) instead of re-creating anything.
+reader (or a runner taking a job up after a crash) sees a file whole or not at all. A job's
+directory is removed by a rename into ``.trash`` first: from then on every write into it fails
+(``JobGone``) instead of re-creating anything, ``job.json`` included.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import shutil
 import tempfile
-import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from pydantic import ValidationError
-
+from .files import JobFiles, Place
 from .model import (
     JOB_ID_RE,
-    PCM_BYTES_PER_SAMPLE,
-    JobChunk,
+    LOCK_TIMEOUT_S,
+    OWNER_TAG_RE,
+    STALE_TEMP_S,
+    CHUNKS_FILE,
+    FileStat,
     JobGone,
-    JobLimits,
-    StoredJob,
-    Usage,
-    check_room,
-    owner_tag,
-    usage_of,
 )
-from .store import JobStore
 
-log = logging.getLogger("ray.serve")
-
-STALE_TEMP_S = 3600.0  # a half-made job or file this old was left by a crash
-LOCK_TIMEOUT_S = 10.0
+TEMP_PREFIX = ".tmp-"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -60,14 +50,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _temporary(path: Path) -> tuple[int, str]:
+    try:
+        return tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    except FileNotFoundError:
+        raise JobGone(str(path.parent.name)) from None
+
+
 def write_atomic(path: Path, pieces: Iterable[bytes]) -> int:
     """Write ``pieces`` to a temporary file beside ``path``, flush it to disk, rename it into
     place: readers see the old file or the new one, never a part. Its size. ``JobGone`` when
     the directory is gone (the job was deleted)."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    except FileNotFoundError:
-        raise JobGone(str(path.parent.name)) from None
+    fd, tmp = _temporary(path)
     size = 0
     try:
         with os.fdopen(fd, "wb") as f:
@@ -86,7 +80,52 @@ def write_atomic(path: Path, pieces: Iterable[bytes]) -> int:
     return size
 
 
-class DirectoryJobStore(JobStore):
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Write ``path`` whole unless it exists (a temporary file hard-linked into place: the link
+    fails if the name is taken, and a reader never sees a part). Whether this call made it."""
+    fd, tmp = _temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def file_stat(path: Path) -> Optional[FileStat]:
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return FileStat(size=st.st_size, mtime=st.st_mtime, tag=f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}")
+
+
+def read_range(path: Path, start: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(length)
+
+
+def children(path: Path) -> Iterator[Path]:
+    try:
+        yield from path.iterdir()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+class DirectoryFiles(JobFiles):
     def __init__(self, root: Path):
         from filelock import FileLock
 
@@ -95,194 +134,104 @@ class DirectoryJobStore(JobStore):
         self.root.mkdir(parents=True, exist_ok=True)
         self.trash = self.root / ".trash"
         self.trash.mkdir(exist_ok=True)
+        self.location = str(self.root)
 
-    # ------------------------------------------------------------------ paths
+    def _dir(self, place: Place) -> Path:
+        return self.root / place.key()
 
-    def _owner_dir(self, owner: str) -> Path:
-        return self.root / owner_tag(owner)
+    def _path(self, place: Place, name: str) -> Path:
+        return self.root / place.key(name)
 
-    def _dir(self, job: StoredJob) -> Path:
-        assert JOB_ID_RE.match(job.id), job.id  # ids are generated and checked, never user text
-        return self._owner_dir(job.owner) / job.id
+    # ------------------------------------------------------------------ places
 
-    def _chunk_path(self, job: StoredJob, index: int) -> Path:
-        return self._dir(job) / "chunks" / f"{int(index)}.pcm"
+    def make_place(self, place: Place, chunks_doc: bytes) -> None:
+        folder = self._dir(place)
+        folder.mkdir(parents=True)
+        write_atomic(folder / CHUNKS_FILE, [chunks_doc])
+        _fsync_dir(folder)
 
-    def _owner_dirs(self) -> list[Path]:
-        return [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-
-    @staticmethod
-    def _job_dirs(owner_dir: Path) -> list[Path]:
+    def remove_place(self, place: Place) -> bool:
+        """Rename the place out of the way (atomic: from here on it is gone for every reader and
+        every write into it fails), then delete it."""
+        gone = self.trash / f"{place.job_id}-{os.urandom(6).hex()}"
         try:
-            return [p for p in owner_dir.iterdir() if JOB_ID_RE.match(p.name)]
-        except FileNotFoundError:
-            return []
-
-    @staticmethod
-    def _read(job_dir: Path) -> Optional[StoredJob]:
-        try:
-            return StoredJob.model_validate_json((job_dir / "job.json").read_bytes())
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except (ValidationError, ValueError) as exc:  # never half-written: a file from another version
-            log.warning("jobs: unreadable %s: %s", job_dir.name, exc.__class__.__name__)
-            return None
-
-    def _jobs_of(self, owner_dir: Path) -> list[StoredJob]:
-        jobs = (self._read(d) for d in self._job_dirs(owner_dir))
-        return [j for j in jobs if j is not None]
-
-    def _find(self, job_id: str, owner: str, admin: bool) -> Optional[tuple[Path, StoredJob]]:
-        if not JOB_ID_RE.match(job_id):
-            return None
-        # The owner's own directory first: for a non-admin nothing else is ever looked at, so
-        # another owner's id costs what a missing one does.
-        candidates = [self._owner_dir(owner) / job_id]
-        if admin:
-            candidates += [d / job_id for d in self._owner_dirs()]
-        for path in candidates:
-            job = self._read(path)
-            if job is not None and job.id == job_id and (admin or job.owner == owner) and not job.expired():
-                return path, job
-        return None
-
-    # ------------------------------------------------------------------ the Ingress's side
-
-    def usage(self, owner: str) -> Usage:
-        return usage_of(self._jobs_of(self._owner_dir(owner)))
-
-    def create(self, job: StoredJob, chunks: list[JobChunk], limits: JobLimits) -> StoredJob:
-        owner_dir = self._owner_dir(job.owner)
-        owner_dir.mkdir(exist_ok=True)
-        chunks_doc = json.dumps([c.model_dump() for c in chunks], ensure_ascii=False).encode()
-        with self._FileLock(str(owner_dir / ".lock"), timeout=LOCK_TIMEOUT_S):
-            check_room(usage_of(self._jobs_of(owner_dir)), limits, job.reserved_bytes)
-            tmp = owner_dir / f".tmp-{job.id}"
-            final = owner_dir / job.id
-            try:
-                (tmp / "chunks").mkdir(parents=True)
-                write_atomic(tmp / "chunks.json", [chunks_doc])
-                job.input_bytes = job.bytes = len(chunks_doc)
-                write_atomic(tmp / "job.json", [job.to_json().encode()])
-                _fsync_dir(tmp)
-                os.rename(tmp, final)  # the job appears whole: the runner never sees half of one
-                _fsync_dir(owner_dir)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        return job
-
-    def get(self, job_id: str, owner: str, admin: bool = False) -> Optional[StoredJob]:
-        found = self._find(job_id, owner, admin)
-        return found[1] if found else None
-
-    def list(self, owner: str, admin: bool = False) -> list[StoredJob]:
-        dirs = self._owner_dirs() if admin else [self._owner_dir(owner)]
-        jobs = [j for d in dirs for j in self._jobs_of(d) if (admin or j.owner == owner) and not j.expired()]
-        return sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)
-
-    def delete(self, job_id: str, owner: str, admin: bool = False) -> Optional[StoredJob]:
-        found = self._find(job_id, owner, admin)
-        if found is None:
-            return None
-        path, job = found
-        if not self._discard(path):
-            return None  # deleted meanwhile by another call
-        return job
-
-    def _discard(self, path: Path) -> bool:
-        """Rename the job out of its place (atomic: from here on it is gone for every reader and
-        its runner's writes fail), then delete its files."""
-        gone = self.trash / f"{path.name}-{os.urandom(6).hex()}"
-        try:
-            os.rename(path, gone)
+            os.rename(self._dir(place), gone)
         except FileNotFoundError:
             return False
         shutil.rmtree(gone, ignore_errors=True)
         return True
 
-    def audio_file(self, job: StoredJob) -> Optional[Path]:
-        path = self._dir(job) / f"audio.{job.response_format}"
+    def removed(self, place: Place) -> bool:
+        return False  # a removed place is renamed away at once: nothing of it is readable
+
+    def owners(self) -> list[str]:
+        return [p.name for p in children(self.root) if OWNER_TAG_RE.match(p.name) and p.is_dir()]
+
+    def places(self, tag: str) -> list[Place]:
+        return [Place(tag, p.name) for p in children(self.root / tag) if JOB_ID_RE.match(p.name)]
+
+    def age(self, place: Place, now: float) -> float:
+        return now - mtime(self._dir(place))
+
+    def owner_lock(self, tag: str) -> AbstractContextManager:
+        if not OWNER_TAG_RE.match(tag):
+            raise ValueError(f"not an owner tag: {tag[:40]!r}")
+        owner_dir = self.root / tag
+        owner_dir.mkdir(exist_ok=True)
+        return self._FileLock(str(owner_dir / ".lock"), timeout=LOCK_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ files
+
+    def put(self, place: Place, name: str, pieces: Iterable[bytes]) -> int:
+        path = self._path(place, name)
+        folder = self._dir(place)
+        for sub in reversed(path.parents):  # a folder of the place's own (never the place itself)
+            if sub.is_relative_to(folder) and sub != folder:
+                try:
+                    sub.mkdir(exist_ok=True)
+                except FileNotFoundError:
+                    raise JobGone(place.job_id) from None
+        return write_atomic(path, pieces)
+
+    def get(self, place: Place, name: str) -> Optional[bytes]:
+        try:
+            return self._path(place, name).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def stat(self, place: Place, name: str) -> Optional[FileStat]:
+        return file_stat(self._path(place, name))
+
+    def read_range(self, place: Place, name: str, start: int, length: int) -> bytes:
+        return read_range(self._path(place, name), start, length)
+
+    def local_path(self, place: Place, name: str) -> Optional[Path]:
+        path = self._path(place, name)
         return path if path.is_file() else None
 
-    # ------------------------------------------------------------------ the runner's side
+    def listing(self, place: Place, folder: str) -> dict[str, int]:
+        if not self._dir(place).is_dir():
+            raise JobGone(place.job_id)
+        found: dict[str, int] = {}
+        for p in children(self._path(place, folder)):
+            if p.name.startswith(TEMP_PREFIX):
+                p.unlink(missing_ok=True)  # a file a run was writing when it stopped
+            elif p.is_file():
+                found[p.name] = p.stat().st_size
+        return found
 
-    def active_jobs(self) -> list[StoredJob]:
-        jobs = [j for d in self._owner_dirs() for j in self._jobs_of(d) if j.active]
-        return sorted(jobs, key=lambda j: (j.created_at, j.id))
+    def remove(self, place: Place, name: str) -> None:
+        path = self._path(place, name)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
-    def chunks(self, job: StoredJob) -> list[JobChunk]:
-        try:
-            doc = json.loads((self._dir(job) / "chunks.json").read_bytes())
-        except FileNotFoundError:
-            raise JobGone(job.id) from None
-        return [JobChunk.model_validate(c) for c in doc]
-
-    def done_chunks(self, job: StoredJob) -> dict[int, int]:
-        folder = self._dir(job) / "chunks"
-        done: dict[int, int] = {}
-        try:
-            entries = list(folder.iterdir())
-        except FileNotFoundError:
-            raise JobGone(job.id) from None
-        for p in entries:
-            if p.name.startswith(".tmp-"):
-                p.unlink(missing_ok=True)  # a chunk a run was writing when it stopped
-            elif p.suffix == ".pcm" and p.stem.isdigit():
-                done[int(p.stem)] = p.stat().st_size // PCM_BYTES_PER_SAMPLE
-        return done
-
-    def put_chunk(self, job: StoredJob, index: int, pcm: bytes) -> None:
-        write_atomic(self._chunk_path(job, index), [pcm])
-
-    def read_chunk(self, job: StoredJob, index: int) -> bytes:
-        try:
-            return self._chunk_path(job, index).read_bytes()
-        except FileNotFoundError:
-            raise JobGone(job.id) from None
-
-    def save(self, job: StoredJob) -> None:
-        write_atomic(self._dir(job) / "job.json", [job.to_json().encode()])
-
-    def put_audio(self, job: StoredJob, pieces: Iterable[bytes]) -> int:
-        return write_atomic(self._dir(job) / f"audio.{job.response_format}", pieces)
-
-    def remove_chunks(self, job: StoredJob) -> None:
-        shutil.rmtree(self._dir(job) / "chunks", ignore_errors=True)
-
-    def sweep(self, now: Optional[float] = None) -> int:
-        now = time.time() if now is None else now
-        deleted = 0
-        for owner_dir in self._owner_dirs():
-            for entry in list(_children(owner_dir)):
-                if entry.name.startswith(".tmp-") and entry.is_dir() and now - _mtime(entry) > STALE_TEMP_S:
-                    shutil.rmtree(entry, ignore_errors=True)  # a creation that crashed before its rename
-                    continue
-                if not JOB_ID_RE.match(entry.name):
-                    continue
-                job = self._read(entry)
-                if job is None:
-                    if now - _mtime(entry) > STALE_TEMP_S:
-                        deleted += self._discard(entry)  # a directory without its state: nothing to resume
-                    continue
-                if job.expired(now):
-                    deleted += self._discard(entry)
-                elif not job.active and (entry / "chunks").exists():
-                    shutil.rmtree(entry / "chunks", ignore_errors=True)  # finished, then stopped before this
-        for entry in _children(self.trash):
+    def sweep(self, now: float) -> None:
+        for tag in self.owners():
+            for entry in children(self.root / tag):
+                # A creation by an older version that crashed before its rename into place.
+                if entry.name.startswith(TEMP_PREFIX) and entry.is_dir() and now - mtime(entry) > STALE_TEMP_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+        for entry in children(self.trash):
             shutil.rmtree(entry, ignore_errors=True)
-        return deleted
-
-
-def _children(path: Path) -> Iterator[Path]:
-    try:
-        yield from path.iterdir()
-    except FileNotFoundError:
-        return
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return time.time()

@@ -1,9 +1,11 @@
 """A job as stored: its state (``StoredJob``, ``job.json``), its chunks (``JobChunk``,
-``chunks.json``), its id, its owner's tag, and the per-owner limits (``JobLimits``)."""
+``chunks.json``), its id, its owner's tag, the names of its files, and the per-owner limits
+(``JobLimits``)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -20,7 +22,16 @@ from ...engine.types import SynthesisOptions, Voice
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ACTIVE: tuple[str, ...] = ("queued", "running")
 JOB_ID_RE = re.compile(r"^job_[0-9a-f]{24}$")
+OWNER_TAG_RE = re.compile(r"^[0-9a-f]{24}$")
 PCM_BYTES_PER_SAMPLE = 2  # chunks are s16le mono at the engine's rate
+
+# A job's files, by name within its place (``files.py``): only these shapes, never user text.
+STATE_FILE = "job.json"
+CHUNKS_FILE = "chunks.json"
+CHUNKS_FOLDER = "chunks"
+FILE_NAME_RE = re.compile(r"^(?:[a-z0-9_-]+/)*[a-z0-9_-]+(?:\.[a-z0-9]+)?$")
+STALE_TEMP_S = 3600.0  # a half-made job, a file without its job, or a deletion marker this old is swept
+LOCK_TIMEOUT_S = 10.0  # how long a creation waits for its owner's lock (then 503)
 
 
 class JobGone(Exception):
@@ -34,6 +45,19 @@ def new_job_id() -> str:
 def owner_tag(owner: str) -> str:
     """An owner as the store names its directory: a hash, never the key id itself."""
     return hashlib.sha256(b"jobs-owner\0" + owner.encode()).hexdigest()[:24]
+
+
+def chunk_file(index: int) -> str:
+    return f"{CHUNKS_FOLDER}/{int(index)}.pcm"
+
+
+def audio_file_name(job: "StoredJob") -> str:
+    """The final file's name (``response_format`` is one of the known formats: a plain word)."""
+    return f"audio.{job.response_format}"
+
+
+def chunks_document(chunks: list["JobChunk"]) -> bytes:
+    return json.dumps([c.model_dump() for c in chunks], ensure_ascii=False).encode()
 
 
 def default_jobs_dir() -> Path:
@@ -112,6 +136,16 @@ class StoredJob(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """A stored file as HTTP answers it: its size, when it was written, and a tag that changes
+    whenever it does (the ETag's and If-Range's)."""
+
+    size: int
+    mtime: float
+    tag: str
 
 
 @dataclass(frozen=True)
