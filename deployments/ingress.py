@@ -123,6 +123,14 @@ class Ingress:
         req = as_request(request)
         return await self.speech.synthesize(req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER)
 
+    async def synthesize_with_timestamps(self, request: Union[TimedSpeechRequest, dict]) -> TimedSpeech:
+        """The whole audio (base64) with where each segment lies in it, and captions on request:
+        what ``POST /v1/audio/speech/with-timestamps`` answers."""
+        req = as_request(request, TimedSpeechRequest)
+        answer, _ = await self.speech.timed_answer(req, RequestRecord.start(req, _request_id(), client="handle"),
+                                                   HANDLE_CALLER)
+        return answer
+
     async def stream(self, request: Union[SpeechRequest, dict]) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (``.options(stream=True)``)."""
         req = as_request(request)

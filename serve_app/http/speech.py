@@ -45,12 +45,12 @@ log = logging.getLogger("ray.serve")
 _BUILTIN = VoiceResolver()
 
 
-def as_request(request: Union[SpeechRequest, dict]) -> SpeechRequest:
-    """A handle caller's request (the model or a dict), validated like an HTTP body."""
-    if isinstance(request, SpeechRequest):
+def as_request(request: Union[SpeechRequest, dict], kind: type[SpeechRequest] = SpeechRequest) -> SpeechRequest:
+    """A handle caller's request (the model or a dict), validated like an HTTP body as ``kind``."""
+    if isinstance(request, kind):
         return request
     try:
-        return SpeechRequest.model_validate(request)
+        return kind.model_validate(request)
     except Exception as exc:  # noqa: BLE001 - pydantic.ValidationError
         raise as_api_error(exc) from None
 
@@ -372,6 +372,12 @@ class SpeechService:
     async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
                     cache_control: str = "") -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
+        answer, headers = await self.timed_answer(req, rec, caller, cache_control)
+        return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
+
+    async def timed_answer(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
+                           cache_control: str = "") -> tuple[TimedSpeech, dict[str, str]]:
+        """What ``timed`` answers, and its headers (the handle API returns the answer alone)."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
         headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
         if isinstance(audio, Hit):
@@ -391,7 +397,7 @@ class SpeechService:
                              content_type=CONTENT_TYPES[req.response_format],
                              duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
                              segments=segments, captions=captions, captions_format=req.captions)
-        return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
+        return answer, headers
 
     async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
                       flow_acks: bool = False) -> Response:

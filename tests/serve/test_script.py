@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import webvtt
 
+from support.app import acoustic_stats, wait_idle
 from support.http import assert_openai_error
 
 pytestmark = pytest.mark.serve
@@ -84,9 +85,15 @@ TURNS = [
 
 
 def test_a_dialogue_speaks_each_turn_in_its_voice_with_pauses_between(app_url):
+    before = wait_idle()
     r = _post(app_url, "/v1/audio/dialogue/with-timestamps", turns=TURNS, pause_s=0.5, captions="vtt")
+    after = acoustic_stats()
     pcm, answer = _pcm(r)
     segments = answer["segments"]
+    # Every turn's segments decoded together, as rows of the same steps (turn by turn: ~1 a step).
+    steps, row_steps = after["steps"] - before["steps"], after["row_steps"] - before["row_steps"]
+    assert after["rows_admitted"] - before["rows_admitted"] == len(segments) and row_steps / steps > 1.5, \
+        (len(segments), steps, row_steps)
     assert [s["turn"] for s in segments] == sorted(s["turn"] for s in segments) and {s["turn"] for s in segments} == {0, 1, 2}
     assert {s["turn"]: s["speaker"] for s in segments} == {0: "alloy", 1: "echo", 2: "alloy"}
     for a, b in zip(segments, segments[1:]):

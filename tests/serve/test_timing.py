@@ -1,6 +1,6 @@
 """Where each segment lies in the audio, on every path of the session's Serve app: SSE events
 (``timestamps``), the JSON answer with its captions (``/v1/audio/speech/with-timestamps``, fresh
-and from the cache), and the WebSocket session's ``segment.done``. Random weights decode an
+and from the cache, and through the handle API), and the WebSocket session's ``segment.done``. Random weights decode an
 exact length, so the segments' ends must meet the audio's length to the sample (compressed
 formats: within a codec frame)."""
 
@@ -72,7 +72,7 @@ def test_sse_segment_events_come_between_the_deltas_and_meet_the_audio_length(ap
     assert kinds.index("speech.segment") < len(kinds) - 2  # not all at the end
 
 
-def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_url):
+def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_url, chattts_handle):
     sse_segments = [e for e in _sse(app_url, response_format="wav") if e["type"] == "speech.segment"]
     fresh = _timed(app_url, headers={"Cache-Control": "no-cache"}, response_format="wav", captions="srt").json()
     cached = _timed(app_url, response_format="wav", captions="vtt")
@@ -85,6 +85,11 @@ def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_
     _check_segments(fresh["segments"], audio_s)
     sse_segments = [{k: v for k, v in e.items() if k != "type"} for e in sse_segments]
     assert fresh["segments"] == cached["segments"] == sse_segments  # same seed, every path
+    # The handle API answers the same (a DeploymentHandle caller: TimedSpeech itself).
+    handled = chattts_handle.synthesize_with_timestamps.remote(
+        {"input": TEXT, "seed": 11, "response_format": "wav", "captions": "srt"}).result(timeout_s=120)
+    assert [seg.model_dump() for seg in handled.segments] == fresh["segments"]
+    assert handled.captions == fresh["captions"] and base64.b64decode(handled.audio) == wav
     # Captions: parsed by maintained libraries, one cue at least per segment, times inside the audio.
     cues = list(srt.parse(fresh["captions"]))
     assert fresh["captions_format"] == "srt" and len(cues) >= len(fresh["segments"])
