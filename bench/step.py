@@ -1,6 +1,6 @@
 """The decode step: how much of it is the GPT, and what int8 buys end to end.
 
-For each weight size (``random-tiny``: a 2-layer GPT, where what surrounds the model weighs
+For each weight size (``random-tiny``: a 1-layer GPT, where what surrounds the model weighs
 most; ``random``: full size) and batch size, one engine decodes ``--tokens`` tokens per row and
 every step is timed twice: the whole step (admission, forward, sampling, bookkeeping, chunk
 emission) and the GPT forward inside it (``AcousticEngine._forward``). The non-GPT share is what

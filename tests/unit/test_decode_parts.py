@@ -160,6 +160,41 @@ class Model:
                 assert not k[i][:, : t - n].any()
 
 
+def test_lean_forward_reads_and_writes_each_layers_own_kv():
+    """The written-out decode step (decode/forward.py) against transformers' LlamaModel on a
+    2-layer model (the test weights' GPT has one layer): rows of different prompt lengths, several
+    steps, each layer's keys and values its own (a layer reading another's would show here)."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaModel
+    from transformers.cache_utils import DynamicCache
+
+    from serve_app.engine.decode.forward import DecodeForward
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=32, vocab_size=8, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    gpt = LlamaModel(cfg).eval()
+    lean = DecodeForward(gpt, SimpleNamespace(emb_code=[torch.nn.Embedding(5, 16) for _ in range(4)]))
+    refs, prefilled = [], []
+    with torch.no_grad():
+        for i, n in enumerate((5, 3, 8)):
+            cache = DynamicCache(config=cfg)
+            gpt(inputs_embeds=torch.randn(1, n, 16), past_key_values=cache, use_cache=True)
+            refs.append(cache)
+            prefilled.append(Prefilled(make_row(i), [l.keys.clone() for l in cache.layers],
+                                       [l.values.clone() for l in cache.layers], torch.zeros(1)))
+        batch = BatchState(cfg, torch.device("cpu"))
+        batch.merge(prefilled)
+        for _ in range(KV_HEADROOM + 2):  # past a re-growth of the buffers
+            emb = lean.embed(torch.randint(0, 5, (3, 4)))
+            out = lean(batch, emb)
+            for i, cache in enumerate(refs):
+                ref = gpt(inputs_embeds=emb[i : i + 1, None], past_key_values=cache, use_cache=True).last_hidden_state
+                assert torch.allclose(out[i], ref[0, -1], atol=1e-5), i
+
+
 def test_batch_merge_step_and_retire_keep_every_rows_kv(batch):
     """Random merges, steps (past buffer re-growth) and retirements: the batch always holds each
     row's own KV, right-aligned, with the mask, positions and trimmed padding consistent."""
