@@ -2,14 +2,14 @@
 
 The interactive client sends one short sentence at a time (a fresh seed each, no cache) and
 times the first audio byte. In the "job" phases a long job (``POST /v1/audio/jobs``,
-``--job-chars`` of Chinese prose) runs meanwhile: the runner keeps ``jobs.max_parallel_chunks``
-chunks decoding, their segments at ``jobs.priority`` (-10), so the interactive rows are admitted
+``--job-chars`` of Chinese prose) runs meanwhile: the runner keeps ``jobs.chunks_per_acoustic_replica``
+chunks decoding (one Acoustic replica here), their segments at ``jobs.priority`` (-10), so the interactive rows are admitted
 first. Alone and job phases alternate (``--rounds``), so both see the same machine; each job
 phase's job is cancelled (DELETE) at its end. The report gives the interactive first-audio p50
 and p90 in each condition, their ratio (target <= 1.3) and what the job made meanwhile
 (characters and audio seconds per second of wall time).
 
-    python -m bench.jobs --out bench/results/jobs-<date>      # starts config/serve.yaml, tiny weights
+    python -m bench jobs --out bench/results/jobs-<date>      # starts config/serve.yaml, tiny weights
     python -m bench.jobs --url http://127.0.0.1:8000          # a running app (no keys)
 """
 
@@ -137,7 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-chars", type=int, default=3000, help="the background job's text (long enough to outlast a phase)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="any config value by dotted path (as in `bench run`), e.g. "
-                   "applications.chattts.args.jobs.max_parallel_chunks=4")
+                   "applications.chattts.args.jobs.chunks_per_acoustic_replica=4")
     p.add_argument("--out", help="write jobs.json and report.md here")
 
 

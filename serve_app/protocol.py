@@ -229,6 +229,9 @@ class JobRequest(_ApiOptions):
     response_format: ResponseFormat = "mp3"
     instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, "
                                         "as in /v1/audio/speech.")
+    chapters: bool = Field(default=False, description="Also a file per chapter, and the chapter list: the text is "
+                           "cut at heading lines (Markdown '#', 第…章/回/节, Chapter/Part 1, Prologue, ...) and at scene "
+                           "breaks (a line of '***' or '---', two blank lines or more).")
 
     @field_validator("input")
     @classmethod
@@ -254,6 +257,19 @@ class JobProgress(BaseModel):
     eta_seconds: Optional[float] = Field(default=None, description="Until the job is done, from its rate so far.")
 
 
+class JobChapter(BaseModel):
+    """One chapter of a job made with ``chapters``."""
+
+    index: int
+    title: Optional[str] = Field(default=None, description="Its heading line; None for text before the first "
+                                 "heading or after a scene break.")
+    chunks_done: int
+    chunks_total: int
+    start_seconds: Optional[float] = Field(default=None, description="Where it starts in the whole file (once done).")
+    duration_seconds: Optional[float] = Field(default=None, description="Its own file's length (once done).")
+    audio_url: Optional[str] = Field(default=None, description="Once the job succeeded: its own file (Range works).")
+
+
 class JobFailure(BaseModel):
     code: str
     message: str
@@ -277,6 +293,7 @@ class AudioJob(BaseModel):
     error: Optional[JobFailure] = None
     audio_url: Optional[str] = Field(default=None, description="Once succeeded: GET it (Range requests work).")
     owner: Optional[str] = Field(default=None, description="The key id that made it, or 'anonymous'.")
+    chapters: Optional[list[JobChapter]] = Field(default=None, description="Made with chapters: each chapter.")
 
 
 class AudioJobList(BaseModel):

@@ -213,7 +213,13 @@ class JobsSettings(_Strict):
     chunk_chars: int = Field(default=600, ge=10, le=4000, description="A chunk (one synthesis) holds whole sentences "
                              "up to this many characters; a paragraph is never merged with the next.")
     paragraph_pause_s: float = Field(default=0.5, ge=0.0, le=5.0, description="Silence after a chunk that ends a paragraph.")
-    max_parallel_chunks: int = Field(default=2, ge=1, le=256, description="Chunks synthesised at once, over all jobs.")
+    chapter_pause_s: float = Field(default=2.0, ge=0.0, le=10.0, description="Silence after a chapter's last chunk "
+                                   "in the whole file (jobs made with chapters).")
+    chunks_per_acoustic_replica: int = Field(default=2, ge=1, le=64, description="Chunks synthesised at once for "
+                                             "every running Acoustic replica of the app, over all jobs: jobs spread "
+                                             "over the replicas, and more replicas finish them sooner.")
+    max_parallel_chunks: int = Field(default=64, ge=1, le=1024, description="Chunks synthesised at once at most, "
+                                     "however many Acoustic replicas run.")
     priority: int = Field(default=-10, ge=-10, le=10, description="Admission priority of a job's segments "
                           "(interactive requests have 0: they are admitted first).")
     max_chunk_retries: int = Field(default=8, ge=0, description="Failed tries of one chunk (a replica died, a stage "

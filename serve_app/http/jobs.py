@@ -32,7 +32,7 @@ from ..engine.errors import EmptyInputError, JobError, JobNotReady, UnknownJobEr
 from ..engine.styles import header_value
 from ..engine.voices import effective_seed
 from ..errors import APIError, as_api_error, invalid_value
-from ..protocol import AudioJob, AudioJobDeleted, AudioJobList, JobFailure, JobProgress, JobRequest
+from ..protocol import AudioJob, AudioJobDeleted, AudioJobList, JobChapter, JobFailure, JobProgress, JobRequest
 from ..serving.jobs import job_runner
 from ..settings import JobsSettings
 from ..storage.jobs import (
@@ -40,12 +40,14 @@ from ..storage.jobs import (
     JobStore,
     StoredJob,
     audio_file_name,
+    chapter_first_chunks,
     check_room,
     cut_text,
     estimated_pcm_bytes,
     job_limits,
     make_job_store,
     new_job_id,
+    split_chapters,
 )
 from ..storage.voices import VoiceCatalog
 from .ranged import RangedResponse
@@ -196,7 +198,7 @@ class JobsService:
         # The owner's room before the text is cut (a million characters take a moment); the store
         # checks again, atomically with the write.
         check_room(await self._store(self.store.usage, caller.owner), self.limits)
-        chunks = await asyncio.to_thread(cut_text, req.input, seed, self.cfg.chunk_chars, self.cfg.paragraph_pause_s)
+        chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
         now = time.time()
@@ -205,7 +207,9 @@ class JobsService:
                         response_format=req.response_format, created_at=now, updated_at=now,
                         chunks_total=len(chunks), chunk_samples=[-1] * len(chunks),
                         chars_total=sum(len(c.text) for c in chunks),
-                        reserved_bytes=estimated_pcm_bytes(chunks, options.speed))
+                        reserved_bytes=estimated_pcm_bytes(chunks, options.speed),
+                        chapter_titles=[title for title, _ in chapters or []],
+                        chapter_first_chunks=chapter_first_chunks(chunks) if chapters else [])
         await self._store(self.store.create, job, chunks, self.limits)
         self.runner.notify.remote()  # fire and forget: the runner also finds it at its next scan
         log.info(json.dumps({"event": "job_created", "id": job.id, "owner": job.owner, "chunks": len(chunks),
@@ -216,6 +220,13 @@ class JobsService:
         if style.ignored:
             headers["X-Style-Ignored"] = header_value(dict.fromkeys(style.ignored))
         return JSONResponse(self.view(job, root).model_dump(), status_code=202, headers=headers)
+
+    def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:
+        """The job's chunks, and its chapters when asked for (``split_chapters``)."""
+        chapters = split_chapters(req.input) if req.chapters else None
+        chunks = cut_text(req.input, seed, self.cfg.chunk_chars, self.cfg.paragraph_pause_s, chapters,
+                          self.cfg.chapter_pause_s if chapters else 0.0)
+        return chunks, chapters
 
     async def get(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
         return self.view(await self._job(job_id, caller), root)
@@ -231,6 +242,31 @@ class JobsService:
             raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its audio is there once it has succeeded"))
         return await file_response(self.store, job, audio_file_name(job), CONTENT_TYPES[job.response_format],
                                    f"{job.id}.{job.response_format}")
+
+    async def cancel(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
+        """Stop a queued or running job and keep it, ``cancelled`` (its rows leave the engine at
+        its next step, its stored chunks go); a finished job is answered as it is."""
+        job = await self._job(job_id, caller)
+        if job.active:
+            try:
+                await asyncio.wait_for(self.runner.cancel.remote(job.id, True), RUNNER_CALL_S)
+            except Exception as exc:  # noqa: BLE001 - the runner is restarting: the caller may retry
+                log.warning("jobs: cancel of %s not delivered (%s)", job.id, exc.__class__.__name__)
+                raise APIError(503, "the job runner is unavailable; retry shortly", type="server_error",
+                               code="job_runner_unavailable", headers={"Retry-After": "2"}) from None
+            job = await self._job(job_id, caller)
+        return self.view(job, root)
+
+    async def chapter_audio(self, job_id: str, chapter: int, caller: Caller) -> Response:
+        """One chapter's file (a job made with ``chapters``), with Range requests."""
+        job = await self._job(job_id, caller)
+        if not 0 <= chapter < len(job.chapter_titles):
+            raise as_api_error(UnknownJobError(f"job {job.id} has no chapter {chapter}"
+                                               + ("" if job.chapter_titles else " (it was made without chapters)")))
+        if job.status != "succeeded":
+            raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its chapters are there once it has succeeded"))
+        return await file_response(self.store, job, audio_file_name(job, chapter), CONTENT_TYPES[job.response_format],
+                                   f"{job.id}-{chapter}.{job.response_format}")
 
     async def delete(self, job_id: str, caller: Caller) -> AudioJobDeleted:
         """Delete the job at once (its state first: the runner's next write of it fails), then
@@ -269,11 +305,21 @@ class JobsService:
                                characters_done=job.chars_done, characters_total=job.chars_total,
                                audio_seconds=round(job.audio_samples / SAMPLE_RATE, 3), eta_seconds=eta)
         stamp = lambda t: int(t) if t is not None else None  # noqa: E731
+        chapters = None
+        if job.chapter_titles:
+            done = job.status == "succeeded" and len(job.chapter_times) == len(job.chapter_titles)
+            chapters = [JobChapter(index=n, title=title, chunks_total=end - first,
+                                   chunks_done=sum(1 for k in range(first, end) if job.chunk_samples[k] >= 0),
+                                   start_seconds=job.chapter_times[n][0] if done else None,
+                                   duration_seconds=job.chapter_times[n][1] if done else None,
+                                   audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None)
+                        for n, (title, (first, end)) in enumerate(zip(job.chapter_titles, job.chapter_spans()))]
         return AudioJob(id=job.id, status=job.status, created_at=int(job.created_at), started_at=stamp(job.started_at),
                         finished_at=stamp(job.finished_at), expires_at=stamp(job.expires_at), model=job.model,
                         voice=job.voice_name, response_format=job.response_format, progress=progress, bytes=job.bytes,
                         error=JobFailure(**job.error) if job.error else None, owner=job.owner,
-                        audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None)
+                        audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None,
+                        chapters=chapters)
 
     async def _request_of(self, request: Request) -> JobRequest:
         """The job's text and options from JSON, a text body (options in the query) or a form."""

@@ -12,8 +12,10 @@ Each chunk is one synthesis as the Ingress makes one: ``TextNormalizer.plan`` (t
 the job's options, its seed, ``jobs.priority`` and the job's owner as the client: interactive
 requests are admitted first, and the owner shares the engine fairly with everyone else), then
 ``Vocoder.stream(plan, "pcm")``, which drives its Acoustic replica; Serve routes every chunk's
-calls to any replica. At most ``jobs.max_parallel_chunks`` chunks run at once over all jobs,
-taken owner by owner (the owner with the fewest running first), each job's in order. A chunk's
+calls to any replica. ``jobs.chunks_per_acoustic_replica`` chunks run at once for every running
+Acoustic replica of the app (read from Serve's status at each scan; at most
+``jobs.max_parallel_chunks``), over all jobs: a job spreads over the replicas, and a cluster with
+more of them finishes it sooner. Chunks are taken owner by owner (the owner with the fewest running first), each job's in order. A chunk's
 PCM is stored whole (``put_chunk``: temporary file + rename), then ``job.json`` is rewritten, so
 after a crash anywhere a chunk is either stored whole and never done again, or done again from
 its start with the same text, options and seed. A chunk that fails (a replica died, a stage
@@ -32,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import EmptyInputError, EngineOverloaded
@@ -112,6 +114,7 @@ class JobRunner:
         self._rescan_now = True
         self._last_scan = 0.0
         self._last_sweep = 0.0
+        self.acoustic_replicas = 1  # running Acoustic replicas of the app, at the last scan
         self.chunks_done = 0  # this process's, for tests and the bench
         self.chunks_retried = 0
         self.resumed: dict[str, int] = {}  # job id -> chunks it had stored when this process took it up
@@ -142,19 +145,45 @@ class JobRunner:
         self._rescan_now = True
         self._wake.set()
 
-    async def cancel(self, job_id: str) -> bool:
+    async def cancel(self, job_id: str, keep: bool = False) -> bool:
         """Stop the job's running chunks (their streams are cancelled: the engine drops the rows
-        at its next step) and forget it; its files are the caller's to delete."""
+        at its next step) and forget it. Without ``keep`` its files are the caller's to delete
+        (DELETE); with ``keep`` it stays, ``cancelled``, its chunks dropped (POST .../cancel):
+        written here, the only writer of a job after it is made. False when it was not active."""
+        job = await self._stop_and_wait(job_id)
+        if not keep:
+            return job is not None
+        if job is None:  # not taken up yet (or by a runner that is gone): from the store
+            job = await asyncio.to_thread(self.store.get, job_id, "", True)
+            await self._stop_and_wait(job_id)  # a scan may have taken it up meanwhile
+            if job is None or not job.active:
+                return False
+        now = time.time()
+        job.status = "cancelled"
+        job.finished_at = now
+        job.expires_at = now + self.settings.ttl_s
+        job.updated_at = now
+        try:
+            await asyncio.to_thread(self.store.save, job)
+            await asyncio.to_thread(self.store.remove_chunks, job)
+        except JobGone:
+            return False
+        log.info("jobs: %s cancelled at %d of %d chunks", job.id, job.chunks_done, job.chunks_total)
+        return True
+
+    async def _stop_and_wait(self, job_id: str) -> Optional[StoredJob]:
+        """Stop the job if this runner holds it (its tasks ended); its state then, else None."""
         active = self.jobs.get(job_id)
         if active is None:
-            return False
+            return None
         tasks = self._stop(active)
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
-        return True
+        return active.job
 
     async def info(self) -> dict[str, Any]:
         return {"root": store_location(self.settings), "settings": self.settings.model_dump(),
+                "acoustic_replicas": self.acoustic_replicas, "parallel_chunks": self.parallel_chunks,
                 "running_chunks": len(self._running), "chunks_done": self.chunks_done,
                 "chunks_retried": self.chunks_retried, "started_at": self.started_at, "resumed": dict(self.resumed),
                 "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()}}
@@ -183,9 +212,28 @@ class JobRunner:
                 pass
             self._wake.clear()
 
+    @property
+    def parallel_chunks(self) -> int:
+        return parallel_chunks(self.settings, self.acoustic_replicas)
+
+    def _count_replicas(self) -> None:
+        """Running Acoustic replicas of the Vocoder's application (Serve's status, from its
+        controller); kept as it was when Serve cannot say."""
+        app = getattr(self.vocoder, "app_name", None)
+        try:
+            from ray import serve
+
+            dep = serve.status().applications[app].deployments["Acoustic"]
+            running = sum(n for state, n in dep.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+        except Exception as exc:  # noqa: BLE001 - no app (yet), or the controller is busy: next scan
+            log.debug("jobs: Acoustic replicas of %r unknown (%s)", app, exc.__class__.__name__)
+            return
+        self.acoustic_replicas = max(1, running)
+
     async def _scan(self) -> None:
         """Take up every queued or running job of the store not held yet (all of them after a
         restart: each from its chunks stored whole); let go of held ones deleted meanwhile."""
+        await asyncio.to_thread(self._count_replicas)
         stored = await asyncio.to_thread(self.store.active_jobs)
         ids = {j.id for j in stored}
         for job in stored:
@@ -217,9 +265,9 @@ class JobRunner:
         self._wake.set()
 
     def _fill(self) -> None:
-        """Start chunks while fewer than ``max_parallel_chunks`` run: the owner with the fewest
+        """Start chunks while fewer than ``parallel_chunks`` run: the owner with the fewest
         running chunks first, then the job with the fewest, then the oldest; its next chunk."""
-        while sum(len(a.tasks) for a in self.jobs.values()) < self.settings.max_parallel_chunks:
+        while sum(len(a.tasks) for a in self.jobs.values()) < self.parallel_chunks:
             ready = [a for a in self.jobs.values() if a.pending and not a.stopped]
             if not ready:
                 return
@@ -321,7 +369,7 @@ class JobRunner:
         active.finishing = True
         job = active.job
         try:
-            size = await asyncio.to_thread(self.store.put_audio, job, _encoded(self.store, job, active.chunks))
+            size = await asyncio.to_thread(_write_audio, self.store, job, active.chunks)
             now = time.time()
             job.status = "succeeded"
             job.finished_at = now
@@ -360,26 +408,59 @@ class JobRunner:
         self.jobs.pop(job.id, None)
 
 
-def _encoded(store: Any, job: StoredJob, chunks: list[JobChunk]) -> Iterator[bytes]:
-    """The final file's bytes, chunk by chunk (one chunk's PCM in memory at a time): the chunks in
-    order with their pauses, through one encoder. A WAV's header carries its true size at once
-    (the length is known), so the file is written front to back."""
+def parallel_chunks(settings: JobsSettings, acoustic_replicas: int) -> int:
+    """Chunks the runner keeps going at once for this many running Acoustic replicas."""
+    return max(1, min(settings.max_parallel_chunks, settings.chunks_per_acoustic_replica * max(1, acoustic_replicas)))
+
+
+def _write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
+    """The whole file, then (made with chapters) each chapter's, and where each chapter lies in
+    the whole file (``job.chapter_times``); the bytes written."""
+    size = store.put_audio(job, _encoded(store, job, chunks, 0, len(chunks)))
+    times = []
+    at = 0
+    for n, (first, end) in enumerate(job.chapter_spans() if job.chapter_titles else []):
+        size += store.put_audio(job, _encoded(store, job, chunks, first, end, trailing_pause=False), chapter=n)
+        own = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(_pauses(chunks, first, end, False))
+        times.append((round(at / SAMPLE_RATE, 6), round(own / SAMPLE_RATE, 6)))
+        at += own + _pause_samples(chunks[end - 1])
+    job.chapter_times = times
+    return size
+
+
+def _pause_samples(chunk: JobChunk) -> int:
+    return int(round(chunk.pause_after * SAMPLE_RATE))
+
+
+def _pauses(chunks: list[JobChunk], first: int, end: int, trailing_pause: bool) -> list[int]:
+    pauses = [_pause_samples(chunks[k]) for k in range(first, end)]
+    if not trailing_pause and pauses:
+        pauses[-1] = 0
+    return pauses
+
+
+def _encoded(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int,
+             trailing_pause: bool = True) -> Iterator[bytes]:
+    """A file's bytes from chunks [first, end), chunk by chunk (one chunk's PCM in memory at a
+    time): in order with their pauses (the last one's only with ``trailing_pause``), through one
+    encoder. A WAV's header carries its true size at once (the length is known), so the file is
+    written front to back."""
     import numpy as np
 
     from ..engine.audio import new_encoder
     from ..engine.wav import wav_header
 
     fmt = job.response_format
-    pauses = [int(round(c.pause_after * SAMPLE_RATE)) for c in chunks]
+    pauses = _pauses(chunks, first, end, trailing_pause)
     if fmt == "wav":
-        total = job.audio_samples + sum(pauses)
+        total = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(pauses)
         yield wav_header(SAMPLE_RATE, SAMPLE_BYTES * total)
         fmt = "pcm"
     encoder = new_encoder(fmt)
-    for k in range(len(chunks)):
+    for k, pause in zip(range(first, end), pauses):
         pcm = np.frombuffer(store.read_chunk(job, k), dtype="<i2")
         if len(pcm):
             yield encoder.write(pcm)
-        if pauses[k]:
-            yield encoder.write(np.zeros(pauses[k], dtype=np.int16))
+        if pause:
+            yield encoder.write(np.zeros(pause, dtype=np.int16))
     yield encoder.close()

@@ -25,6 +25,7 @@ import pytest
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from serve_app.http.security import key_id
+from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import cut_text, owner_tag
 from support.app import APP_NAME, acoustic_stats, app_args, replica_actor_name, wait_idle, wait_ready
 from support.engine import expected_samples
@@ -186,6 +187,8 @@ def test_a_job_succeeds_with_the_right_length_and_every_chunk_as_a_request_speak
                                 "audio_seconds": round(sum(lengths) / 24000, 3), "eta_seconds": 0.0}
     assert done["audio_url"].endswith(f"/{JOBS_APP}{JOBS}/{done['id']}/audio") and done["expires_at"] > done["finished_at"]
     assert done["bytes"] >= len(book_job["audio"]) and done["voice"] == "nova" and done["error"] is None
+    info = runner_info()  # the runner counted the app's one Acoustic replica: two chunks at once
+    assert info["acoustic_replicas"] == 1 and info["parallel_chunks"] == 2, info
     # Each chunk is what /v1/audio/speech gives for its text and seed.
     at = 0
     with httpx.Client(base_url=jobs_url, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=120) as http:
@@ -197,6 +200,36 @@ def test_a_job_succeeds_with_the_right_length_and_every_chunk_as_a_request_speak
             if c.pause_after:
                 assert not whole[at:at + pause].any()  # the paragraph's silence
                 at += pause
+
+
+CHAPTERED = "第一章 山\n山上有座庙。\n\n第二章 庙\n庙里有和尚。\n***\n和尚讲故事。"
+
+
+def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
+    """``chapters``: the chapter list (titles, then where each starts and lasts) and each
+    chapter's own file, which is the whole file's span for it; a chapter that is not there is 404."""
+    job = submit(jobs_url, text=CHAPTERED, chapters=True, seed=11)
+    assert [(c["index"], c["title"], c["chunks_done"], c["audio_url"]) for c in job["chapters"]] == \
+        [(0, "第一章 山", 0, None), (1, "第二章 庙", 0, None), (2, None, 0, None)]
+    done = wait_done(jobs_url, job["id"])
+    whole = pcm(audio(jobs_url, job["id"]).content)
+    pause = round(JobsSettings().chapter_pause_s * 24000)  # the jobs app leaves it at its default
+    at = 0
+    for c in done["chapters"]:
+        assert c["chunks_done"] == c["chunks_total"] and c["audio_url"].endswith(f"/{job['id']}/chapters/{c['index']}/audio")
+        r = httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/{c['index']}/audio", headers=auth("alice"), timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
+        own = pcm(r.content)
+        assert round(c["start_seconds"] * 24000) == at and round(c["duration_seconds"] * 24000) == len(own)
+        assert np.array_equal(whole[at:at + len(own)], own)
+        at += len(own) + pause
+        assert not whole[at - pause:at].any()
+    assert at - pause == len(whole)
+    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/3/audio", headers=auth("alice"), timeout=30),
+                        404, "job_not_found")
+    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/0/audio", headers=auth("bob"), timeout=30),
+                        404, "job_not_found")  # another key's job reads as a missing one
+    httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
 
 def test_progress_moves_while_the_job_runs(book_job):
@@ -335,6 +368,28 @@ def test_cancel_frees_its_rows_at_once_and_deletes_its_files(jobs_url):
     assert not folder.exists()
     assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30), 404, "job_not_found")
     assert job["id"] not in runner_info()["jobs"]
+
+
+def test_a_cancelled_job_stops_at_once_and_stays_cancelled(jobs_url):
+    text = "\n\n".join(["取消以后，这份工作留在列表里，状态是已取消。"] * 4)
+    job = submit(jobs_url, text=text, seed=778)
+    wait_until(acoustic_stats, 60, 0.05, until=lambda s: s["running_rows"] > 0, what="the job's rows decoding")
+    t0 = time.monotonic()
+    r = httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("alice"), timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text[:300]
+    wait_idle(5)
+    report("jobs: POST cancel answered and no rows left", f"{(time.monotonic() - t0) * 1000:.0f} ms")
+    kept = status(jobs_url, job["id"])
+    assert kept["status"] == "cancelled" and kept["finished_at"] and kept["expires_at"] and kept["audio_url"] is None
+    assert kept["progress"]["chunks_done"] < 4
+    assert_openai_error(audio(jobs_url, job["id"]), 409, "job_not_ready")
+    assert not (job_dir(job["id"]) / "chunks").exists()  # its chunks went; the job stays
+    assert job["id"] not in runner_info()["jobs"]
+    again = httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("alice"), timeout=30)
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"  # as it is
+    assert_openai_error(httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("bob"), timeout=30),
+                        404, "job_not_found")
+    assert httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30).status_code == 200
 
 
 # ------------------------------------------------------------------ durability

@@ -30,7 +30,7 @@ from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
 from serve_app.http import ranged
 from serve_app.http.jobs import file_response
-from serve_app.serving.jobs import _encoded, _Job
+from serve_app.serving.jobs import _Job, _write_audio, parallel_chunks
 from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import (
     JobGone,
@@ -39,13 +39,16 @@ from serve_app.storage.jobs import (
     Place,
     StoredJob,
     audio_file_name,
+    chapter_first_chunks,
     chunk_seed,
     cut_text,
     estimated_pcm_bytes,
     make_job_store,
     new_job_id,
     owner_tag,
+    split_chapters,
 )
+from serve_app.storage.jobs.chunking import heading_title
 from serve_app.storage.jobs.directory import DirectoryFiles, write_atomic
 from serve_app.storage.jobs.object_files import ObjectFiles
 from serve_app.storage.jobs.object_lock import ObjectLock
@@ -462,7 +465,7 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(store: JobStore
     for k, p in enumerate(pcm):
         store.put_chunk(job, k, p.tobytes())
         job.chunk_samples[k] = len(p)
-    size = store.put_audio(job, _encoded(store, job, chunks))
+    size = _write_audio(store, job, chunks)
     store.remove_chunks(job)
     assert files_of(store, job) == {"chunks.json", f"audio.{fmt}"} | state_on_files(store)
     data = read_all(store, job, audio_file_name(job))
@@ -480,6 +483,75 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(store: JobStore
         assert int.from_bytes(data[4:8], "little") == len(data) - 8
         data = data[HEADER_BYTES:]
     assert np.array_equal(np.frombuffer(data, dtype="<i2"), expected)
+
+
+BOOK = ("A few words before it all begins.\n\n# Chapter One\n从前有一座山。\n\n山里有一座庙。\n"
+        "***\n第二章 庙里\n庙里有个老和尚。\n\n\n\nHe told a story.\nEpilogue\nThe end.")
+
+
+def test_headings_are_the_lines_that_name_a_chapter_and_nothing_else():
+    for line, title in [("# Notes", "Notes"), ("## 2. Back home", "2. Back home"), ("第一章 山", "第一章 山"),
+                        ("第十二回", "第十二回"), ("序言", "序言"), ("Chapter 2: The River", "Chapter 2: The River"),
+                        ("CHAPTER XII. THE END", "CHAPTER XII. THE END"), ("Part One", "Part One"),
+                        ("Chapter 3 The Storm", "Chapter 3 The Storm"), ("Epilogue", "Epilogue")]:
+        assert heading_title(line) == title, line
+    for line in ["Part of the problem is this.", "Chapter one ended badly.", "Introduction to physics is hard.",
+                 "第二部分是这样的。", "序言部分很长，我们慢慢读吧。", "Book mild", "#hashtag", "第一次见面",
+                 "Chapter 1 " + "x" * 100]:
+        assert heading_title(line) is None, line
+
+
+def test_a_book_is_cut_into_chapters_at_headings_and_scene_breaks():
+    chapters = split_chapters(BOOK)
+    assert [t for t, _ in chapters] == [None, "Chapter One", "第二章 庙里", None, "Epilogue"]
+    chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
+    assert [c.chapter for c in chunks] == [0, 1, 1, 1, 2, 2, 3, 4, 4]
+    assert [c.text for c in chunks][1:3] == ["Chapter One", "从前有一座山。"]  # the heading spoken, without '#'
+    # A paragraph's last chunk 0.5 s, a chapter's 2 s, the book's last none.
+    assert [c.pause_after for c in chunks] == [2.0, 0.5, 0.5, 2.0, 0.5, 2.0, 2.0, 0.5, 0.0]
+    assert chapter_first_chunks(chunks) == [0, 1, 4, 6, 7]
+    # Without chapters: one chapter, paragraph pauses only (a heading stays in its paragraph).
+    plain = cut_text(BOOK, 7, 600, 0.5)
+    assert {c.chapter for c in plain} == {0} and set(c.pause_after for c in plain) == {0.5, 0.0}
+    assert split_chapters("no heading at all.\n\nTwo paragraphs.") == [(None, "no heading at all.\n\nTwo paragraphs.")]
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav"])
+def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStore, fmt: str):
+    chapters = split_chapters(BOOK)
+    chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
+    job = store.create(make_job(n=len(chunks), fmt=fmt, chapter_titles=[t for t, _ in chapters],
+                                chapter_first_chunks=chapter_first_chunks(chunks)), chunks, ROOMY)
+    rng = np.random.default_rng(1)
+    pcm = [rng.integers(-20000, 20000, size=int(rng.integers(0, 3000)), dtype=np.int16) for _ in chunks]
+    for k, p in enumerate(pcm):
+        store.put_chunk(job, k, p.tobytes())
+        job.chunk_samples[k] = len(p)
+    size = _write_audio(store, job, chunks)
+
+    def samples(name: str) -> np.ndarray:
+        data = read_all(store, job, name)
+        return np.frombuffer(data[HEADER_BYTES:] if fmt == "wav" else data, dtype="<i2")
+
+    whole = samples(audio_file_name(job))
+    assert size == sum(len(read_all(store, job, audio_file_name(job, n))) for n in [None, *range(5)])
+    pause = lambda s: np.zeros(int(round(s * 24000)), dtype=np.int16)  # noqa: E731
+    joined = []
+    for n, (first, end) in enumerate(job.chapter_spans()):
+        own = samples(audio_file_name(job, n))
+        inside = [x for k in range(first, end) for x in (pcm[k], pause(chunks[k].pause_after) if k < end - 1 else pause(0))]
+        assert np.array_equal(own, np.concatenate(inside))  # its chunks and pauses, no trailing pause
+        start, duration = job.chapter_times[n]
+        assert round(start * 24000) == sum(len(x) for x in joined) and round(duration * 24000) == len(own)
+        assert np.array_equal(whole[round(start * 24000):round(start * 24000) + len(own)], own)
+        joined += [own, pause(chunks[end - 1].pause_after)]
+    assert np.array_equal(whole, np.concatenate(joined))
+
+
+def test_chunks_at_once_follow_the_acoustic_replicas_up_to_the_cap():
+    cfg = JobsSettings(chunks_per_acoustic_replica=3, max_parallel_chunks=10)
+    assert [parallel_chunks(cfg, n) for n in (0, 1, 2, 3, 4, 50)] == [3, 3, 6, 9, 10, 10]
+    assert parallel_chunks(JobsSettings(), 1) == 2
 
 
 # ------------------------------------------------------------------ what HTTP serves

@@ -9,6 +9,7 @@ one's seed) are fixed before any work and a chunk done again gives the same audi
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from ...engine.audio import SAMPLE_RATE
 from ...engine.pacing import expected_seconds, speed_tag_level
@@ -74,17 +75,78 @@ def _packed(paragraph: str, limit: int) -> list[str]:
     return chunks
 
 
-def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float) -> list[JobChunk]:
-    """The job's chunks in order, each with its seed and the silence after it
-    (``paragraph_pause_s`` after a paragraph's last chunk, none after the job's last). Nothing
-    unspeakable (a line of asterisks) becomes a chunk."""
-    texts: list[tuple[str, bool]] = []
-    for paragraph in _PARAGRAPH_RE.split(text):
-        pieces = [p.strip() for p in _packed(paragraph, chunk_chars)]
-        pieces = [p for p in pieces if is_speakable(p)]
-        texts += [(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
-    chunks = [JobChunk(text=t, seed=chunk_seed(seed, k), pause_after=paragraph_pause_s if ends else 0.0)
-              for k, (t, ends) in enumerate(texts)]
+# A chapter starts at a heading line: Markdown's ``#``; 第…章/回/节/卷/部/篇/集/幕 or a named
+# front or back part (序言, 尾声, ...) in a short line that ends no sentence; Chapter / Part / Book /
+# Act / Section and a number (digits, Roman, a word up to twenty) or Prologue, Epilogue and the
+# like, then the line's end, a mark or a capitalised title. Or after a scene break: a line of ``***`` / ``---`` / ``* * *``,
+# or two blank lines and more.
+MAX_HEADING_CHARS = 80
+MAX_CJK_HEADING_CHARS = 30
+_NUMBER_WORDS = ("one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+                 "sixteen|seventeen|eighteen|nineteen|twenty")
+_MARKDOWN_HEADING_RE = re.compile(r"^#{1,6}\s+\S")
+_CJK_HEADING_RE = re.compile(r"^(?:第[0-9０-９零〇一二三四五六七八九十百千两]+[章回节卷部篇集幕]|序章|序言|楔子|引子|前言|尾声|后记|番外|终章)")
+# After the number (or the named part): the line's end, a mark, or a title in capitals.
+_LATIN_HEADING_RE = re.compile(
+    rf"^(?i:(?:chapter|part|book|act|section)\s+(?:[0-9]+|[ivxlc]+|{_NUMBER_WORDS})"
+    r"|prologue|epilogue|preface|foreword|afterword|introduction|interlude)"
+    r"(?:$|\s*[.:—–-]|\s+[\"'“‘(\[0-9A-Z])"
+)
+_SCENE_BREAK_RE = re.compile(r"^\s*(?:(?:\*\s*){3,}|(?:-\s*){3,}|(?:_\s*){3,}|(?:#\s*){3,})$")
+_BLANK_LINES_RE = re.compile(r"\n[ \t\u3000\r]*\n[ \t\u3000\r]*\n")
+
+
+def heading_title(line: str) -> Optional[str]:
+    """The title when ``line`` is a chapter heading (Markdown's ``#`` taken off), else None."""
+    line = line.strip()
+    if not 0 < len(line) <= MAX_HEADING_CHARS:
+        return None
+    if _MARKDOWN_HEADING_RE.match(line):
+        return line.lstrip("#").strip()
+    if _LATIN_HEADING_RE.match(line):
+        return line
+    if _CJK_HEADING_RE.match(line) and len(line) <= MAX_CJK_HEADING_CHARS and line[-1] not in "。！？!?；;":
+        return line
+    return None
+
+
+def split_chapters(text: str) -> list[tuple[Optional[str], str]]:
+    """``text`` as chapters in order: (the heading's text, or None, and the chapter's text, its
+    heading line first and a paragraph of its own). Text before the first heading is a chapter
+    of its own (untitled) when it has something to speak; an empty chapter is dropped."""
+    chapters: list[tuple[Optional[str], list[str]]] = [(None, [])]
+    for block in _BLANK_LINES_RE.split(text):
+        if chapters[-1][1]:
+            chapters.append((None, []))  # two blank lines and more: a scene break
+        for line in block.split("\n"):
+            if _SCENE_BREAK_RE.match(line):
+                chapters.append((None, []))
+            elif (title := heading_title(line)) is not None:
+                chapters.append((title, [title, ""]))  # the heading is spoken, as a paragraph of its own
+            else:
+                chapters[-1][1].append(line)
+    out = [(title, "\n".join(lines)) for title, lines in chapters]
+    return [(title, body) for title, body in out if is_speakable(body)]
+
+
+def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float,
+             chapters: Optional[list[tuple[Optional[str], str]]] = None, chapter_pause_s: float = 0.0) -> list[JobChunk]:
+    """The job's chunks in order, each with its seed, its chapter and the silence after it
+    (``paragraph_pause_s`` after a paragraph's last chunk, at least ``chapter_pause_s`` after a
+    chapter's, none after the job's last). ``chapters``: the text as ``split_chapters`` cut it
+    (chunk ``chapter`` indexes it); without, the text is one chapter. Nothing unspeakable (a
+    line of asterisks) becomes a chunk."""
+    parts = chapters if chapters is not None else [(None, text)]
+    texts: list[tuple[str, float, int]] = []
+    for index, (_, body) in enumerate(parts):
+        for paragraph in _PARAGRAPH_RE.split(body):
+            pieces = [p.strip() for p in _packed(paragraph, chunk_chars)]
+            pieces = [p for p in pieces if is_speakable(p)]
+            texts += [(p, paragraph_pause_s if i == len(pieces) - 1 else 0.0, index) for i, p in enumerate(pieces)]
+        if texts and texts[-1][2] == index:
+            texts[-1] = (texts[-1][0], max(texts[-1][1], chapter_pause_s), index)
+    chunks = [JobChunk(text=t, seed=chunk_seed(seed, k), pause_after=pause, chapter=chapter)
+              for k, (t, pause, chapter) in enumerate(texts)]
     if chunks:
         chunks[-1].pause_after = 0.0
     return chunks
@@ -96,3 +158,8 @@ def estimated_pcm_bytes(chunks: list[JobChunk], speed: float) -> int:
     level = speed_tag_level(speed)
     seconds = sum(expected_seconds(c.text, level) + c.pause_after for c in chunks)
     return int(seconds * SAMPLE_RATE * PCM_BYTES_PER_SAMPLE)
+
+
+def chapter_first_chunks(chunks: list[JobChunk]) -> list[int]:
+    """The index of each chapter's first chunk (chunks of a chapter are consecutive)."""
+    return [k for k, c in enumerate(chunks) if k == 0 or c.chapter != chunks[k - 1].chapter]

@@ -51,9 +51,12 @@ def chunk_file(index: int) -> str:
     return f"{CHUNKS_FOLDER}/{int(index)}.pcm"
 
 
-def audio_file_name(job: "StoredJob") -> str:
-    """The final file's name (``response_format`` is one of the known formats: a plain word)."""
-    return f"audio.{job.response_format}"
+def audio_file_name(job: "StoredJob", chapter: Optional[int] = None) -> str:
+    """The final file's name, or chapter ``chapter``'s (``response_format`` is one of the known
+    formats: a plain word; ``chapter`` an int)."""
+    if chapter is None:
+        return f"audio.{job.response_format}"
+    return f"chapters/{int(chapter)}.{job.response_format}"
 
 
 def chunks_document(chunks: list["JobChunk"]) -> bytes:
@@ -75,6 +78,7 @@ class JobChunk(BaseModel):
     text: str
     seed: int
     pause_after: float = 0.0
+    chapter: int = 0  # its chapter's index (jobs made with chapters; 0 otherwise)
 
 
 class StoredJob(BaseModel):
@@ -108,6 +112,16 @@ class StoredJob(BaseModel):
     run_chars_start: int = 0
     retries: int = 0
     error: Optional[dict[str, str]] = None  # {"code", "message"}
+    # Made with chapters: each chapter's title (None: untitled) and first chunk; once done, where
+    # each starts in the whole file and its own file's length (seconds), and a file per chapter.
+    chapter_titles: list[Optional[str]] = Field(default_factory=list)
+    chapter_first_chunks: list[int] = Field(default_factory=list)
+    chapter_times: list[tuple[float, float]] = Field(default_factory=list)
+
+    def chapter_spans(self) -> list[tuple[int, int]]:
+        """Each chapter's chunks, [first, end)."""
+        ends = self.chapter_first_chunks[1:] + [self.chunks_total]
+        return list(zip(self.chapter_first_chunks, ends))
 
     @property
     def active(self) -> bool:

@@ -125,9 +125,9 @@ class JobStore:
         """Replace the job's state whole; ``JobGone`` when the job was deleted meanwhile."""
         self.states.save(job)
 
-    def put_audio(self, job: StoredJob, pieces: Iterable[bytes]) -> int:
-        """Store the final file from ``pieces`` whole or not at all; its size."""
-        return self.files.put(Place.of(job), audio_file_name(job), pieces)
+    def put_audio(self, job: StoredJob, pieces: Iterable[bytes], chapter: Optional[int] = None) -> int:
+        """Store the final file (or chapter ``chapter``'s) from ``pieces`` whole or not at all; its size."""
+        return self.files.put(Place.of(job), audio_file_name(job, chapter), pieces)
 
     def remove_chunks(self, job: StoredJob) -> None:
         self.files.remove(Place.of(job), CHUNKS_FOLDER)
