@@ -230,6 +230,11 @@ class Ingress:
         """A succeeded job's file; Range requests answer 206 (players seek)."""
         return await self.jobs.audio(job_id, self._caller(request))
 
+    @app.api_route(JOBS_PATH + "/{job_id}/captions", methods=["GET", "HEAD"])
+    async def job_captions(self, job_id: str, request: Request):
+        """A succeeded job's captions (made with ``captions``: SRT or WebVTT)."""
+        return await self.jobs.captions(job_id, self._caller(request))
+
     @app.post(JOBS_PATH + "/{job_id}/cancel", response_model=AudioJob)
     async def cancel_job(self, job_id: str, request: Request):
         """Stop the job and keep it as ``cancelled`` (DELETE stops it and deletes it)."""
@@ -239,6 +244,11 @@ class Ingress:
     async def job_chapter_audio(self, job_id: str, chapter: int, request: Request):
         """One chapter's file of a succeeded job made with ``chapters``; Range requests work."""
         return await self.jobs.chapter_audio(job_id, chapter, self._caller(request))
+
+    @app.api_route(JOBS_PATH + "/{job_id}/chapters/{chapter}/captions", methods=["GET", "HEAD"])
+    async def job_chapter_captions(self, job_id: str, chapter: int, request: Request):
+        """One chapter's captions, timed on its own file (made with ``chapters`` and ``captions``)."""
+        return await self.jobs.chapter_captions(job_id, chapter, self._caller(request))
 
     @app.delete(JOBS_PATH + "/{job_id}", response_model=AudioJobDeleted)
     async def delete_job(self, job_id: str, request: Request):

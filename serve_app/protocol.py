@@ -232,6 +232,8 @@ class JobRequest(_ApiOptions):
     chapters: bool = Field(default=False, description="Also a file per chapter, and the chapter list: the text is "
                            "cut at heading lines (Markdown '#', 第…章/回/节, Chapter/Part 1, Prologue, ...) and at scene "
                            "breaks (a line of '***' or '---', two blank lines or more).")
+    captions: Optional[CaptionFormat] = Field(default=None, description="Also captions of the audio (and of each "
+                                              "chapter's): SubRip or WebVTT, timed per segment.")
 
     @field_validator("input")
     @classmethod
@@ -268,6 +270,8 @@ class JobChapter(BaseModel):
     start_seconds: Optional[float] = Field(default=None, description="Where it starts in the whole file (once done).")
     duration_seconds: Optional[float] = Field(default=None, description="Its own file's length (once done).")
     audio_url: Optional[str] = Field(default=None, description="Once the job succeeded: its own file (Range works).")
+    captions_url: Optional[str] = Field(default=None, description="Made with captions, once the job succeeded: "
+                                        "its captions, timed on its own file.")
 
 
 class JobFailure(BaseModel):
@@ -293,6 +297,8 @@ class AudioJob(BaseModel):
     error: Optional[JobFailure] = None
     audio_url: Optional[str] = Field(default=None, description="Once succeeded: GET it (Range requests work).")
     owner: Optional[str] = Field(default=None, description="The key id that made it, or 'anonymous'.")
+    captions_url: Optional[str] = Field(default=None, description="Made with captions, once succeeded: the "
+                                        "captions of the whole file (SRT or WebVTT).")
     chapters: Optional[list[JobChapter]] = Field(default=None, description="Made with chapters: each chapter.")
 
 

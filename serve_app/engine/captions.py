@@ -49,7 +49,11 @@ from .text.chars import CJK_RE
 from .text.lang import detect_language
 from .text.tags import CONTROL_TAG_RE
 
-__all__ = ["CaptionSettings", "Cue", "TimedText", "build_cues", "format_timestamp", "to_srt", "to_webvtt"]
+__all__ = ["CAPTION_TYPES", "CaptionSettings", "Cue", "TimedText", "build_cues", "format_timestamp", "to_srt",
+           "to_webvtt"]
+
+# What a caption file is served as (WebVTT's registered type; SubRip has none, this is common use).
+CAPTION_TYPES: dict[str, str] = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
 @dataclass(frozen=True)

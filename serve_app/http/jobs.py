@@ -28,6 +28,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 
 from ..engine.audio import CONTENT_TYPES, SAMPLE_RATE
+from ..engine.captions import CAPTION_TYPES
 from ..engine.errors import EmptyInputError, JobError, JobNotReady, UnknownJobError
 from ..engine.styles import header_value
 from ..engine.voices import effective_seed
@@ -40,6 +41,7 @@ from ..storage.jobs import (
     JobStore,
     StoredJob,
     audio_file_name,
+    captions_file_name,
     chapter_first_chunks,
     check_room,
     cut_text,
@@ -204,7 +206,7 @@ class JobsService:
         now = time.time()
         job = StoredJob(id=new_job_id(), owner=caller.owner, model=req.model, voice_name=voice.name,
                         voice=dataclasses.asdict(voice), options=options.model_dump(),
-                        response_format=req.response_format, created_at=now, updated_at=now,
+                        response_format=req.response_format, captions=req.captions, created_at=now, updated_at=now,
                         chunks_total=len(chunks), chunk_samples=[-1] * len(chunks),
                         chars_total=sum(len(c.text) for c in chunks),
                         reserved_bytes=estimated_pcm_bytes(chunks, options.speed),
@@ -257,16 +259,36 @@ class JobsService:
             job = await self._job(job_id, caller)
         return self.view(job, root)
 
+    async def captions(self, job_id: str, caller: Caller) -> Response:
+        """The captions of the finished file (a job made with ``captions``)."""
+        job = await self._succeeded(job_id, caller, "captions", captioned=True)
+        return await file_response(self.store, job, captions_file_name(job), CAPTION_TYPES[job.captions],
+                                   f"{job.id}.{job.captions}")
+
     async def chapter_audio(self, job_id: str, chapter: int, caller: Caller) -> Response:
         """One chapter's file (a job made with ``chapters``), with Range requests."""
-        job = await self._job(job_id, caller)
-        if not 0 <= chapter < len(job.chapter_titles):
-            raise as_api_error(UnknownJobError(f"job {job.id} has no chapter {chapter}"
-                                               + ("" if job.chapter_titles else " (it was made without chapters)")))
-        if job.status != "succeeded":
-            raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its chapters are there once it has succeeded"))
+        job = await self._succeeded(job_id, caller, "chapters", chapter=chapter)
         return await file_response(self.store, job, audio_file_name(job, chapter), CONTENT_TYPES[job.response_format],
                                    f"{job.id}-{chapter}.{job.response_format}")
+
+    async def chapter_captions(self, job_id: str, chapter: int, caller: Caller) -> Response:
+        """One chapter's captions, timed on its own file (a job made with ``chapters`` and ``captions``)."""
+        job = await self._succeeded(job_id, caller, "captions", chapter=chapter, captioned=True)
+        return await file_response(self.store, job, captions_file_name(job, chapter), CAPTION_TYPES[job.captions],
+                                   f"{job.id}-{chapter}.{job.captions}")
+
+    async def _succeeded(self, job_id: str, caller: Caller, what: str, chapter: Optional[int] = None,
+                         captioned: bool = False) -> StoredJob:
+        """The caller's job, when it has ``what`` (its chapter ``chapter``, its captions) and has succeeded."""
+        job = await self._job(job_id, caller)
+        if chapter is not None and not 0 <= chapter < len(job.chapter_titles):
+            raise as_api_error(UnknownJobError(f"job {job.id} has no chapter {chapter}"
+                                               + ("" if job.chapter_titles else " (it was made without chapters)")))
+        if captioned and not job.captions:
+            raise as_api_error(UnknownJobError(f"job {job.id} has no captions (it was made without captions)"))
+        if job.status != "succeeded":
+            raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its {what} are there once it has succeeded"))
+        return job
 
     async def delete(self, job_id: str, caller: Caller) -> AudioJobDeleted:
         """Delete the job at once (its state first: the runner's next write of it fails), then
@@ -312,13 +334,17 @@ class JobsService:
                                    chunks_done=sum(1 for k in range(first, end) if job.chunk_samples[k] >= 0),
                                    start_seconds=job.chapter_times[n][0] if done else None,
                                    duration_seconds=job.chapter_times[n][1] if done else None,
-                                   audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None)
+                                   audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None,
+                                   captions_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/captions"
+                                   if done and job.captions else None)
                         for n, (title, (first, end)) in enumerate(zip(job.chapter_titles, job.chapter_spans()))]
         return AudioJob(id=job.id, status=job.status, created_at=int(job.created_at), started_at=stamp(job.started_at),
                         finished_at=stamp(job.finished_at), expires_at=stamp(job.expires_at), model=job.model,
                         voice=job.voice_name, response_format=job.response_format, progress=progress, bytes=job.bytes,
                         error=JobFailure(**job.error) if job.error else None, owner=job.owner,
                         audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None,
+                        captions_url=f"{root}{JOBS_PATH}/{job.id}/captions"
+                        if job.status == "succeeded" and job.captions else None,
                         chapters=chapters)
 
     async def _request_of(self, request: Request) -> JobRequest:

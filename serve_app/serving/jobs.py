@@ -38,6 +38,7 @@ from typing import Any, Iterator, Optional
 
 from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import EmptyInputError, EngineOverloaded
+from ..engine.types import SegmentMark
 from ..errors import to_api_error
 from ..settings import JobsSettings
 from ..storage.jobs import JobChunk, JobGone, StoredJob, make_job_store, store_identity, store_location
@@ -342,17 +343,20 @@ class JobRunner:
                 raise
             plan = None  # nothing the normaliser can say (symbols only): an empty chunk
         parts: list[bytes] = []
+        timing: list[list] = []  # [start, end, text] per segment, samples in this chunk's PCM
         if plan is not None:
             gen = self.vocoder.options(stream=True).stream.remote(plan, "pcm", None)
             try:
                 async for item in gen:
                     if isinstance(item, bytes):
                         parts.append(item)
+                    elif isinstance(item, SegmentMark):
+                        timing.append([item.start, item.end, plan.source_of(item.index)])
             except BaseException:
                 gen.cancel()  # cancelled, timed out or failed: the stages stop their work too
                 raise
         pcm = b"".join(parts)
-        await asyncio.to_thread(self.store.put_chunk, job, k, pcm)
+        await asyncio.to_thread(self.store.put_chunk, job, k, pcm, timing if job.captions else None)
         return len(pcm) // SAMPLE_BYTES
 
     async def _save(self, active: _Job) -> None:
@@ -415,17 +419,36 @@ def parallel_chunks(settings: JobsSettings, acoustic_replicas: int) -> int:
 
 def _write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
     """The whole file, then (made with chapters) each chapter's, and where each chapter lies in
-    the whole file (``job.chapter_times``); the bytes written."""
+    the whole file (``job.chapter_times``); made with captions, each file's captions too. The
+    bytes written."""
     size = store.put_audio(job, _encoded(store, job, chunks, 0, len(chunks)))
+    if job.captions:
+        size += store.put_captions(job, _captions(store, job, chunks, 0, len(chunks)))
     times = []
     at = 0
     for n, (first, end) in enumerate(job.chapter_spans() if job.chapter_titles else []):
         size += store.put_audio(job, _encoded(store, job, chunks, first, end, trailing_pause=False), chapter=n)
+        if job.captions:
+            size += store.put_captions(job, _captions(store, job, chunks, first, end), chapter=n)
         own = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(_pauses(chunks, first, end, False))
         times.append((round(at / SAMPLE_RATE, 6), round(own / SAMPLE_RATE, 6)))
         at += own + _pause_samples(chunks[end - 1])
     job.chapter_times = times
     return size
+
+
+def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
+    """Captions of the file made from chunks [first, end): each chunk's segments moved to where
+    the chunk starts in that file (the chunks before it and their pauses)."""
+    from ..engine.captions import TimedText, to_srt, to_webvtt
+
+    items: list[TimedText] = []
+    at = 0
+    for k, pause in zip(range(first, end), _pauses(chunks, first, end, True)):
+        for start, stop, text in store.read_timing(job, k):
+            items.append(TimedText((at + start) / SAMPLE_RATE, (at + stop) / SAMPLE_RATE, text))
+        at += max(0, job.chunk_samples[k]) + pause
+    return to_srt(items) if job.captions == "srt" else to_webvtt(items)
 
 
 def _pause_samples(chunk: JobChunk) -> int:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import httpx
 import numpy as np
 import pytest
+import srt
 
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
@@ -208,10 +209,12 @@ CHAPTERED = "第一章 山\n山上有座庙。\n\n第二章 庙\n庙里有和尚
 def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
     """``chapters``: the chapter list (titles, then where each starts and lasts) and each
     chapter's own file, which is the whole file's span for it; a chapter that is not there is 404."""
-    job = submit(jobs_url, text=CHAPTERED, chapters=True, seed=11)
+    job = submit(jobs_url, text=CHAPTERED, chapters=True, seed=11, captions="srt")
     assert [(c["index"], c["title"], c["chunks_done"], c["audio_url"]) for c in job["chapters"]] == \
         [(0, "第一章 山", 0, None), (1, "第二章 庙", 0, None), (2, None, 0, None)]
     done = wait_done(jobs_url, job["id"])
+    whole_cues = captions(jobs_url, done["captions_url"])
+    assert len(whole_cues) >= done["progress"]["chunks_total"]  # a chunk has a segment or more
     whole = pcm(audio(jobs_url, job["id"]).content)
     pause = round(JobsSettings().chapter_pause_s * 24000)  # the jobs app leaves it at its default
     at = 0
@@ -222,14 +225,28 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
         own = pcm(r.content)
         assert round(c["start_seconds"] * 24000) == at and round(c["duration_seconds"] * 24000) == len(own)
         assert np.array_equal(whole[at:at + len(own)], own)
+        # Its captions are the whole file's for its span, timed on its own file.
+        own_cues = captions(jobs_url, c["captions_url"])
+        moved = [(start + at / 24000, end + at / 24000, text) for start, end, text in own_cues]
+        span = [cue for cue in whole_cues if at / 24000 - 0.001 <= cue[0] < (at + len(own)) / 24000 - 0.001]
+        assert [t for *_, t in moved] == [t for *_, t in span] and own_cues and own_cues[-1][1] <= len(own) / 24000
+        assert all(abs(a[0] - b[0]) <= 0.002 and abs(a[1] - b[1]) <= 0.002 for a, b in zip(moved, span))
         at += len(own) + pause
         assert not whole[at - pause:at].any()
     assert at - pause == len(whole)
+    assert whole_cues[-1][1] <= len(whole) / 24000 and all(a[1] <= b[0] for a, b in zip(whole_cues, whole_cues[1:]))
     assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/3/audio", headers=auth("alice"), timeout=30),
                         404, "job_not_found")
     assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/0/audio", headers=auth("bob"), timeout=30),
                         404, "job_not_found")  # another key's job reads as a missing one
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
+
+
+def captions(jobs_url: str, url: str) -> list[tuple[float, float, str]]:
+    """A job's SRT file, parsed by a maintained library: (start, end, text) per cue."""
+    r = httpx.get(f"{jobs_url}{url}", headers=auth("alice"), timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-subrip"), r.status_code
+    return [(c.start.total_seconds(), c.end.total_seconds(), c.content) for c in srt.parse(r.text)]
 
 
 def test_progress_moves_while_the_job_runs(book_job):
@@ -265,6 +282,9 @@ def test_the_audio_answers_range_requests(jobs_url, book_job):
     assert r.status_code == 200 and r.content == data  # changed since: the whole file
     head = httpx.head(f"{jobs_url}{JOBS}/{job_id}/audio", headers=auth("alice"), timeout=30)
     assert head.status_code == 200 and head.headers["content-length"] == str(size) and not head.content
+    assert book_job["job"]["captions_url"] is None  # made without captions: there are none
+    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job_id}/captions", headers=auth("alice"), timeout=30),
+                        404, "job_not_found")
 
 
 # ------------------------------------------------------------------ owners and quotas

@@ -39,6 +39,7 @@ from serve_app.storage.jobs import (
     Place,
     StoredJob,
     audio_file_name,
+    captions_file_name,
     chapter_first_chunks,
     chunk_seed,
     cut_text,
@@ -546,6 +547,47 @@ def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStor
         assert np.array_equal(whole[round(start * 24000):round(start * 24000) + len(own)], own)
         joined += [own, pause(chunks[end - 1].pause_after)]
     assert np.array_equal(whole, np.concatenate(joined))
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_captions_follow_each_chunk_to_its_place_in_the_whole_file_and_its_chapters(store: JobStore, fmt: str):
+    import io
+
+    import srt
+    import webvtt
+
+    chapters = split_chapters(BOOK)
+    chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
+    job = store.create(make_job(n=len(chunks), captions=fmt, chapter_titles=[t for t, _ in chapters],
+                                chapter_first_chunks=chapter_first_chunks(chunks)), chunks, ROOMY)
+    rng = np.random.default_rng(2)
+    lengths = [int(rng.integers(2400, 9600)) for _ in chunks]
+    for k, (chunk, n) in enumerate(zip(chunks, lengths)):
+        # One segment per chunk, 0.05 s of lead-in and tail inside the chunk's PCM.
+        store.put_chunk(job, k, b"\x01\x00" * n, [[1200, n - 1200, chunk.text]])
+        job.chunk_samples[k] = n
+    assert set(files_of(store, job)) >= {f"chunks/{k}.json" for k in range(len(chunks))}
+    _write_audio(store, job, chunks)
+
+    def cues(name: str) -> list[tuple[int, int, str]]:
+        text = read_all(store, job, name).decode()
+        if fmt == "srt":
+            return [(round(c.start.total_seconds() * 1000), round(c.end.total_seconds() * 1000), c.content)
+                    for c in srt.parse(text)]
+        ms = lambda t: round(sum(float(x) * f for x, f in zip(t.split(":"), (3600_000, 60_000, 1000))))  # noqa: E731
+        return [(ms(c.start), ms(c.end), c.text) for c in webvtt.from_buffer(io.StringIO(text))]
+
+    def expected(first: int, end: int) -> list[tuple[int, int, str]]:
+        out, at = [], 0
+        for k in range(first, end):
+            out.append((round((at + 1200) * 1000 / 24000), round((at + lengths[k] - 1200) * 1000 / 24000),
+                        chunks[k].text))
+            at += lengths[k] + int(round(chunks[k].pause_after * 24000))
+        return out
+
+    assert cues(captions_file_name(job)) == expected(0, len(chunks))
+    for n, (first, end) in enumerate(job.chapter_spans()):  # each chapter's on its own file's timeline
+        assert cues(captions_file_name(job, n)) == expected(first, end)
 
 
 def test_chunks_at_once_follow_the_acoustic_replicas_up_to_the_cap():

@@ -51,6 +51,7 @@ from .model import (
     StoredJob,
     Usage,
     audio_file_name,
+    captions_file_name,
     check_room,
     default_jobs_dir,
     new_job_id,
@@ -60,7 +61,8 @@ from .states import FileStates, JobStates
 from .store import JobStore
 
 __all__ = ["ACTIVE", "JOB_ID_RE", "FileStat", "JobChunk", "JobFiles", "JobGone", "JobLimits", "JobStates", "JobStatus",
-           "JobStore", "Place", "StoredJob", "Usage", "audio_file_name", "chapter_first_chunks", "check_room", "chunk_seed",
+           "JobStore", "Place", "StoredJob", "Usage", "audio_file_name", "captions_file_name",
+           "chapter_first_chunks", "check_room", "chunk_seed",
            "cut_text", "default_jobs_dir", "estimated_pcm_bytes", "job_limits", "jobs_root", "make_job_store", "new_job_id",
            "owner_tag", "split_chapters", "store_identity", "store_location"]
 

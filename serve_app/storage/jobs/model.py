@@ -51,12 +51,24 @@ def chunk_file(index: int) -> str:
     return f"{CHUNKS_FOLDER}/{int(index)}.pcm"
 
 
+def timing_file(index: int) -> str:
+    """A chunk's segments: where each lies in its PCM and its text (jobs made with captions)."""
+    return f"{CHUNKS_FOLDER}/{int(index)}.json"
+
+
 def audio_file_name(job: "StoredJob", chapter: Optional[int] = None) -> str:
     """The final file's name, or chapter ``chapter``'s (``response_format`` is one of the known
     formats: a plain word; ``chapter`` an int)."""
     if chapter is None:
         return f"audio.{job.response_format}"
     return f"chapters/{int(chapter)}.{job.response_format}"
+
+
+def captions_file_name(job: "StoredJob", chapter: Optional[int] = None) -> str:
+    """The captions of the whole file, or of chapter ``chapter``'s (``job.captions`` is srt or vtt)."""
+    if chapter is None:
+        return f"captions.{job.captions}"
+    return f"chapters/{int(chapter)}.{job.captions}"
 
 
 def chunks_document(chunks: list["JobChunk"]) -> bytes:
@@ -95,6 +107,7 @@ class StoredJob(BaseModel):
     voice: dict[str, Any]  # the resolved ``Voice``: the job keeps it whatever happens to a stored voice
     options: dict[str, Any]  # ``SynthesisOptions``, instructions applied, the seed the effective one
     response_format: str
+    captions: Optional[Literal["srt", "vtt"]] = None  # also a caption file (and one per chapter)
     created_at: float
     updated_at: float
     started_at: Optional[float] = None

@@ -24,8 +24,10 @@ from .model import (
     StoredJob,
     Usage,
     audio_file_name,
+    captions_file_name,
     chunk_file,
     chunks_document,
+    timing_file,
     usage_of,
 )
 from .states import JobStates
@@ -111,9 +113,18 @@ class JobStore:
         return {int(name[: -len(_CHUNK_NAME)]): size // PCM_BYTES_PER_SAMPLE for name, size in listing.items()
                 if name.endswith(_CHUNK_NAME) and name[: -len(_CHUNK_NAME)].isdigit()}
 
-    def put_chunk(self, job: StoredJob, index: int, pcm: bytes) -> None:
-        """Store a chunk's PCM whole or not at all; ``JobGone`` when the job was deleted."""
-        self.files.put(Place.of(job), chunk_file(index), [pcm])
+    def put_chunk(self, job: StoredJob, index: int, pcm: bytes, timing: Optional[list] = None) -> None:
+        """Store a chunk's PCM whole or not at all, its ``timing`` (``[[start, end, text], ...]``,
+        samples in the PCM) first: a stored chunk has both. ``JobGone`` when the job was deleted."""
+        place = Place.of(job)
+        if timing is not None:
+            self.files.put(place, timing_file(index), [json.dumps(timing, ensure_ascii=False).encode()])
+        self.files.put(place, chunk_file(index), [pcm])
+
+    def read_timing(self, job: StoredJob, index: int) -> list:
+        """A chunk's ``timing`` as ``put_chunk`` stored it; [] when it has none (an empty chunk)."""
+        data = self.files.get(Place.of(job), timing_file(index))
+        return json.loads(data) if data else []
 
     def read_chunk(self, job: StoredJob, index: int) -> bytes:
         data = self.files.get(Place.of(job), chunk_file(index))
@@ -128,6 +139,10 @@ class JobStore:
     def put_audio(self, job: StoredJob, pieces: Iterable[bytes], chapter: Optional[int] = None) -> int:
         """Store the final file (or chapter ``chapter``'s) from ``pieces`` whole or not at all; its size."""
         return self.files.put(Place.of(job), audio_file_name(job, chapter), pieces)
+
+    def put_captions(self, job: StoredJob, text: str, chapter: Optional[int] = None) -> int:
+        """Store the caption file of the whole audio (or of chapter ``chapter``'s); its size."""
+        return self.files.put(Place.of(job), captions_file_name(job, chapter), [text.encode()])
 
     def remove_chunks(self, job: StoredJob) -> None:
         self.files.remove(Place.of(job), CHUNKS_FOLDER)
