@@ -217,34 +217,61 @@ class VoiceList(BaseModel):
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
+MAX_JOB_TURNS = 100_000  # a job's dialogue turns at most (their text counts against jobs.max_input_chars)
+
+
 class JobRequest(_ApiOptions):
-    """``POST /v1/audio/jobs``: a text of any length up to ``jobs.max_input_chars`` (a book),
-    spoken in the background into one file. The options are ``SpeechRequest``'s for plain text;
-    ``priority`` is the service's (``jobs.priority``: below interactive requests)."""
+    """``POST /v1/audio/jobs``: a text of any length up to ``jobs.max_input_chars`` (a book), an
+    SSML document, or a dialogue's turns, spoken in the background into one file. The options
+    are ``SpeechRequest``'s (``DialogueRequest``'s with turns); ``priority`` is the service's
+    (``jobs.priority``: below interactive requests)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(default="chattts", max_length=64)
-    input: str = Field(min_length=1, description="Text to speak: paragraphs separated by blank lines.")
+    input: str = Field(default="", description="Text to speak (paragraphs separated by blank lines) or an SSML "
+                       "document; empty with turns.")
+    input_format: Optional[Literal["text", "ssml"]] = Field(default=None, description="ssml: the input is SSML (the "
+                                                            "default when it starts with <speak).")
+    turns: Optional[list[DialogueTurn]] = Field(default=None, min_length=1, max_length=MAX_JOB_TURNS,
+                                                description="A dialogue instead of input: turns in several voices.")
+    pause_s: float = Field(default=0.4, ge=0.0, le=5.0, description="With turns: silence between turns, seconds.")
     response_format: ResponseFormat = "mp3"
     instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, "
                                         "as in /v1/audio/speech.")
     chapters: bool = Field(default=False, description="Also a file per chapter, and the chapter list: the text is "
                            "cut at heading lines (Markdown '#', 第…章/回/节, Chapter/Part 1, Prologue, ...) and at scene "
-                           "breaks (a line of '***' or '---', two blank lines or more).")
+                           "breaks (a line of '***' or '---', two blank lines or more). Plain text only.")
     captions: Optional[CaptionFormat] = Field(default=None, description="Also captions of the audio (and of each "
                                               "chapter's): SubRip or WebVTT, timed per segment.")
 
     @field_validator("input")
     @classmethod
-    def _plain_text(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("input must not be blank")
+    def _no_nul(cls, v: str) -> str:
         if "\x00" in v:
             raise ValueError("input must not contain NUL characters")
-        if looks_like_ssml(v):  # a document cannot be cut into paragraphs that each parse
-            raise ValueError("jobs take plain text; send SSML to /v1/audio/speech")
         return v
+
+    @model_validator(mode="after")
+    def _one_script(self) -> "JobRequest":
+        if self.turns is not None:
+            if self.input:
+                raise ValueError("give either input or turns, not both")
+        elif not self.input.strip():
+            raise ValueError("input must not be blank")
+        if self.chapters and (self.turns is not None or self.is_ssml):
+            raise ValueError("chapters are cut from plain text's headings; an SSML or dialogue job has none")
+        return self
+
+    @property
+    def is_ssml(self) -> bool:
+        return self.turns is None and (self.input_format == "ssml" or
+                                       (self.input_format is None and looks_like_ssml(self.input)))
+
+    @property
+    def script_chars(self) -> int:
+        """What counts against ``jobs.max_input_chars``: the input, or every turn's."""
+        return len(self.input) if self.turns is None else sum(len(t.input) for t in self.turns)
 
     def to_options(self) -> SynthesisOptions:
         return _options_of(self)

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from ..engine.audio import CONTENT_TYPES, SAMPLE_RATE
 from ..engine.captions import CAPTION_TYPES
 from ..engine.errors import EmptyInputError, JobError, JobNotReady, UnknownJobError
-from ..engine.styles import header_value
+from ..engine.types import ScriptPart
 from ..engine.voices import effective_seed
 from ..errors import APIError, as_api_error, invalid_value
 from ..protocol import AudioJob, AudioJobDeleted, AudioJobList, JobChapter, JobFailure, JobProgress, JobRequest
@@ -38,12 +38,14 @@ from ..serving.jobs import job_runner
 from ..settings import JobsSettings
 from ..storage.jobs import (
     JOB_ID_RE,
+    JobPart,
     JobStore,
     StoredJob,
     audio_file_name,
     captions_file_name,
     chapter_first_chunks,
     check_room,
+    cut_script,
     cut_text,
     estimated_pcm_bytes,
     job_limits,
@@ -53,7 +55,7 @@ from ..storage.jobs import (
 )
 from ..storage.voices import VoiceCatalog
 from .ranged import RangedResponse
-from .script import styled
+from .script import dialogue_script, speech_script, style_headers, styled
 from .security import Caller
 from .speech import check_model
 
@@ -146,6 +148,23 @@ async def file_response(store: JobStore, job: StoredJob, name: str, media_type: 
                           filename=filename, content_disposition_type="inline", headers=headers)
 
 
+def job_parts(parts: list[ScriptPart]) -> tuple[list[dict[str, Any]], list[JobPart]]:
+    """A script's parts as a job stores them: each distinct voice once (the job's
+    ``script_voices``), each part naming its voice by index there."""
+    voices: dict[str, int] = {}
+    table: list[dict[str, Any]] = []
+    out: list[JobPart] = []
+    for part in parts:
+        fields = dataclasses.asdict(part.voice)
+        key = json.dumps(fields, sort_keys=True, default=str)
+        if key not in voices:
+            voices[key] = len(table)
+            table.append(fields)
+        out.append(JobPart(text=part.text, voice=voices[key], speed=part.speed, prompt=part.prompt, offset=part.offset,
+                           span=part.span, pause_before=part.pause_before, speaker=part.speaker, turn=part.turn))
+    return table, out
+
+
 class JobsService:
     """The store (read, listed and written here) and the application's runner (told of new
     jobs, of cancels, and every few seconds of the settings and stages it runs with)."""
@@ -190,22 +209,34 @@ class JobsService:
 
     async def _create(self, req: JobRequest, caller: Caller, root: str) -> JSONResponse:
         check_model(req.model)
-        if len(req.input) > self.cfg.max_input_chars:
-            raise APIError(413, f"input is {len(req.input)} characters; the limit is {self.cfg.max_input_chars}",
-                           param="input", code="input_too_long")
+        if req.script_chars > self.cfg.max_input_chars:
+            raise APIError(413, f"input is {req.script_chars} characters; the limit is {self.cfg.max_input_chars}",
+                           param="turns" if req.turns is not None else "input", code="input_too_long")
         voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
-        options, style = styled(req.to_options(), req.instructions)
-        seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
-        options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
-        # The owner's room before the text is cut (a million characters take a moment); the store
-        # checks again, atomically with the write.
+        # The owner's room before the text is parsed and cut (a million characters take a
+        # moment); the store checks again, atomically with the write.
         check_room(await self._store(self.store.usage, caller.owner), self.limits)
-        chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
+        if req.turns is not None or req.is_ssml:
+            # Parsed and every voice resolved now (a malformed document is a 400 before anything
+            # is stored); the chunks keep the script's parts, the job its voices.
+            script = await (dialogue_script(req, self.voices, caller, self.cfg.max_input_chars) if req.turns is not None
+                            else speech_script(req, voice, self.voices, caller, self.cfg.max_input_chars))
+            options, headers, chapters = script.options, script.headers, None
+            seed = effective_seed(voice, options.seed)
+            script_voices, parts = job_parts(script.parts or [])
+            chunks = await asyncio.to_thread(cut_script, parts, seed, self.cfg.chunk_chars)
+            voice_name = voice.name if req.turns is None else "+".join(dict.fromkeys(t.voice for t in req.turns))[:200]
+        else:
+            options, style = styled(req.to_options(), req.instructions)
+            headers, script_voices, voice_name = style_headers([style]), [], voice.name
+            seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
+            chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
+        options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
         now = time.time()
-        job = StoredJob(id=new_job_id(), owner=caller.owner, model=req.model, voice_name=voice.name,
-                        voice=dataclasses.asdict(voice), options=options.model_dump(),
+        job = StoredJob(id=new_job_id(), owner=caller.owner, model=req.model, voice_name=voice_name,
+                        voice=dataclasses.asdict(voice), script_voices=script_voices, options=options.model_dump(),
                         response_format=req.response_format, captions=req.captions, created_at=now, updated_at=now,
                         chunks_total=len(chunks), chunk_samples=[-1] * len(chunks),
                         chars_total=sum(len(c.text) for c in chunks),
@@ -216,11 +247,7 @@ class JobsService:
         self.runner.notify.remote()  # fire and forget: the runner also finds it at its next scan
         log.info(json.dumps({"event": "job_created", "id": job.id, "owner": job.owner, "chunks": len(chunks),
                              "chars": job.chars_total, "format": job.response_format}))
-        headers = {"Location": f"{root}{JOBS_PATH}/{job.id}"}
-        if style.applied:
-            headers["X-Style-Applied"] = header_value(dict.fromkeys(style.applied))
-        if style.ignored:
-            headers["X-Style-Ignored"] = header_value(dict.fromkeys(style.ignored))
+        headers = {"Location": f"{root}{JOBS_PATH}/{job.id}", **headers}
         return JSONResponse(self.view(job, root).model_dump(), status_code=202, headers=headers)
 
     def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:

@@ -10,12 +10,12 @@ together (``Planner.plan_script``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from ..engine.styles import StyleResult, header_value, resolve_instructions
 from ..engine.text.ssml import SsmlBreak, SsmlText, parse_ssml
 from ..engine.types import ScriptPart, SynthesisOptions, Voice
-from ..protocol import DialogueRequest, SpeechRequest
+from ..protocol import DialogueRequest, JobRequest, SpeechRequest
 from ..storage.voices import VoiceCatalog
 from .security import Caller
 
@@ -39,7 +39,7 @@ def styled(options: SynthesisOptions, instructions: Optional[str]) -> tuple[Synt
                                       "speed": style.apply_speed(options.speed)}), style
 
 
-def _style_headers(styles: list[StyleResult]) -> dict[str, str]:
+def style_headers(styles: list[StyleResult]) -> dict[str, str]:
     applied = [a for s in styles for a in s.applied]
     ignored = [i for s in styles for i in s.ignored]
     out = {}
@@ -77,10 +77,11 @@ async def _ssml_parts(text: str, options: SynthesisOptions, voice: Voice, resolv
     return parts, voices, doc.unsupported
 
 
-async def speech_script(req: SpeechRequest, voice: Voice, voices: VoiceCatalog, caller: Caller, max_chars: int) -> Script:
-    """A speech request's script: its options with its instructions; parts when it is SSML."""
+async def speech_script(req: Union[SpeechRequest, JobRequest], voice: Voice, voices: VoiceCatalog, caller: Caller,
+                        max_chars: int) -> Script:
+    """A speech request's (or a job's) script: its options with its instructions; parts when it is SSML."""
     options, style = styled(req.to_options(), req.instructions)
-    script = Script(options, headers=_style_headers([style]))
+    script = Script(options, headers=style_headers([style]))
     if req.is_ssml:
 
         async def resolve(name: str) -> Voice:
@@ -92,16 +93,20 @@ async def speech_script(req: SpeechRequest, voice: Voice, voices: VoiceCatalog, 
     return script
 
 
-async def dialogue_script(req: DialogueRequest, voices: VoiceCatalog, caller: Caller, max_chars: int) -> Script:
-    """A dialogue's script: every turn's parts in its own voice (and instructions), ``pause_s``
-    between turns, each segment naming its speaker and turn."""
+async def dialogue_script(req: Union[DialogueRequest, JobRequest], voices: VoiceCatalog, caller: Caller,
+                          max_chars: int) -> Script:
+    """A dialogue's script (a request's or a job's turns): every turn's parts in its own voice
+    (and instructions), ``pause_s`` between turns, each segment naming its speaker and turn."""
     base = req.to_options()
     parts: list[ScriptPart] = []
     used: list[Voice] = []
     styles: list[StyleResult] = []
     unsupported: list[str] = []
+    known: dict[str, Voice] = {}  # each name resolved once (a job's script may have many turns)
     for i, turn in enumerate(req.turns):
-        voice = await voices.resolve(turn.voice, caller.owner, admin=caller.admin)
+        if turn.voice not in known:
+            known[turn.voice] = await voices.resolve(turn.voice, caller.owner, admin=caller.admin)
+        voice = known[turn.voice]
         used.append(voice)
         instructions = " ".join(x for x in (req.instructions, turn.instructions) if x) or None
         options, style = styled(base, instructions)
@@ -117,7 +122,7 @@ async def dialogue_script(req: DialogueRequest, voices: VoiceCatalog, caller: Ca
         else:
             parts.append(ScriptPart(turn.input, voice, speed=options.speed, prompt=options.prompt, offset=0,
                                     pause_before=pause, speaker=turn.voice, turn=i))
-    script = Script(base, parts, used, _style_headers(styles))
+    script = Script(base, parts, used, style_headers(styles))
     if unsupported:
         script.headers["X-SSML-Unsupported"] = header_value(dict.fromkeys(unsupported))
     return script

@@ -10,7 +10,8 @@ that dies takes no job with it, and the runner itself restarts when it dies
 
 Each chunk is one synthesis as the Ingress makes one: ``TextNormalizer.plan`` (the chunk's text,
 the job's options, its seed, ``jobs.priority`` and the job's owner as the client: interactive
-requests are admitted first, and the owner shares the engine fairly with everyone else), then
+requests are admitted first, and the owner shares the engine fairly with everyone else; an SSML
+or dialogue job's chunk is its script parts, through ``plan_script``), then
 ``Vocoder.stream(plan, "pcm")``, which drives its Acoustic replica; Serve routes every chunk's
 calls to any replica. ``jobs.chunks_per_acoustic_replica`` chunks run at once for every running
 Acoustic replica of the app (read from Serve's status at each scan; at most
@@ -38,7 +39,7 @@ from typing import Any, Iterator, Optional
 
 from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import EmptyInputError, EngineOverloaded
-from ..engine.types import SegmentMark
+from ..engine.types import ScriptPart, SegmentMark, Voice
 from ..errors import to_api_error
 from ..settings import JobsSettings
 from ..storage.jobs import JobChunk, JobGone, StoredJob, make_job_store, store_identity, store_location
@@ -91,10 +92,16 @@ class _Job:
         self.tasks: dict[int, asyncio.Task] = {}
         self.options = job.synthesis_options()
         self.voice = job.resolved_voice()
+        self.script_voices = [Voice(**v) for v in job.script_voices]  # an SSML or dialogue job's
         self.save_lock = asyncio.Lock()
         job.run_started_at, job.run_chars_start = time.time(), job.chars_done
         self.stopped = False
         self.finishing = False
+
+    def script_parts(self, chunk: JobChunk) -> list[ScriptPart]:
+        return [ScriptPart(p.text, self.script_voices[p.voice], speed=p.speed, prompt=p.prompt, offset=p.offset,
+                           span=p.span, pause_before=p.pause_before, speaker=p.speaker, turn=p.turn)
+                for p in chunk.parts or []]
 
     @property
     def complete(self) -> bool:
@@ -337,7 +344,10 @@ class JobRunner:
         job, chunk = active.job, active.chunks[k]
         options = active.options.model_copy(update={"seed": chunk.seed, "priority": self.settings.priority})
         try:
-            plan = await self.normalizer.plan.remote(chunk.text, options, active.voice, client=job.owner)
+            if chunk.parts is not None:
+                plan = await self.normalizer.plan_script.remote(active.script_parts(chunk), options, client=job.owner)
+            else:
+                plan = await self.normalizer.plan.remote(chunk.text, options, active.voice, client=job.owner)
         except Exception as exc:  # noqa: BLE001
             if not _is(exc, EmptyInputError):
                 raise
@@ -351,7 +361,7 @@ class JobRunner:
                     if isinstance(item, bytes):
                         parts.append(item)
                     elif isinstance(item, SegmentMark):
-                        timing.append([item.start, item.end, plan.source_of(item.index)])
+                        timing.append([item.start, item.end, plan.source_of(item.index), plan.speaker_of(item.index)])
             except BaseException:
                 gen.cancel()  # cancelled, timed out or failed: the stages stop their work too
                 raise
@@ -445,8 +455,8 @@ def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, en
     items: list[TimedText] = []
     at = 0
     for k, pause in zip(range(first, end), _pauses(chunks, first, end, True)):
-        for start, stop, text in store.read_timing(job, k):
-            items.append(TimedText((at + start) / SAMPLE_RATE, (at + stop) / SAMPLE_RATE, text))
+        for start, stop, text, *speaker in store.read_timing(job, k):
+            items.append(TimedText((at + start) / SAMPLE_RATE, (at + stop) / SAMPLE_RATE, text, *speaker))
         at += max(0, job.chunk_samples[k]) + pause
     return to_srt(items) if job.captions == "srt" else to_webvtt(items)
 

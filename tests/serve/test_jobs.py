@@ -13,6 +13,7 @@ numbers of differing samples and the largest difference are reported.
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import srt
+import webvtt
 
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
@@ -242,6 +244,37 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
 
+def test_ssml_and_dialogue_jobs_speak_their_scripts_as_the_speech_api_does(jobs_url):
+    """An SSML document and a dialogue's turns as jobs: the file is as long as
+    /v1/audio/speech and /v1/audio/dialogue make the same script (random weights: a segment's
+    length is its text's), with the SSML break's silence in it, and the dialogue's captions name
+    each turn's speaker where its turn lies (its last turn in a chunk of its own, after the pause)."""
+    ssml = '<speak>你好，<break time="700ms"/>欢迎。<voice name="echo">换个声音。</voice></speak>'
+    turns = [{"voice": "alloy", "input": "Welcome."}, {"voice": "echo", "input": "谢谢你。"},
+             {"voice": "alloy", "input": "Let's go."}]  # chunks of at most CHUNK_CHARS: the first two turns, then the last
+    a = submit(jobs_url, text=ssml, seed=5)
+    b = submit(jobs_url, text="", turns=turns, pause_s=0.5, seed=5, captions="vtt")
+    assert (a["voice"], b["voice"], b["progress"]["chunks_total"]) == ("nova", "alloy+echo", 2)
+    options = {"voice": "nova", "seed": 5, "response_format": "pcm"}
+    direct = [httpx.post(url, json=body, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=60)
+              for url, body in [(jobs_url + "/v1/audio/speech", {"input": ssml, **options}),
+                                (jobs_url + "/v1/audio/dialogue", {"turns": turns, "pause_s": 0.5, **options})]]
+    assert [r.status_code for r in direct] == [200, 200], [r.text[:200] for r in direct]
+    ssml_job, dialogue_job = (wait_done(jobs_url, j["id"]) for j in (a, b))
+    ssml_pcm, dialogue_pcm = (pcm(audio(jobs_url, j["id"]).content) for j in (a, b))
+    assert len(ssml_pcm) == len(pcm(direct[0].content)) and len(dialogue_pcm) == len(pcm(direct[1].content))
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], (ssml_pcm == 0).astype(np.int8), [0]])))  # zero runs
+    assert max(edges[1::2] - edges[::2]) >= round(0.7 * 24000)  # the break: exact silence
+    r = httpx.get(f"{jobs_url}{dialogue_job['captions_url']}", headers=auth("alice"), timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/vtt")
+    cues = webvtt.from_buffer(io.StringIO(r.text))
+    assert [c.voice for c in cues] == ["alloy", "echo", "alloy"] and [c.text for c in cues] == [t["input"] for t in turns]
+    seconds = lambda t: sum(float(x) * f for x, f in zip(t.split(":"), (3600, 60, 1)))  # noqa: E731
+    assert seconds(cues[2].start) >= seconds(cues[1].end) + 0.5 - 0.002
+    for job in (a, b):
+        httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
+
+
 def captions(jobs_url: str, url: str) -> list[tuple[float, float, str]]:
     """A job's SRT file, parsed by a maintained library: (start, end, text) per cue."""
     r = httpx.get(f"{jobs_url}{url}", headers=auth("alice"), timeout=30)
@@ -324,7 +357,10 @@ def test_quotas_and_checks_come_before_anything_is_queued(jobs_url):
         assert_openai_error(httpx.post(jobs_url + JOBS, json={"input": big}, headers=auth("bob"), timeout=30), 409,
                             "job_quota_exceeded")
         cases = [({"input": "x" * (MAX_INPUT + 1)}, 413, "input_too_long"),
-                 ({"input": "<speak>你好</speak>"}, 400, "invalid_value"),
+                 ({"input": "<speak>你好</spek>"}, 400, "invalid_ssml"),
+                 ({"input": "<speak>你好</speak>", "chapters": True}, 400, "invalid_value"),
+                 ({"turns": [{"voice": "no-such-voice", "input": "你好"}]}, 404, "voice_not_found"),
+                 ({"input": "你好", "turns": [{"input": "你好"}]}, 400, "invalid_value"),
                  ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
                  ({"input": "你好", "stream_format": "sse"}, 400, "invalid_value"),
                  ({"input": "。。。！！"}, 400, "empty_input"),

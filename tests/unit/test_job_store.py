@@ -35,6 +35,7 @@ from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import (
     JobGone,
     JobLimits,
+    JobPart,
     JobStore,
     Place,
     StoredJob,
@@ -42,6 +43,7 @@ from serve_app.storage.jobs import (
     captions_file_name,
     chapter_first_chunks,
     chunk_seed,
+    cut_script,
     cut_text,
     estimated_pcm_bytes,
     make_job_store,
@@ -163,6 +165,46 @@ def test_chunk_seeds_never_meet_the_segment_seeds_of_a_neighbour():
 def test_estimate_follows_speed():
     chunks = chunks_of(4, pause=0.5)
     assert estimated_pcm_bytes(chunks, 2.0) < estimated_pcm_bytes(chunks, 1.0) < estimated_pcm_bytes(chunks, 0.5)
+
+
+def test_a_script_is_packed_into_chunks_that_keep_its_parts_and_pauses():
+    long = "这是一个很长的句子，" * 30 + "结束。"  # 301 characters, no sentence end before the last
+    parts = [JobPart(text="Hello there.", voice=0, speaker="alloy", turn=0, offset=0),
+             JobPart(text="你好。", voice=1, speaker="echo", turn=1, offset=0, pause_before=0.4),
+             JobPart(text="", voice=0, pause_before=1.0),  # an SSML break at the end of a turn
+             JobPart(text=long, voice=0, speaker="alloy", turn=2, offset=0, pause_before=0.4, speed=1.5),
+             JobPart(text="Bye.", voice=1, speaker="echo", turn=3, offset=0, pause_before=0.4)]
+    chunks = cut_script(parts, 7, 120)
+    assert [c.seed for c in chunks] == [chunk_seed(7, k) for k in range(len(chunks))]
+    assert all(len(c.text) <= 120 and c.text == "".join(p.text for p in c.parts) for c in chunks)
+    assert all(c.pause_after == 0.0 for c in chunks)  # the script's pauses are in its parts
+    flat = [p for c in chunks for p in c.parts]
+    # Nothing lost or reordered: the long turn's pieces join to it, each where it is in the turn.
+    assert "".join(p.text for p in flat) == "".join(p.text for p in parts)
+    pieces = [p for p in flat if p.turn == 2]
+    assert len(pieces) == 3 and "".join(p.text for p in pieces) == long
+    assert [p.offset for p in pieces] == [0, len(pieces[0].text), len(pieces[0].text) + len(pieces[1].text)]
+    assert [p.pause_before for p in pieces] == [0.4, 0.0, 0.0] and {p.speed for p in pieces} == {1.5}
+    # The short turns and the break share the first chunk; the break stays where it was.
+    assert [(p.text, p.pause_before, p.speaker) for p in chunks[0].parts] == \
+        [("Hello there.", 0.0, "alloy"), ("你好。", 0.4, "echo"), ("", 1.0, None)]
+    assert sum(p.pause_before for p in flat) == pytest.approx(2.2)
+    assert estimated_pcm_bytes(chunks, 1.0) > estimated_pcm_bytes(cut_script([p.model_copy(update={"pause_before": 0.0})
+                                                                             for p in parts], 7, 120), 1.0)
+
+
+def test_a_job_request_is_one_of_text_ssml_or_turns():
+    from serve_app.protocol import JobRequest
+
+    assert not JobRequest(input="plain text").is_ssml
+    assert JobRequest(input="<speak>Hi</speak>").is_ssml and JobRequest(input="Hi", input_format="ssml").is_ssml
+    turns = JobRequest(turns=[{"voice": "alloy", "input": "Hi"}, {"voice": "echo", "input": "<speak>Yo</speak>"}])
+    assert not turns.is_ssml and turns.script_chars == 2 + 17
+    for bad in [{"input": "Hi", "turns": [{"input": "Yo"}]}, {"input": "  "}, {}, {"turns": []},
+                {"input": "<speak>Hi</speak>", "chapters": True}, {"turns": [{"input": "Yo"}], "chapters": True},
+                {"input": "a\x00b"}]:
+        with pytest.raises(ValidationError):
+            JobRequest(**bad)
 
 
 # ------------------------------------------------------------------ settings

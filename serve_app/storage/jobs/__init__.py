@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...settings import JobsSettings
-from .chunking import chapter_first_chunks, chunk_seed, cut_text, estimated_pcm_bytes, split_chapters
+from .chunking import chapter_first_chunks, chunk_seed, cut_script, cut_text, estimated_pcm_bytes, split_chapters
 from .files import JobFiles, Place
 from .model import (
     ACTIVE,
@@ -47,6 +47,7 @@ from .model import (
     JobChunk,
     JobGone,
     JobLimits,
+    JobPart,
     JobStatus,
     StoredJob,
     Usage,
@@ -60,10 +61,10 @@ from .model import (
 from .states import FileStates, JobStates
 from .store import JobStore
 
-__all__ = ["ACTIVE", "JOB_ID_RE", "FileStat", "JobChunk", "JobFiles", "JobGone", "JobLimits", "JobStates", "JobStatus",
+__all__ = ["ACTIVE", "JOB_ID_RE", "FileStat", "JobChunk", "JobFiles", "JobGone", "JobLimits", "JobPart", "JobStates", "JobStatus",
            "JobStore", "Place", "StoredJob", "Usage", "audio_file_name", "captions_file_name",
            "chapter_first_chunks", "check_room", "chunk_seed",
-           "cut_text", "default_jobs_dir", "estimated_pcm_bytes", "job_limits", "jobs_root", "make_job_store", "new_job_id",
+           "cut_script", "cut_text", "default_jobs_dir", "estimated_pcm_bytes", "job_limits", "jobs_root", "make_job_store", "new_job_id",
            "owner_tag", "split_chapters", "store_identity", "store_location"]
 
 

@@ -15,7 +15,7 @@ from ...engine.audio import SAMPLE_RATE
 from ...engine.pacing import expected_seconds, speed_tag_level
 from ...engine.text.chars import is_speakable
 from ...engine.voices import MAX_SEED
-from .model import PCM_BYTES_PER_SAMPLE, JobChunk
+from .model import PCM_BYTES_PER_SAMPLE, JobChunk, JobPart
 
 # A prime unlike the planner's per-segment step (7919): chunk k's segment i and chunk k+1's
 # segment j never share a seed for any segment counts a chunk can have.
@@ -152,11 +152,41 @@ def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float,
     return chunks
 
 
+def cut_script(parts: list[JobPart], seed: int, chunk_chars: int) -> list[JobChunk]:
+    """An SSML or dialogue job's chunks: its script's parts in order, packed into chunks of at
+    most ``chunk_chars`` characters of text (a chunk of several short turns decodes them as
+    parallel rows); a longer part is cut as ``cut_text`` cuts a paragraph, its pause before it
+    kept by its first piece. The pauses are the script's own (a pause that starts a chunk is that
+    chunk's lead-in), so the chunks need none between them."""
+    pieces: list[JobPart] = []
+    for part in parts:
+        if len(part.text) <= chunk_chars:
+            pieces.append(part)
+            continue
+        at = 0
+        for n, text in enumerate(_packed(part.text, chunk_chars)):
+            offset = None if part.offset is None else part.offset + at
+            pieces.append(part.model_copy(update={"text": text, "offset": offset,
+                                                  "pause_before": part.pause_before if n == 0 else 0.0}))
+            at += len(text)
+    groups: list[list[JobPart]] = []
+    size = 0
+    for piece in pieces:
+        if not groups or (piece.text and size + len(piece.text) > chunk_chars):
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += len(piece.text)
+    return [JobChunk(text="".join(p.text for p in group), seed=chunk_seed(seed, k), parts=group)
+            for k, group in enumerate(groups)]
+
+
 def estimated_pcm_bytes(chunks: list[JobChunk], speed: float) -> int:
     """The job's audio as PCM, from the pacing rules (random weights' exact length; real
     weights end near it): what it reserves of its owner's quota until it is done."""
     level = speed_tag_level(speed)
-    seconds = sum(expected_seconds(c.text, level) + c.pause_after for c in chunks)
+    seconds = sum(expected_seconds(c.text, level) + c.pause_after + sum(p.pause_before for p in c.parts or [])
+                  for c in chunks)
     return int(seconds * SAMPLE_RATE * PCM_BYTES_PER_SAMPLE)
 
 

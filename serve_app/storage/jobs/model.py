@@ -81,9 +81,27 @@ def default_jobs_dir() -> Path:
     return Path(base) / "chattts-serve" / "jobs"
 
 
+class JobPart(BaseModel):
+    """One part of a script chunk (an SSML piece, a dialogue turn or a piece of one): the
+    planner's ``ScriptPart`` with its voice as an index into the job's ``script_voices``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    voice: int
+    speed: float = 1.0
+    prompt: str = ""
+    offset: Optional[int] = None
+    span: Optional[tuple[int, int]] = None
+    pause_before: float = 0.0
+    speaker: Optional[str] = None
+    turn: Optional[int] = None
+
+
 class JobChunk(BaseModel):
     """One synthesis of a job: its text, the seed it decodes with and the silence after it.
-    Fixed at submission, so a chunk done again (after a crash) gives the same audio."""
+    Fixed at submission, so a chunk done again (after a crash) gives the same audio. An SSML or
+    dialogue job's chunk also has its script ``parts`` (then ``text`` is their texts joined)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -91,6 +109,7 @@ class JobChunk(BaseModel):
     seed: int
     pause_after: float = 0.0
     chapter: int = 0  # its chapter's index (jobs made with chapters; 0 otherwise)
+    parts: Optional[list[JobPart]] = None
 
 
 class StoredJob(BaseModel):
@@ -105,6 +124,7 @@ class StoredJob(BaseModel):
     model: str = "chattts"
     voice_name: str
     voice: dict[str, Any]  # the resolved ``Voice``: the job keeps it whatever happens to a stored voice
+    script_voices: list[dict[str, Any]] = Field(default_factory=list)  # an SSML or dialogue job's voices, resolved
     options: dict[str, Any]  # ``SynthesisOptions``, instructions applied, the seed the effective one
     response_format: str
     captions: Optional[Literal["srt", "vtt"]] = None  # also a caption file (and one per chapter)

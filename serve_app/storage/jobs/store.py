@@ -114,7 +114,7 @@ class JobStore:
                 if name.endswith(_CHUNK_NAME) and name[: -len(_CHUNK_NAME)].isdigit()}
 
     def put_chunk(self, job: StoredJob, index: int, pcm: bytes, timing: Optional[list] = None) -> None:
-        """Store a chunk's PCM whole or not at all, its ``timing`` (``[[start, end, text], ...]``,
+        """Store a chunk's PCM whole or not at all, its ``timing`` (``[[start, end, text, speaker], ...]``,
         samples in the PCM) first: a stored chunk has both. ``JobGone`` when the job was deleted."""
         place = Place.of(job)
         if timing is not None:
