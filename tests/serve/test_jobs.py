@@ -231,12 +231,12 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
         own_cues = captions(jobs_url, c["captions_url"])
         moved = [(start + at / 24000, end + at / 24000, text) for start, end, text in own_cues]
         span = [cue for cue in whole_cues if at / 24000 - 0.001 <= cue[0] < (at + len(own)) / 24000 - 0.001]
-        assert [t for *_, t in moved] == [t for *_, t in span] and own_cues and own_cues[-1][1] <= len(own) / 24000
+        assert [t for *_, t in moved] == [t for *_, t in span] and own_cues and own_cues[-1][1] <= len(own) / 24000 + 0.0005
         assert all(abs(a[0] - b[0]) <= 0.002 and abs(a[1] - b[1]) <= 0.002 for a, b in zip(moved, span))
         at += len(own) + pause
         assert not whole[at - pause:at].any()
     assert at - pause == len(whole)
-    assert whole_cues[-1][1] <= len(whole) / 24000 and all(a[1] <= b[0] for a, b in zip(whole_cues, whole_cues[1:]))
+    assert whole_cues[-1][1] <= len(whole) / 24000 + 0.0005 and all(a[1] <= b[0] for a, b in zip(whole_cues, whole_cues[1:]))
     assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/3/audio", headers=auth("alice"), timeout=30),
                         404, "job_not_found")
     assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/0/audio", headers=auth("bob"), timeout=30),
@@ -265,7 +265,7 @@ def test_ssml_and_dialogue_jobs_speak_their_scripts_as_the_speech_api_does(jobs_
     assert len(ssml_pcm) == len(pcm(direct[0].content)) and len(dialogue_pcm) == len(pcm(direct[1].content))
     edges = np.flatnonzero(np.diff(np.concatenate([[0], (ssml_pcm == 0).astype(np.int8), [0]])))  # zero runs
     assert max(edges[1::2] - edges[::2]) >= round(0.7 * 24000)  # the break: exact silence
-    r = httpx.get(f"{jobs_url}{dialogue_job['captions_url']}", headers=auth("alice"), timeout=30)
+    r = httpx.get(httpx.URL(jobs_url).join(dialogue_job["captions_url"]), headers=auth("alice"), timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/vtt")
     cues = webvtt.from_buffer(io.StringIO(r.text))
     assert [c.voice for c in cues] == ["alloy", "echo", "alloy"] and [c.text for c in cues] == [t["input"] for t in turns]
@@ -277,7 +277,7 @@ def test_ssml_and_dialogue_jobs_speak_their_scripts_as_the_speech_api_does(jobs_
 
 def captions(jobs_url: str, url: str) -> list[tuple[float, float, str]]:
     """A job's SRT file, parsed by a maintained library: (start, end, text) per cue."""
-    r = httpx.get(f"{jobs_url}{url}", headers=auth("alice"), timeout=30)
+    r = httpx.get(httpx.URL(jobs_url).join(url), headers=auth("alice"), timeout=30)  # url has the app's root path
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-subrip"), r.status_code
     return [(c.start.total_seconds(), c.end.total_seconds(), c.content) for c in srt.parse(r.text)]
 
