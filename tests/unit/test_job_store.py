@@ -559,12 +559,18 @@ def test_a_book_is_cut_into_chapters_at_headings_and_scene_breaks():
     assert split_chapters("no heading at all.\n\nTwo paragraphs.") == [(None, "no heading at all.\n\nTwo paragraphs.")]
 
 
-@pytest.mark.parametrize("fmt", ["pcm", "wav"])
-def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStore, fmt: str):
+def chaptered_book(store: JobStore, **extra) -> tuple[list, StoredJob]:
+    """BOOK as a job made with chapters: its chunks and the stored job."""
     chapters = split_chapters(BOOK)
     chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
-    job = store.create(make_job(n=len(chunks), fmt=fmt, chapter_titles=[t for t, _ in chapters],
-                                chapter_first_chunks=chapter_first_chunks(chunks)), chunks, ROOMY)
+    job = store.create(make_job(n=len(chunks), chapter_titles=[t for t, _ in chapters],
+                                chapter_first_chunks=chapter_first_chunks(chunks), **extra), chunks, ROOMY)
+    return chunks, job
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav"])
+def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStore, fmt: str):
+    chunks, job = chaptered_book(store, fmt=fmt)
     rng = np.random.default_rng(1)
     pcm = [rng.integers(-20000, 20000, size=int(rng.integers(0, 3000)), dtype=np.int16) for _ in chunks]
     for k, p in enumerate(pcm):
@@ -598,10 +604,7 @@ def test_captions_follow_each_chunk_to_its_place_in_the_whole_file_and_its_chapt
     import srt
     import webvtt
 
-    chapters = split_chapters(BOOK)
-    chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
-    job = store.create(make_job(n=len(chunks), captions=fmt, chapter_titles=[t for t, _ in chapters],
-                                chapter_first_chunks=chapter_first_chunks(chunks)), chunks, ROOMY)
+    chunks, job = chaptered_book(store, captions=fmt)
     rng = np.random.default_rng(2)
     lengths = [int(rng.integers(2400, 9600)) for _ in chunks]
     for k, (chunk, n) in enumerate(zip(chunks, lengths)):
