@@ -4,6 +4,7 @@ with its status (the mapping itself is ``serve_app/errors.py``, shared with the 
 from __future__ import annotations
 
 import logging
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,3 +44,21 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return JSONResponse(error_body("internal error", type="server_error", code="internal_error"), status_code=500)
+
+
+async def read_form(request: Request, what: str, max_fields: int, max_part_size: Optional[int] = None) -> Any:
+    """The request's form (at most one file and ``max_fields`` fields): the body limit's own
+    error as it is, a malformed body a 400 ``invalid_form`` (the parser's words, which describe
+    its internals, not the request, stay in the log under ``what``)."""
+    limits: dict[str, Any] = {"max_files": 1, "max_fields": max_fields}
+    if max_part_size is not None:
+        limits["max_part_size"] = max_part_size
+    try:
+        return await request.form(**limits)
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed multipart (Starlette raises several kinds)
+        if isinstance(exc.__cause__, APIError):  # the body limit, raised while the form was read
+            raise exc.__cause__ from None
+        logging.getLogger("ray.serve").debug("%s: could not read the form: %s: %s", what, exc.__class__.__name__, exc)
+        raise APIError(400, "could not read the form", code="invalid_form") from None

@@ -54,6 +54,7 @@ from ..storage.jobs import (
     split_chapters,
 )
 from ..storage.voices import VoiceCatalog
+from .errors import read_form
 from .ranged import RangedResponse
 from .script import dialogue_script, speech_script, style_headers, styled
 from .security import Caller
@@ -397,16 +398,7 @@ class JobsService:
                        code="unsupported_media_type")
 
     async def _form(self, request: Request) -> dict[str, Any]:
-        try:
-            form = await request.form(max_files=1, max_fields=len(_FORM_FIELDS), max_part_size=self.cfg.max_upload_bytes)
-        except APIError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - malformed multipart (Starlette raises several kinds)
-            cause = exc.__cause__ if isinstance(exc.__cause__, APIError) else None
-            if cause is not None:  # the body limit, raised while the form was read
-                raise cause from None
-            log.debug("jobs: could not read the form: %s: %s", exc.__class__.__name__, exc)
-            raise _bad("could not read the form", code="invalid_form") from None
+        form = await read_form(request, "jobs", len(_FORM_FIELDS), self.cfg.max_upload_bytes)
         try:
             fields: dict[str, Any] = {}
             for key, value in form.multi_items():

@@ -41,6 +41,7 @@ from ..storage.voices import (
     make_voice_store,
     stored_voice,
 )
+from .errors import read_form
 from .security import Caller
 
 log = logging.getLogger("ray.serve")
@@ -67,17 +68,7 @@ async def _fields(request: Request) -> dict[str, Any]:
     """The create request's fields from a JSON body or a form (``audio``, a file part, as bytes)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        try:
-            form = await request.form(max_files=1, max_fields=len(_FIELDS))
-        except APIError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - malformed multipart (Starlette raises several kinds)
-            cause = exc.__cause__ if isinstance(exc.__cause__, APIError) else None
-            if cause is not None:  # the body limit, raised while the form was read
-                raise cause from None
-            # The parser's words stay in the log: they describe its internals, not the request.
-            log.debug("voices: could not read the form: %s: %s", exc.__class__.__name__, exc)
-            raise _bad("could not read the form", code="invalid_form") from None
+        form = await read_form(request, "voices", len(_FIELDS))
         out: dict[str, Any] = {}
         for key in _FIELDS:
             value = form.get(key)
