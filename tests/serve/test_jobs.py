@@ -66,27 +66,39 @@ def runner_info() -> dict[str, Any]:
     return ray.get(_runner().info.remote(), timeout=30)
 
 
-@pytest.fixture(scope="module")
-def jobs_url(app_url, tmp_path_factory) -> Iterator[str]:
-    """An Ingress with keys and small job limits in front of the session app's stages, at /jobsapp."""
-    import ray
+def _jobs_app(tmp: Path, **changes: Any) -> Any:
+    """The jobs app (an Ingress with keys and small job limits in front of the session app's
+    stages), its job settings changed by ``changes``."""
     from ray import serve
 
     from deployments.ingress import Ingress
 
-    tmp = tmp_path_factory.mktemp("jobs")
-    (tmp / "keys").write_text("".join(k + "\n" for k in KEYS.values()))
     security = {"api_keys_env": None, "api_keys_file": str(tmp / "keys"), "max_streams_per_key": 0,
                 "keys": {key_id(KEYS["root"]): {"admin": True}}}
     jobs = {"path": str(tmp / "store"), "chunk_chars": CHUNK_CHARS, "paragraph_pause_s": PAUSE_S,
             "max_active_jobs_per_key": 2, "max_bytes_per_key": MAX_BYTES, "max_input_chars": MAX_INPUT,
-            "rescan_s": 1.0, "retry_backoff_s": 0.5, "max_chunk_retries": 20}
+            "rescan_s": 1.0, "retry_backoff_s": 0.5, "max_chunk_retries": 20, **changes}
     stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
     ingress = Ingress.options(num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
-    app = ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"),
-                       settings={"warmup": False, "security": security}, voices={"backend": "memory"}, jobs=jobs)
+    return ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"),
+                        settings={"warmup": False, "security": security}, voices={"backend": "memory"}, jobs=jobs)
+
+
+@pytest.fixture(scope="module")
+def jobs_tmp(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("jobs")
+    (tmp / "keys").write_text("".join(k + "\n" for k in KEYS.values()))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def jobs_url(app_url, jobs_tmp) -> Iterator[str]:
+    """The jobs app at /jobsapp."""
+    import ray
+    from ray import serve
+
     t0 = time.monotonic()
-    serve.run(app, name=JOBS_APP, route_prefix=f"/{JOBS_APP}", blocking=False)
+    serve.run(_jobs_app(jobs_tmp), name=JOBS_APP, route_prefix=f"/{JOBS_APP}", blocking=False)
     base = app_url + f"/{JOBS_APP}"
     try:
         wait_ready(base, 120)
@@ -463,10 +475,14 @@ def _mid_job(url: str, job_id: str) -> dict:
     return status(url, job_id)
 
 
-def _replica(app: str, stage: str) -> str:
+def _replicas(app: str, stage: str) -> list[str]:
     from support.app import live_actors
 
-    names = [a["Name"] for a in live_actors() if (a["ActorClassName"] or "") == f"ServeReplica:{app}:{stage}"]
+    return [a["Name"] for a in live_actors() if (a["ActorClassName"] or "") == f"ServeReplica:{app}:{stage}"]
+
+
+def _replica(app: str, stage: str) -> str:
+    names = _replicas(app, stage)
     assert len(names) == 1, names
     return names[0]
 
@@ -506,6 +522,29 @@ def test_a_job_finishes_after_its_acoustic_replica_runner_and_ingress_are_killed
     assert 1 <= resumed < 4 and info["chunks_done"] == 4 - resumed, (resumed, info["chunks_done"])  # none twice
     assert _replica(JOBS_APP, "Ingress") != ingress
     close_to(pcm(audio(jobs_url, job["id"]).content), pcm(book_job["audio"]), "after the kills, against the uninterrupted run")
+    assert done["progress"] == book_job["job"]["progress"]
+    httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
+
+
+def test_a_job_finishes_across_a_serve_deploy_of_a_new_version(jobs_url, jobs_tmp, book_job):
+    """Mid-job, the app is deployed again with other job settings, a new version: Serve replaces
+    its Ingress replica, and the runner, not one of the app's deployments, takes the new
+    settings and goes on. The job succeeds with the uninterrupted run's audio, each chunk made once."""
+    from ray import serve
+
+    first = runner_info()
+    ingress = _replica(JOBS_APP, "Ingress")
+    job = submit(jobs_url)  # BOOK with its seed again
+    assert _mid_job(jobs_url, job["id"])["status"] == "running"
+    t0 = time.monotonic()
+    serve.run(_jobs_app(jobs_tmp, retry_backoff_s=0.6), name=JOBS_APP, route_prefix=f"/{JOBS_APP}", blocking=False)
+    done = wait_done(jobs_url, job["id"], timeout_s=120)
+    report("jobs: serve deploy of a new version mid-job -> succeeded", f"{time.monotonic() - t0:.1f} s")
+    wait_until(lambda: _replicas(JOBS_APP, "Ingress"), 60, 0.2, until=lambda names: len(names) == 1 and ingress not in names,
+               what="the new version's Ingress replica alone")
+    info = runner_info()
+    assert info["started_at"] == first["started_at"] and info["chunks_done"] - first["chunks_done"] == 4  # none twice
+    close_to(pcm(audio(jobs_url, job["id"]).content), pcm(book_job["audio"]), "across a deploy, against the uninterrupted run")
     assert done["progress"] == book_job["job"]["progress"]
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
