@@ -122,10 +122,12 @@ class LocalCluster:
             self.add_worker(timeout_s)
         return time.monotonic() - t0
 
-    def add_worker(self, timeout_s: float = 180.0) -> Node:
+    def add_worker(self, timeout_s: float = 180.0, cpus: Optional[float] = None, gpus: Optional[int] = None) -> Node:
+        """A worker of the cluster's shape, or of ``cpus`` / ``gpus`` (a CPU-group node: ``gpus=0``)."""
         i = len(self.nodes)
-        argv = [ray_exe(), "start", "--address", self.address, "--num-cpus", str(self.worker_cpus),
-                "--num-gpus", str(self.worker_gpus), *self._node_ports()]
+        cpus, gpus = (self.worker_cpus if cpus is None else cpus), (self.worker_gpus if gpus is None else gpus)
+        argv = [ray_exe(), "start", "--address", self.address, "--num-cpus", f"{cpus:g}",
+                "--num-gpus", str(gpus), *self._node_ports()]
         return self._join(Node(f"worker{i}", argv, self.env(f"{self.id}-w{i}"), self.root / f"worker{i}.log"), timeout_s)
 
     def _join(self, node: Node, timeout_s: float) -> Node:

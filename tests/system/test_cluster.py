@@ -3,7 +3,7 @@ declare the GPU node shape config/serve.gpu.yaml is sized for, 8 CPUs and one GP
 the Serve config derived from config/serve.gpu.yaml (tiny random weights on the CPU, small bounds,
 delays of seconds), deployed with ``serve deploy``.
 
-One cluster for the whole module. It is a separate Ray made of ``ray start`` processes with its
+One cluster for the whole module (the last test adds a CPU-only node, as a CPU group would). It is a separate Ray made of ``ray start`` processes with its
 own ports and temp dir, driven only through HTTP, Serve's REST API and the ``serve`` CLI: this
 process never calls ``ray.init``, so the session's local Ray of the other Serve tests
 (support.app.ray_session) can run before, after or beside it, and neither can attach to the
@@ -35,7 +35,7 @@ from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port, wait_for
 from bench.lib.serve import GPU_CONFIG, get_path, set_path
 from serve_app.engine.wav import with_true_length
-from serve_app.serving.kuberay import GPU_POD
+from serve_app.serving.kuberay import GPU_POD, cpu_pod
 from support.audio import snr_db
 from support.report import report
 from support.waiting import wait_until, wait_until_async
@@ -308,8 +308,11 @@ def test_serve_deploy_of_a_user_config_change_restarts_nothing(app):
 async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     """The GPU config's CPU stages as shipped (Vocoder num_cpus 2, not pinned to the head) with the
     Vocoder forced to 8 replicas, which would hold all 16 CPUs of the two GPU nodes: their
-    max_replicas_per_node keeps 2 of each node's 8 CPUs for its two Acoustic replicas, so when the
-    load makes the Acoustic policy ask for 4 the new replicas start beside the Vocoders.
+    max_replicas_per_node keeps 2 of each node's 8 CPUs for its two Acoustic replicas. First on GPU
+    nodes only (the README's ``ray start`` cluster): the Vocoder takes its bound on each GPU node
+    and the rest wait. Then a CPU group's node joins (the KubeRay manifest's CPU pod, no GPU): it
+    takes the waiting ones up to the same bounds, the GPU nodes stay at theirs, and when the load
+    makes the Acoustic policy ask for 4 the new replicas start beside the Vocoders.
 
     Last in the module: it leaves Vocoder replicas that never get a node, which Serve would hold
     STOPPING for graceful_shutdown_timeout_s at the next deploy (docs/operations.md). Alone (``-k``)
@@ -322,7 +325,8 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     # The shipped downscale delay: on this busy box the rows in the decode dip for seconds while
     # the streams wait on the other stages, and the module's 6 s would stop the new replicas while
     # they start (a starting replica told to stop keeps its GPU share until its shutdown times out).
-    auto = get_path(yaml.safe_load(GPU_CONFIG.read_text()), f"{ACOUSTIC}.autoscaling_config")
+    shipped = yaml.safe_load(GPU_CONFIG.read_text())
+    auto = get_path(shipped, f"{ACOUSTIC}.autoscaling_config")
     cfg = app.config(acoustic_bounds=(2, 4), pin_cpu_stages=False, downscale_delay_s=auto["downscale_delay_s"])
     forced = 8
     set_path(cfg, f"{DEPLOYMENTS}.Vocoder.autoscaling_config.min_replicas", forced)
@@ -340,16 +344,31 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         return {n: collections.Counter(r["node_id"] for r in cluster.replicas(n) if r["replica_id"] not in old)
                 for n in CPU_STAGES}
 
-    def placed(running: dict[str, collections.Counter]) -> bool:
-        """Every CPU stage up, and the Vocoder at its per-node bound on every GPU node (it asked for more)."""
-        return all(running[n] for n in CPU_STAGES) and all(
-            running["Vocoder"][node] == per_node["Vocoder"] for node in gpu_nodes)
+    def placed_on(workers: set[str]):
+        """Every CPU stage up, and the Vocoder at its per-node bound on each of ``workers`` (it asked for more)."""
+        return lambda running: all(running[n] for n in CPU_STAGES) and all(
+            running["Vocoder"][node] == per_node["Vocoder"] for node in workers)
 
-    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed,
-                            what="the CPU stages placed, the Vocoder at its bound on each GPU node")
+    def unplaced() -> int:
+        return sum(1 for r in cluster.replicas("Vocoder", states=None) if not r.get("node_id"))
+
+    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed_on(gpu_nodes),
+                            what="GPU nodes only: the CPU stages placed, the Vocoder at its bound on each GPU node")
+    waiting = await asyncio.to_thread(unplaced)
+    assert waiting >= per_node["Vocoder"] + 1, waiting  # the bounds left them nowhere to go
+    placed_s = time.monotonic() - t0
+
+    # The CPU group: a node of the KubeRay CPU pod's shape joins and takes what waited, within the bounds.
+    cpu_cpus = cpu_pod(shipped)["cpu"]
+    cpu_node = cluster.add_worker(cpus=cpu_cpus, gpus=0).node_id  # in this thread, as above
+    workers = gpu_nodes | {cpu_node}
+    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed_on(workers),
+                            what="with a CPU group: the Vocoder at its bound on the CPU node too")
+    left = await asyncio.to_thread(unplaced)
+    assert left == waiting - per_node["Vocoder"] and left >= 1, (waiting, left)  # still asks for more
     await asyncio.to_thread(_wait_acoustic, app, 2, 240, "2 Acoustic replicas (min_replicas)")
     await asyncio.to_thread(wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 1.0, "/readyz 200")
-    placed_s = time.monotonic() - t0
+    cpu_group_s = time.monotonic() - t0 - placed_s
 
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, get_path(cfg, SEGMENTS))
     async with StepLoad(app.url) as load:
@@ -361,25 +380,27 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         nodes = {n["node_id"]: n for n in await asyncio.to_thread(cluster.list_nodes)}
         await load.stop()
 
-    # Every half-GPU has its replica: two per GPU node.
+    # Every half-GPU has its replica: two per GPU node, none on the CPU node.
     per_gpu_node = collections.Counter(r["node_id"] for r in peak)
     assert set(per_gpu_node) == gpu_nodes and set(per_gpu_node.values()) == {2}, per_gpu_node
     # Beside them the CPU stages hold at most their bounds, and together the CPUs the Acoustic
     # replicas leave; the Vocoder asked for more than the nodes give it (some never got one).
     acoustic_cpus = opts["Acoustic"]["ray_actor_options"]["num_cpus"]
     layout = []
-    for node in sorted(gpu_nodes):
+    for node in sorted(workers):
         held = {n: sum(1 for r in reps[n] if r.get("node_id") == node) for n in CPU_STAGES}
         cpus = sum(held[n] * opts[n]["ray_actor_options"]["num_cpus"] for n in CPU_STAGES)
+        total = cpus + per_gpu_node[node] * acoustic_cpus
         assert all(held[n] <= per_node[n] for n in CPU_STAGES), (node, held)
-        assert cpus + per_gpu_node[node] * acoustic_cpus <= nodes[node]["resources_total"]["CPU"], (node, held)
+        assert total <= nodes[node]["resources_total"]["CPU"], (node, held)
         assert held["Vocoder"] == per_node["Vocoder"], (node, held)
-        layout.append(f"{node[:8]}: {per_gpu_node[node]} Acoustic + " + ", ".join(f"{held[n]} {n}" for n in CPU_STAGES)
-                      + f" = {cpus + per_gpu_node[node] * acoustic_cpus:g} of {nodes[node]['resources_total']['CPU']:g} CPUs")
-    unplaced = sum(1 for r in reps["Vocoder"] if not r.get("node_id"))
-    assert unplaced >= 1, reps["Vocoder"]
+        kind = "CPU node" if node == cpu_node else "GPU node"
+        layout.append(f"{kind} {node[:8]}: {per_gpu_node[node]} Acoustic + " + ", ".join(f"{held[n]} {n}" for n in CPU_STAGES)
+                      + f" = {total:g} of {nodes[node]['resources_total']['CPU']:g} CPUs")
+    assert sum(1 for r in reps["Vocoder"] if not r.get("node_id")) >= 1, reps["Vocoder"]
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and load.records, bad
-    report("cluster: CPU stages as shipped, Vocoder forced to 8: placed / 2 -> 4 Acoustic running",
-           f"{placed_s:.1f} s / {running_s:.1f} s after the load; {unplaced} of {forced} Vocoder replicas without a node")
-    report("cluster: per GPU node at the peak", "; ".join(layout))
+    report("cluster: CPU stages as shipped, Vocoder forced to 8: GPU nodes only / + a CPU node / 2 -> 4 Acoustic running",
+           f"placed in {placed_s:.1f} s ({waiting} without a node) / {cpu_group_s:.1f} s ({left} without a node)"
+           f" / {running_s:.1f} s after the load")
+    report("cluster: per node at the peak", "; ".join(layout))
