@@ -85,6 +85,12 @@ class ModelConfig(_Strict):
         description="On CPU in float32, keep a transposed copy of each GPT linear weight for steps "
         "of 4+ rows (engine/linear.py: faster few-row decode steps for one more copy of those weights).",
     )
+    mmap_threshold_bytes: Optional[int] = Field(
+        default=1 << 20, ge=4096, le=1 << 25,
+        description="glibc's mmap threshold for the model processes (engine/heap.py): blocks this large "
+        "get their own mappings and go back to the system when freed, instead of staying in the heap "
+        "(lower peak RSS while rows come and go). null keeps glibc's dynamic threshold.",
+    )
     quantize: Literal["auto", "none", "int8"] = Field(
         default="auto",
         description="int8: the GPT's attention and MLP weights in int8 on CPU (engine/quant.py: a quarter of "

@@ -29,6 +29,7 @@ from typing import Any, Literal, Optional
 from filelock import FileLock
 
 from .config import ModelConfig, WeightsConfig
+from .heap import fix_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -522,6 +523,7 @@ def load_vocoder(cfg: ModelConfig) -> VocoderWeights:
     from .quiet import quiet_libraries
 
     quiet_libraries()
+    fix_mmap_threshold(cfg.mmap_threshold_bytes)
     torch.set_num_threads(cfg.torch_threads or torch.get_num_threads())
     # Not ChatTTS's GPT (nor transformers), nor the DVAE encoder's quantiser (vector_quantize_pytorch).
     dvae, io = chattts_modules("model.dvae", "utils.io", defer=("vector_quantize_pytorch",))
@@ -553,6 +555,7 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> Loa
     from .quiet import quiet_libraries
 
     quiet_libraries()
+    fix_mmap_threshold(cfg.mmap_threshold_bytes)
     # Always call it, even to keep the default (OMP_NUM_THREADS): besides the count it turns off
     # MKL's dynamic threading, which otherwise rebuilds OpenMP teams at every MKL/non-MKL
     # boundary (pytorch#13757) and slows every GPT step (bench/README.md, "Measurements behind
