@@ -734,14 +734,15 @@ def _listener_gap(sends: list[tuple[float, int]], lag: int) -> float:
 
 
 def test_early_chunks_keep_a_listener_fed_and_change_no_token(tiny_model, spk):
-    """Steps at about half a token's audio (a tiny step plus 5 ms): fixed chunks (12, then 24)
-    starve a listener after the first chunk; chunks sent for the listener do not, and carry the
-    same tokens and hidden states."""
+    """Steps at about half a token's audio (a tiny step plus 8 ms): fixed chunks (12, then 24)
+    starve a listener after the first chunk (24 steps against the 8 tokens it can play: a gap
+    once a step takes more than ~8 ms); chunks sent for the listener do not, and carry the same
+    tokens and hidden states."""
     req = seg(spk, 100, seed=3)
     fixed = AcousticEngine(tiny_model, fixed_chunks(first_chunk_tokens=12, chunk_tokens=24))
     fed = AcousticEngine(tiny_model, AcousticConfig(first_chunk_tokens=12, chunk_tokens=24, listener_margin_s=0.1))
-    h_fixed, s_fixed, _ = _listen(fixed, req, pause_s=0.005)
-    h_fed, s_fed, pace = _listen(fed, req, pause_s=0.005)
+    h_fixed, s_fixed, _ = _listen(fixed, req, pause_s=0.008)
+    h_fed, s_fed, pace = _listen(fed, req, pause_s=0.008)
     assert torch.equal(h_fixed, h_fed) and h_fed.shape[0] == 100
     sizes = [b - a for (_, a), (_, b) in zip([(0, 0)] + s_fed[:-1], s_fed)]
     assert sizes[0] == 12 and all(8 <= n <= 24 for n in sizes[1:-1]), sizes
