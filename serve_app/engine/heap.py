@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 def fix_mmap_threshold(threshold_bytes: Optional[int]) -> bool:
     """Set glibc's mmap threshold for this process (once; None leaves glibc's default). True when set."""
     global _applied
-    if threshold_bytes is None or _applied == threshold_bytes or not sys.platform.startswith("linux"):
-        return _applied is not None and _applied == threshold_bytes
+    if threshold_bytes is None or not sys.platform.startswith("linux"):
+        return False
+    if _applied == threshold_bytes:
+        return True
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
