@@ -23,8 +23,10 @@ CHUNK_SEED_STEP = 104729
 
 _PARAGRAPH_RE = re.compile(r"\n[ \t\u3000\r]*\n\s*")
 # Where a sentence ends: its end marks and any closing quotes or brackets after them; a full stop
-# only before whitespace (not 3.5, e.g., www); a line break.
-_SENTENCE_END_RE = re.compile(r"[。！？!?；;…]+[”’」』）)\]\"']*|\.+[”’\"')\]]*(?=\s)|\n")
+# only before whitespace (not 3.5, e.g., www); a line break. Every branch is a maximal run matched
+# without look-ahead, so a scan is linear (a look-ahead after ``\.+`` retried the whole run from each
+# of its dots: quadratic on a run of full stops); ``_cut`` checks the full stop's whitespace itself.
+_SENTENCE_END_RE = re.compile(r"[。！？!?；;…]+[”’」』）)\]\"']*|(\.+[”’\"')\]]*)|\n")
 _CLAUSE_END_RE = re.compile(r"[，,、：:]+|\s+")
 
 
@@ -34,8 +36,12 @@ def chunk_seed(seed: int, index: int) -> int:
 
 
 def _cut(text: str, pattern: re.Pattern) -> list[str]:
+    """``text`` cut after each match; a match of the pattern's group 1 (a full stop) only where
+    whitespace follows it."""
     out, start = [], 0
     for m in pattern.finditer(text):
+        if m.lastindex == 1 and not text[m.end():m.end() + 1].isspace():
+            continue
         if m.end() > start:
             out.append(text[start:m.end()])
             start = m.end()
