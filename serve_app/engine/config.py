@@ -286,7 +286,16 @@ class SegmentLimits(_Strict):
         description="Expected seconds of speech per request at most (the segments' expected tokens, at the "
         "request's speed); more is 413 request_too_large. 4096 characters of Chinese prose are ~860 s at "
         "speed 1, English ~240 s: the cap is twice the longest prose and bites on slow speeds (speed 0.25 "
-        "is 4x the seconds) and on number floods read out in full.",
+        "is 4x the seconds) and on number floods read out in full. Silence (SSML breaks, pauses between "
+        "turns, a lead-in) counts too: it costs the same bytes and vocoder time as speech.",
+    )
+    max_silence_seconds: float = Field(
+        default=480.0,
+        ge=0,
+        description="Silence per request at most, the whole script together (SSML breaks, pauses between "
+        "dialogue turns, a lead-in); more is 413 request_too_large. One SSML document's breaks stop at 120 s, "
+        "a 64-turn dialogue's pauses at 320 s: a dialogue's turns share this cap instead of each turn having "
+        "its own.",
     )
 
     @model_validator(mode="after")

@@ -32,6 +32,22 @@ def source_texts(text: str, texts: list[str], spans: list[Optional[tuple[int, in
     return [text[span[0]:span[1]] if span is not None and span not in shared else t for t, span in zip(texts, spans)]
 
 
+def speech_seconds(reqs: list[SegmentRequest]) -> float:
+    """Expected seconds of speech of these segments (their expected tokens at their speed)."""
+    return sum(r.target_tokens or 0 for r in reqs) / TOKENS_PER_SECOND
+
+
+def plan_silence(plan: Plan) -> float:
+    """The silence a plan asks for: its lead-in and every pause after a segment."""
+    return plan.lead_in + sum(plan.pauses)
+
+
+def plan_seconds(plan: Plan) -> float:
+    """A plan's expected audio: speech and silence. The one cost every cap counts (a request's
+    ``max_request_seconds``, a job's reservation)."""
+    return speech_seconds(plan.segments) + plan_silence(plan)
+
+
 class Planner:
     def __init__(self, limits: SegmentLimits = SegmentLimits(), frontend: Optional[TextFrontend] = None):
         self.limits = limits
@@ -92,7 +108,7 @@ class Planner:
         if not reqs:
             raise EmptyInputError("input has nothing to speak (only punctuation, tags, breaks or whitespace)")
         plan.pauses[-1] += pause  # a break at the very end
-        self.check_cost(reqs, opts)
+        self.check_cost(reqs, opts, silence=plan_silence(plan))
         return plan
 
     def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None,
@@ -120,14 +136,18 @@ class Planner:
             prompt=prompt, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, priority=opts.priority,
             client=client)
 
-    def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions) -> None:
-        """``RequestTooLarge`` past ``max_segments`` or ``max_request_seconds`` of expected speech."""
+    def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions, silence: float = 0.0) -> None:
+        """``RequestTooLarge`` past ``max_segments``, ``max_silence_seconds`` of ``silence``, or
+        ``max_request_seconds`` of expected audio (speech and silence together)."""
         limits = self.limits
         if len(reqs) > limits.max_segments:
             raise RequestTooLarge(f"input makes {len(reqs)} segments after normalisation; the limit is "
                                   f"{limits.max_segments} (segments.max_segments): send less text")
-        seconds = sum(r.target_tokens or 0 for r in reqs) / TOKENS_PER_SECOND
+        if silence > limits.max_silence_seconds:
+            raise RequestTooLarge(f"input asks for {silence:.0f} s of silence (breaks and pauses, all turns together); "
+                                  f"the limit is {limits.max_silence_seconds:g} s (segments.max_silence_seconds)")
+        seconds = speech_seconds(reqs) + silence
         if seconds > limits.max_request_seconds:
-            raise RequestTooLarge(f"input is about {seconds:.0f} s of speech at speed {opts.speed:g}; the limit is "
+            raise RequestTooLarge(f"input is about {seconds:.0f} s of audio at speed {opts.speed:g}; the limit is "
                                   f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
                                   "or a higher speed")

@@ -1,5 +1,6 @@
 """A request's cost after normalisation (serve_app/engine/planner.py): at most
-``SegmentLimits.max_segments`` segments and ``max_request_seconds`` of expected speech, else
+``SegmentLimits.max_segments`` segments, ``max_silence_seconds`` of silence (the whole script's
+breaks and pauses) and ``max_request_seconds`` of expected audio (speech and silence), else
 ``RequestTooLarge`` (413 request_too_large) naming the limit and the figure; legitimate inputs of
 ``ingress.max_input_chars`` (4096) at speed 1 pass. And who asked: the client on every segment."""
 
@@ -11,8 +12,8 @@ import pytest
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.errors import ClientQueueFull, RefineBusy, RequestTooLarge
 from serve_app.engine.pacing import TOKENS_PER_SECOND
-from serve_app.engine.planner import Planner
-from serve_app.engine.types import SynthesisOptions
+from serve_app.engine.planner import Planner, plan_seconds, plan_silence
+from serve_app.engine.types import ScriptPart, SynthesisOptions, Voice
 from serve_app.errors import as_api_error, to_api_error
 from support.configs import REPO
 
@@ -57,7 +58,7 @@ def test_legitimate_inputs_of_max_input_chars_pass_at_speed_1(planner: Planner, 
 def test_speed_quarter_on_long_input_is_413_naming_the_limit_and_the_figure(planner: Planner) -> None:
     text = PROSE["Chinese prose"]
     seconds_at_1 = seconds(planner.plan(text, SynthesisOptions()))
-    with pytest.raises(RequestTooLarge, match=r"about \d+ s of speech at speed 0.25; the limit is 1800 s") as err:
+    with pytest.raises(RequestTooLarge, match=r"about \d+ s of audio at speed 0.25; the limit is 1800 s") as err:
         planner.plan(text, SynthesisOptions(speed=0.25))
     figure = float(str(err.value).split("about ")[1].split(" s")[0])
     assert figure == pytest.approx(4 * seconds_at_1, rel=0.02)  # a quarter of the speed: 4x the speech
@@ -96,6 +97,33 @@ def test_every_plan_is_within_the_caps_or_refused(planner: Planner, unit: str, s
         return
     assert len(plan.segments) <= planner.limits.max_segments
     assert seconds(plan) <= planner.limits.max_request_seconds
+
+
+def _breaks_script(turns: int, breaks: int, seconds: float) -> list[ScriptPart]:
+    """A dialogue's parts as the Ingress makes them: every turn ``breaks`` SSML breaks of
+    ``seconds``, each before a one-character piece (a turn's SSML parsed on its own)."""
+    voice = Voice(name="alloy", seed=2)
+    return [ScriptPart("嗯", voice, pause_before=seconds, speaker="alloy", turn=t) for t in range(turns) for _ in range(breaks)]
+
+
+def test_silence_is_counted_for_the_whole_script_not_per_turn(planner: Planner) -> None:
+    """13 turns of twelve 10 s breaks (each turn within SSML's own 120 s) were 1,560 s of
+    silence with a 200: the script's silence is one budget, whatever the turns."""
+    parts = _breaks_script(13, 12, 10.0)
+    with pytest.raises(RequestTooLarge, match=r"1560 s of silence .* the limit is 480 s \(segments.max_silence_seconds\)"):
+        planner.plan_script(parts, SynthesisOptions())
+    ok = planner.plan_script(_breaks_script(4, 12, 10.0), SynthesisOptions())  # 480 s: at the limit
+    assert plan_silence(ok) == pytest.approx(480.0)
+    assert plan_seconds(ok) == pytest.approx(480.0 + seconds(ok))
+
+
+def test_speech_and_silence_share_the_request_seconds() -> None:
+    """Silence is audio: its bytes and vocoder work count against ``max_request_seconds``."""
+    limits = SegmentLimits(max_request_seconds=100.0, max_silence_seconds=480.0)
+    planner = Planner(limits)
+    with pytest.raises(RequestTooLarge, match=r"s of audio .* the limit is 100 s"):
+        planner.plan_script(_breaks_script(1, 11, 10.0), SynthesisOptions())  # 110 s of silence, under its own cap
+    assert plan_seconds(planner.plan_script(_breaks_script(1, 9, 10.0), SynthesisOptions())) < 100.0
 
 
 def test_the_client_is_stamped_on_every_segment(planner: Planner) -> None:
