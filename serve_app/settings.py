@@ -145,6 +145,11 @@ class CacheConfig(_Strict):
     max_item_bytes: int = Field(default=16 * MiB, ge=1, description="Larger responses are not cached.")
     redis_timeout_s: float = Field(default=0.2, gt=0)
     redis_backoff_s: float = Field(default=5.0, ge=0, description="Skip redis this long after a failure.")
+    share_across_keys: bool = Field(
+        default=False,
+        description="One key's stored answers also answer another key's identical request. Off: entries are "
+        "each key's own (without keys, every caller is one owner), so neither a hit nor its speed tells one key "
+        "what another asked for. On (one tenant behind the keys): more hits, and X-Cache is not sent.")
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> "CacheConfig":

@@ -240,7 +240,9 @@ class SpeechService:
             voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
             script = await self.script(req, voice, caller)
             key = request_key(req, voice, weights_id=self.weights_id, options=script.options,
-                              voices=[v.cache_id for v in script.voices]) if self.weights_id != "unknown" else None
+                              voices=[v.cache_id for v in script.voices],
+                              scope="" if self.cache_config.share_across_keys else caller.owner,
+                              ) if self.weights_id != "unknown" else None
             if key is not None and "no-store" in directives:
                 key = None
                 metrics.inc("tts_cache_total", result="bypass")
@@ -369,6 +371,14 @@ class SpeechService:
         stored voices inside: always answered by the Ingress)."""
         return type(req) is SpeechRequest and not req.is_ssml and _edge_cacheable_voice(req.voice)
 
+    def _answer_headers(self, rec: RequestRecord) -> dict[str, str]:
+        # X-Cache only where the cache is the caller's own: on a cache shared across keys a hit
+        # would tell one key what another has asked for.
+        out = {"X-Weights": self.weights_kind, "Cache-Control": "no-store"}
+        if not self.cache_config.share_across_keys:
+            out["X-Cache"] = rec.cache
+        return out
+
     async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
                     cache_control: str = "") -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
@@ -379,7 +389,7 @@ class SpeechService:
                            cache_control: str = "") -> tuple[TimedSpeech, dict[str, str]]:
         """What ``timed`` answers, and its headers (the handle API returns the answer alone)."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
-        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
+        headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             data, segments, duration = audio.audio, audio.segments or [], audio.duration
         else:
@@ -405,7 +415,7 @@ class SpeechService:
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (serving/flow.py)."""
         audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
-        headers = {"X-Weights": self.weights_kind, "X-Cache": rec.cache, "Cache-Control": "no-store", **audio.headers}
+        headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy;

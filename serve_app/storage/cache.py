@@ -35,50 +35,64 @@ from ..settings import CacheConfig
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chattts"
-KEY_VERSION = 3  # bump when the key's meaning changes: every deployed cache is invalidated
+KEY_VERSION = 4  # bump when the key's meaning changes: every deployed cache is invalidated
 MiB = 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------------------------
 
-# Options that do not change the audio: priority only orders admission.
-_NOT_IN_KEY = {"voice", "seed", "priority"}
+# The request fields that do not change the audio bytes, each with why. Every other field of the
+# request model is in the key as validated, so a field added later is keyed by default: a field
+# left out by mistake could only answer one request with another's audio, a field keyed in
+# excess only costs a miss (tests/unit/test_cache_key.py enumerates the models' fields).
+NOT_IN_KEY: dict[str, str] = {
+    "model": "an alias of the same weights (weights_id is in the key)",
+    "priority": "orders admission only",
+    "stream_format": "framing the caller applies to the cached audio bytes",
+    "timestamps": "the segments' timing is stored beside the audio",
+    "captions": "made from the stored timing",
+    "voice": "keyed as the resolved voice's content (Voice.cache_id)",
+    "seed": "keyed as the seed the planner decodes with (effective_seed)",
+}
+# Options that are keyed through the request (or, resolved, as voice and seed above).
+_OPTIONS_NOT_IN_KEY = {"voice", "seed", "priority"}
 
 
 def _canon(value: Any) -> Any:
     # 0.3, 0.30000000000000004 and 3e-1 are one setting; strings keep JSON float printing out of it.
-    return repr(round(float(value), 6)) if isinstance(value, float) else value
+    if isinstance(value, float):
+        return repr(round(value, 6))
+    if isinstance(value, dict):
+        return {k: _canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canon(v) for v in value]
+    return value
 
 
 def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_VERSION,
-                options: Any = None, voices: Sequence[str] = ()) -> str:
+                options: Any = None, voices: Sequence[str] = (), scope: str = "") -> str:
     """``chattts:v<version>:<sha256 hex>`` of everything that determines a request's audio bytes.
 
-    ``req`` is a ``SpeechRequest`` (duck-typed: ``to_options()``, ``input``,
-    ``response_format``, ``refine_text``); ``voice`` is its voice as ``VoiceResolver`` resolved
-    it, so spellings of one speaker ("Alloy", "seed:2222") share entries and the seed is the one
-    the planner decodes with (``effective_seed``). The text is the input as sent: normalisation
-    is a deterministic function of it and the options. ``weights_id`` must identify the weights
-    and the engine code version. Not in the key: ``priority`` and ``model`` (aliases of the same
-    weights); ``stream_format`` is framing the caller applies to the cached audio bytes.
-    ``options``: the options the audio is made with, when they are not ``req.to_options()`` (its
-    ``instructions`` applied); ``voices``: the ``cache_id`` of every other voice it speaks in.
+    ``req``: a validated request model (``SpeechRequest`` and its kin): every field but
+    ``NOT_IN_KEY``'s. ``voice``: its voice as ``VoiceResolver`` resolved it, so spellings of one
+    speaker ("Alloy", "seed:2222") share entries and the seed is the one the planner decodes with.
+    ``options``: the options the audio is made with (``instructions`` applied; default
+    ``req.to_options()``); ``voices``: the ``cache_id`` of every other voice it speaks in.
+    ``weights_id`` identifies the weights and the engine code version. ``scope``: whose entries
+    these are (the caller's owner when hits are not shared across keys; "" when they are).
     """
     opts = options if options is not None else req.to_options()
     doc = {
         "v": int(version),
-        "text": req.input,
+        "request": _canon(req.model_dump(mode="json", exclude=set(NOT_IN_KEY))),
+        "options": _canon(opts.model_dump(mode="json", exclude=_OPTIONS_NOT_IN_KEY)),
         "voice": voice.cache_id,
         "seed": effective_seed(voice, opts.seed),
-        **{k: _canon(v) for k, v in opts.model_dump(exclude=_NOT_IN_KEY).items()},
-        "format": req.response_format,
-        "refine_text": bool(req.refine_text),
-        "loudness": _canon(getattr(req, "loudness", None)),
+        "voices": list(voices),  # the other voices a script speaks in (SSML <voice>, a dialogue's turns)
         "weights": weights_id,
+        "scope": scope,
     }
-    if voices:  # the other voices a script speaks in (SSML <voice>, a dialogue's turns), by content
-        doc["voices"] = list(voices)
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return f"{KEY_PREFIX}:v{int(version)}:{hashlib.sha256(blob).hexdigest()}"
 

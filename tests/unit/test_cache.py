@@ -37,7 +37,7 @@ WEIGHTS = "random-tiny:abc"
 BASE = dict(input="Hello world. 你好。", voice="alloy", response_format="mp3")
 
 # The key of BASE, pinned: if it changes, every deployed cache is invalidated (bump KEY_VERSION).
-GOLDEN_KEY = "chattts:v3:6aa9ceb301d6d820cb76c4a5f5b2ae930f6d5fce4978de76696000b80bb5f20c"
+GOLDEN_KEY = "chattts:v4:e93894e13dd70d443c2e37929b4592fea35e2de3147ea68d8b6bb82d067585ae"
 
 
 def key(**changes) -> str:
@@ -60,7 +60,7 @@ class FakeClock:
 
 def test_key_format_and_golden_value():
     k = key()
-    assert k.startswith("chattts:v3:") and len(k) == len("chattts:v3:") + 64
+    assert k.startswith("chattts:v4:") and len(k) == len("chattts:v4:") + 64
     assert k == key()
     assert k == GOLDEN_KEY
 
@@ -82,7 +82,7 @@ def test_key_same_in_another_process():
     assert out.stdout.strip() == key()
 
 
-# One change per field that determines the audio.
+# One change per request field that determines the audio (every field not in NOT_IN_KEY).
 CHANGES = {
     "input": "Hello world!",
     "voice": "echo",
@@ -98,7 +98,42 @@ CHANGES = {
     "refine_text": True,
     "volume": -3.0,
     "loudness": -16.0,
+    "instructions": "speak cheerfully",
+    "input_format": "text",
 }
+DIALOGUE = dict(turns=[{"voice": "alloy", "input": "你好。"}, {"voice": "echo", "input": "再见。"}])
+DIALOGUE_CHANGES = {
+    "turns": [{"voice": "alloy", "input": "你好。"}, {"voice": "nova", "input": "再见。"}],
+    "pause_s": 1.5,
+}
+
+
+def _models():
+    from serve_app.protocol import DialogueRequest, TimedSpeechRequest
+
+    return [(SpeechRequest, BASE, CHANGES), (TimedSpeechRequest, BASE, CHANGES),
+            # A dialogue's input is its turns written canonically (the model sets it): keyed through them.
+            (DialogueRequest, {**BASE, **DIALOGUE}, {**CHANGES, **DIALOGUE_CHANGES, "input": None})]
+
+
+@pytest.mark.parametrize("model, base, changes", _models(), ids=lambda m: getattr(m, "__name__", ""))
+def test_every_request_field_is_keyed_or_named_as_not_changing_the_audio(model, base, changes):
+    """A field added to a request model fails here until it has a change below (and so is
+    shown to change the key) or a reason in NOT_IN_KEY."""
+    from serve_app.storage.cache import NOT_IN_KEY
+
+    unaccounted = set(model.model_fields) - set(changes) - set(NOT_IN_KEY)
+    assert not unaccounted, f"fields neither keyed nor named in NOT_IN_KEY: {sorted(unaccounted)}"
+
+    def k(**over) -> str:
+        req = model(**{**base, **over})
+        return request_key(req, VoiceResolver().resolve(req.voice), weights_id=WEIGHTS)
+
+    keys = {k()}
+    for field in set(model.model_fields) & {f for f, v in changes.items() if v is not None}:
+        changed = k(**{field: changes[field]})
+        assert changed not in keys, field
+        keys.add(changed)
 
 
 def test_every_field_changes_the_key():
@@ -107,16 +142,25 @@ def test_every_field_changes_the_key():
     # Every option that can change the audio is covered (priority only orders admission).
     assert set(SynthesisOptions.model_fields) - {"priority"} <= set(CHANGES)
     base = key()
-    keys = {base}
-    for field, value in CHANGES.items():
-        k = key(**{field: value})
-        assert k != base, field
-        keys.add(k)
-    assert len(keys) == len(CHANGES) + 1
     req = SpeechRequest(**BASE)
     voice = VoiceResolver().resolve("alloy")
     assert request_key(req, voice, weights_id="random-tiny:abd") != base
-    assert request_key(req, voice, weights_id=WEIGHTS, version=4).startswith("chattts:v4:")
+    assert request_key(req, voice, weights_id=WEIGHTS, version=5).startswith("chattts:v5:")
+
+
+def test_ssml_looking_text_and_ssml_are_two_entries():
+    """``input_format: text`` speaks the markup as written; the same input as SSML is other audio
+    (once one key's text answer was given to another key's SSML request from the cache)."""
+    ssml = "<speak>你好<break time='1s'/>再见</speak>"
+    assert key(input=ssml, input_format="text") != key(input=ssml)
+    assert key(input=ssml, input_format="ssml") != key(input=ssml, input_format="text")
+
+
+def test_the_scope_separates_keys():
+    req = SpeechRequest(**BASE)
+    voice = VoiceResolver().resolve("alloy")
+    mine, theirs = (request_key(req, voice, weights_id=WEIGHTS, scope=s) for s in ("key:a", "key:b"))
+    assert mine != theirs and request_key(req, voice, weights_id=WEIGHTS, scope="key:a") == mine
 
 
 def test_key_canonicalisation():
