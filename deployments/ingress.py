@@ -21,6 +21,7 @@ from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
 from serve_app.http.jobs import CREATE_JOB_OPENAPI, JOBS_PATH, JobsService
+from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.middleware import HttpPolicy
 from serve_app.http.request_log import RequestRecord
 from serve_app.http.middleware import caller_of
@@ -86,6 +87,7 @@ class Ingress:
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
+        self.loop_watch = LoopWatch("ingress").start()
 
     def _apply(self, settings: IngressSettings) -> None:
         auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
@@ -117,6 +119,13 @@ class Ingress:
         return HTTP_POLICY.auth.identify(f"Bearer {api_key}" if api_key else None, address)
 
     # ------------------------------------------------------------------ handle API
+
+    async def loop_stall(self, reset: bool = False) -> dict[str, float]:
+        """This replica's longest event-loop stall (ms) since its start or the last ``reset``, and
+        how many stalls passed the warning threshold (operators and the attack tests)."""
+        watch = self.loop_watch
+        longest = watch.reset() if reset else watch.longest_s
+        return {"longest_ms": round(longest * 1e3, 1), "stalls": watch.stalls}
 
     async def synthesize(self, request: Union[SpeechRequest, dict]) -> bytes:
         """The whole audio file."""

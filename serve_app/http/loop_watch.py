@@ -1,0 +1,91 @@
+"""How long an event loop stood still: a ticker that asks to wake every ``interval_s`` and measures
+how late it woke. Whatever ran on the loop in between (a parse, a regex, a JSON dump of a large
+answer) held every other request of the process for that long.
+
+One per process that serves requests: the Ingress replica and Serve's HTTP proxy (its hooks,
+``front_guard.middlewares``). The longest stall is kept (``longest_s``, ``/metrics`` as
+``tts_event_loop_stall_seconds``), and a stall above ``warn_s`` logs one WARNING (at most one a
+``warn_every_s``): a stall names no request, but its time finds it in the request log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+STALL_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+def _histogram() -> Optional[Callable[[float, str], None]]:
+    """``tts_event_loop_stall_seconds{process}`` where Ray's metrics are there (a replica or the proxy)."""
+    try:
+        from ray.util.metrics import Histogram
+
+        h = Histogram("tts_event_loop_stall_seconds", "How late an event loop's ticker woke (stalls over 5 ms).",
+                      boundaries=STALL_BUCKETS, tag_keys=("process",))
+        return lambda seconds, process: h.observe(seconds, tags={"process": process})
+    except Exception:  # noqa: BLE001 - outside Ray (tests, other ASGI servers) there is no metric
+        return None
+
+
+class LoopWatch:
+    """Start with ``start()`` from the loop to watch (or ``ensure_started()`` from a request)."""
+
+    def __init__(self, process: str, interval_s: float = 0.02, warn_s: float = 0.1, warn_every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.process = process
+        self.interval_s = interval_s
+        self.warn_s = warn_s
+        self.warn_every_s = warn_every_s
+        self.clock = clock
+        self.longest_s = 0.0
+        self.stalls = 0  # ticks later than warn_s
+        self._task: Optional[asyncio.Task] = None
+        self._observe = None
+        self._warned_at = float("-inf")
+
+    def start(self) -> "LoopWatch":
+        if self._task is None or self._task.done():
+            self._observe = _histogram()
+            # get_event_loop: a replica's constructor runs before its loop does (as other replica tasks start)
+            self._task = asyncio.get_event_loop().create_task(self._run())
+        return self
+
+    def ensure_started(self) -> None:
+        """From code that runs on the loop (a request), in processes whose start-up does not."""
+        if self._task is None:
+            self.start()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def reset(self) -> float:
+        """The longest stall since the last reset (or the start), and start over."""
+        longest, self.longest_s = self.longest_s, 0.0
+        return longest
+
+    async def _run(self) -> None:
+        while True:
+            due = self.clock() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            self.record(self.clock() - due)
+
+    def record(self, late_s: float) -> None:
+        if late_s <= 0.005:  # the timer's own jitter
+            return
+        self.longest_s = max(self.longest_s, late_s)
+        if self._observe is not None:
+            self._observe(late_s, self.process)
+        if late_s >= self.warn_s:
+            self.stalls += 1
+            now = self.clock()
+            if now - self._warned_at >= self.warn_every_s:
+                self._warned_at = now
+                log.warning("the %s's event loop stood still for %.0f ms (every request it holds waited); "
+                            "longest so far %.0f ms", self.process, late_s * 1e3, self.longest_s * 1e3)
