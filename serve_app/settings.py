@@ -82,8 +82,8 @@ class FrontGuardSettings(_Strict):
     proxy never sees the app's args). A client is an address plus the fingerprint of its
     Authorization header; every 4xx the service answers it spends one token of its bucket, and a
     client with an empty bucket is answered 429 by the guard itself, after ``tarpit_s``, without a
-    trip to the Ingress. Clients whose credential has never been served also share a bucket per
-    address, so rotating made-up keys does not buy new budgets."""
+    trip to the Ingress. Clients whose key the Ingress has never authenticated also share a bucket
+    per address, so rotating made-up keys does not buy new budgets."""
 
     enabled: bool = True
     refusals_per_s: float = Field(default=1.0, gt=0, description="Refused requests a client may cause per second, sustained.")
@@ -94,7 +94,13 @@ class FrontGuardSettings(_Strict):
                             "(a client that waits for its answer before the next attempt sends one every tarpit_s).")
     max_tarpitted_per_address: int = Field(default=1024, ge=0, description="Held requests of one address; more are answered at once.")
     max_tarpitted: int = Field(default=4096, ge=0, description="Held requests in all.")
-    max_clients: int = Field(default=65536, ge=16, description="Clients and addresses remembered (least recently seen forgotten first).")
+    max_clients: int = Field(default=65536, ge=16, description="Clients never authenticated, and addresses, remembered "
+                             "(least recently seen forgotten first).")
+    max_served_clients: int = Field(default=65536, ge=16, description="Clients whose key the Ingress authenticated, in their "
+                                    "own table: only another such client pushes one out.")
+    forwarded_allow_ips: str = Field(default="127.0.0.1,::1", description="Peers whose X-Forwarded-For names the client "
+                                     "(uvicorn's FORWARDED_ALLOW_IPS in the proxy and, with HAProxy, the replicas): only the "
+                                     "front door. With Ray's HAProxy not wrapped by serve_app.http.front_door, none.")
 
 
 class FlowSettings(_Strict):
@@ -115,6 +121,8 @@ class EdgeCacheSettings(_Strict):
     max_bytes: int = Field(default=64 * MiB, ge=0, description="All entries of one proxy process (least recently used out).")
     max_item_bytes: int = Field(default=4 * MiB, ge=0, description="A larger answer is not kept.")
     max_body_bytes: int = Field(default=64 * KiB, ge=1024, description="A larger request is not looked up (it goes on as it came).")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="A body the edge reads to look it up must be in within this "
+                                  "of the request's start (408), as the Ingress's ingress.body_timeout_s: keep them equal.")
 
 
 class IngressSettings(_Strict):

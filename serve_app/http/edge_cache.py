@@ -12,12 +12,19 @@ request: path, ``Authorization`` header and body bytes. So only the same credent
 an answer is at most ``ttl_s`` old: a revoked key, a deleted voice or new weights reach every
 client within it. ``Cache-Control: no-cache`` / ``no-store`` always go through.
 
+Looking a request up means reading its body here, before the Ingress has checked anything, so
+the edge reads one only for a request that carries a credential (or once the Ingress's answers
+said that keys are off: ``middleware.AUTH_HEADER: open``), and only within ``body_timeout_s`` of
+the request's start: past it the answer is 408 ``body_timeout``, a refusal the front guard counts.
+A request without a key goes on unread, to the Ingress's 401 from its headers.
+
 Installed with the front guard (``front_guard.middlewares``); settings from the env var
 ``CHATTTS_EDGE_CACHE`` (``settings.EdgeCacheSettings``). State is per proxy process, bounded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -28,14 +35,16 @@ from typing import Callable, Optional
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import APIError
 from ..settings import EdgeCacheSettings
-from .middleware import header
+from .middleware import AUTH_HEADER, header, send_error
 
 ENV = "CHATTTS_EDGE_CACHE"
 # The Ingress's mark on an answer the edge may keep (taken off before the client sees it).
 EDGE_HEADER = "x-chattts-edge"
 PATHS = ("/v1/audio/speech",)
 _EDGE = EDGE_HEADER.encode()
+_AUTH = AUTH_HEADER.encode()
 _DROPPED = {_EDGE, b"x-request-id", b"date", b"server", b"content-length"}
 
 
@@ -103,15 +112,26 @@ class EdgeCacheMiddleware:
         self.app = app
         self.s = settings or EdgeCacheSettings()
         self.cache = EdgeCache(self.s, clock)
+        # Keys off at the Ingress, as its last answer here said (AUTH_HEADER "open"; a 401 or
+        # "key": on). Until it says so, a request without a credential is never read here.
+        self.keys_off = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (not self.s.enabled or scope["type"] != "http" or scope.get("method") != "POST"
                 or scope.get("path") not in PATHS or _bypass(header(scope, b"cache-control") or "")):
             await self.app(scope, receive, send)
             return
-        body, complete, replay = await _read_body(receive, self.s.max_body_bytes)
+        if not header(scope, b"authorization") and not self.keys_off:
+            await self.app(scope, receive, self._learning(send))  # unread: the Ingress answers it from its headers
+            return
+        try:
+            body, complete, replay = await _read_body(receive, self.s.max_body_bytes, self.s.body_timeout_s)
+        except asyncio.TimeoutError:
+            await send_error(send, APIError(408, f"the request body did not arrive within {self.s.body_timeout_s:g} s",
+                                            code="body_timeout", headers={"Connection": "close"}))
+            return
         if not complete:  # too large to key: the request goes on as it came
-            await self.app(scope, replay, send)
+            await self.app(scope, replay, self._learning(send))
             return
         key = request_key(scope, body)
         entry = self.cache.get(key)
@@ -122,11 +142,26 @@ class EdgeCacheMiddleware:
             return
         await self.app(scope, replay, self._keeping(send, key))
 
+    def _learn(self, start: Message) -> None:
+        """Whether keys are off, from an answer's start (the Ingress's mark, or a 401)."""
+        mark = next((v for k, v in start.get("headers", ()) if k.lower() == _AUTH), None)
+        if mark is not None or start.get("status") == 401:
+            self.keys_off = mark == b"open"
+
+    def _learning(self, send: Send) -> Send:
+        async def learn(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._learn(message)
+            await send(message)
+
+        return learn
+
     def _keeping(self, send: Send, key: str) -> Send:
         state: dict = {}
 
         async def keep(message: Message) -> None:
             if message["type"] == "http.response.start":
+                self._learn(message)
                 headers = message.get("headers", [])
                 if any(k.lower() == _EDGE for k, _ in headers):
                     state["start"] = message
@@ -147,13 +182,15 @@ def _bypass(cache_control: str) -> bool:
     return bool(directives & {"no-cache", "no-store"})
 
 
-async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> tuple[bytes, bool, Receive]:
     """The request body if it is at most ``limit`` bytes (complete True), and a ``receive`` that
-    gives the app what was read, then the rest as it comes."""
+    gives the app what was read, then the rest as it comes. ``asyncio.TimeoutError`` if what it
+    reads is not in within ``timeout_s``: a byte now and then holds no socket here for longer."""
     messages: list[Message] = []
     size = 0
+    deadline = time.monotonic() + timeout_s
     while True:
-        message = await receive()
+        message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
         messages.append(message)
         if message["type"] != "http.request":
             break

@@ -9,9 +9,11 @@ plus a fingerprint of its ``Authorization`` header, never the key itself): every
 token, tokens come back at ``refusals_per_s``, and a client with none left is answered 429
 ``too_many_refusals`` by the guard itself after ``tarpit_s`` (so a client that waits for its
 answer slows to one attempt per ``tarpit_s``), without reaching the Ingress. A client whose
-credential has never been served also spends from its address's bucket, so made-up keys do not
-buy fresh budgets; a client the service has served is judged by its own bucket alone, so a key
-that works is never held up by a flood from the same address.
+credential the Ingress has never authenticated also spends from its address's bucket, so made-up
+keys do not buy fresh budgets; a client whose key it has authenticated (its answers carry
+``middleware.AUTH_HEADER: key``, which the guard takes off) is judged by its own bucket alone and
+kept in its own table, so a key that works is neither held up nor forgotten for a flood of
+unknown credentials from the same address.
 
 Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.http.front_guard:middlewares``
 (in Serve's proxy, and in each Ingress replica's own HTTP server with HAProxy's front door);
@@ -36,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import error_body
 from ..settings import FrontGuardSettings
-from .middleware import header
+from .middleware import AUTH_HEADER, header
 
 log = logging.getLogger("ray.serve")
 
@@ -46,10 +48,12 @@ WARN_EVERY_S = 60.0  # one log line per refused client or address at most this o
 # the environment of `ray start` / `serve run`.
 HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 IMPORT_PATH = "serve_app.http.front_guard:middlewares"
+_AUTH = AUTH_HEADER.encode()
+_STARTS = ("http.response.start", "websocket.accept", "websocket.http.response.start")
 
 
 class Bucket:
-    """A token bucket of refusals; ``served``: the service has answered this client below 400."""
+    """A token bucket of refusals; ``served``: the Ingress has authenticated this client's key."""
 
     __slots__ = ("tokens", "at", "served", "held", "warned")
 
@@ -88,12 +92,57 @@ class Buckets:
             bucket.refill(self.rate, self.burst, now)
         return bucket
 
+    def find(self, key: Any) -> Optional[Bucket]:
+        """The key's bucket (refilled, marked recently seen), or None; never adds one."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets.move_to_end(key)
+            bucket.refill(self.rate, self.burst, self.clock())
+        return bucket
+
+    def adopt(self, key: Any, bucket: Bucket) -> None:
+        """Keep ``bucket`` under ``key`` (the least recently seen out past ``max_keys``)."""
+        self._buckets[key] = bucket
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > self.max_keys:
+            self._buckets.popitem(last=False)
+
+    def pop(self, key: Any) -> None:
+        self._buckets.pop(key, None)
+
     def give_back(self, bucket: Bucket) -> None:
         """A token taken up front comes back (never past the burst)."""
         bucket.tokens = min(float(self.burst), bucket.tokens + 1)
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+class Clients:
+    """Client buckets in two bounded tables: ``served`` (the Ingress authenticated the client's
+    key) and ``unknown`` (never authenticated: made-up keys, no key, keys off). Only a served
+    client can push a served one out, so a flood of unknown credentials, however many, churns
+    its own table and never takes a paying key's standing with it."""
+
+    def __init__(self, rate: float, burst: int, max_served: int, max_unknown: int, clock: Callable[[], float]):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.served = Buckets(rate, burst, max_served, clock)
+        self.unknown = Buckets(rate, burst, max_unknown, clock)
+
+    def get(self, key: Any) -> Bucket:
+        return self.served.find(key) or self.unknown.get(key)
+
+    def mark_served(self, key: Any, bucket: Bucket) -> None:
+        if not bucket.served:
+            bucket.served = True
+            self.unknown.pop(key)
+        self.served.adopt(key, bucket)  # also back in, if a churn of served ones pushed it out meanwhile
+
+    def give_back(self, bucket: Bucket) -> None:
+        bucket.tokens = min(float(self.burst), bucket.tokens + 1)
+
+    def __len__(self) -> int:
+        return len(self.served) + len(self.unknown)
 
 
 def client_of(scope: Scope) -> tuple[str, str]:
@@ -111,18 +160,22 @@ class FrontGuard:
                  clock: Callable[[], float] = time.monotonic):
         self.app = app
         self.s = s = settings or FrontGuardSettings()
-        self.clients = Buckets(s.refusals_per_s, s.refusal_burst, s.max_clients, clock)
+        self.clients = Clients(s.refusals_per_s, s.refusal_burst, s.max_served_clients, s.max_clients, clock)
         self.addresses = Buckets(s.address_refusals_per_s, s.address_refusal_burst, s.max_clients, clock)
         self.held = 0
         self.refused: dict[str, int] = {"client": 0, "address": 0}  # answered by the guard, by the bucket that was empty
         self._metric = _counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or not self.s.enabled:
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if not self.s.enabled:
+            await self.app(scope, receive, _watching(send, [], None))  # the Ingress's mark still goes
+            return
         address, credential = client_of(scope)
-        client = self.clients.get((address, credential))
+        key = (address, credential)
+        client = self.clients.get(key)
         if client.tokens < 1:
             await self._refuse(scope, receive, send, "client", self.clients, client, address, credential)
             return
@@ -137,15 +190,18 @@ class FrontGuard:
         # before the answers come. A served client with a full bucket goes on trust.
         ticket = Ticket(self, client, addr) if addr is not None or client.tokens < self.s.refusal_burst else None
         status: list[int] = []
+        authenticated: list[bool] = []
         try:
-            await self.app(scope, receive, _watching(send, status, ticket))
+            await self.app(scope, receive, _watching(send, status, ticket, authenticated))
         finally:
             if ticket is not None:
                 ticket.settle(status[0] if status else None)
             if status and (len(status) > 1 or (ticket is None and 400 <= status[0] < 500)):
                 client.tokens = max(0.0, client.tokens - 1)  # refused after the fact (or after an accept)
-            if status and status[-1] < 400:
-                client.served = True
+            # Served only when the Ingress says it authenticated the key: never for a public page
+            # (``/healthz`` answers any header 200) or with keys off, whatever the status.
+            if authenticated and credential:
+                self.clients.mark_served(key, client)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, where: str, buckets: Buckets, bucket: Bucket,
                       address: str, credential: str) -> None:
@@ -205,13 +261,19 @@ class Ticket:
             self.guard.addresses.give_back(self.addr)
 
 
-def _watching(send: Send, status: list[int], ticket: Optional[Ticket]) -> Send:
+def _watching(send: Send, status: list[int], ticket: Optional[Ticket], authenticated: Optional[list[bool]] = None) -> Send:
     """``send`` that notes the answer's status (and settles the ticket on it): HTTP's; a
     WebSocket's accept as 101, a handshake refused by a close as 403, a denial response's own;
-    then a session closed by the service with a 44xx code as that 4xx."""
+    then a session closed by the service with a 44xx code as that 4xx. The Ingress's
+    ``AUTH_HEADER`` is taken off the answer (``authenticated`` notes a ``key`` one)."""
 
     async def watched(message: Message) -> None:
         kind = message["type"]
+        if kind in _STARTS and any(k.lower() == _AUTH for k, _ in message.get("headers", ())):
+            headers = message["headers"]
+            if authenticated is not None and any(k.lower() == _AUTH and v == b"key" for k, v in headers):
+                authenticated.append(True)
+            message = {**message, "headers": [(k, v) for k, v in headers if k.lower() != _AUTH]}
         if not status:
             if kind in ("http.response.start", "websocket.http.response.start"):
                 status.append(int(message["status"]))

@@ -20,6 +20,11 @@ from .security import APIKeyAuth
 # Routes anyone may call: health, the web page (it asks for a key itself), the API's schema.
 PUBLIC_PATHS = ("/healthz", "/readyz", "/openapi.json")
 PUBLIC_PREFIXES = ("/ui/",)
+# Set on the answer to a request the guard below identified: "key" when it authenticated an API
+# key, "open" when keys are off (the caller is its address). The front guard (Serve's proxy)
+# trusts a credential only on "key" and takes the header off; the edge cache learns from it
+# whether keys are off. Public paths never carry it.
+AUTH_HEADER = "x-chattts-auth"
 
 
 class HttpPolicy:
@@ -79,13 +84,15 @@ class GuardMiddleware:
         path = self.policy.path_of(scope)
         if not self.policy.is_public(path):
             try:
-                self._identify(scope)
+                mark = self._identify(scope)
             except APIError as exc:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 4000 + exc.status, "reason": exc.code or ""})
                 else:
                     await send_error(send, exc)
                 return
+            if mark is not None:
+                send = _marking(send, mark)
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -96,16 +103,18 @@ class GuardMiddleware:
             return
         await self.app(scope, self._bounded(scope, receive, limit), send)
 
-    def _identify(self, scope: Scope) -> None:
+    def _identify(self, scope: Scope) -> Optional[bytes]:
+        """Identify the caller (401 if it cannot be); the ``AUTH_HEADER`` value its answers carry."""
         auth = self.policy.auth
         if auth is None:
             raise APIError(503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"})
         authorization = header(scope, b"authorization")
         if scope["type"] == "websocket" and authorization is None:
-            return  # the session's first message may carry the key (the session checks it)
+            return None  # the session's first message may carry the key (the session checks it)
         client = scope.get("client")
         caller = auth.identify(authorization, client[0] if client else "unknown")
         scope.setdefault("state", {})["caller"] = caller
+        return b"key" if auth.enabled else b"open"
 
     def _bounded(self, scope: Scope, receive: Receive, limit: int) -> Receive:
         deadline = time.monotonic() + self.policy.body_timeout_s
@@ -136,6 +145,18 @@ class GuardMiddleware:
             return message
 
         return bounded_receive
+
+
+def _marking(send: Send, value: bytes) -> Send:
+    """``send`` that adds ``AUTH_HEADER: value`` to the answer's start (or a WebSocket's accept)."""
+    name = AUTH_HEADER.encode()
+
+    async def marked(message: Message) -> None:
+        if message["type"] in ("http.response.start", "websocket.accept", "websocket.http.response.start"):
+            message = {**message, "headers": [*message.get("headers", []), (name, value)]}
+        await send(message)
+
+    return marked
 
 
 def _too_large(limit: int) -> APIError:

@@ -1,5 +1,6 @@
 """The front guard as plain ASGI (no Ray): a client's refusal budget, the per-address budget of
-clients never served, the tarpit, WebSocket handshakes, and what the service's answers teach it."""
+clients never authenticated, the tarpit, WebSocket handshakes, and what the service's answers
+teach it (only the Ingress's mark of an authenticated key makes a client served)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, FrontGuard, middlewares, settings_from_env
+from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import FrontGuardSettings
 
 GOOD = "Bearer good-key"
@@ -24,25 +26,34 @@ class Clock:
         return self.now
 
 
+MARK = [(AUTH_HEADER.encode(), b"key")]  # what the Ingress adds to its answers to an authenticated key
+
+
 async def service(scope, receive, send) -> None:
-    """Stands in for the proxy's routing: /ok answers 200 to the good key, 401 to any other."""
+    """Stands in for the proxy's routing and the Ingress: /ok answers 200 to the good key (marked
+    authenticated), 401 to any other; /healthz 200 to anyone, unmarked, as a public page."""
     if scope["type"] == "websocket":
         await receive()
         headers = dict(scope["headers"])
         if headers.get(b"authorization") == GOOD.encode():
-            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.accept", "headers": MARK})
             await send({"type": "websocket.close", "code": int(scope["path"].rsplit("/", 1)[-1] or 1000)})
         else:
             await send({"type": "websocket.close", "code": 4401})
         return
     headers = dict(scope["headers"])
+    good = headers.get(b"authorization") == GOOD.encode()
+    if scope["path"] == "/healthz":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
     if scope["path"] == "/fail":
         status = 500
     elif scope["path"] == "/bad":
         status = 400
     else:
-        status = 200 if headers.get(b"authorization") == GOOD.encode() else 401
-    await send({"type": "http.response.start", "status": status, "headers": []})
+        status = 200 if good else 401
+    await send({"type": "http.response.start", "status": status, "headers": MARK if good else []})
     await send({"type": "http.response.body", "body": b"{}"})
 
 
@@ -209,6 +220,65 @@ def test_memory_is_bounded_by_max_clients():
         for i in range(50):
             await _get(guard, key=f"Bearer k{i}", address=f"10.1.0.{i}")
         assert len(guard.clients) <= 16 and len(guard.addresses) <= 16
+
+    asyncio.run(run())
+
+
+def test_public_pages_never_make_a_credential_served():
+    """Made-up keys each seen once on /healthz (200 to anyone) stay unknown: their refusals still
+    spend the address's budget (before: each became "served" and its 401s bypassed it)."""
+    clock = Clock()
+    guard = _guard(clock, refusal_burst=20, address_refusal_burst=5)
+    keys = [f"Bearer made-up-{i}" for i in range(50)]
+
+    async def run():
+        for key in keys:
+            assert (await _get(guard, key=key, path="/healthz")).status_code == 200
+        got = [(await _get(guard, key=key)).status_code for key in keys for _ in range(20)]
+        assert got.count(401) == 5 and got.count(429) == 995  # the address's burst, not 50 x 20
+        assert len(guard.clients.served) == 0
+        # The Ingress's mark never reaches the client; a real key is served on it.
+        r = await _get(guard, key=GOOD, address="10.0.0.9")
+        assert r.status_code == 200 and AUTH_HEADER not in r.headers
+        assert len(guard.clients.served) == 1
+
+    asyncio.run(run())
+
+
+def test_a_keys_off_answer_or_a_marked_public_page_makes_no_one_served():
+    """Only the value ``key`` counts: with keys off the Ingress marks ``open`` (the caller is its
+    address), and a credential is not an identity."""
+    async def open_service(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(AUTH_HEADER.encode(), b"open")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = FrontGuard(open_service, FrontGuardSettings(tarpit_s=0), clock=Clock())
+
+    async def run():
+        transport = httpx.ASGITransport(app=guard, client=("10.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            r = await client.get("/v1/models", headers={"Authorization": "Bearer anything"})
+        assert r.status_code == 200 and AUTH_HEADER not in r.headers and len(guard.clients.served) == 0
+
+    asyncio.run(run())
+
+
+def test_a_flood_of_unknown_credentials_never_evicts_a_served_key():
+    """Unknown credentials churn their own table: a served key keeps its standing (before: pushed
+    out by 16 made-up keys it paid the address's empty budget, 429 on every path)."""
+    clock = Clock()
+    guard = _guard(clock, max_clients=16, max_served_clients=16, address_refusal_burst=5)
+
+    async def run():
+        assert (await _get(guard, key=GOOD)).status_code == 200  # served
+        got = [(await _get(guard, key=f"Bearer made-up-{i}")).status_code for i in range(200)]
+        assert got.count(401) == 5 and got.count(429) == 195
+        assert len(guard.clients.unknown) <= 16 and len(guard.clients.served) == 1
+        assert await _statuses(guard, 5, key=GOOD) == [200] * 5  # its own bucket, not the address's
+        # Served clients push out only served ones, least recently seen first.
+        for i in range(20):
+            guard.clients.mark_served(("10.2.0.1", f"k{i}"), guard.clients.get(("10.2.0.1", f"k{i}")))
+        assert len(guard.clients.served) == 16
 
     asyncio.run(run())
 
