@@ -313,8 +313,13 @@ def middlewares() -> list[Middleware]:
     from . import edge_cache
     from .flow_acks import FlowAcksMiddleware
 
+    from .front_door import pin_forwarded_allow_ips
+
     settings = settings_from_env()
     edge = edge_cache.settings_from_env()
+    # Before Ray builds this process's uvicorn server: whose X-Forwarded-For names the client.
+    trusted = pin_forwarded_allow_ips(settings.forwarded_allow_ips)
+    log.info("front guard: X-Forwarded-For believed from %s", trusted or "no one")
     log.info("front guard: %s; edge cache: %s", settings.model_dump_json(), edge.model_dump_json())
     return [Middleware(FrontGuard, settings=settings), Middleware(edge_cache.EdgeCacheMiddleware, settings=edge),
             Middleware(FlowAcksMiddleware)]

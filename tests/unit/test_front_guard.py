@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -298,3 +300,84 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     with pytest.raises(ValueError):
         settings_from_env()
     assert (HOOK_ENV, IMPORT_PATH) == ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "serve_app.http.front_guard:middlewares")
+
+
+# ---------------------------------------------------------------- the HAProxy front door's client address
+
+HAPROXY_CFG = """global
+    maxconn 64
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend prometheus
+    bind 127.0.0.1:18081
+    no log
+frontend http_frontend
+    bind 127.0.0.1:18082
+    acl healthcheck path -i /-/healthz
+    use_backend app if { path_beg / }
+backend app
+    server r1 127.0.0.1:9 check
+"""
+
+
+def test_the_front_door_config_drops_what_a_client_sent_and_sets_its_own_address(tmp_path, monkeypatch):
+    """The wrapper's copy of Ray's config: the rules right after http_frontend's bind (and nowhere
+    else), once; the bundled HAProxy accepts it (``-c``)."""
+    import subprocess
+
+    from serve_app.http import front_door
+
+    patched = front_door.patch_config(HAPROXY_CFG)
+    lines = patched.splitlines()
+    at = lines.index("    bind 127.0.0.1:18082", lines.index("frontend http_frontend"))
+    assert [line.strip() for line in lines[at + 2: at + 2 + len(front_door.RULES)]] == list(front_door.RULES)
+    assert "set-header X-Forwarded-For %[src]" in lines[at + 5] and patched.count(front_door.MARK) == 1
+    assert front_door.patch_config(patched) == patched  # a reload of an already patched file
+    assert front_door.patch_config("frontend other\n    bind :1\n") == "frontend other\n    bind :1\n"
+    source = tmp_path / "haproxy.cfg"
+    source.write_text(HAPROXY_CFG)
+    args = front_door.rewrite_args(["-db", "-f", str(source), "-sf", "123"])
+    assert args[:2] == ["-db", "-f"] and args[3:] == ["-sf", "123"] and source.read_text() == HAPROXY_CFG
+    assert Path(args[2]).read_text() == patched
+    check = subprocess.run([front_door.real_binary(), "-c", "-f", args[2]], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # The installed wrapper: an executable Ray accepts as RAY_SERVE_HAPROXY_BINARY_PATH, that runs
+    # the bundled binary on the patched copy.
+    wrapper = front_door.install(tmp_path / "bin")
+    assert os.access(wrapper, os.X_OK) and front_door.is_wrapper(str(wrapper))
+    check = subprocess.run([str(wrapper), "-c", "-f", str(source)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_forwarded_for_is_believed_only_from_the_front_door(tmp_path, monkeypatch):
+    """uvicorn's trust, pinned by the hook before Ray builds the server: the setting, or no one
+    behind an HAProxy the wrapper does not run (before: 127.0.0.1, where HAProxy connects from)."""
+    from serve_app.http import front_door
+
+    wrapper = front_door.install(tmp_path)
+    env: dict[str, str] = {}
+    assert front_door.pin_forwarded_allow_ips("127.0.0.1,::1", env) == "127.0.0.1,::1"  # Serve's proxy
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert front_door.pin_forwarded_allow_ips("127.0.0.1,::1", env) == "" and env["FORWARDED_ALLOW_IPS"] == ""
+    env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(wrapper)
+    assert front_door.pin_forwarded_allow_ips("127.0.0.1,::1,10.0.0.0/8", env) == "127.0.0.1,::1,10.0.0.0/8"
+    # The hook does it in the process it runs in.
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH", raising=False)
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
+    middlewares()
+    assert os.environ["FORWARDED_ALLOW_IPS"] == ""
+    # And uvicorn, so pinned, names the peer whatever the header says.
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["client"][0])
+
+    asyncio.run(ProxyHeadersMiddleware(app, trusted_hosts="")(
+        {"type": "http", "client": ("127.0.0.1", 1), "headers": [(b"x-forwarded-for", b"6.6.6.6")]}, None, None))
+    assert seen == ["127.0.0.1"]
