@@ -289,6 +289,8 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     clock = Clock()
     guard = _guard(clock, enabled=False)
     assert asyncio.run(_statuses(guard, 10, key="Bearer wrong")) == [401] * 10
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)  # the hook sets it: restored after the test
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", json.dumps({"tarpit_s": 0.5, "refusal_burst": 7}))
     assert settings_from_env().refusal_burst == 7
     from serve_app.http.flow_acks import FlowAcksMiddleware
