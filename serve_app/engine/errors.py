@@ -53,6 +53,12 @@ class EmptyInputError(ValueError):
     """The text has nothing speakable (only punctuation, tags or whitespace)."""
 
 
+class InvalidInstructionsError(ValueError):
+    """``instructions`` the style reader does not take: longer than ``MAX_INSTRUCTIONS_CHARS``
+    (``engine/styles.py``). The API's schemas bound every instructions field the same, so this
+    reaches only callers that skip them; a 400 naming the field, never a 500."""
+
+
 class InvalidClipError(ValueError):
     """A reference clip for a voice cannot be used: undecodable, too short or long, silent."""
 

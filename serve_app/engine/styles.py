@@ -21,7 +21,7 @@ reads the style words and phrases it knows, English and Chinese, from a table
   with a word the table does not know and none it does (as written, lower-cased, at most
   ``MAX_REPORTED_CHARS``), at most ``MAX_REPORTED`` entries. ``header_value`` makes either list an ASCII header value.
 
-How it reads: the text (NFKC, case-folded; at most ``MAX_INSTRUCTIONS_CHARS``) is cut into tokens
+How it reads: the text (NFKC, case-folded; each text at most ``MAX_INSTRUCTIONS_CHARS``) is cut into tokens
 (Latin words, numbers, single CJK characters) and clauses (punctuation, "and", "but", "then").
 At each token the longest table phrase starting there is taken, so 快乐 (happy) is not 快
 (fast). A modifier ("very", "a bit", 非常, 有点) scales the next style in its clause: a speed
@@ -48,6 +48,7 @@ from types import MappingProxyType
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from urllib.parse import quote
 
+from .errors import InvalidInstructionsError
 from .text import data
 from .text.chars import CJK
 from .types import SynthesisOptions
@@ -244,17 +245,22 @@ class _Clause:
     k: float = 1.0
 
 
-def resolve_instructions(text: Optional[str]) -> StyleResult:
-    """The ChatTTS controls for OpenAI ``instructions`` (see the module docstring). None or ""
-    gives an empty result. Longer than ``MAX_INSTRUCTIONS_CHARS``: ``ValueError`` (the API
-    refuses such a request before it gets here)."""
-    if not text:
+def resolve_instructions(*texts: Optional[str]) -> StyleResult:
+    """The ChatTTS controls for OpenAI ``instructions`` (see the module docstring). Several texts
+    (a dialogue's own instructions, then a turn's) are read in order as one, each ending a
+    clause, so the later one wins a control both set. None or "" add nothing. A text longer
+    than ``MAX_INSTRUCTIONS_CHARS``: ``InvalidInstructionsError`` (400; the API refuses such a
+    field before it gets here). Each text is bounded, not their sum: each is a field the API
+    bounds on its own, and reading is linear in all of them."""
+    for text in texts:
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"instructions must be str, got {type(text).__name__}")
+        if text and len(text) > MAX_INSTRUCTIONS_CHARS:
+            raise InvalidInstructionsError(f"instructions are {len(text)} characters; at most "
+                                           f"{MAX_INSTRUCTIONS_CHARS} are read")
+    if not any(texts):
         return StyleResult()
-    if not isinstance(text, str):
-        raise TypeError(f"instructions must be str, got {type(text).__name__}")
-    if len(text) > MAX_INSTRUCTIONS_CHARS:
-        raise ValueError(f"instructions are {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS} are read")
-    norm = _normalise(text)
+    norm = "\n".join(_normalise(text) for text in texts if text)  # "\n" ends a clause
     tokens = [(m.group(), m.start(), m.end(), bool(m.group("sep"))) for m in _TOKEN_RE.finditer(norm)]
     presets: List[Tuple[str, StyleControls]] = []
     words: List[Tuple[str, StyleControls]] = []

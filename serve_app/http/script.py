@@ -30,10 +30,11 @@ class Script:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def styled(options: SynthesisOptions, instructions: Optional[str]) -> tuple[SynthesisOptions, StyleResult]:
-    """``options`` with the tags and speed ``instructions`` ask for (the request's own prompt tags win)."""
-    style = resolve_instructions(instructions)
-    if not instructions:
+def styled(options: SynthesisOptions, *instructions: Optional[str]) -> tuple[SynthesisOptions, StyleResult]:
+    """``options`` with the tags and speed ``instructions`` ask for (the request's own prompt tags
+    win); several are read in order, the later winning a control both set."""
+    style = resolve_instructions(*instructions)
+    if not any(instructions):
         return options, style
     return options.model_copy(update={"prompt": style.merged_prompt(options.prompt),
                                       "speed": style.apply_speed(options.speed)}), style
@@ -108,8 +109,8 @@ async def dialogue_script(req: Union[DialogueRequest, JobRequest], voices: Voice
             known[turn.voice] = await voices.resolve(turn.voice, caller.owner, admin=caller.admin)
         voice = known[turn.voice]
         used.append(voice)
-        instructions = " ".join(x for x in (req.instructions, turn.instructions) if x) or None
-        options, style = styled(base, instructions)
+        # Two texts, each within its own field's bound; joined they could pass the reader's bound.
+        options, style = styled(base, req.instructions, turn.instructions)
         styles.append(style)
         pause = req.pause_s if i else 0.0
         if SpeechRequest(input=turn.input).is_ssml:
