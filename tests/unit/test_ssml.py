@@ -244,6 +244,40 @@ def test_say_as_content_that_does_not_fit_is_an_error_at_the_element(kind, conte
     assert str(err.value).startswith("<say-as> at line 2, column 4: ") and says in str(err.value)
 
 
+@pytest.mark.parametrize("content, fmt", [
+    ("1" * 5000 + "-1-2020", ""),  # a month of 5000 digits: past int()'s 4300-digit limit
+    ("2020-1-" + "0" * 5000 + "1", ""),  # leading zeros count too
+    ("1" * 5000, "m"),
+    ("12345-05-03", "ymd"),
+    ("²", "y"),  # str.isdigit says yes, int() says no
+    ("5-①-2024", "dmy"),
+])
+def test_date_fields_are_bounded_before_int_reads_them(content, fmt):
+    """Before: ValueError from int() (a 500 with a traceback); now the element's own 400. Job
+    inputs are longer than a speech request's, so a field can pass int()'s limit there."""
+    attr = f' format="{fmt}"' if fmt else ""
+    with pytest.raises(InvalidSSMLError, match="interpret-as 'date'") as exc:
+        parse_ssml(f'<speak><say-as interpret-as="date"{attr}>{content}</say-as></speak>', max_chars=20_000)
+    err = to_api_error(exc.value)
+    assert (err.status, err.code, err.param) == (400, "invalid_ssml", "input")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("kind", ["characters", "cardinal", "ordinal", "digits", "date", "telephone"])
+def test_every_say_as_reading_of_digit_floods_is_words_or_a_400(kind, lang):
+    """Runs past int()'s limit and digits int() does not read (superscripts, circled, other
+    scripts' decimals), alone and with separators: a reading, or InvalidSSMLError; nothing else."""
+    for unit in ("7", "0", "1-", "1/", "1.", "1 ", "1,", "²", "①", "٣", "１", "7²"):
+        content = (unit * (5000 // len(unit) + 1))[:5000]
+        for fmt in ([""] + (["y", "m", "d", "ymd", "md"] if kind == "date" else [])):
+            attr = f' format="{fmt}"' if fmt else ""
+            ssml = f'<speak xml:lang="{lang}"><say-as interpret-as="{kind}"{attr}>{content}</say-as></speak>'
+            try:
+                parse_ssml(ssml, max_chars=20_000)
+            except InvalidSSMLError:
+                pass
+
+
 def test_a_bad_date_format_and_a_missing_interpretation_are_errors():
     with pytest.raises(InvalidSSMLError, match="format 'yyyy' is not a date format"):
         parse_ssml('<speak><say-as interpret-as="date" format="yyyy">2024</say-as></speak>')

@@ -80,6 +80,7 @@ MAX_BREAK_SECONDS = 10.0
 # Silence costs no GPT work but is audio to encode and send: a 4096-character input could hold
 # ~450 ten-second breaks.
 MAX_BREAK_TOTAL_SECONDS = 120.0
+MAX_DATE_FIELD_DIGITS = 4  # a year; a month or a day is fewer
 
 _speed_meta = SynthesisOptions.model_fields["speed"].metadata
 MIN_RATE = next(m.ge for m in _speed_meta if hasattr(m, "ge"))  # the service's speed range
@@ -271,8 +272,12 @@ def _characters(content: str, lang: Lang) -> str:
 
 def _date(content: str, lang: Lang, fmt: Optional[str]) -> str:
     fields = re.split(r"[-/.\s]+", content.strip())
-    if not all(f.isdigit() for f in fields):
+    # isdecimal, not isdigit: int() reads only the former ("²" is a digit it refuses). The
+    # length bound comes before any int(): thousands of digits are past int()'s own limit.
+    if not all(f.isdecimal() for f in fields):
         raise _NotThat(f"{content.strip()!r} is not a date of numbers")
+    if any(len(f) > MAX_DATE_FIELD_DIGITS for f in fields):
+        raise _NotThat(f"{content.strip()[:40]!r} has a field of more than {MAX_DATE_FIELD_DIGITS} digits")
     if fmt is None:  # documented default: ISO order when it starts with a year, else US order
         fmt = {3: "ymd" if len(fields[0]) == 4 else "mdy", 2: "md", 1: "y"}.get(len(fields), "")
     if len(fields) != len(fmt):
