@@ -3,9 +3,10 @@
 
 ``RangedResponse`` answers GET and HEAD with ``Accept-Ranges: bytes``, ``ETag`` and
 ``Last-Modified``; a single byte range (``bytes=a-b``, ``a-``, ``-n``) with 206 and
-``Content-Range``; a start past the end with 416 and ``Content-Range: bytes */<size>``; a
-malformed range with 400; ``If-Range`` with this ETag or Last-Modified keeps the range, any other
-value (a weak ETag included) gets the whole file. Unlike ``FileResponse`` it does not answer
+``Content-Range``; a start past the end with 416 and ``Content-Range: bytes */<size>`` (a
+number of any length: past ``MAX_POSITION_DIGITS`` digits it is past every end, and a suffix
+that long is the whole file); a malformed range with 400; ``If-Range`` with this ETag or
+Last-Modified keeps the range, any other value (a weak ETag included) gets the whole file. Unlike ``FileResponse`` it does not answer
 several ranges as multipart/byteranges: it sends the whole file (200), as RFC 9110 allows.
 """
 
@@ -25,7 +26,11 @@ from starlette.types import Receive, Scope, Send
 from ..storage.jobs import FileStat
 
 PIECE_BYTES = 256 * 1024  # one ranged read: what the response holds in memory at a time
-_RANGE_RE = re.compile(r"(\d*)\s*-\s*(\d*)")
+# RFC 9110's DIGIT is ASCII (``\d`` would take other scripts' digits too).
+_RANGE_RE = re.compile(r"([0-9]*)\s*-\s*([0-9]*)")
+# More digits than this (after leading zeros) is past any file a store holds (below 2**63); such a
+# number is never given to int(), which refuses 4300 digits and is slow well before that.
+MAX_POSITION_DIGITS = 18
 
 
 class _BadRange(Exception):
@@ -46,14 +51,24 @@ def _single_range(value: str, size: int) -> Optional[tuple[int, int]]:
     m = _RANGE_RE.fullmatch(parts[0])
     if m is None or not (m[1] or m[2]):
         raise _BadRange("Range header: malformed range")
-    if not m[1]:  # the last n bytes
-        return max(size - int(m[2]), 0), size
-    start = int(m[1])
+    if not m[1]:  # the last n bytes (more than the file: all of it)
+        return max(size - _position(m[2], size), 0), size
+    start = _position(m[1], size)
     if start >= size:
         return size, size
-    if m[2] and int(m[2]) < start:
+    if not m[2]:
+        return start, size
+    last = _position(m[2], size)
+    if last < start:
         raise _BadRange("Range header: start must be less than end")
-    return start, min(int(m[2]) + 1, size) if m[2] else size
+    return start, min(last + 1, size)
+
+
+def _position(digits: str, size: int) -> int:
+    """A byte position or count of the header; one of more than ``MAX_POSITION_DIGITS`` digits
+    is past the end of any file and reads as at least ``size``, without int() reading it."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= MAX_POSITION_DIGITS else max(size, 10 ** MAX_POSITION_DIGITS)
 
 
 class RangedResponse(Response):
