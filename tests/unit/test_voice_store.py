@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from bench.lib.procs import REPO_ROOT as REPO, free_port
 from serve_app.storage.cache import request_key
@@ -29,7 +30,9 @@ from serve_app.storage.voices import (
     VoiceCatalog,
     check_name,
     clean_transcript,
+    StoredVoice,
     make_voice_store,
+    new_voice_id,
     stored_voice,
 )
 from support.clips import encode, speechlike
@@ -67,6 +70,44 @@ async def test_create_get_list_delete(store_config):
     c = await store.create(stored_voice("ANNA", "speaker", speaker=OTHER_SPEAKER))
     assert c.id != a.id and (await store.get_by_name("anna")).speaker == OTHER_SPEAKER
     await store.close()
+
+
+_NOT_THE_ID = {
+    "newline": lambda i: i + "\n",  # "$" matched before a final newline: the id's regex took it
+    "upper": lambda i: i.upper(),
+    "upper hex": lambda i: i[:6] + i[6:].upper(),
+    "leading newline": lambda i: "\n" + i,
+    "nul": lambda i: i + "\x00",
+}
+
+
+@pytest.mark.parametrize("variant", list(_NOT_THE_ID))
+async def test_only_the_exact_lower_case_id_is_an_id(store_config, variant):
+    """Ids are lower-case hex and the whole string: one differing in case (two such ids would
+    name one file on a case-insensitive filesystem) or with a newline never reaches a file or a
+    key, for anyone, admin included."""
+    store = make_voice_store(store_config)
+    voice = await store.create(stored_voice("Anna", "speaker", speaker=SPEAKER))
+    other = _NOT_THE_ID[variant](voice.id)
+    assert other != voice.id
+    assert not VOICE_ID_RE.match(other) and not VOICE_ID_RE.search(other) and not VOICE_ID_RE.fullmatch(other)
+    assert await store.get(other) is None and await store.get(other, admin=True) is None
+    assert await store.delete(other, admin=True) is False
+    with pytest.raises(ValidationError):
+        StoredVoice.model_validate_json(voice.model_copy(update={"id": other}).to_json())
+    if isinstance(store, DirectoryVoiceStore):
+        with pytest.raises(ValueError, match="not a voice id"):
+            store._file(other)  # before: an assert, and "id\n" passed it
+    if other.strip() != voice.id:  # blanks around a voice a request names are trimmed first
+        with pytest.raises(UnknownVoiceError):
+            await VoiceCatalog(store).resolve(other, ANONYMOUS, admin=True)
+    assert await store.get(voice.id) == voice
+    await store.close()
+
+
+def test_generated_ids_are_lower_case():
+    ids = {new_voice_id() for _ in range(2000)}
+    assert len(ids) == 2000 and all(VOICE_ID_RE.fullmatch(i) and i == i.lower() for i in ids)
 
 
 async def test_names_are_unique_and_the_count_is_bounded(store_config):

@@ -84,7 +84,7 @@ class VoiceCatalog:
         """The voice ``owner`` names (``admin``: any owner's custom voice, its own first by name);
         another owner's id or name is unknown exactly as a missing one is (404)."""
         voice = (voice or "").strip()
-        if VOICE_ID_RE.match(voice):
+        if VOICE_ID_RE.fullmatch(voice):
             stored = await self.store.get(voice, owner, admin=admin)
             if stored is None:
                 raise UnknownVoiceError(f"no voice with id {voice!r}")

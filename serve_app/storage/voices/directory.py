@@ -55,7 +55,9 @@ class DirectoryVoiceStore(VoiceStore):
         self._lock = FileLock(str(self.root / ".lock"), timeout=10)
 
     def _file(self, voice_id: str) -> Path:
-        assert VOICE_ID_RE.match(voice_id), voice_id  # ids are generated and checked, never user text
+        # Ids are generated and checked, never user text; a raise, not an assert (python -O).
+        if not VOICE_ID_RE.fullmatch(voice_id):
+            raise ValueError(f"not a voice id: {voice_id[:64]!r}")
         return self.root / f"{voice_id}.json"
 
     def _read_index(self) -> dict[str, str]:
@@ -67,7 +69,7 @@ class DirectoryVoiceStore(VoiceStore):
     @staticmethod
     def _ids_of(index: dict[str, str], owner: Optional[str]) -> list[str]:
         """The ids ``owner`` (None: anyone) holds, in the index's order (creation order)."""
-        return [v for k, v in index.items() if (owner is None or owns_key(owner, k)) and VOICE_ID_RE.match(v)]
+        return [v for k, v in index.items() if (owner is None or owns_key(owner, k)) and VOICE_ID_RE.fullmatch(v)]
 
     def _read(self, voice_id: str) -> Optional[StoredVoice]:
         try:
@@ -108,11 +110,11 @@ class DirectoryVoiceStore(VoiceStore):
 
     def _get_by_name_sync(self, key: str) -> Optional[StoredVoice]:
         voice_id = self._read_index().get(key)
-        return self._read(voice_id) if voice_id and VOICE_ID_RE.match(voice_id) else None
+        return self._read(voice_id) if voice_id and VOICE_ID_RE.fullmatch(voice_id) else None
 
     def _find_name_sync(self, name_hash: str) -> list[StoredVoice]:
         index = self._read_index()
-        voices = (self._read(index[k]) for k in same_name_keys(index, name_hash) if VOICE_ID_RE.match(index[k]))
+        voices = (self._read(index[k]) for k in same_name_keys(index, name_hash) if VOICE_ID_RE.fullmatch(index[k]))
         return [v for v in voices if v is not None]
 
     def _list_sync(self, owner: Optional[str]) -> list[StoredVoice]:

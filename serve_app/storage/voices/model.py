@@ -21,7 +21,12 @@ from ...errors import APIError
 
 log = logging.getLogger(__name__)
 
-VOICE_ID_RE = re.compile(r"^voice_[0-9a-f]{24}$")
+# Lower-case hex only: two ids never differ only in case, so none can collide with another on a
+# case-insensitive filesystem. \A..\Z, not ^..$: "$" also matches before a final "\n", and
+# with \Z match(), search() and fullmatch() all check the whole string.
+VOICE_ID_RE = re.compile(r"\Avoice_[0-9a-f]{24}\Z")
+# The same for pydantic, whose (Rust) regex has no \Z; its "$" is the text's end.
+VOICE_ID_PATTERN = r"^voice_[0-9a-f]{24}$"
 MAX_NAME_CHARS = 64
 _RESERVED_PREFIXES = ("seed:", "voice_")
 KiB = 1024
@@ -48,7 +53,7 @@ class StoredVoice(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(pattern=VOICE_ID_RE.pattern)
+    id: str = Field(pattern=VOICE_ID_PATTERN)
     name: str
     # The API key id that made it ("anonymous" without keys). A document stored before voices
     # had owners has none: it reads as "anonymous"'s.
@@ -145,7 +150,7 @@ def clean_transcript(text: Any, max_chars: int) -> str:
 
 
 def new_voice_id() -> str:
-    return "voice_" + secrets.token_hex(12)
+    return "voice_" + secrets.token_hex(12)  # lower-case hex, as VOICE_ID_RE requires
 
 
 def store_unavailable(exc: BaseException) -> APIError:

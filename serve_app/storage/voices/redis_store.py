@@ -91,7 +91,8 @@ class RedisVoiceStore(VoiceStore):
         self._adopted = False
 
     def _key(self, voice_id: str) -> str:
-        assert VOICE_ID_RE.match(voice_id), voice_id
+        if not VOICE_ID_RE.fullmatch(voice_id):  # a raise, not an assert (python -O)
+            raise ValueError(f"not a voice id: {voice_id[:64]!r}")
         return f"{self.cfg.redis_prefix}:v:{voice_id}"
 
     def _own(self, owner: str) -> str:
@@ -115,7 +116,7 @@ class RedisVoiceStore(VoiceStore):
         for tag in await self._redis.smembers(self._owners):
             if re.fullmatch(rb"[0-9a-f]{16}", tag):
                 owned.update(await self._redis.zrange(f"{self.cfg.redis_prefix}:own:{tag.decode()}", 0, -1))
-        legacy = [(i.decode(), score) for i, score in scored if i not in owned and VOICE_ID_RE.match(i.decode())]
+        legacy = [(i.decode(), score) for i, score in scored if i not in owned and VOICE_ID_RE.fullmatch(i.decode())]
         for start in range(0, len(legacy), 500):
             batch = legacy[start:start + 500]
             keys = [self._own(ANONYMOUS), self._ids, self._owners, *(self._key(i) for i, _ in batch)]
@@ -152,10 +153,10 @@ class RedisVoiceStore(VoiceStore):
     async def _get_by_name(self, key: str) -> Optional[StoredVoice]:
         voice_id = await self._redis.hget(self._names, key)
         voice_id = voice_id.decode() if voice_id else ""
-        return await self._get(voice_id, None) if VOICE_ID_RE.match(voice_id) else None
+        return await self._get(voice_id, None) if VOICE_ID_RE.fullmatch(voice_id) else None
 
     async def _docs(self, ids: list[str]) -> list[StoredVoice]:
-        ids = [i for i in ids if VOICE_ID_RE.match(i)]
+        ids = [i for i in ids if VOICE_ID_RE.fullmatch(i)]
         docs = await self._redis.mget([self._key(i) for i in ids]) if ids else []
         return [StoredVoice.model_validate_json(d) for d in docs if d is not None]
 

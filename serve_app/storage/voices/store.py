@@ -52,7 +52,7 @@ class VoiceStore(ABC):
     async def get(self, voice_id: str, owner: str = ANONYMOUS, admin: bool = False) -> Optional[StoredVoice]:
         """``owner``'s voice with this id (an admin: anyone's); another owner's reads as None,
         by the same path as a missing one."""
-        if not VOICE_ID_RE.match(voice_id):
+        if not VOICE_ID_RE.fullmatch(voice_id):
             return None
         found = await self._guard(self._get, voice_id, None if admin else owner)
         return found if found is not None and (admin or found.owner == owner) else None
@@ -81,7 +81,7 @@ class VoiceStore(ABC):
     async def delete(self, voice_id: str, owner: str = ANONYMOUS, admin: bool = False) -> bool:
         """Delete ``owner``'s voice (an admin: anyone's); False for another owner's, as for a
         missing one."""
-        if not VOICE_ID_RE.match(voice_id):
+        if not VOICE_ID_RE.fullmatch(voice_id):
             return False
         return await self._guard(self._delete, voice_id, None if admin else owner)
 
