@@ -33,7 +33,8 @@ from typing import Callable, Optional
 from ..engine.config import WeightsConfig
 from .config import BatchConfig, InputFormat, row_id
 from .output import OutputDir
-from .rows import GROUPS, TODO, Group, Item, check_row, input_format, plan_groups, raw_rows, read_input, row_key
+from .rows import (GROUPS, TODO, Group, Item, audio_stem, check_row, input_format, plan_groups, raw_rows, read_input,
+                   row_key)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,9 @@ def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summ
     raws = [raw for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow") for raw in raw_rows(batch, kind)]
     summary.rows = len(raws)
     counts = collections.Counter(row_id(raw) for raw in raws)
+    # Ids whose file names differ only in case ("Utt1", "utt1") name one file on a
+    # case-insensitive filesystem (macOS, Windows): one row's audio would be the other's.
+    folded = collections.Counter(audio_stem(rid).casefold() for rid in counts if rid is not None)
     limits = cfg.segments.model_dump_json()
     items: list[Item] = []
     for raw in raws:
@@ -160,6 +164,10 @@ def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summ
         if row is not None and counts[row.id] > 1:
             # Which of them to keep would depend on the order: none is synthesised.
             row, reason = None, f"duplicate_id: {counts[row.id]} input rows have this id (none of them is synthesised)"
+        elif row is not None and folded[audio_stem(row.id).casefold()] > 1:
+            row, reason = None, (f"duplicate_id: {folded[audio_stem(row.id).casefold()]} input ids differ from this one "
+                                 "only in case, and would share one file where names ignore case (none of them is "
+                                 "synthesised)")
         if row is None:
             out.error(row_id(raw), reason)
             summary.failed += 1

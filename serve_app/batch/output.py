@@ -11,8 +11,13 @@
 A row is written once: its bytes go to ``audio/.<name>.part``, are flushed to disk, renamed to
 their final name, and only then committed by a journal line. A row is done when the journal
 commits it and its file is there with the committed size; a crash anywhere before the journal
-line leaves it not done, and the next run removes what it left (``recover``) and writes it again.
+line leaves it not done, and the next run writes it again (over whatever it left).
 The manifest is merged from the journal at the end of each run (latest commit per id).
+
+Only files this tool wrote are ever removed (``recover``): its temporary files, and files the
+journal commits that are no longer as committed. A directory that holds anything but this
+tool's own is refused unless it has the journal (``ForeignOutput``): ``--out`` pointed at a
+folder of one's own recordings must not lose them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import IO, Any, Optional
 
@@ -46,6 +52,14 @@ class OutputLocked(RuntimeError):
     """Another run writes into this directory."""
 
 
+class ForeignOutput(ValueError):
+    """The output directory holds files and no journal of this tool's: not ours to write into."""
+
+
+# A temporary file of ``commit``: ``.<row's file name>.part`` (``rows.audio_stem`` + a format).
+_PART_RE = re.compile(r"\.[A-Za-z0-9._+-]+\.(?P<fmt>[a-z0-9]+)\.part\Z")
+
+
 class OutputDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -62,6 +76,7 @@ class OutputDir:
     def __enter__(self) -> "OutputDir":
         from filelock import FileLock, Timeout
 
+        self._check_ours()  # before anything is made in it
         self.audio.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(exist_ok=True)
         self._lock = FileLock(str(self.state / "lock"))
@@ -80,10 +95,27 @@ class OutputDir:
         self._journal = self._errors = None
         self._lock.release()
 
+    def _check_ours(self) -> None:
+        """``ForeignOutput`` unless the directory is new, empty, has this tool's journal, or
+        holds only what a run leaves before its journal exists (an empty ``audio/``, the lock)."""
+        if (self.state / JOURNAL).is_file() or not self.root.exists():
+            return
+        if not self.root.is_dir():
+            raise ForeignOutput(f"--out {self.root} is not a directory")
+        for entry in self.root.iterdir():
+            if entry.name == AUDIO_DIR and entry.is_dir() and not any(entry.iterdir()):
+                continue
+            if entry.name == STATE_DIR and entry.is_dir() and all(p.name == "lock" for p in entry.iterdir()):
+                continue
+            raise ForeignOutput(f"--out {self.root} already holds files ({entry.name!r}) and no journal of an earlier "
+                                "batch run: give a new or empty directory (a run removes files it did not commit)")
+
     def recover(self) -> dict[str, dict]:
         """What earlier runs committed and is still there (``self.done``) and the rows they
-        refused (``self.failed``); removes what they left uncommitted: temporary files and files
-        the journal does not commit."""
+        refused (``self.failed``); removes what they left that this tool wrote and no longer
+        stands: temporary files, and committed files changed or cut since. Nothing else under
+        ``audio/`` is touched: a final file renamed just before a crash, never committed, is
+        written over when its row is written again."""
         path = self.state / JOURNAL
         records: dict[str, dict] = {}
         failures: dict[str, dict] = {}
@@ -101,10 +133,12 @@ class OutputDir:
         self.done = {rid: rec for rid, rec in records.items() if self._intact(rec)}
         self.failed = {rid: rec for rid, rec in failures.items() if rid not in self.done}
         kept = {Path(rec["path"]).name for rec in self.done.values()}
+        committed = {Path(rec["path"]).name for rec in records.values()}
         self.removed = 0
         for f in self.audio.iterdir():
-            ours = f.name.endswith(PART) or f.suffix.lstrip(".") in AUDIO_FORMATS
-            if f.is_file() and ours and f.name not in kept:
+            part = _PART_RE.fullmatch(f.name)
+            ours = f.name in committed or (part is not None and part["fmt"] in AUDIO_FORMATS)
+            if ours and f.name not in kept and f.is_file() and not f.is_symlink():
                 f.unlink()
                 self.removed += 1
         self._journal = open(path, "a", encoding="utf-8")
