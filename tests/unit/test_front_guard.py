@@ -350,6 +350,9 @@ def test_the_front_door_config_drops_what_a_client_sent_and_sets_its_own_address
     # the bundled binary on the patched copy.
     wrapper = front_door.install(tmp_path / "bin")
     assert os.access(wrapper, os.X_OK) and front_door.is_wrapper(str(wrapper))
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(wrapper))  # as Ray's processes have it
+    assert not front_door.is_wrapper(front_door.real_binary())  # never itself
+    assert os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(wrapper)
     check = subprocess.run([str(wrapper), "-c", "-f", str(source)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
