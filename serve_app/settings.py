@@ -240,11 +240,23 @@ class JobsSettings(_Strict):
     retry_backoff_s: float = Field(default=1.0, gt=0, description="Wait before a chunk's first retry, doubled each "
                                    "time up to 10 s.")
     chunk_timeout_s: float = Field(default=900.0, gt=0, description="A chunk not done within this is tried again.")
+    allow_anonymous: bool = Field(default=False, description="Jobs without an API key (security.auth 'optional' "
+                                  "and no key loaded): every such caller is the one owner 'anonymous', who lists, "
+                                  "fetches and deletes every other's jobs; off, the jobs routes answer 403 "
+                                  "jobs_need_api_key to a caller without a key.")
+    max_submissions_at_once: int = Field(default=2, ge=1, le=64, description="Submissions being read and planned "
+                                         "at once per Ingress replica (a book's plan takes seconds of a thread); "
+                                         "503 job_submissions_busy past it, and 429 to a key that has one under way.")
+    reservation_headroom: float = Field(default=0.5, ge=0.0, le=4.0, description="A job reserves its planned audio "
+                                        "times 1 + this (real weights end near the planned length, not on it); "
+                                        "its chunks' PCM past that fails it (reservation_exceeded).")
     max_active_jobs_per_key: int = Field(default=4, ge=1, description="Jobs queued or running at once per key "
-                                         "(without keys every caller is 'anonymous' and they share it): 429 past it.")
+                                         "(with allow_anonymous and no keys, every caller is 'anonymous' and they "
+                                         "share it): 429 past it.")
     max_jobs_per_key: int = Field(default=100, ge=1, description="Jobs kept per key, finished ones included: 409 past it.")
     max_bytes_per_key: int = Field(default=16 * 1024 * MiB, ge=MiB, description="Bytes a key's jobs may hold (a job "
-                                   "counts its PCM estimate until it is done, its files after): 409 past it.")
+                                   "counts its reservation until it is done: its normalised plan's PCM with "
+                                   "reservation_headroom, twice with chapters; its files after): 409 past it.")
     ttl_s: float = Field(default=7 * 86400.0, gt=0, description="A finished job (its audio) is kept this long.")
     sweep_interval_s: float = Field(default=600.0, gt=0, description="How often the runner deletes expired jobs.")
     rescan_s: float = Field(default=5.0, gt=0, description="How often the runner looks for jobs it was not told about.")

@@ -43,6 +43,9 @@ from ..engine.types import ScriptPart, SegmentMark, Voice
 from ..errors import to_api_error
 from ..settings import JobsSettings
 from ..storage.jobs import JobChunk, JobGone, StoredJob, make_job_store, store_identity, store_location
+from ..storage.jobs.model import JobScript
+from ..storage.jobs.objects import clean_spool
+from ..storage.jobs.planning import script_parts
 
 log = logging.getLogger("ray.serve")
 
@@ -78,10 +81,15 @@ def _reason(exc: BaseException) -> str:
     return f"{cause.__class__.__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}".rstrip(": ")
 
 
+class ReservationExceeded(Exception):
+    """The job's audio outgrew what it reserved of its owner's quota."""
+
+
 class _Job:
     """A job the runner holds: its state, its chunks, what is left and what runs."""
 
-    def __init__(self, job: StoredJob, chunks: list[JobChunk], done: dict[int, int]):
+    def __init__(self, job: StoredJob, script: JobScript, done: dict[int, int]):
+        chunks = script.chunks
         self.job = job
         self.chunks = chunks
         job.chunks_total = len(chunks)
@@ -91,17 +99,29 @@ class _Job:
         self.pending = [k for k in range(len(chunks)) if k not in done]  # in order
         self.tasks: dict[int, asyncio.Task] = {}
         self.options = job.synthesis_options()
-        self.voice = job.resolved_voice()
-        self.script_voices = [Voice(**v) for v in job.script_voices]  # an SSML or dialogue job's
+        self.voice = Voice(**script.voice)
+        self.script_voices = [Voice(**v) for v in script.script_voices]  # an SSML or dialogue job's
+        self.streaming: dict[int, int] = {}  # chunk -> PCM bytes it has streamed so far (not stored yet)
         self.save_lock = asyncio.Lock()
         job.run_started_at, job.run_chars_start = time.time(), job.chars_done
         self.stopped = False
         self.finishing = False
 
     def script_parts(self, chunk: JobChunk) -> list[ScriptPart]:
-        return [ScriptPart(p.text, self.script_voices[p.voice], speed=p.speed, prompt=p.prompt, offset=p.offset,
-                           span=p.span, pause_before=p.pause_before, speaker=p.speaker, turn=p.turn)
-                for p in chunk.parts or []]
+        return script_parts(chunk, self.script_voices)
+
+    def check_room(self, k: int, more: int) -> None:
+        """``ReservationExceeded`` when chunk ``k``'s ``more`` bytes take the job's PCM (stored,
+        and streaming in its other chunks) past its limit (0: a job made before limits)."""
+        limit = self.job.pcm_limit_bytes
+        if not limit:
+            return
+        self.streaming[k] = more
+        pcm = SAMPLE_BYTES * self.job.audio_samples + sum(self.streaming.values())
+        if pcm > limit:
+            raise ReservationExceeded(
+                f"the job's audio passed its reservation at chunk {k}: {pcm} bytes of PCM, {limit} reserved "
+                "(its normalised plan with jobs.reservation_headroom)")
 
     @property
     def complete(self) -> bool:
@@ -207,6 +227,10 @@ class JobRunner:
                     swept = await asyncio.to_thread(self.store.sweep)
                     if swept:
                         log.info("jobs: %d expired jobs deleted", swept)
+                    # The first round (at the start): what a killed runner was uploading from this node.
+                    spooled = await asyncio.to_thread(clean_spool)
+                    if spooled:
+                        log.info("jobs: %d spool files of stopped processes removed", spooled)
                 if self._rescan_now or now - self._last_scan >= self.settings.rescan_s:
                     self._rescan_now = False
                     self._last_scan = now
@@ -248,10 +272,10 @@ class JobRunner:
             if job.id in self.jobs:
                 continue
             try:
-                chunks, done = await asyncio.to_thread(lambda j=job: (self.store.chunks(j), self.store.done_chunks(j)))
+                script, done = await asyncio.to_thread(self._take_up, job)
             except JobGone:
                 continue
-            active = _Job(job, chunks, done)
+            active = _Job(job, script, done)
             self.jobs[job.id] = active
             if done:
                 self.resumed[job.id] = len(done)
@@ -261,6 +285,12 @@ class JobRunner:
         for job_id, active in list(self.jobs.items()):
             if job_id not in ids and not active.finishing:
                 self._stop(active)  # deleted without a cancel reaching us (we were down, or it was lost)
+
+    def _take_up(self, job: StoredJob) -> tuple[JobScript, dict[int, int]]:
+        """What a job's run starts from: its script and chunks stored whole; what a killed run was
+        writing into its place (a final file's temporaries) goes first."""
+        self.store.clean_temporaries(job)
+        return self.store.script(job), self.store.done_chunks(job)
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -310,6 +340,9 @@ class JobRunner:
                     break
                 except (asyncio.CancelledError, JobGone):
                     raise
+                except ReservationExceeded as exc:
+                    await self._fail(active, "reservation_exceeded", str(exc))
+                    return
                 except Exception as exc:  # noqa: BLE001 - sorted below: the request's fault, or a stage's
                     known = to_api_error(exc)
                     if known is not None and known.status < 500 and known.status != 429:
@@ -326,6 +359,7 @@ class JobRunner:
                     delay = min(MAX_BACKOFF_S, self.settings.retry_backoff_s * 2 ** max(0, tries - 1))
                     log.warning("jobs: %s chunk %d failed (%s); again in %.1f s", job.id, k, _reason(exc), delay)
                     await asyncio.sleep(delay)
+            active.streaming.pop(k, None)
             job.chunk_samples[k] = samples
             job.chars_done += len(active.chunks[k].text)
             job.bytes += SAMPLE_BYTES * samples
@@ -336,6 +370,7 @@ class JobRunner:
             return
         finally:
             active.tasks.pop(k, None)
+            active.streaming.pop(k, None)
         if active.complete and not active.finishing and not active.stopped:
             await self._finish(active)
 
@@ -353,12 +388,16 @@ class JobRunner:
                 raise
             plan = None  # nothing the normaliser can say (symbols only): an empty chunk
         parts: list[bytes] = []
+        size = 0
         timing: list[list] = []  # [start, end, text] per segment, samples in this chunk's PCM
+        active.streaming[k] = 0
         if plan is not None:
             gen = self.vocoder.options(stream=True).stream.remote(plan, "pcm", None)
             try:
                 async for item in gen:
                     if isinstance(item, bytes):
+                        size += len(item)
+                        active.check_room(k, size)  # as it comes: a runaway chunk is never held whole
                         parts.append(item)
                     elif isinstance(item, SegmentMark):
                         timing.append([item.start, item.end, plan.source_of(item.index), plan.speaker_of(item.index)])

@@ -486,7 +486,7 @@ def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(settings: Jobs
 
     again = make_job_store(settings)  # the restarted runner's
     [found] = again.active_jobs()
-    taken = _Job(found, again.chunks(found), again.done_chunks(found))
+    taken = _Job(found, again.script(found), again.done_chunks(found))
     assert taken.pending == [1, 3]
     assert found.chunk_samples == [100, -1, 50, -1] and found.chunks_done == 2
     assert found.chars_done == len(chunks[0].text) + len(chunks[2].text)

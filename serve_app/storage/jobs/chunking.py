@@ -158,12 +158,16 @@ def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float,
     return chunks
 
 
-def cut_script(parts: list[JobPart], seed: int, chunk_chars: int) -> list[JobChunk]:
+def cut_script(parts: list[JobPart], seed: int, chunk_chars: int,
+               max_silence_s: Optional[float] = None) -> list[JobChunk]:
     """An SSML or dialogue job's chunks: its script's parts in order, packed into chunks of at
     most ``chunk_chars`` characters of text (a chunk of several short turns decodes them as
     parallel rows); a longer part is cut as ``cut_text`` cuts a paragraph, its pause before it
     kept by its first piece. The pauses are the script's own (a pause that starts a chunk is that
-    chunk's lead-in), so the chunks need none between them."""
+    chunk's lead-in), so the chunks need none between them. ``max_silence_s``: a chunk's pauses
+    together at most (the planner's ``segments.max_silence_seconds``): a new chunk starts
+    before a pause that would pass it, so thousands of short turns with long breaks never make
+    one chunk of hours of silence (which the runner would hold in memory, and the planner refuse)."""
     pieces: list[JobPart] = []
     for part in parts:
         if len(part.text) <= chunk_chars:
@@ -177,19 +181,24 @@ def cut_script(parts: list[JobPart], seed: int, chunk_chars: int) -> list[JobChu
             at += len(text)
     groups: list[list[JobPart]] = []
     size = 0
+    silence = 0.0
     for piece in pieces:
-        if not groups or (piece.text and size + len(piece.text) > chunk_chars):
+        quiet = max_silence_s is not None and groups and silence + piece.pause_before > max_silence_s
+        if not groups or quiet or (piece.text and size + len(piece.text) > chunk_chars):
             groups.append([])
             size = 0
+            silence = 0.0
         groups[-1].append(piece)
         size += len(piece.text)
+        silence += piece.pause_before
     return [JobChunk(text="".join(p.text for p in group), seed=chunk_seed(seed, k), parts=group)
             for k, group in enumerate(groups)]
 
 
 def estimated_pcm_bytes(chunks: list[JobChunk], speed: float) -> int:
-    """The job's audio as PCM, from the pacing rules (random weights' exact length; real
-    weights end near it): what it reserves of its owner's quota until it is done."""
+    """The job's audio as PCM from its written text and the pacing rules: a rough figure only
+    (numbers read out are several times longer than written). A job reserves from its
+    normalised plan instead (``planning.py``)."""
     level = speed_tag_level(speed)
     seconds = sum(expected_seconds(c.text, level) + c.pause_after + sum(p.pause_before for p in c.parts or [])
                   for c in chunks)

@@ -165,16 +165,16 @@ class DirectoryFiles(JobFiles):
         return False  # a removed place is renamed away at once: nothing of it is readable
 
     def owners(self) -> list[str]:
-        return [p.name for p in children(self.root) if OWNER_TAG_RE.match(p.name) and p.is_dir()]
+        return [p.name for p in children(self.root) if OWNER_TAG_RE.fullmatch(p.name) and p.is_dir()]
 
     def places(self, tag: str) -> list[Place]:
-        return [Place(tag, p.name) for p in children(self.root / tag) if JOB_ID_RE.match(p.name)]
+        return [Place(tag, p.name) for p in children(self.root / tag) if JOB_ID_RE.fullmatch(p.name)]
 
     def age(self, place: Place, now: float) -> float:
         return now - mtime(self._dir(place))
 
     def owner_lock(self, tag: str) -> AbstractContextManager:
-        if not OWNER_TAG_RE.match(tag):
+        if not OWNER_TAG_RE.fullmatch(tag):
             raise ValueError(f"not an owner tag: {tag[:40]!r}")
         owner_dir = self.root / tag
         owner_dir.mkdir(exist_ok=True)
@@ -219,6 +219,13 @@ class DirectoryFiles(JobFiles):
             elif p.is_file():
                 found[p.name] = p.stat().st_size
         return found
+
+    def clean_temporaries(self, place: Place) -> None:
+        folder = self._dir(place)
+        for sub in (folder, folder / "chapters"):
+            for p in children(sub):
+                if p.name.startswith(TEMP_PREFIX) and p.is_file():
+                    p.unlink(missing_ok=True)
 
     def remove(self, place: Place, name: str) -> None:
         path = self._path(place, name)

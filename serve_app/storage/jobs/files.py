@@ -31,7 +31,7 @@ class Place:
     job_id: str
 
     def __post_init__(self) -> None:
-        if not (OWNER_TAG_RE.match(self.owner_tag) and JOB_ID_RE.match(self.job_id)):
+        if not (OWNER_TAG_RE.fullmatch(self.owner_tag) and JOB_ID_RE.fullmatch(self.job_id)):
             raise ValueError(f"not a job's place: {self.owner_tag[:40]!r}/{self.job_id[:40]!r}")
 
     @classmethod
@@ -42,7 +42,7 @@ class Place:
         """``<owner tag>/<job id>[/<name>]``; ``name`` one of the store's own file names."""
         if not name:
             return f"{self.owner_tag}/{self.job_id}"
-        if not FILE_NAME_RE.match(name):
+        if not FILE_NAME_RE.fullmatch(name):
             raise ValueError(f"not a job file name: {name[:40]!r}")
         return f"{self.owner_tag}/{self.job_id}/{name}"
 
@@ -119,6 +119,11 @@ class JobFiles(ABC):
     @abstractmethod
     def remove(self, place: Place, name: str) -> None:
         """Remove a file or a folder of the place."""
+
+    def clean_temporaries(self, place: Place) -> None:
+        """Remove what an interrupted write left in the place (a killed runner's half-written
+        final file): call it only while nothing writes there (when the runner takes a job up)."""
+        return None
 
     @abstractmethod
     def sweep(self, now: float) -> None:

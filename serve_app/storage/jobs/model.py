@@ -21,15 +21,17 @@ from ...engine.types import SynthesisOptions, Voice
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ACTIVE: tuple[str, ...] = ("queued", "running")
-JOB_ID_RE = re.compile(r"^job_[0-9a-f]{24}$")
-OWNER_TAG_RE = re.compile(r"^[0-9a-f]{24}$")
+# Ids and tags are lower-case hex, checked with ``fullmatch`` (``$`` would pass a trailing newline):
+# two ids that differ only in case would name one folder on a case-insensitive filesystem.
+JOB_ID_RE = re.compile(r"job_[0-9a-f]{24}")
+OWNER_TAG_RE = re.compile(r"[0-9a-f]{24}")
 PCM_BYTES_PER_SAMPLE = 2  # chunks are s16le mono at the engine's rate
 
 # A job's files, by name within its place (``files.py``): only these shapes, never user text.
 STATE_FILE = "job.json"
 CHUNKS_FILE = "chunks.json"
 CHUNKS_FOLDER = "chunks"
-FILE_NAME_RE = re.compile(r"^(?:[a-z0-9_-]+/)*[a-z0-9_-]+(?:\.[a-z0-9]+)?$")
+FILE_NAME_RE = re.compile(r"(?:[a-z0-9_-]+/)*[a-z0-9_-]+(?:\.[a-z0-9]+)?")
 STALE_TEMP_S = 3600.0  # a half-made job, a file without its job, or a deletion marker this old is swept
 LOCK_TIMEOUT_S = 10.0  # how long a creation waits for its owner's lock (then 503)
 
@@ -71,8 +73,34 @@ def captions_file_name(job: "StoredJob", chapter: Optional[int] = None) -> str:
     return f"chapters/{int(chapter)}.{job.captions}"
 
 
-def chunks_document(chunks: list["JobChunk"]) -> bytes:
-    return json.dumps([c.model_dump() for c in chunks], ensure_ascii=False).encode()
+def chunks_document(chunks: list["JobChunk"], voice: Optional[dict[str, Any]] = None,
+                    script_voices: Optional[list[dict[str, Any]]] = None) -> bytes:
+    """``chunks.json``: the chunks and the job's voices, fixed when it is made (the voices here, not
+    in ``job.json``, which the runner rewrites after every chunk). Encoded chunk by chunk and voice
+    by voice: one ``json.dumps`` of a whole book holds the GIL, and with it the Ingress's loop."""
+    head = json.dumps({"voice": voice or {}}, ensure_ascii=False)[1:-1]
+    voices = ",".join(json.dumps(v, ensure_ascii=False) for v in script_voices or [])
+    body = ",".join(json.dumps(c.model_dump(), ensure_ascii=False) for c in chunks)
+    return f'{{{head},"script_voices":[{voices}],"chunks":[{body}]}}'.encode()
+
+
+@dataclass(frozen=True)
+class JobScript:
+    """``chunks.json`` read back: the chunks and the voices they speak in."""
+
+    chunks: list["JobChunk"]
+    voice: dict[str, Any]
+    script_voices: list[dict[str, Any]]
+
+
+def parse_chunks_document(data: bytes, job: "StoredJob") -> JobScript:
+    """A document of this version, or of an older one (a bare list of chunks: the voices were in
+    ``job.json``)."""
+    doc = json.loads(data)
+    if isinstance(doc, list):
+        return JobScript([JobChunk.model_validate(c) for c in doc], job.voice, job.script_voices)
+    return JobScript([JobChunk.model_validate(c) for c in doc["chunks"]], doc.get("voice") or job.voice,
+                     doc.get("script_voices") or job.script_voices)
 
 
 def default_jobs_dir() -> Path:
@@ -123,8 +151,10 @@ class StoredJob(BaseModel):
     status: JobStatus = "queued"
     model: str = "chattts"
     voice_name: str
-    voice: dict[str, Any]  # the resolved ``Voice``: the job keeps it whatever happens to a stored voice
-    script_voices: list[dict[str, Any]] = Field(default_factory=list)  # an SSML or dialogue job's voices, resolved
+    # The resolved voices live in ``chunks.json`` (written once): this document is rewritten after
+    # every chunk. A job stored by an older version has them here.
+    voice: dict[str, Any] = Field(default_factory=dict)
+    script_voices: list[dict[str, Any]] = Field(default_factory=list)
     options: dict[str, Any]  # ``SynthesisOptions``, instructions applied, the seed the effective one
     response_format: str
     captions: Optional[Literal["srt", "vtt"]] = None  # also a caption file (and one per chapter)
@@ -139,7 +169,8 @@ class StoredJob(BaseModel):
     chars_done: int = 0
     input_bytes: int = 0  # its chunks' texts as stored
     bytes: int = 0  # what its files hold now
-    reserved_bytes: int = 0  # its PCM estimate: what it counts against its owner's quota until done
+    reserved_bytes: int = 0  # what it counts against its owner's quota until done (``reservation``)
+    pcm_limit_bytes: int = 0  # the chunks' PCM at most (its reservation's): past it the job fails; 0: none
     # The runner's current run: when it took the job up and what was done then (the ETA's rate).
     run_started_at: Optional[float] = None
     run_chars_start: int = 0
@@ -178,8 +209,6 @@ class StoredJob(BaseModel):
     def synthesis_options(self) -> SynthesisOptions:
         return SynthesisOptions.model_validate(self.options)
 
-    def resolved_voice(self) -> Voice:
-        return Voice(**self.voice)
 
     def to_json(self) -> str:
         return self.model_dump_json()

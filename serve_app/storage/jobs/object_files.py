@@ -63,18 +63,18 @@ class ObjectFiles(JobFiles):
         return self.objects.exists(self._gone(place))
 
     def owners(self) -> list[str]:
-        return [e.name for e in self.objects.ls("") if e.folder and OWNER_TAG_RE.match(e.name)]
+        return [e.name for e in self.objects.ls("") if e.folder and OWNER_TAG_RE.fullmatch(e.name)]
 
     def places(self, tag: str) -> list[Place]:
         entries = self.objects.ls(tag)
         gone = {e.name[: -len(GONE)] for e in entries if not e.folder and e.name.endswith(GONE)}
-        return [Place(tag, e.name) for e in entries if e.folder and JOB_ID_RE.match(e.name) and e.name not in gone]
+        return [Place(tag, e.name) for e in entries if e.folder and JOB_ID_RE.fullmatch(e.name) and e.name not in gone]
 
     def age(self, place: Place, now: float) -> float:
         return now - (self.objects.newest(place.key()) or 0.0)
 
     def owner_lock(self, tag: str) -> AbstractContextManager:
-        if not OWNER_TAG_RE.match(tag):
+        if not OWNER_TAG_RE.fullmatch(tag):
             raise ValueError(f"not an owner tag: {tag[:40]!r}")
         return ObjectLock(self.objects, f"{tag}/.lock")
 
@@ -117,6 +117,12 @@ class ObjectFiles(JobFiles):
                 found[e.name] = e.size
         return found
 
+    def clean_temporaries(self, place: Place) -> None:
+        for folder in (place.key(), place.key("chapters")):
+            for e in self.objects.ls(folder):
+                if not e.folder and e.name.startswith("."):  # a local file://'s temporary
+                    self.objects.delete(f"{folder}/{e.name}")
+
     def remove(self, place: Place, name: str) -> None:
         self.objects.delete_tree(place.key(name))
 
@@ -124,7 +130,7 @@ class ObjectFiles(JobFiles):
         for tag in self.owners():
             for e in self.objects.ls(tag):
                 job_id = e.name[: -len(GONE)]
-                if not e.folder and e.name.endswith(GONE) and JOB_ID_RE.match(job_id) and now - e.mtime > STALE_TEMP_S:
+                if not e.folder and e.name.endswith(GONE) and JOB_ID_RE.fullmatch(job_id) and now - e.mtime > STALE_TEMP_S:
                     place = Place(tag, job_id)
                     self.objects.delete_tree(place.key())  # what a writer that died mid-way left
                     self.objects.delete(self._gone(place))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import tempfile
 import threading
@@ -30,7 +31,35 @@ from .directory import create_exclusive, file_stat, write_atomic
 from .model import FileStat
 
 SPOOL_BYTES = 16 * 1024 * 1024  # a larger object is spooled to a local temporary file, then uploaded
+SPOOL_FOLDER = "chattts-job-spool"  # in the node's temporary directory; each file named <pid>-...
 _MEMORY_LOCK = threading.RLock()
+
+
+def spool_dir() -> Path:
+    return Path(tempfile.gettempdir()) / SPOOL_FOLDER
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
+def clean_spool(folder: Optional[Path] = None) -> int:
+    """Remove the spool files of processes that are gone (a runner killed mid-upload leaves its
+    file: the temporary file's own deletion never ran); how many. The runner calls it when it
+    starts and at each sweep."""
+    removed = 0
+    for entry in (folder or spool_dir()).glob("*-*"):
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            entry.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 @dataclass(frozen=True)
@@ -87,7 +116,9 @@ class Objects:
             for piece in pieces:
                 size += len(piece)
                 if spool is None and size > SPOOL_BYTES:
-                    spool = tempfile.NamedTemporaryFile(prefix="chattts-job-")
+                    folder = spool_dir()
+                    folder.mkdir(mode=0o700, exist_ok=True)
+                    spool = tempfile.NamedTemporaryFile(prefix=f"{os.getpid()}-", dir=folder)
                     spool.write(buffer.getvalue())
                     buffer = spool
                 buffer.write(piece)

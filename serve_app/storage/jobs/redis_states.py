@@ -35,7 +35,7 @@ class RedisStates(JobStates):
         self.location = f"redis {prefix}"
 
     def _key(self, job_id: str) -> str:
-        assert JOB_ID_RE.match(job_id), job_id  # ids are generated and checked, never user text
+        assert JOB_ID_RE.fullmatch(job_id), job_id  # ids are generated and checked, never user text
         return f"{self._prefix}:job:{job_id}"
 
     def _own(self, owner: str) -> str:
@@ -55,7 +55,7 @@ class RedisStates(JobStates):
                 while True:
                     try:
                         pipe.watch(own)
-                        keys = [self._key(i.decode()) for i in pipe.zrange(own, 0, -1) if JOB_ID_RE.match(i.decode())]
+                        keys = [self._key(i.decode()) for i in pipe.zrange(own, 0, -1) if JOB_ID_RE.fullmatch(i.decode())]
                         if keys:
                             pipe.watch(*keys)  # their progress changes the bytes they hold
                         docs = pipe.mget(keys) if keys else []
@@ -78,7 +78,7 @@ class RedisStates(JobStates):
             raise
 
     def get(self, job_id: str, owner: str, admin: bool) -> Optional[StoredJob]:
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             return None
         doc = self._get_owned(keys=[self._own(owner), self._key(job_id)], args=[job_id])
         if doc is None and admin:
@@ -88,7 +88,7 @@ class RedisStates(JobStates):
 
     def jobs(self, owner: Optional[str]) -> list[StoredJob]:
         ids = [i.decode() for i in self._redis.zrange(self._ids if owner is None else self._own(owner), 0, -1)]
-        keys = [self._key(i) for i in ids if JOB_ID_RE.match(i)]
+        keys = [self._key(i) for i in ids if JOB_ID_RE.fullmatch(i)]
         jobs = self._parse(self._redis.mget(keys)) if keys else []
         return [j for j in jobs if owner is None or j.owner == owner]
 

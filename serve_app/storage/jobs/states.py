@@ -85,7 +85,7 @@ class FileStates(JobStates):
                 raise
 
     def get(self, job_id: str, owner: str, admin: bool) -> Optional[StoredJob]:
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             return None
         # The owner's own place first: for a non-admin nothing else is ever looked at.
         candidates = [Place(owner_tag(owner), job_id)]

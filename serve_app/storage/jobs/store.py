@@ -26,7 +26,9 @@ from .model import (
     audio_file_name,
     captions_file_name,
     chunk_file,
+    JobScript,
     chunks_document,
+    parse_chunks_document,
     timing_file,
     usage_of,
 )
@@ -50,11 +52,13 @@ class JobStore:
     def usage(self, owner: str) -> Usage:
         return usage_of(self.states.jobs(owner))
 
-    def create(self, job: StoredJob, chunks: list[JobChunk], limits: JobLimits) -> StoredJob:
+    def create(self, job: StoredJob, chunks: list[JobChunk], limits: JobLimits,
+               voice: Optional[dict] = None, script_voices: Optional[list[dict]] = None) -> StoredJob:
         """Store a new job, its owner's limits checked atomically with the write (``TooManyJobs``,
         ``JobQuotaExceeded``): concurrent submissions of one owner cannot both pass. Its files
-        are written first; the job appears (whole) when its state does."""
-        doc = chunks_document(chunks)
+        are written first; the job appears (whole) when its state does. ``voice`` and
+        ``script_voices`` (resolved) go with the chunks, written once."""
+        doc = chunks_document(chunks, voice, script_voices)
         job.input_bytes = job.bytes = len(doc)
         place = Place.of(job)
         self.states.create(job, limits, stage=lambda: self.files.make_place(place, doc),
@@ -63,7 +67,7 @@ class JobStore:
 
     def get(self, job_id: str, owner: str, admin: bool = False) -> Optional[StoredJob]:
         """``owner``'s job (an admin: anyone's); None when missing, expired or another owner's."""
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             return None
         job = self.states.get(job_id, owner, admin)
         return job if job is not None and not job.expired() else None
@@ -100,11 +104,15 @@ class JobStore:
         """Every owner's queued and running jobs, oldest first."""
         return sorted(self.states.active(), key=lambda j: (j.created_at, j.id))
 
-    def chunks(self, job: StoredJob) -> list[JobChunk]:
+    def script(self, job: StoredJob) -> JobScript:
+        """The job's chunks and voices (``chunks.json``)."""
         doc = self.files.get(Place.of(job), CHUNKS_FILE)
         if doc is None:
             raise JobGone(job.id)
-        return [JobChunk.model_validate(c) for c in json.loads(doc)]
+        return parse_chunks_document(doc, job)
+
+    def chunks(self, job: StoredJob) -> list[JobChunk]:
+        return self.script(job).chunks
 
     def done_chunks(self, job: StoredJob) -> dict[int, int]:
         """Chunk index -> PCM samples of every chunk stored whole; drops what a run cut short.
@@ -120,6 +128,10 @@ class JobStore:
         if timing is not None:
             self.files.put(place, timing_file(index), [json.dumps(timing, ensure_ascii=False).encode()])
         self.files.put(place, chunk_file(index), [pcm])
+
+    def clean_temporaries(self, job: StoredJob) -> None:
+        """What a killed run left half-written in the job's place (``JobFiles.clean_temporaries``)."""
+        self.files.clean_temporaries(Place.of(job))
 
     def read_timing(self, job: StoredJob, index: int) -> list:
         """A chunk's ``timing`` as ``put_chunk`` stored it; [] when it has none (an empty chunk)."""
