@@ -131,3 +131,86 @@ def test_expressions_read_as_before_around_chains() -> None:
     assert normalize_numbers_en("1+2=3").strip() == "one plus two equals three"
     assert normalize_numbers_en("x+2*3=6").strip() == "x plus two times three equals six"
     assert "dot com" in normalize_numbers_en("see 7http://a1.example.com now")
+
+
+# --------------------------------------------------------------------------- #
+# Runs of each special character class at the API's largest request, through the whole front
+# end and the SSML parser: linear (2N costs about twice N) and well under a second, in CPU time.
+# Measured on the 2-core development box (best of 3, 4096 characters): front end <= ~85 ms (the
+# slowest: "#1" and "1." floods in English, each number read by num2words), SSML parser <= ~7 ms.
+# --------------------------------------------------------------------------- #
+
+CLASS_FLOODS = {
+    "digits": "7", "zeros": "0", "fullwidth digits": "１", "dots": ".", "digit dots": "1.", "lt": "<", "amp": "&",
+    "cjk": "中", "emoji": "😀", "dashes": "-", "digit dashes": "1-", "colons": ":", "digit colons": "1:",
+    "slashes": "/", "digit slashes": "1/", "hashes": "#1", "digit spaces": "1 ", "letter dots": "a.",
+    "brackets": "[", "tags": "[uv_break]", "open tags": "[laugh", "urls": "http://a.", "mixed": "1.<&中😀-:/",
+}
+BUDGET_S = 0.25  # per 4096-character request: ~3x the slowest measured, for a busy shared machine
+
+
+def _cpu(fn, *args) -> float:
+    """CPU seconds of this thread: what the work costs, not how busy the machine's other users are."""
+    t0 = time.thread_time()
+    fn(*args)
+    return time.thread_time() - t0
+
+
+def _best(fn, text: str, repeat: int = 3) -> float:
+    return min(_cpu(fn, text) for _ in range(repeat))
+
+
+def _linear(fn, unit: str) -> tuple[float, float]:
+    small, big = _best(fn, flood(unit, N)), _best(fn, flood(unit, 2 * N))
+    assert big < 3 * small + 0.02, (unit, small, big)
+    return small, big
+
+
+@pytest.mark.parametrize("name", list(CLASS_FLOODS))
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_front_end_is_linear_on_runs_of_each_class(frontend: TextFrontend, name: str, lang) -> None:
+    small, _ = _linear(lambda s: frontend.process(s, lang=lang, max_chars=120, max_seconds=4.0), CLASS_FLOODS[name])
+    assert small < BUDGET_S, f"{name} ({lang}): {small:.3f}s"
+
+
+SSML_FLOODS = {
+    **{name: unit for name, unit in CLASS_FLOODS.items() if "<" not in unit and "&" not in unit},
+    "escaped lt": "&lt;", "escaped amp": "&amp;", "char refs": "&#x4e2d;", "empty elements": "<s/>",
+    "sentences": "<s>中</s>", "breaks of nothing": '<break strength="none"/>', "comments": "<!---->", "cdata": "<![CDATA[x]]>",
+    "voices": '<voice name="a">x</voice><voice name="b">y</voice>', "rates": '<prosody rate="fast">1</prosody>',
+    "say-as digits": '<say-as interpret-as="digits">12</say-as>', "say-as dates": '<say-as interpret-as="date">2020-01-02</say-as>',
+    "unknown elements": "<foo>x</foo>", "mixed markup": "1.&amp;中😀-:/<s/>",
+}
+
+
+def _ssml(unit: str, n: int) -> str:
+    return "<speak>" + unit * ((n - 15) // len(unit)) + "</speak>"
+
+
+@pytest.mark.parametrize("name", list(SSML_FLOODS))
+def test_the_ssml_parser_is_linear_on_runs_of_each_class(name: str) -> None:
+    def parse(doc: str) -> None:
+        from serve_app.engine.text.ssml import parse_ssml
+
+        parse_ssml(doc, max_chars=4 * N)
+
+    unit = SSML_FLOODS[name]
+    small, big = _best(parse, _ssml(unit, N)), _best(parse, _ssml(unit, 2 * N))
+    assert big < 3 * small + 0.02, (name, small, big)
+    assert small < 0.1, f"{name}: {small:.3f}s"
+
+
+@pytest.mark.parametrize("kind", ["characters", "cardinal", "ordinal", "digits", "date", "telephone"])
+def test_say_as_content_of_the_largest_request_is_linear(kind: str) -> None:
+    from serve_app.engine.errors import InvalidSSMLError
+    from serve_app.engine.text.ssml import parse_ssml
+
+    def parse(n: int) -> None:
+        try:
+            parse_ssml(f'<speak><say-as interpret-as="{kind}">{DIGITS[:n - 60] if n <= N else (DIGITS * 2)[:n - 60]}'
+                       "</say-as></speak>", max_chars=4 * N)
+        except InvalidSSMLError:
+            pass  # too long for the reading: refused, as quickly
+
+    small, big = min(_cpu(parse, N) for _ in range(3)), min(_cpu(parse, 2 * N) for _ in range(3))
+    assert big < 3 * small + 0.02 and small < BUDGET_S, (kind, small, big)
