@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from serve_app.engine.config import SegmentLimits
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
@@ -66,6 +67,7 @@ class Ingress:
         voices: Optional[dict] = None,
         flow: Optional[dict] = None,
         jobs: Optional[dict] = None,
+        segments: Optional[dict] = None,
     ):
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
@@ -83,7 +85,9 @@ class Ingress:
         jobs_config = JobsSettings.model_validate(jobs or {})
         HTTP_POLICY.route_max_bytes[JOBS_PATH] = jobs_config.max_upload_bytes  # a book's text
         # The application's job runner (found by name, made if missing) speaks through these stages.
-        self.jobs = JobsService(jobs_config, normalizer, vocoder, self.voices.catalog, app_name)
+        # segments: the TextNormalizer's limits, which a job's chunks are planned with at submission.
+        self.jobs = JobsService(jobs_config, normalizer, vocoder, self.voices.catalog, app_name,
+                                SegmentLimits.model_validate(segments or {}))
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
