@@ -46,7 +46,7 @@ SPEAKER_DIM = 768  # ChatTTS's GPT hidden size: a speaker embedding has this man
 SPEAKER_BYTES = SPEAKER_DIM * 2  # float16
 SPEAKER_STRING_MIN_CHARS = 32  # a real encoded speaker is several hundred characters
 # MAX_SPEAKER_CHARS (engine/types.py, every schema's bound on a voice string) is re-exported here.
-_SEED_RE = re.compile(r"^seed:(\d{1,10})$")
+_SEED_RE = re.compile(r"seed:([0-9]{1,10})")  # fullmatch; [0-9]: \d takes other scripts' digits
 # ChatTTS's own serialisation of a speaker: base16384 of a raw-LZMA2 stream of float16 values.
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
@@ -139,7 +139,7 @@ class VoiceResolver:
         key = voice.lower()
         if key in OPENAI_VOICES:
             return Voice(key, OPENAI_VOICES[key])
-        m = _SEED_RE.match(key)
+        m = _SEED_RE.fullmatch(key)
         if m:
             seed = int(m.group(1))
             if seed > MAX_SEED:

@@ -269,7 +269,7 @@ def test_file_names_and_recovery(tmp_path):
         d.error("f", "empty_input: nothing to speak", key="k1")  # refused for what it holds: remembered
         d.error("g", "synthesis_failed: engine stopped")  # may pass next time: not remembered
     (out / "audio" / "b.wav").write_bytes(b"short")  # changed after its commit: not done
-    (out / "audio" / "c.wav").write_bytes(b"never committed")
+    (out / "audio" / "c.wav").write_bytes(b"never committed")  # not ours to delete: kept
     (out / "audio" / ".d.wav.part").write_bytes(b"half")
     (out / "audio" / "notes.txt").write_text("not ours")
     with open(out / ".batch" / "journal.jsonl", "a") as f:
@@ -280,6 +280,6 @@ def test_file_names_and_recovery(tmp_path):
         with pytest.raises(Exception, match="another batch run"):
             OutputDir(out).__enter__()
         d.write_manifest()
-    assert sorted(p.name for p in (out / "audio").iterdir()) == ["a.wav", "notes.txt"]
+    assert sorted(p.name for p in (out / "audio").iterdir()) == ["a.wav", "c.wav", "notes.txt"]
     assert (out / ".batch" / "journal.jsonl").read_text().endswith("}\n")
     assert [r["id"] for r in pq.read_table(out / "manifest.parquet").to_pylist()] == ["a"]
