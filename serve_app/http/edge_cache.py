@@ -152,6 +152,9 @@ class EdgeCacheMiddleware:
         async def learn(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self._learn(message)
+                headers = message.get("headers", [])
+                if any(k.lower() == _EDGE for k, _ in headers):  # not kept: the mark still never shows
+                    message = dict(message, headers=[(k, v) for k, v in headers if k.lower() != _EDGE])
             await send(message)
 
         return learn

@@ -307,9 +307,9 @@ def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSet
 
 
 def middlewares() -> list[Middleware]:
-    """Ray's proxy callback: the guard, with the settings of ``CHATTTS_FRONT_GUARD``, the edge
-    cache (``edge_cache.py``, ``CHATTTS_EDGE_CACHE``) and the client's end of streams'
-    back-pressure (``flow_acks.py``)."""
+    """Ray's proxy callback: the edge cache (``edge_cache.py``, ``CHATTTS_EDGE_CACHE``), the guard,
+    with the settings of ``CHATTTS_FRONT_GUARD``, and the client's end of streams' back-pressure
+    (``flow_acks.py``)."""
     from . import edge_cache
     from .flow_acks import FlowAcksMiddleware
 
@@ -321,5 +321,8 @@ def middlewares() -> list[Middleware]:
     trusted = pin_forwarded_allow_ips(settings.forwarded_allow_ips)
     log.info("front guard: X-Forwarded-For believed from %s", trusted or "no one")
     log.info("front guard: %s; edge cache: %s", settings.model_dump_json(), edge.model_dump_json())
-    return [Middleware(FrontGuard, settings=settings), Middleware(edge_cache.EdgeCacheMiddleware, settings=edge),
+    # Ray wraps the app in list order, the last outermost: the guard sees the edge's answers (its
+    # hits, its 408s) and refuses a client out of budget before the edge reads a body; the edge
+    # sees the Ingress's AUTH_HEADER before the guard takes it off.
+    return [Middleware(edge_cache.EdgeCacheMiddleware, settings=edge), Middleware(FrontGuard, settings=settings),
             Middleware(FlowAcksMiddleware)]

@@ -113,6 +113,32 @@ def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_
 
 
 @pytest.mark.timeout(420)
+def test_a_client_cannot_pick_its_address_through_the_haproxy_front_door(serve_runs):
+    """The README's HAProxy command: X-Forwarded-For reaches the replicas' own HTTP servers from
+    HAProxy on 127.0.0.1, which uvicorn believed by default, so each request could name a new
+    address and buy a fresh budget. The hook pins that trust to no one behind an HAProxy it does
+    not wrap: 60 bad requests at once, each naming its own address, reach the service only as far
+    as one client's burst (before: all 60)."""
+    run = serve_runs["haproxy"].wait_ready()
+    burst = FrontGuardSettings().refusal_burst
+    bad = {"model": "chattts", "input": "", "voice": "alloy"}
+
+    async def attack():
+        async with httpx.AsyncClient(base_url=run.url, timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+            async def one(i):
+                r = await client.post("/v1/audio/speech", json=bad,
+                                      headers={"Authorization": "Bearer xff-client", "X-Forwarded-For": f"203.0.113.{i}"})
+                return r.status_code
+
+            return await asyncio.gather(*(one(i) for i in range(60)))
+
+    statuses = asyncio.run(attack())
+    assert statuses.count(400) <= burst and statuses.count(429) == 60 - statuses.count(400), statuses
+    report("front guard (haproxy): 60 bad requests naming 60 addresses",
+           f"{statuses.count(400)} reached the service (one client's burst: {burst}; before: 60), {statuses.count(429)} answered 429")
+
+
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("front_door", FRONT_DOORS)
 def test_serve_run_default_config(serve_runs, front_door):
     """``serve run`` of config/serve.yaml serves the README's curl request. It starts its own local

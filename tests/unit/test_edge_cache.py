@@ -185,3 +185,13 @@ def test_a_request_without_a_key_is_never_read_until_the_ingress_says_keys_are_o
         assert mw.keys_off is True and len(calls) == 2 and r.headers["x-edge-cache"] == "hit"  # the first one taught it
 
     asyncio.run(run())
+
+
+def test_the_edge_mark_never_shows_on_an_answer_the_edge_did_not_read():
+    async def run():
+        client, calls, _ = _client(key="")  # keys not yet known to be off: the request goes on unread
+        async with client:
+            r = await client.post("/v1/audio/speech", content=b'{"input":"mark"}')
+        assert r.status_code == 200 and EDGE_HEADER not in r.headers and len(calls) == 1
+
+    asyncio.run(run())
