@@ -232,26 +232,39 @@ class _CollectorDeferred:
     """The cyclic garbage collector held off while a submission builds its script: a full
     collection walks every live object with the GIL held (100,000 turns in models, parts and
     chunks are millions: 50-100 ms a walk, several walks as they are made) and so stalls the
-    loop from any thread. What a submission makes is freed by reference counting when it is
-    done (no cycles); the collector runs again after the last submission leaves. Nested: a
-    count of the submissions inside."""
+    loop from any thread. What a build leaves is frozen when the last build ends (``gc.freeze``
+    moves it out of the collector's walks at no cost: the first young collection after would
+    otherwise walk it all at once) and unfrozen when the last submission is answered, by when
+    reference counting has freed it. Nested: counts of the builds and submissions inside."""
 
-    inside = 0
+    building = 0
+    submitting = 0
     disabled_here = False
+    frozen_here = False
 
     def __enter__(self) -> None:
         cls = type(self)
-        if cls.inside == 0 and gc.isenabled():
+        if cls.building == 0 and gc.isenabled():
             gc.disable()
             cls.disabled_here = True
-        cls.inside += 1
+        cls.building += 1
 
     def __exit__(self, *exc: Any) -> None:
         cls = type(self)
-        cls.inside -= 1
-        if cls.inside == 0 and cls.disabled_here:
+        cls.building -= 1
+        if cls.building == 0 and cls.disabled_here:
             cls.disabled_here = False
+            gc.freeze()
+            cls.frozen_here = True
             gc.enable()
+
+    @classmethod
+    def submission(cls, start: bool) -> None:
+        """A submission begins (``start``) or is answered."""
+        cls.submitting += 1 if start else -1
+        if cls.submitting == 0 and cls.frozen_here:
+            cls.frozen_here = False
+            gc.unfreeze()
 
 
 class _ThreadVoices:
@@ -424,6 +437,7 @@ class JobsService:
                            f"{self.cfg.max_submissions_at_once} at once, jobs.max_submissions_at_once); retry shortly",
                            type="server_error", code="job_submissions_busy", headers={"Retry-After": "2"})
         self._submitting.add(caller.owner)
+        _CollectorDeferred.submission(True)
         try:
             with _CollectorDeferred():
                 built = await self._build(await self._request_of(request), caller)
@@ -435,6 +449,7 @@ class JobsService:
             raise as_api_error(exc, "job creation failed", "job_failed") from None
         finally:
             self._submitting.discard(caller.owner)
+            _CollectorDeferred.submission(False)
 
     async def _build(self, req: JobRequest, caller: Caller) -> "_Built":
         """The request read into the job's chunks (and its voices), every piece of it checked."""

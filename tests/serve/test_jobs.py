@@ -394,6 +394,12 @@ def test_quotas_and_checks_come_before_anything_is_queued(jobs_url):
 def test_a_text_file_or_a_plain_body_makes_a_job_with_its_options(jobs_url):
     text = "第一段。\n\n第二段。"
     made = []
+    # Malformed bodies first: with its active jobs at the limit a key gets the 429 before its body is read.
+    bad = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
+                     timeout=30)
+    assert_openai_error(bad, 400, "invalid_text")
+    assert_openai_error(httpx.post(jobs_url + JOBS, files={"file": ("a.txt", b"x")}, data={"loudness": "-16"},
+                                   headers=auth("bob"), timeout=30), 400)
     try:
         r = httpx.post(jobs_url + JOBS, files={"file": ("book.txt", text.encode(), "text/plain")},
                        data={"voice": "echo", "response_format": "wav", "speed": "1.5"}, headers=auth("bob"), timeout=30)
@@ -405,11 +411,9 @@ def test_a_text_file_or_a_plain_body_makes_a_job_with_its_options(jobs_url):
         made.append(r.json())
         assert [(j["voice"], j["response_format"], j["progress"]["chunks_total"]) for j in made] == \
             [("echo", "wav", 2), ("onyx", "mp3", 2)]
-        bad = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
-                         timeout=30)
-        assert_openai_error(bad, 400, "invalid_text")
-        assert_openai_error(httpx.post(jobs_url + JOBS, files={"file": ("a.txt", b"x")}, data={"loudness": "-16"},
-                                       headers=auth("bob"), timeout=30), 400)
+        r = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
+                       timeout=30)
+        assert_openai_error(r, 429, "too_many_jobs")  # now: refused before the body is read
     finally:
         for job in made:
             httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("bob"), timeout=30)
