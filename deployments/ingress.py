@@ -125,11 +125,12 @@ class Ingress:
     # ------------------------------------------------------------------ handle API
 
     async def loop_stall(self, reset: bool = False) -> dict[str, float]:
-        """This replica's longest event-loop stall (ms) since its start or the last ``reset``, and
-        how many stalls passed the warning threshold (operators and the attack tests)."""
+        """This replica's longest event-loop stall (ms) since its start or the last ``reset``, the
+        longest while the process itself ran (``LoopWatch``), and how many stalls passed the
+        warning threshold (operators and the attack tests)."""
         watch = self.loop_watch
-        longest = watch.reset() if reset else watch.longest_s
-        return {"longest_ms": round(longest * 1e3, 1), "stalls": watch.stalls}
+        longest, busy = watch.reset() if reset else (watch.longest_s, watch.longest_busy_s)
+        return {"longest_ms": round(longest * 1e3, 1), "longest_busy_ms": round(busy * 1e3, 1), "stalls": watch.stalls}
 
     async def synthesize(self, request: Union[SpeechRequest, dict]) -> bytes:
         """The whole audio file."""

@@ -6,6 +6,10 @@ One per process that serves requests: the Ingress replica and Serve's HTTP proxy
 ``front_guard.middlewares``). The longest stall is kept (``longest_s``, ``/metrics`` as
 ``tts_event_loop_stall_seconds``), and a stall above ``warn_s`` logs one WARNING (at most one a
 ``warn_every_s``): a stall names no request, but its time finds it in the request log.
+
+A late wake has two causes: work that held the loop (or the GIL), or a host whose cores were all
+taken and did not run the process. ``longest_busy_s`` keeps the first apart: the lateness up to
+the CPU time the process itself spent meanwhile (any of its threads: one holding the GIL counts).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class LoopWatch:
         self.warn_every_s = warn_every_s
         self.clock = clock
         self.longest_s = 0.0
+        self.longest_busy_s = 0.0
         self.stalls = 0  # ticks later than warn_s
         self._task: Optional[asyncio.Task] = None
         self._observe = None
@@ -65,21 +70,24 @@ class LoopWatch:
             self._task.cancel()
             self._task = None
 
-    def reset(self) -> float:
-        """The longest stall since the last reset (or the start), and start over."""
-        longest, self.longest_s = self.longest_s, 0.0
-        return longest
+    def reset(self) -> tuple[float, float]:
+        """The longest stall and longest busy stall since the last reset (or the start); start over."""
+        out = (self.longest_s, self.longest_busy_s)
+        self.longest_s = self.longest_busy_s = 0.0
+        return out
 
     async def _run(self) -> None:
         while True:
             due = self.clock() + self.interval_s
+            cpu = time.process_time()
             await asyncio.sleep(self.interval_s)
-            self.record(self.clock() - due)
+            self.record(self.clock() - due, time.process_time() - cpu)
 
-    def record(self, late_s: float) -> None:
+    def record(self, late_s: float, cpu_s: float = float("inf")) -> None:
         if late_s <= 0.005:  # the timer's own jitter
             return
         self.longest_s = max(self.longest_s, late_s)
+        self.longest_busy_s = max(self.longest_busy_s, min(late_s, cpu_s))
         if self._observe is not None:
             self._observe(late_s, self.process)
         if late_s >= self.warn_s:
@@ -87,5 +95,6 @@ class LoopWatch:
             now = self.clock()
             if now - self._warned_at >= self.warn_every_s:
                 self._warned_at = now
-                log.warning("the %s's event loop stood still for %.0f ms (every request it holds waited); "
-                            "longest so far %.0f ms", self.process, late_s * 1e3, self.longest_s * 1e3)
+                log.warning("the %s's event loop stood still for %.0f ms (every request it holds waited; the process "
+                            "ran %.0f ms of it); longest so far %.0f ms", self.process, late_s * 1e3,
+                            min(late_s, cpu_s) * 1e3, self.longest_s * 1e3)

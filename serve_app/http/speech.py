@@ -104,6 +104,44 @@ async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield item
 
 
+
+def _whole(parts: list[bytes]) -> bytes:
+    """A stream's bytes as one answer, a WAV with its true length."""
+    return with_true_length(b"".join(parts))
+
+
+# Base64 in pieces of 3 MiB (a multiple of 3 bytes: no padding inside): each C call holds the GIL
+# for a few ms, so a thread encoding a long answer never holds the event loop for long.
+_B64_PIECE = 3 << 20
+
+
+def _b64(data: bytes) -> bytes:
+    return b"".join(base64.b64encode(data[i:i + _B64_PIECE]) for i in range(0, len(data), _B64_PIECE))
+
+
+def _timed_answer(req: Union[TimedSpeechRequest, DialogueRequest], parts: list[bytes], segments: list[SpeechSegment],
+                  duration: Optional[float], stream: bool) -> tuple[TimedSpeech, bytes]:
+    """The timed answer without its audio, and the audio as base64 (in a thread)."""
+    data = _whole(parts) if stream else parts[0]
+    captions = None
+    if req.captions is not None:
+        cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
+        captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
+    shell = TimedSpeech(audio="", response_format=req.response_format, content_type=CONTENT_TYPES[req.response_format],
+                        duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
+                        segments=segments, captions=captions, captions_format=req.captions)
+    return shell, _b64(data)
+
+
+_EMPTY_AUDIO = b'"audio":""'
+
+
+def _with_audio(shell: TimedSpeech, audio_b64: bytes) -> bytes:
+    """``shell`` as JSON with the audio put in place: base64 needs no escaping, so tens of megabytes
+    are spliced in instead of going through the JSON encoder in one call."""
+    head, tail = shell.model_dump_json().encode().split(_EMPTY_AUDIO, 1)
+    return b"".join((head, b'"audio":"', audio_b64, b'"', tail))
+
 class SpeechService:
     def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
                  settings: IngressSettings, slots: StreamSlots, flow: FlowSettings = FlowSettings(),
@@ -336,8 +374,8 @@ class SpeechService:
             raise
         finally:
             if status == "200":
-                if kept:  # stored whole: a hit is one answer, with its true length
-                    await self.cache.put(key, with_true_length(b"".join(kept)))
+                if kept:  # stored whole: a hit is one answer, with its true length (joined off the loop)
+                    await self.cache.put(key, await asyncio.to_thread(_whole, kept))
                     timing = {"segments": [seg.model_dump() for seg in segments], "duration": rec.audio_s}
                     await self.cache.put(segments_key(key), json.dumps(timing).encode())
             else:  # client gone, timeout or a stage failed: stop every stage's work
@@ -353,7 +391,7 @@ class SpeechService:
         if isinstance(audio, Hit):
             return audio.audio
         async with audio:
-            return with_true_length(b"".join([b async for b in audio_only(audio)]))
+            return await asyncio.to_thread(_whole, [b async for b in audio_only(audio)])
 
     async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
@@ -382,32 +420,33 @@ class SpeechService:
     async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
                     cache_control: str = "") -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
-        answer, headers = await self.timed_answer(req, rec, caller, cache_control)
-        return Response(answer.model_dump_json(), media_type="application/json", headers=headers)
+        shell, audio_b64, headers = await self._timed_parts(req, rec, caller, cache_control)
+        body = await asyncio.to_thread(_with_audio, shell, audio_b64)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def timed_answer(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
                            cache_control: str = "") -> tuple[TimedSpeech, dict[str, str]]:
         """What ``timed`` answers, and its headers (the handle API returns the answer alone)."""
+        shell, audio_b64, headers = await self._timed_parts(req, rec, caller, cache_control)
+        return shell.model_copy(update={"audio": audio_b64.decode("ascii")}), headers
+
+    async def _timed_parts(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
+                           cache_control: str) -> tuple[TimedSpeech, bytes, dict[str, str]]:
+        """The answer without its audio, the audio as base64, the headers. A long answer is tens of
+        megabytes: it is joined, encoded and captioned off the event loop, in pieces."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
         headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
-            data, segments, duration = audio.audio, audio.segments or [], audio.duration
+            parts, segments, duration = [audio.audio], audio.segments or [], audio.duration
         else:
-            chunks: list[bytes] = []
+            parts = []
             segments = []
             async with audio:
                 async for item in audio:
-                    (chunks if isinstance(item, bytes) else segments).append(item)
-            data, duration = with_true_length(b"".join(chunks)), rec.audio_s
-        captions = None
-        if req.captions is not None:
-            cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
-            captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
-        answer = TimedSpeech(audio=base64.b64encode(data).decode(), response_format=req.response_format,
-                             content_type=CONTENT_TYPES[req.response_format],
-                             duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
-                             segments=segments, captions=captions, captions_format=req.captions)
-        return answer, headers
+                    (parts if isinstance(item, bytes) else segments).append(item)
+            duration = rec.audio_s
+        shell, audio_b64 = await asyncio.to_thread(_timed_answer, req, parts, segments, duration, not isinstance(audio, Hit))
+        return shell, audio_b64, headers
 
     async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
                       flow_acks: bool = False) -> Response:

@@ -189,6 +189,23 @@ def test_costly_requests_are_refused_before_the_work(keyed, polite):
     polite.served("costly requests")
 
 
+def test_one_keys_answers_never_answer_another_key(keyed, polite):
+    """The response cache is each key's own: an SSML-looking input sent by one key as plain text
+    is not another key's SSML answer, and a hit never tells one key what another asked for."""
+    ssml = "<speak>缓存<break time='300ms'/>隔离测试</speak>"
+    body = {"input": ssml, "response_format": "pcm", "seed": 4242}
+    first = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60)
+    again = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60)
+    assert (first.status_code, first.headers["x-cache"], again.headers["x-cache"]) == (200, "miss", "hit")
+    # The same text by another key: its own miss (before: a hit with the attacker's audio).
+    polite_text = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(POLITE), timeout=60)
+    assert polite_text.status_code == 200 and polite_text.headers["x-cache"] == "miss"
+    as_ssml = httpx.post(keyed + "/v1/audio/speech", json=body, headers=_auth(POLITE), timeout=60)
+    assert as_ssml.status_code == 200 and as_ssml.headers["x-cache"] == "miss"
+    assert as_ssml.content != first.content  # the markup spoken as SSML, not read aloud
+    polite.served("cache probes")
+
+
 async def test_streams_past_a_keys_limit_are_429_and_slots_never_leak(keyed, polite):
     auth = {**_auth(ATTACKER), "Cache-Control": "no-store"}
     body = {"input": LONG_TEXT, "response_format": "pcm"}
