@@ -32,7 +32,7 @@ async def test_a_held_loop_is_measured_and_warned_about_once(caplog):
     assert len(warnings) == 1  # at most one a warn_every_s
     reported_ms = float(warnings[0].split("stood still for ")[1].split(" ms")[0])
     longest, busy = watch.reset()
-    assert reported_ms >= 100 and longest * 1e3 >= reported_ms and watch.longest_s == 0.0
+    assert reported_ms >= 100 and longest * 1e3 >= reported_ms - 1 and watch.longest_s == 0.0  # (printed rounded)
     assert busy >= 0.15  # the process itself ran through most of it (a busy CI box may take some)
 
 
