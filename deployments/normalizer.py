@@ -1,7 +1,7 @@
 """TextNormalizer stage (CPU, no torch): normalise, split into segments, resolve the voice.
 
 Its errors (unknown voice, nothing to speak) are the engine's typed errors; the Ingress maps
-them to HTTP statuses (``protocol.to_api_error``).
+them to HTTP statuses (``serve_app.errors.to_api_error``).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from ..engine.config import SegmentLimits
-from ..engine.errors import EmptyInputError, InvalidSSMLError, InvalidVoiceError, RequestTooLarge, UnknownVoiceError
 from ..engine.planner import Planner
 from ..engine.voices import effective_seed
+from ..errors import to_api_error
 from .config import INPUT_SUFFIXES, ROW_FIELDS, BatchConfig, BatchRow, InputFormat
 
 TODO, ERROR = "todo", "error"
@@ -50,18 +50,15 @@ VOICED = pa.schema([*_COMMON, ("audio", pa.large_binary()), ("seconds", pa.float
 # A group between the driver, the plan tasks and the acoustic actors: one pickled ``Group``.
 GROUPS = pa.schema([("group", pa.large_binary())])
 
-_CODES = ((EmptyInputError, "empty_input"), (UnknownVoiceError, "unknown_voice"), (InvalidVoiceError, "invalid_voice"),
-          (RequestTooLarge, "request_too_large"), (InvalidSSMLError, "invalid_ssml"))
-
-
 def error_reason(exc: BaseException) -> str:
-    """``code: message``, the code as the service's error codes where there is one."""
+    """``code: message``, the code from the service's one error table where it has a row."""
     if isinstance(exc, ValidationError):
         # pydantic words a validator's ValueError "Value error, <message>": the message is the reason.
         parts = [f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg'].removeprefix('Value error, ')}"
                  for e in exc.errors()]
         return "invalid_value: " + "; ".join(parts)
-    code = next((c for t, c in _CODES if isinstance(exc, t)), f"failed ({exc.__class__.__name__})")
+    known = to_api_error(exc)
+    code = known.code if known is not None and known.code else f"failed ({exc.__class__.__name__})"
     return f"{code}: {exc}"
 
 

@@ -49,7 +49,7 @@ GOOD = [
 BAD = [
     ({"id": "blank", "text": "   "}, "invalid_value: text: text is empty"),
     ({"id": "punct", "text": "。。。！"}, "empty_input"),
-    ({"id": "who", "text": "hello", "voice": "bob"}, "unknown_voice"),
+    ({"id": "who", "text": "hello", "voice": "bob"}, "voice_not_found"),
     ({"id": "fast", "text": "hello", "speed": 9}, "invalid_value: speed"),
     # A type Arrow's JSON reader would fail the whole file on (seed was a number above).
     ({"id": "typed", "text": "hello", "seed": "seven"}, "invalid_value: seed"),
