@@ -11,35 +11,29 @@ the Vocoder drives the stream (it pulls hidden states from the Acoustic stage it
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
-import weakref
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, AsyncIterator, Optional, Union
 
-import anyio
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
-from ..engine.wav import with_true_length
 from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary, Voice
+from ..engine.voices import VoiceResolver
 from ..errors import APIError, as_api_error, to_api_error
-from ..engine.captions import TimedText, to_srt, to_webvtt
 from ..protocol import MODEL_IDS, DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
-from ..engine.audio import CONTENT_TYPES
 from ..serving import metrics
 from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
 from ..settings import CacheConfig, FlowSettings, IngressSettings
 from ..storage.cache import make_cache, request_key
-from ..engine.voices import VoiceResolver
 from ..storage.voices import VoiceCatalog
-from .request_log import RequestRecord
+from .answers import Hit, build_timed_answer, hit_items, segments_key, speech_segment, whole, with_audio
 from .edge_cache import EDGE_HEADER
+from .request_log import RequestRecord
 from .script import Script, dialogue_script, speech_script
 from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
 from .sse import sse_stream
+from .streams import OwnedStreamResponse, SynthesisStream
 
 log = logging.getLogger("ray.serve")
 _BUILTIN = VoiceResolver()
@@ -74,29 +68,6 @@ def _package_version() -> str:
         return "dev"
 
 
-@dataclass
-class Hit:
-    """A cached answer: its audio, and where its segments lie (and its length) when they were
-    stored with it."""
-
-    audio: bytes
-    segments: Optional[list[SpeechSegment]] = None
-    duration: Optional[float] = None
-    headers: dict[str, str] = field(default_factory=dict)  # what the answer says about the script (style, SSML)
-
-
-def segments_key(key: str) -> str:
-    """The cache entry beside an answer's audio that holds its segments' timing."""
-    return key + ":segments"
-
-
-def speech_segment(mark: SegmentMark, plan: Plan) -> SpeechSegment:
-    span = plan.span_of(mark.index)
-    return SpeechSegment(index=mark.index, text=plan.source_of(mark.index), input_start=span[0] if span else None,
-                         input_end=span[1] if span else None, start=round(mark.start_s, 6), end=round(mark.end_s, 6),
-                         speaker=plan.speaker_of(mark.index), turn=plan.turn_of(mark.index))
-
-
 async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     """The audio bytes of a synthesis stream (which also carries its segments' timing)."""
     async for item in items:
@@ -104,43 +75,6 @@ async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield item
 
 
-
-def _whole(parts: list[bytes]) -> bytes:
-    """A stream's bytes as one answer, a WAV with its true length."""
-    return with_true_length(b"".join(parts))
-
-
-# Base64 in pieces of 3 MiB (a multiple of 3 bytes: no padding inside): each C call holds the GIL
-# for a few ms, so a thread encoding a long answer never holds the event loop for long.
-_B64_PIECE = 3 << 20
-
-
-def _b64(data: bytes) -> bytes:
-    return b"".join(base64.b64encode(data[i:i + _B64_PIECE]) for i in range(0, len(data), _B64_PIECE))
-
-
-def _timed_answer(req: Union[TimedSpeechRequest, DialogueRequest], parts: list[bytes], segments: list[SpeechSegment],
-                  duration: Optional[float], stream: bool) -> tuple[TimedSpeech, bytes]:
-    """The timed answer without its audio, and the audio as base64 (in a thread)."""
-    data = _whole(parts) if stream else parts[0]
-    captions = None
-    if req.captions is not None:
-        cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
-        captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
-    shell = TimedSpeech(audio="", response_format=req.response_format, content_type=CONTENT_TYPES[req.response_format],
-                        duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
-                        segments=segments, captions=captions, captions_format=req.captions)
-    return shell, _b64(data)
-
-
-_EMPTY_AUDIO = b'"audio":""'
-
-
-def _with_audio(shell: TimedSpeech, audio_b64: bytes) -> bytes:
-    """``shell`` as JSON with the audio put in place: base64 needs no escaping, so tens of megabytes
-    are spliced in instead of going through the JSON encoder in one call."""
-    head, tail = shell.model_dump_json().encode().split(_EMPTY_AUDIO, 1)
-    return b"".join((head, b'"audio":"', audio_b64, b'"', tail))
 
 class SpeechService:
     def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
@@ -257,7 +191,7 @@ class SpeechService:
             raise as_api_error(exc) from None
 
     async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "",
-                    timed: bool = False) -> Union[Hit, "_Stream"]:
+                    timed: bool = False) -> Union[Hit, "SynthesisStream"]:
         """The request's audio: the cached answer on a hit, else a stream of its bytes and of a
         ``SpeechSegment`` once each segment's audio is complete, which holds one of the caller's
         stream slots until it ends (a hit takes none: it is one quick answer). The caller's id goes
@@ -314,7 +248,7 @@ class SpeechService:
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        stream = _Stream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
+        stream = SynthesisStream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
         stream.headers = script.headers
         return stream
 
@@ -375,7 +309,7 @@ class SpeechService:
         finally:
             if status == "200":
                 if kept:  # stored whole: a hit is one answer, with its true length (joined off the loop)
-                    await self.cache.put(key, await asyncio.to_thread(_whole, kept))
+                    await self.cache.put(key, await asyncio.to_thread(whole, kept))
                     timing = {"segments": [seg.model_dump() for seg in segments], "duration": rec.audio_s}
                     await self.cache.put(segments_key(key), json.dumps(timing).encode())
             else:  # client gone, timeout or a stage failed: stop every stage's work
@@ -391,7 +325,7 @@ class SpeechService:
         if isinstance(audio, Hit):
             return audio.audio
         async with audio:
-            return await asyncio.to_thread(_whole, [b async for b in audio_only(audio)])
+            return await asyncio.to_thread(whole, [b async for b in audio_only(audio)])
 
     async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
@@ -421,7 +355,7 @@ class SpeechService:
                     cache_control: str = "") -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
         shell, audio_b64, headers = await self._timed_parts(req, rec, caller, cache_control)
-        body = await asyncio.to_thread(_with_audio, shell, audio_b64)
+        body = await asyncio.to_thread(with_audio, shell, audio_b64)
         return Response(body, media_type="application/json", headers=headers)
 
     async def timed_answer(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
@@ -445,7 +379,8 @@ class SpeechService:
                 async for item in audio:
                     (parts if isinstance(item, bytes) else segments).append(item)
             duration = rec.audio_s
-        shell, audio_b64 = await asyncio.to_thread(_timed_answer, req, parts, segments, duration, not isinstance(audio, Hit))
+        shell, audio_b64 = await asyncio.to_thread(build_timed_answer, req, parts, segments, duration,
+                                                   not isinstance(audio, Hit))
         return shell, audio_b64, headers
 
     async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
@@ -462,7 +397,7 @@ class SpeechService:
                 if self._edge_cacheable(body):
                     headers[EDGE_HEADER] = "1"
                 return Response(audio.audio, media_type=body.content_type, headers=headers)
-            items: Any = _hit_items(audio)
+            items: Any = hit_items(audio)
         else:
             items = audio
         if body.stream_format == "sse":
@@ -474,7 +409,7 @@ class SpeechService:
         if ref is not None:
             headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
             stream = paced(stream, FlowCredit(ref))
-        return _StreamResponse(stream, items, media_type=body.content_type, headers=headers)
+        return OwnedStreamResponse(stream, items, media_type=body.content_type, headers=headers)
 
 
 def _edge_cacheable_voice(name: str) -> bool:
@@ -489,90 +424,3 @@ def _edge_cacheable_voice(name: str) -> bool:
         return False
 
 
-async def _hit_items(hit: Hit) -> AsyncIterator[Union[bytes, SpeechSegment]]:
-    yield hit.audio
-    for segment in hit.segments or ():
-        yield segment
-
-
-class _Stream:
-    """A synthesis stream that owns its stream slot and its stages' work: ``aclose()`` (also
-    reached through ``async with``) ends both, and so does garbage collection of a stream nobody
-    ever read (a client gone between the answer's start and its first byte)."""
-
-    def __init__(self, chain: AsyncIterator[bytes], slot: Slot, gen: Any, rec: RequestRecord):
-        self.headers: dict[str, str] = {}  # what the answer says about the script (style, SSML)
-        self._chain = chain
-        self._slot = slot
-        self._gen = gen
-        self._rec = rec
-        self._complete = False
-        self._finalizer = weakref.finalize(self, _abandon_later, asyncio.get_running_loop(), slot, gen, rec)
-
-    def __aiter__(self) -> "_Stream":
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._chain.__anext__()
-        except StopAsyncIteration:
-            self._complete = True
-            raise
-
-    async def aclose(self) -> None:
-        self._finalizer.detach()
-        try:
-            await self._chain.aclose()
-        finally:
-            if not self._complete:  # never started, or cut: the stages stop too
-                _abandon(self._slot, self._gen, self._rec)
-            self._slot.release()
-
-    async def __aenter__(self) -> "_Stream":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
-
-
-def _abandon(slot: Slot, gen: Any, rec: RequestRecord) -> None:
-    slot.release()
-    gen.cancel()
-    rec.finish("client_disconnect")  # no-op when the stream's own end recorded it
-
-
-def _abandon_later(loop: asyncio.AbstractEventLoop, slot: Slot, gen: Any, rec: RequestRecord) -> None:
-    """The finalizer's half: garbage collection runs it in whatever thread allocated last, even
-    inside Ray's own callbacks, where calling Ray again (the slot counter, the stages' cancel) can
-    wedge that caller's actor calls for good. The work itself runs on the replica's loop."""
-    try:
-        loop.call_soon_threadsafe(_abandon, slot, gen, rec)
-    except RuntimeError:  # the loop is closed: the replica is going away with everything it held
-        pass
-
-
-class _StreamResponse(StreamingResponse):
-    """A StreamingResponse that watches for the client leaving whatever the ASGI version (Starlette
-    stops watching from ASGI 2.4 on, and Serve's proxy stops cancelling a request whose client
-    sent ``x-request-disconnect-disabled``), and closes its synthesis stream on every way out: the
-    end, an error, a client gone, a cancelled request."""
-
-    def __init__(self, content: AsyncIterator[bytes], owned: Any, **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._owned = owned
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def run(part: Any) -> None:
-                    await part()
-                    group.cancel_scope.cancel()
-
-                group.start_soon(run, partial(self.stream_response, send))
-                group.start_soon(run, partial(self.listen_for_disconnect, receive))
-        finally:
-            aclose = getattr(self._owned, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
