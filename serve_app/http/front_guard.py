@@ -309,9 +309,10 @@ def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSet
 def middlewares() -> list[Middleware]:
     """Ray's proxy callback: the edge cache (``edge_cache.py``, ``CHATTTS_EDGE_CACHE``), the guard,
     with the settings of ``CHATTTS_FRONT_GUARD``, and the client's end of streams' back-pressure
-    (``flow_acks.py``)."""
+    (``flow_acks.py``), and the proxy's event-loop watch."""
     from . import edge_cache
     from .flow_acks import FlowAcksMiddleware
+    from .loop_watch import LoopWatchMiddleware
 
     from .front_door import pin_forwarded_allow_ips
 
@@ -324,5 +325,6 @@ def middlewares() -> list[Middleware]:
     # Ray wraps the app in list order, the last outermost: the guard sees the edge's answers (its
     # hits, its 408s) and refuses a client out of budget before the edge reads a body; the edge
     # sees the Ingress's AUTH_HEADER before the guard takes it off.
+    # Outermost, the proxy's own event-loop watch (loop_watch.py): the hooks run on that loop.
     return [Middleware(edge_cache.EdgeCacheMiddleware, settings=edge), Middleware(FrontGuard, settings=settings),
-            Middleware(FlowAcksMiddleware)]
+            Middleware(FlowAcksMiddleware), Middleware(LoopWatchMiddleware)]

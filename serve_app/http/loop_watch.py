@@ -98,3 +98,16 @@ class LoopWatch:
                 log.warning("the %s's event loop stood still for %.0f ms (every request it holds waited; the process "
                             "ran %.0f ms of it); longest so far %.0f ms", self.process, late_s * 1e3,
                             min(late_s, cpu_s) * 1e3, self.longest_s * 1e3)
+
+
+class LoopWatchMiddleware:
+    """ASGI middleware that starts a ``LoopWatch`` on the first request: for Serve's HTTP proxy,
+    whose hooks are built before its loop runs (``front_guard.middlewares``)."""
+
+    def __init__(self, app, process: str = "proxy"):
+        self.app = app
+        self.watch = LoopWatch(process)
+
+    async def __call__(self, scope, receive, send) -> None:
+        self.watch.ensure_started()
+        await self.app(scope, receive, send)

@@ -295,11 +295,14 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     assert settings_from_env().refusal_burst == 7
     from serve_app.http.flow_acks import FlowAcksMiddleware
 
-    # Ray wraps in list order, the last outermost: the client's end of back-pressure, the guard,
-    # then the edge cache (its 408s and hits seen by the guard; the Ingress's mark seen by it).
-    edge_mw, guard_mw, flow_mw = middlewares()
+    from serve_app.http.loop_watch import LoopWatchMiddleware
+
+    # Ray wraps in list order, the last outermost: the proxy's loop watch, the client's end of
+    # back-pressure, the guard, then the edge cache (its 408s and hits seen by the guard; the
+    # Ingress's mark seen by it).
+    edge_mw, guard_mw, flow_mw, watch_mw = middlewares()
     assert guard_mw.cls is FrontGuard and guard_mw.kwargs["settings"].tarpit_s == 0.5
-    assert flow_mw.cls is FlowAcksMiddleware
+    assert flow_mw.cls is FlowAcksMiddleware and watch_mw.cls is LoopWatchMiddleware
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", '{"tarpit_s": -1}')
     with pytest.raises(ValueError):
         settings_from_env()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from serve_app.http.loop_watch import LoopWatch
+from serve_app.http.loop_watch import LoopWatch, LoopWatchMiddleware
 
 
 def _spin(seconds: float) -> None:
@@ -42,3 +42,17 @@ def test_a_late_wake_without_the_process_running_is_not_busy():
     watch.record(0.3, cpu_s=0.01)  # 300 ms late, the process ran 10 ms of it
     watch.record(0.12, cpu_s=0.15)  # held: the process ran throughout
     assert watch.longest_s == 0.3 and watch.longest_busy_s == 0.12
+
+
+async def test_the_proxys_watch_starts_with_its_first_request():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["path"])
+
+    mw = LoopWatchMiddleware(app)
+    assert mw.watch._task is None  # built before the proxy's loop runs: nothing started
+    await mw({"type": "http", "path": "/x"}, None, None)
+    await mw({"type": "http", "path": "/y"}, None, None)
+    assert seen == ["/x", "/y"] and mw.watch._task is not None and not mw.watch._task.done()
+    mw.watch.stop()
