@@ -410,7 +410,8 @@ class JobsService:
 
     def _check_caller(self, caller: Caller) -> None:
         """Without a key every caller is the one owner ``anonymous``: each would see, fetch and
-        delete the others' jobs. Refused unless ``jobs.allow_anonymous``."""
+        delete the others' jobs. Refused unless ``jobs.allow_anonymous`` (an admin, such as an
+        in-cluster handle caller, sees every owner's jobs anyway)."""
         if caller.owner == ANONYMOUS and not caller.admin and not self.cfg.allow_anonymous:
             raise APIError(403, "jobs need an API key: every caller without one would share one owner and see, "
                            "fetch and delete the others' jobs (configure keys, security.api_keys_*, or set "
