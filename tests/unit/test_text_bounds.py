@@ -214,3 +214,24 @@ def test_say_as_content_of_the_largest_request_is_linear(kind: str) -> None:
 
     small, big = min(_cpu(parse, N) for _ in range(3)), min(_cpu(parse, 2 * N) for _ in range(3))
     assert big < 3 * small + 0.02 and small < BUDGET_S, (kind, small, big)
+
+
+def test_script_counts_in_slices_are_the_whole_texts_counts(monkeypatch):
+    """Language detection counts a long text a slice at a time (one regex call over a job's
+    megabyte held the GIL ~90 ms); a cut never splits a control tag or a Latin word."""
+    import random
+
+    from serve_app.engine.text import lang
+    from serve_app.engine.text.chars import CJK_RE, LATIN_WORD_RE
+    from serve_app.engine.text.tags import CONTROL_TAG_RE
+
+    def whole(text: str) -> tuple[int, int]:
+        text = CONTROL_TAG_RE.sub(" ", text)
+        return len(CJK_RE.findall(text)), len(LATIN_WORD_RE.findall(text))
+
+    monkeypatch.setattr(lang, "_SLICE_CHARS", 5)
+    rnd = random.Random(7)
+    units = ["a", "B", "语", " ", "[laugh]", "[break_12]", "[", "]", "_", "1", "。", "x[uv_break]y"]
+    for _ in range(3000):
+        text = "".join(rnd.choice(units) for _ in range(rnd.randint(0, 30)))
+        assert lang._script_counts(text) == whole(text), text
