@@ -153,7 +153,9 @@ def main(a: argparse.Namespace) -> int:
     with harness:
         try:
             if url is None:
-                overrides = {"applications.chattts.args.jobs.path": store.name, **parse_sets(a.set)}
+                # No keys here: jobs are open to anonymous callers only when the config says so.
+                overrides = {"applications.chattts.args.jobs.path": store.name,
+                             "applications.chattts.args.jobs.allow_anonymous": True, **parse_sets(a.set)}
                 cfg = apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides)
                 runner = ServeRunner(cfg, a.ray_cpus)
                 harness.meta["serve_start_s"] = round(runner.start(), 1)
