@@ -58,7 +58,7 @@ class BaselineSynth:
         from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
         from serve_app.engine.planner import Planner
         from serve_app.engine.voices import SpeakerSampler
-        from serve_app.engine.weights import load_model
+        from serve_app.engine.weights.loading import load_model
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
         # ChatTTS as it comes: float32 layers, no int8 (the project's CPU default) and no dual layout.

@@ -55,7 +55,7 @@ class Ceiling:
         from serve_app.engine.pipeline import Planner, SynthesisOptions
         from serve_app.engine.vocoder import Vocoder
         from serve_app.engine.voices import SpeakerSampler
-        from serve_app.engine.weights import load_model
+        from serve_app.engine.weights.loading import load_model
 
         from .lib.corpus import load_corpus
 

@@ -120,7 +120,7 @@ def main(a: argparse.Namespace) -> int:
     from serve_app.engine.config import AcousticConfig, ModelConfig, WeightsConfig
     from serve_app.engine.threads import on_new_thread
     from serve_app.engine.voices import OPENAI_VOICES, speaker_from_seed
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     harness = Harness(Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights,
                       max_rows=AcousticConfig().max_rows)

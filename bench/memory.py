@@ -98,7 +98,7 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
     from serve_app.engine.pipeline import Planner, SynthesisOptions
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     from .lib.corpus import load_corpus
 
@@ -144,7 +144,7 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
                           seconds=round(time.perf_counter() - t0, 1))
             decodes.append({"rows": n, "stagger": stagger, **{k: row[k] for k in ("peak_rss", "peak_kv_mib", "steps", "seconds")}})
     try:
-        from serve_app.engine.weights import release_free_memory
+        from serve_app.engine.weights.loading import release_free_memory
     except ImportError:  # a revision before it (measured for before/after)
         import ctypes
 
@@ -169,7 +169,7 @@ def vocoder(weights: str) -> dict:
     from serve_app.engine.config import ModelConfig, VocoderConfig, WeightsConfig
     from serve_app.engine.pipeline import AudioAssembler
     from serve_app.engine.vocoder import Vocoder
-    from serve_app.engine.weights import load_vocoder
+    from serve_app.engine.weights.loading import load_vocoder
 
     ph.mark("import engine")
     torch.set_grad_enabled(False)

@@ -48,7 +48,7 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
     from serve_app.engine.pipeline import Planner, SynthesisOptions
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     import serve_app
 

@@ -111,7 +111,7 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
     from serve_app.engine.audio import AUDIO_FORMATS, SAMPLE_RATE, new_encoder
     from serve_app.engine.config import AcousticConfig, ModelConfig, VocoderConfig, WeightsConfig
     from serve_app.engine.vocoder import Vocoder
-    from serve_app.engine.weights import load_vocoder
+    from serve_app.engine.weights.loading import load_vocoder
 
     torch.set_num_threads(1)
     parts = load_vocoder(ModelConfig(weights=WeightsConfig(source=a.weights), device="cpu", torch_threads=1))

@@ -30,7 +30,7 @@ from serve_app.engine.refine import TextRefiner, refine_async
 from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
-from serve_app.engine.weights import load_model
+from serve_app.engine.weights.loading import load_model
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
 
 log = logging.getLogger("ray.serve")

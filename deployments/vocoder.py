@@ -29,7 +29,7 @@ from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.wav import with_true_length
-from serve_app.engine.weights import load_vocoder
+from serve_app.engine.weights.loading import load_vocoder
 
 log = logging.getLogger("ray.serve")
 

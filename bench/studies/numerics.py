@@ -350,7 +350,7 @@ def profile_steps(quantize: str, batch: int, tokens: int, threads: int, weights:
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine, SegmentRequest
     from serve_app.engine.config import ModelConfig, WeightsConfig
     from serve_app.engine.voices import speaker_from_seed
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device="cpu", torch_threads=threads,
                                    quantize=quantize))

@@ -90,7 +90,7 @@ def pin_weights(weights: WeightsConfig) -> tuple[WeightsConfig, str]:
     """Resolve ``auto`` and the CHATTTS_WEIGHTS override once, on the driver, so every actor
     loads the same kind of weights (random ones are built here; other nodes rebuild the
     identical tree from the same seed). Returns the pinned config and the weights' kind."""
-    from ..engine.weights import resolve_weights
+    from ..engine.weights.sources import resolve_weights
 
     resolved = resolve_weights(weights)
     pinned = weights.resolved().model_copy(update={"source": resolved.source})

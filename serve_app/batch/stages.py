@@ -32,7 +32,7 @@ class AcousticStage:
         from ..engine.acoustic import AcousticEngine
         from ..engine.config import AcousticConfig, ModelConfig
         from ..engine.threads import TorchThread, on_new_thread
-        from ..engine.weights import load_model
+        from ..engine.weights.loading import load_model
 
         t0 = time.perf_counter()
         # Loaded on a thread that exits; every decode step runs on one long-lived thread, which
@@ -109,7 +109,7 @@ class VocodeStage:
         from ..engine.config import ModelConfig, VocoderConfig
         from ..engine.threads import TorchThread
         from ..engine.vocoder import Vocoder
-        from ..engine.weights import load_vocoder
+        from ..engine.weights.loading import load_vocoder
 
         self.cfg = VocoderConfig.model_validate(vocoder)
         # All torch work of this actor on one thread with one torch thread (engine/threads.py).

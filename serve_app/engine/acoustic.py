@@ -46,7 +46,7 @@ from .errors import ClientQueueFull, EngineError, EngineOverloaded, RequestTooLa
 from .threads import apply_torch_threads
 from .types import SegmentRequest
 from .voices import SpeakerSampler
-from .weights import LoadedModel
+from .weights.loading import LoadedModel
 
 # Names importers use from here (tests, bench, deployments).
 __all__ = [

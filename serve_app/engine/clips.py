@@ -255,7 +255,9 @@ def load_voice_encoder(cfg: Any, lazy: bool = True) -> VoiceEncoder:
     and triton; with the encoder that is ~180 MiB of the Vocoder replica's RSS for voices made
     from clips, which are rare. The first clip pays it instead: ~2 s more, once per replica."""
     from .quiet import quiet_libraries
-    from .weights import _fresh_chattts_config, chattts_modules, resolve_weights, select_device
+    from .weights.chattts import _fresh_chattts_config, chattts_modules
+    from .weights.loading import select_device
+    from .weights.sources import resolve_weights
 
     (speaker_module,) = chattts_modules("model.speaker")  # not the GPT, nor the DVAE
     quiet_libraries()

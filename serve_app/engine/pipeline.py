@@ -158,7 +158,7 @@ class Synthesizer:
     """Everything in one process: text in, encoded audio bytes out (streamed)."""
 
     def __init__(self, config: EngineConfig = EngineConfig(), model=None):
-        from .weights import load_model
+        from .weights.loading import load_model
 
         self.config = config
         # The decode thread keeps the only multi-threaded OpenMP team (threads.py): load on a thread

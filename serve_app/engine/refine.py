@@ -31,7 +31,7 @@ from .config import AcousticConfig
 from .errors import RefineBusy, RefineCancelled, RequestTooLarge
 from .text.chars import SAYABLE_CJK_RE
 from .threads import TorchThread
-from .weights import LoadedModel
+from .weights.loading import LoadedModel
 
 # Refined text is the input plus a few tags: cap the generation near the input's length.
 REFINE_MAX_TOKENS = 384

@@ -31,7 +31,7 @@ import torch
 from .config import VocoderConfig
 from .pacing import SAMPLES_PER_TOKEN
 from .vocoder_net import NetState, StreamingNet
-from .weights import LoadedModel, VocoderWeights, release_free_memory, select_device
+from .weights.loading import LoadedModel, VocoderWeights, release_free_memory, select_device
 
 
 @lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ def _pin_weights_source(model: ModelConfig) -> ModelConfig:
     """Resolve ``auto`` (and the CHATTTS_WEIGHTS override) once, here, so every replica loads the
     same kind of weights without each one probing the hub. Random weights are built here too
     (replicas on other nodes rebuild the identical tree from the same seed)."""
-    from serve_app.engine.weights import resolve_weights
+    from serve_app.engine.weights.sources import resolve_weights
 
     resolved = resolve_weights(model.weights)
     weights = model.weights.model_copy(update={"source": resolved.source})

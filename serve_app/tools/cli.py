@@ -152,7 +152,7 @@ BATCH_OPTIONS = ("input_format", "default_format", "address", "num_cpus", "devic
 
 def _weights_build(args: argparse.Namespace) -> int:
     from ..engine.config import WeightsConfig
-    from ..engine.weights import build_random_weights
+    from ..engine.weights.random_weights import build_random_weights
 
     t0 = time.perf_counter()
     path = build_random_weights(args.source, WeightsConfig(cache_dir=args.dir).cache_path, args.seed)

@@ -61,7 +61,7 @@ def tiny_model(tiny_weights_config):
     transformers modules as loaded (and time chunk schedules against its pace); int8, the CPU
     default, has its own tests (test_quant.py) and is what the Serve tests run."""
     from serve_app.engine.config import ModelConfig
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     return load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none"))
 

@@ -32,7 +32,7 @@ from bench.lib.procs import REPO_ROOT as REPO
 from serve_app.engine.acoustic import KV_HEADROOM, AcousticEngine
 from serve_app.engine.config import ModelConfig
 from serve_app.engine.vocoder import Vocoder
-from serve_app.engine.weights import load_model
+from serve_app.engine.weights.loading import load_model
 from support.engine import drain, fixed_chunks, seg, streamed_vs_one_shot
 
 CUDA = torch.cuda.is_available()

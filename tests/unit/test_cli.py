@@ -16,7 +16,7 @@ import soundfile as sf
 
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
 from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
-from serve_app.engine.weights import MANIFEST
+from serve_app.engine.weights.random_weights import MANIFEST
 from serve_app.tools.cli import _format_for, build_parser
 from support.audio import SR
 from support.cli import cli_command

@@ -611,7 +611,7 @@ def test_cuda_graphs_switch_is_a_no_op_without_cuda(tiny_model, spk, caplog):
 @pytest.fixture(scope="module")
 def cuda_model(tiny_weights_config):
     from serve_app.engine.config import ModelConfig
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     return lambda dtype: load_model(ModelConfig(weights=tiny_weights_config, device="cuda", dtype=dtype, torch_threads=1))
 

@@ -24,7 +24,7 @@ def test_dual_layout_matches_linear_for_every_row_count():
 
 def test_loaded_cpu_gpt_uses_dual_layout_and_gives_the_same_hidden_states(tiny_model, tiny_weights_config):
     from serve_app.engine.config import ModelConfig
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     gpt = tiny_model.chat.gpt.gpt
     duals = [m for m in gpt.modules() if isinstance(m, DualLayoutLinear)]

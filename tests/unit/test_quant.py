@@ -15,7 +15,7 @@ from serve_app.engine.config import ModelConfig
 from serve_app.engine.linear import DualLayoutLinear
 from serve_app.engine.quant import Int8Linear, quantize_gpt, quantize_linears
 from serve_app.engine.voices import speaker_from_seed
-from serve_app.engine.weights import load_model
+from serve_app.engine.weights.loading import load_model
 from support.engine import fixed_chunks
 
 TEXT = "你好，欢迎使用语音合成服务。"

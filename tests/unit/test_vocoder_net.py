@@ -144,7 +144,7 @@ def test_the_net_serves_every_call_and_the_modules_go(tiny_weights_config, hidde
     import weakref
 
     from serve_app.engine.config import ModelConfig
-    from serve_app.engine.weights import load_vocoder
+    from serve_app.engine.weights.loading import load_vocoder
 
     parts = load_vocoder(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
     ref = Vocoder(parts, TODAY).decode(hidden)  # no net: the modules themselves

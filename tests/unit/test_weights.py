@@ -17,16 +17,16 @@ import pytest
 import torch
 
 from serve_app.engine.config import ModelConfig, WeightsConfig
-from serve_app.engine.weights import (
+from serve_app.engine.weights.loading import load_model
+from serve_app.engine.weights.random_weights import (
     CHATTTS_SPECIAL_TOKENS,
     MANIFEST,
     NUM_TEXT_TOKENS,
     build_random_weights,
     build_vocab,
-    load_model,
     random_weights_key,
-    resolve_weights,
 )
+from serve_app.engine.weights.sources import resolve_weights
 
 ASSET_FILES = (
     "asset/Vocos.safetensors",
@@ -203,7 +203,7 @@ _BUILDER = """
 import sys, time
 from pathlib import Path
 import torch, transformers, ChatTTS, vocos  # noqa: F401 - import before the race starts
-from serve_app.engine.weights import build_random_weights
+from serve_app.engine.weights.random_weights import build_random_weights
 cache, me, other = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 me.touch()
 deadline = time.monotonic() + 120
@@ -257,7 +257,7 @@ def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
 def test_vocoder_stage_loads_only_decoder_and_vocos(tiny_model, tiny_weights_config):
     """``load_vocoder`` builds the Decoder and Vocos alone from the same assets: the same audio
     as the full ``Chat``'s modules, without a GPT in the process."""
-    from serve_app.engine.weights import load_model, load_vocoder
+    from serve_app.engine.weights.loading import load_model, load_vocoder
 
     parts = load_vocoder(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
     full = tiny_model.vocoder_weights()
@@ -278,7 +278,7 @@ _VOCODER_STAGE = """
 import sys
 from serve_app.engine.clips import load_voice_encoder
 from serve_app.engine.config import ModelConfig, WeightsConfig
-from serve_app.engine.weights import load_vocoder
+from serve_app.engine.weights.loading import load_vocoder
 cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=1)
 load_vocoder(cfg)
 encoder = load_voice_encoder(cfg)
@@ -314,7 +314,7 @@ def test_a_deferred_package_is_imported_at_the_first_call(monkeypatch):
     ``chattts_modules`` fall back to a plain import)."""
     import importlib
 
-    from serve_app.engine.weights import _Deferred
+    from serve_app.engine.weights.chattts import _Deferred
 
     monkeypatch.delitem(sys.modules, "colorsys", raising=False)
     stub = _Deferred("colorsys")
@@ -337,7 +337,7 @@ def test_int8_gpt_keeps_no_tensor_in_the_checkpoints_mapping(tiny_weights_config
     """After int8 replaced the GPT's linear layers, what is left of the float GPT (norms) is
     copied off the checkpoint's file mapping, so the mapping (720 MiB at full size, all of it
     resident once read) goes with the float weights."""
-    from serve_app.engine.weights import load_model
+    from serve_app.engine.weights.loading import load_model
 
     def in_mapping(model) -> list:
         mapped = []
