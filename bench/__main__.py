@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "abuse": ("bench.abuse", "a polite client's first audio alone and under attackers (costly requests, idle sockets, slow bodies, flush floods)"),
     "autoscale": ("bench.autoscale", "step load on a local multi-node cluster: replicas, engine queue, latency per second"),
     "gpu": ("bench.gpu", "the one-command GPU check: gpu tests, ceiling, Serve 2x0.5 vs 1x1 GPU (~8 min)"),
-    "gpu-ceiling": ("bench.gpu", "(the GPU check's ceiling step, in its own process)"),
+    "gpu-ceiling": ("bench.gpu_steps", "(the GPU check's ceiling step, in its own process)"),
     "compare": ("bench.compare", "key numbers of several `run` reports side by side (markdown)"),
     "report": ("bench.report", "render reports again from their JSON (report.md, report.png, timeline.png)"),
     "numerics": ("bench.studies.numerics", "study: int8 vs float32 GPT linear layers (kernels, profile)"),

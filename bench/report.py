@@ -24,7 +24,7 @@ def renderer(d: Path) -> tuple[Path, Callable[[dict, Path], None]]:
     if "timeline" in report:
         from .autoscale import render
     elif "steps" in report:
-        from .gpu import render
+        from .gpu_report import render
     else:
         from .run_report import render
     return path, render

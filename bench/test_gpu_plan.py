@@ -3,7 +3,7 @@ the two-replica variant, so the other variant's config is checked here."""
 
 from __future__ import annotations
 
-from bench.gpu import SERVE_VARIANTS, GpuPlan, serve_config
+from bench.gpu_plan import SERVE_VARIANTS, GpuPlan, serve_config
 from bench.lib.serve import args_path, deployment_path, get_path, load_config
 
 
