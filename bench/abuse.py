@@ -123,6 +123,13 @@ def to_markdown(report: dict) -> str:
         for key, label in (("longest_ms", "late wake"), ("longest_busy_ms", "while the process ran")):
             lines.append(f"| {label} | " + " | ".join(str(report["ingress_loop_stall_ms"].get(ph, {}).get(key, "–"))
                                                       for ph in ("alone", "attacked")) + " |")
+    if report.get("cpu_cores"):
+        walls = report.get("phase_wall_s", {})
+        lines += ["", f"| cores used (CPU s per s; phases {walls.get('alone')} s / {walls.get('attacked')} s in all) "
+                  "| alone | under attack |", "|---|---|---|"]
+        for group in sorted(set().union(*report["cpu_cores"].values())):
+            lines.append(f"| {group} | " + " | ".join(str(report["cpu_cores"].get(ph, {}).get(group, "–"))
+                                                      for ph in ("alone", "attacked")) + " |")
     if report.get("rss_peak_mib"):
         lines += ["", "| replica | peak RSS MiB, alone | under attack |", "|---|---|---|"]
         for group, alone_mib in report["rss_peak_mib"].get("alone", {}).items():
@@ -165,6 +172,27 @@ def ingress_stall(app: str, reset: bool = False) -> Optional[dict]:
         return None
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of each Serve process group, this process (the polite client and the
+    attackers share its loop and the machine's cores) and the rest of Ray (the job runner too)."""
+    import psutil
+
+    from .lib.procs import classify_serve, processes_by_group
+
+    def classify(p: psutil.Process) -> str:
+        return "bench (the clients)" if p.pid == os.getpid() else classify_serve(p) or "rest of Ray"
+
+    out: dict[str, float] = {}
+    for group, procs in processes_by_group([os.getpid()], classify).items():
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                out[group] = out.get(group, 0.0) + t.user + t.system
+            except psutil.Error:
+                continue
+    return out
+
+
 def main(a: argparse.Namespace) -> int:
     from .lib.procs import classify_serve, free_port
     from .lib.sampler import RssSampler
@@ -178,6 +206,7 @@ def main(a: argparse.Namespace) -> int:
     apply_only(a)
     tallies = {name: Tally() for name, (_, dest, _, _) in ATTACKERS.items() if getattr(a, dest)}
     stalls: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
+    cpu: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}  # CPU seconds by group, and "wall"
     store = tempfile.TemporaryDirectory(prefix="bench-abuse-jobs-") if url is None else None
     with harness:
         try:
@@ -202,13 +231,15 @@ def main(a: argparse.Namespace) -> int:
                         sampler.window()
                     if runner:
                         ingress_stall(runner.app, reset=True)
+                    cpu0, t0 = cpu_seconds(), time.perf_counter()
                     seed0 = random.Random(r).randrange(10**6) + (0 if phase == "alone" else 10**5)
                     if phase == "alone":
                         alone += asyncio.run(polite_requests(url, a.requests, seed0))
                     else:
                         under += asyncio.run(attacked(url, a, seed0, tallies))
-                        if runner:
-                            runner.wait_idle(120)
+                    cpu[phase]["wall"] = cpu[phase].get("wall", 0.0) + time.perf_counter() - t0
+                    for group, seconds in cpu_seconds().items():
+                        cpu[phase][group] = cpu[phase].get(group, 0.0) + seconds - cpu0.get(group, 0.0)
                     got = ingress_stall(runner.app) if runner else None
                     for key, ms in (got or {}).items():
                         stalls[phase][key] = max(stalls[phase].get(key, 0), ms)
@@ -216,6 +247,8 @@ def main(a: argparse.Namespace) -> int:
                         for group, mib in sampler.window()["peak_by_process_mib"].items():
                             peaks[phase][group] = max(peaks[phase].get(group, 0.0), mib)
                     print(f"round {r + 1} {phase}: {summarize(alone if phase == 'alone' else under)}", file=sys.stderr)
+                    if runner and phase == "attacked":
+                        runner.wait_idle(120)  # the attack's rows gone before the next phase
             report["alone"], report["attacked"] = summarize(alone), summarize(under)
             report["ratio_p50"] = ratio(report["attacked"].get("p50"), report["alone"].get("p50"), 3)
             report["target_ratio"] = TARGET_RATIO
@@ -225,6 +258,10 @@ def main(a: argparse.Namespace) -> int:
         finally:
             report["attackers"] = {name: dict(t.outcomes) for name, t in tallies.items()}
             report["attackers_slowest_s"] = {name: t.slowest_s for name, t in tallies.items() if t.slowest_s}
+            if cpu["attacked"].get("wall"):  # cores used: CPU seconds per second of the phases
+                report["cpu_cores"] = {ph: {g: round(v / c["wall"], 2) for g, v in sorted(c.items()) if g != "wall"}
+                                       for ph, c in cpu.items() if c.get("wall")}
+                report["phase_wall_s"] = {ph: round(c["wall"], 1) for ph, c in cpu.items() if c.get("wall")}
             if any(stalls.values()):
                 report["ingress_loop_stall_ms"] = stalls
             if runner:
