@@ -1,7 +1,7 @@
 """The "before" server of the ChatTTS serving write-ups, rebuilt as a yardstick (not a product).
 
 FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the
-whole WAV in one response. It loads the same weights through ``serve_app.engine.weights.load_model``
+whole WAV in one response. It loads the same weights through ``serve_app.engine.weights.loading.load_model``
 (the same asset tree as the project) and plans each request with the project's own ``Planner``,
 so its segments, speaker, seeds and (for random weights) segment lengths are identical to what the
 project decodes: every segment is one ``Chat.infer`` call with ``max_new_token = min_new_token =``

@@ -25,7 +25,7 @@ agreement, teacher-forced hidden-state cosine). ``--quantize-only`` runs just th
     python -m bench ceiling --out int8.json --quantize-only --batches 1,8,16 --reps 3
 
 ``python -m bench run`` runs it as a subprocess (its phase "ceiling"); the GPU check's ceiling
-step (bench/gpu.py) drives the same ``Ceiling`` on cuda.
+step (bench/gpu_steps.py) drives the same ``Ceiling`` on cuda.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from bench.lib.procs import free_port
 from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
 from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import FrontGuardSettings
-from support.configs import load
+from support.configs import chattts_app, load
 from support.report import report
 from support.serve_run import ServeRun
 
@@ -36,6 +36,7 @@ SPEECH = {"model": "chattts", "input": "你好", "voice": "alloy", "response_for
 def keyed_run(chattts_cache_dir, tmp_path_factory):
     config = load("cpu")
     config["http_options"].update(host="127.0.0.1", port=free_port())
+    chattts_app(config)["args"]["jobs"] = {"path": str(tmp_path_factory.mktemp("attack-jobs"))}
     env = {HOOK_ENV: IMPORT_PATH, "CHATTTS_API_KEYS": f"{POLITE_KEY},{OTHER_KEY}",
            "CHATTTS_FRONT_GUARD": GUARD.model_dump_json(),
            "CHATTTS_EDGE_CACHE": json.dumps({"body_timeout_s": EDGE_BODY_TIMEOUT_S})}
@@ -214,3 +215,74 @@ def test_slow_bodies_are_answered_408_within_the_deadline_and_keyless_ones_are_n
            f"20 with made-up keys 408 after {min(s for s, _ in keyed):.1f}-{max(s for s, _ in keyed):.1f} s "
            f"(deadline {EDGE_BODY_TIMEOUT_S:g} s; before: held while they sent), 10 without a key 401 in "
            f"{max(s for s, _ in keyless):.2f} s, unread")
+
+
+def _healthz_s(url: str) -> float:
+    t0 = time.perf_counter()
+    assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+    return time.perf_counter() - t0
+
+
+@pytest.mark.timeout(420)
+def test_the_new_surfaces_answer_their_costliest_inputs_clearly(keyed_run, polite):
+    """Jobs, dialogues, SSML and the cache, as an attacker with a real key uses them: each gets a
+    clear answer while /healthz and a polite key stay prompt. Before: a job of 200,000 full stops
+    froze the Ingress's loop (quadratic sentence cutting: 20,000 dots took 4.3 s), a dialogue of
+    breaks had 1,560 s of silence with a 200, a say-as date of thousands of digits and two
+    instructions of 4,096 characters were 500s, and one key's cached answer answered another's."""
+    attacker = {"Authorization": f"Bearer {OTHER_KEY}", "X-Forwarded-For": "198.51.100.5"}
+    url = keyed_run.url
+
+    def post(path: str, body: dict, **kw) -> httpx.Response:
+        return httpx.post(url + path, json=body, headers={**attacker, **kw.pop("headers", {})}, timeout=120, **kw)
+
+    async def attack() -> tuple[dict, list[float], list[float]]:
+        running = asyncio.Event()
+        got: dict = {}
+
+        async def attacks() -> None:
+            running.set()
+            dots = await asyncio.to_thread(post, "/v1/audio/jobs", {"input": "." * 200_000 + "好"})
+            got["dot job"] = (dots.status_code, dots.json())
+            # 10 turns of twelve 10 s breaks: each turn within SSML's own 120 s, 1,200 s in all.
+            breaks = [{"voice": "alloy", "input": "<speak>" + "嗯<break time='10s'/>" * 12 + "</speak>"}] * 10
+            got["silence dialogue"] = (await asyncio.to_thread(post, "/v1/audio/dialogue", {"turns": breaks})).json()
+            date = '<speak><say-as interpret-as="date" format="ymd">' + "9" * 4000 + "-01-01</say-as></speak>"
+            got["say-as digits"] = (await asyncio.to_thread(post, "/v1/audio/speech", {"input": date})).json()
+            turns = [{"voice": "alloy", "input": "你好。", "instructions": "cheerful " * 100}]  # joined: over 4,096
+            instructed = await asyncio.to_thread(post, "/v1/audio/dialogue", {"turns": turns, "instructions": "slowly " * 585,
+                                                                              "response_format": "pcm"})
+            got["instructions"] = instructed.status_code
+
+        async def prompt_health() -> list[float]:
+            await running.wait()
+            out = []
+            while len(out) < 40 and "instructions" not in got:
+                out.append(await asyncio.to_thread(_healthz_s, url))
+                await asyncio.sleep(0.05)
+            return out
+
+        _, took, health = await asyncio.gather(attacks(), polite.during(running), prompt_health())
+        return got, took, health
+
+    got, took, health = asyncio.run(attack())
+    status, job = got["dot job"]
+    assert status == 202 or status in (400, 409, 413, 429), (status, job)
+    if status == 202:  # within the key's reservation: cancelled, not left to run
+        assert httpx.post(f"{url}/v1/audio/jobs/{job['id']}/cancel", headers=attacker, timeout=30).status_code == 200
+    assert got["silence dialogue"]["error"]["code"] == "request_too_large"
+    assert "max_silence_seconds" in got["silence dialogue"]["error"]["message"]
+    assert got["say-as digits"]["error"]["code"] == "invalid_ssml"
+    assert got["instructions"] == 200
+    assert max(health) < 0.5, health
+    polite.check(took, "dot jobs, silence dialogues, SSML digits, long instructions")
+
+    # The cache: an SSML-looking text spoken as text by one key is not another key's answer.
+    ssml = "<speak>缓存<break time='300ms'/>隔离</speak>"
+    first = post("/v1/audio/speech", {"input": ssml, "input_format": "text", "response_format": "pcm", "seed": 5})
+    assert (first.status_code, first.headers["x-cache"]) == (200, "miss")
+    mine = httpx.post(url + "/v1/audio/speech", json={"input": ssml, "response_format": "pcm", "seed": 5},
+                      headers=polite.headers, timeout=120)
+    assert mine.status_code == 200 and mine.headers["x-cache"] == "miss" and mine.content != first.content
+    report("front attacks: new surfaces", f"dot job {status}; silence dialogue 413; say-as digits 400; "
+           f"instructions 200; /healthz worst {max(health) * 1000:.0f} ms over {len(health)} probes")

@@ -24,7 +24,7 @@ TEXT = "你好，欢迎使用语音合成服务。"
 
 # =============================================================================================
 # Fixtures: one random-tiny build and one loaded model per session, through the real loading
-# path (serve_app.engine.weights.load_model), no mocks.
+# path (serve_app.engine.weights.loading.load_model), no mocks.
 # =============================================================================================
 
 
