@@ -105,8 +105,13 @@ class ClusterSampler(Periodic):
 # ---------------------------------------------------------------------- the report
 
 
-def per_second(records: list[RequestRecord], samples: list[dict], steps: list[tuple[float, int]],
-               expected: dict[str, int], window_s: float = 5.0) -> list[dict]:
+def per_second(
+    records: list[RequestRecord],
+    samples: list[dict],
+    steps: list[tuple[float, int]],
+    expected: dict[str, int],
+    window_s: float = 5.0,
+) -> list[dict]:
     """One row per sample: clients offered, requests started/finished in the last second, and
     TTFB/latency percentiles of the complete requests that finished in the trailing ``window_s``."""
     rows = []
@@ -114,15 +119,21 @@ def per_second(records: list[RequestRecord], samples: list[dict], steps: list[tu
         t = s["t"]
         clients = next((n for at, n in reversed(steps) if at <= t), 0)
         done = [r for r in records if r.t_end is not None and t - window_s < r.t_end <= t and complete(r, expected)]
-        rows.append({
-            **s,
-            "clients": clients,
-            "started_1s": sum(1 for r in records if t - 1 < r.t_send <= t),
-            "finished_1s": sum(1 for r in records if r.t_end is not None and t - 1 < r.t_end <= t),
-            "failed_so_far": sum(1 for r in records if r.t_send <= t and (r.error or (r.t_end is not None and not complete(r, expected)))),
-            "ttfb_s": percentiles([r.ttfb for r in done if r.ttfb is not None], (50, 95), 3, ()),
-            "latency_s": percentiles([r.latency for r in done if r.latency is not None], (50, 95), 3, ()),
-        })
+        rows.append(
+            {
+                **s,
+                "clients": clients,
+                "started_1s": sum(1 for r in records if t - 1 < r.t_send <= t),
+                "finished_1s": sum(1 for r in records if r.t_end is not None and t - 1 < r.t_end <= t),
+                "failed_so_far": sum(
+                    1
+                    for r in records
+                    if r.t_send <= t and (r.error or (r.t_end is not None and not complete(r, expected)))
+                ),
+                "ttfb_s": percentiles([r.ttfb for r in done if r.ttfb is not None], (50, 95), 3, ()),
+                "latency_s": percentiles([r.latency for r in done if r.latency is not None], (50, 95), 3, ()),
+            }
+        )
     return rows
 
 
@@ -142,7 +153,9 @@ def scale_events(samples: list[dict], steps: list[tuple[float, int]]) -> dict:
     old = set(before[-1]["acoustic"]) if before else set()
     after = [s for s in ok if s["t"] > t_up and (t_down is None or s["t"] <= t_down)]
     up = next((s for s in after if s["replicas"]["Acoustic"] > base), None)
-    serving = next((s for s in after if any(r.get("running", 0) > 0 for k, r in s["acoustic"].items() if k not in old)), None)
+    serving = next(
+        (s for s in after if any(r.get("running", 0) > 0 for k, r in s["acoustic"].items() if k not in old)), None
+    )
     out["step_up_s"] = round(t_up, 2)
     out["acoustic_before"] = base
     out["acoustic_peak"] = max((s["replicas"]["Acoustic"] for s in ok), default=base)
@@ -188,8 +201,16 @@ def to_png(report: dict, path: Path) -> None:
     ax = axes[2]
     replicas = sorted({k for r in rows for k in r["acoustic"]})
     for k in replicas:
-        ax.plot(t, [(r["acoustic"].get(k, {}).get("waiting", 0) or 0) + (r["acoustic"].get(k, {}).get("running", 0) or 0)
-                    if k in r["acoustic"] else math.nan for r in rows], label=f"{k} waiting+running")
+        ax.plot(
+            t,
+            [
+                (r["acoustic"].get(k, {}).get("waiting", 0) or 0) + (r["acoustic"].get(k, {}).get("running", 0) or 0)
+                if k in r["acoustic"]
+                else math.nan
+                for r in rows
+            ],
+            label=f"{k} waiting+running",
+        )
     ax.set_ylabel("engine rows per replica")
     ax.legend(loc="upper right", fontsize=8)
     ax = axes[3]
@@ -238,8 +259,12 @@ def parse_steps(s: str) -> list[tuple[float, int]]:
 
 def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--out", required=True, help="output directory (report.json, timeline.png, serve.cluster.yaml)")
-    a.add_argument("--steps", type=parse_steps, default="0:1,25:6,100:1,150:0",
-                   help="AT:CLIENTS,... (seconds since the load started)")
+    a.add_argument(
+        "--steps",
+        type=parse_steps,
+        default="0:1,25:6,100:1,150:0",
+        help="AT:CLIENTS,... (seconds since the load started)",
+    )
     a.add_argument("--workers", type=int, default=2, help="worker nodes, one declared GPU each")
     a.add_argument("--max-replicas", type=int, default=3, help="Acoustic max_replicas (two per GPU node fit)")
     a.add_argument("--max-rows", type=int, default=4, help="args.acoustic.max_rows")
@@ -265,17 +290,28 @@ def main(a: argparse.Namespace) -> int:
     steps = a.steps
     port = free_port()
     # The weights from the default cache directory, which the nodes find as this process does.
-    cfg = cluster_config(port=port, max_rows=a.max_rows, target_fill=a.target_fill,
-                         acoustic_bounds=(1, a.max_replicas), upscale_delay_s=a.upscale_delay_s,
-                         downscale_delay_s=a.downscale_delay_s)
+    cfg = cluster_config(
+        port=port,
+        max_rows=a.max_rows,
+        target_fill=a.target_fill,
+        acoustic_bounds=(1, a.max_replicas),
+        upscale_delay_s=a.upscale_delay_s,
+        downscale_delay_s=a.downscale_delay_s,
+    )
     segments = get_path(cfg, "applications.chattts.args.segments")
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, segments)
     cluster = LocalCluster(workers=a.workers)
     harness = Harness(out, write_report, a.argv)
     report, meta = harness.report, harness.meta
-    report["config"] = {"steps": steps, "max_rows": a.max_rows, "target_fill": a.target_fill,
-                        "acoustic_bounds": [1, a.max_replicas], "upscale_delay_s": a.upscale_delay_s,
-                        "downscale_delay_s": a.downscale_delay_s, "workers": a.workers}
+    report["config"] = {
+        "steps": steps,
+        "max_rows": a.max_rows,
+        "target_fill": a.target_fill,
+        "acoustic_bounds": [1, a.max_replicas],
+        "upscale_delay_s": a.upscale_delay_s,
+        "downscale_delay_s": a.downscale_delay_s,
+        "workers": a.workers,
+    }
     with harness:
         try:
             meta["cluster_start_s"] = round(cluster.start(), 1)
@@ -303,9 +339,12 @@ def main(a: argparse.Namespace) -> int:
         finally:
             cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)  # Ray's logs of the run (kept when it failed)
-        report.update(events=scale_events(samples, done_steps), requests=failures(records, expected),
-                      timeline=per_second(records, samples, done_steps, expected),
-                      records=[_record(r, expected) for r in records])
+        report.update(
+            events=scale_events(samples, done_steps),
+            requests=failures(records, expected),
+            timeline=per_second(records, samples, done_steps, expected),
+            records=[_record(r, expected) for r in records],
+        )
     print(json.dumps({"events": report["events"], "requests": report["requests"]}, indent=1))
     return 0 if report["requests"]["failed"] == 0 else 1
 

@@ -45,16 +45,29 @@ def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
     data = np.rint(np.clip(np.nan_to_num(pcm.astype(np.float32)), -1, 1) * 32767).astype("<i2").tobytes()
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
     return (
-        b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE"
-        + b"fmt " + struct.pack("<I", len(fmt)) + fmt
-        + b"data" + struct.pack("<I", len(data)) + data
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
     )
 
 
 class BaselineSynth:
     """Text -> one WAV, one ``Chat.infer`` per segment, nothing in parallel."""
 
-    def __init__(self, weights: str = "random", device: str = "cpu", segments: Optional[dict] = None, threads: Optional[int] = None, cache_dir: Optional[str] = None):
+    def __init__(
+        self,
+        weights: str = "random",
+        device: str = "cpu",
+        segments: Optional[dict] = None,
+        threads: Optional[int] = None,
+        cache_dir: Optional[str] = None,
+    ):
         from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
         from serve_app.engine.planner import Planner
         from serve_app.engine.voices import SpeakerSampler
@@ -62,8 +75,9 @@ class BaselineSynth:
 
         wcfg = WeightsConfig(source=weights, cache_dir=cache_dir)
         # ChatTTS as it comes: float32 layers, no int8 (the project's CPU default) and no dual layout.
-        self.model = load_model(ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False,
-                                            quantize="none"))
+        self.model = load_model(
+            ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False, quantize="none")
+        )
         self.chat = self.model.chat
         self.planner = Planner(SegmentLimits.model_validate(segments or {}))
         self.speakers = SpeakerSampler(self.chat.speaker)
@@ -74,7 +88,9 @@ class BaselineSynth:
         self._interrupted = True
         self.chat.interrupt()
 
-    def synthesize(self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0) -> tuple[bytes, dict]:
+    def synthesize(
+        self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0
+    ) -> tuple[bytes, dict]:
         from ChatTTS import Chat
 
         from serve_app.engine.types import SynthesisOptions
@@ -142,7 +158,9 @@ def make_app(synth_factory) -> FastAPI:
         body = await request.json()
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
-            return JSONResponse({"error": {"message": "input is required", "type": "invalid_request_error"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": "input is required", "type": "invalid_request_error"}}, status_code=400
+            )
         state["waiting"] += 1
         try:
             await lock.acquire()
@@ -155,9 +173,15 @@ def make_app(synth_factory) -> FastAPI:
             state["busy"] = True
             t0 = time.perf_counter()
             try:
-                work = asyncio.ensure_future(worker.acall(
-                    state["synth"].synthesize, text, body.get("voice", "alloy"), body.get("seed"), float(body.get("speed", 1.0))
-                ))
+                work = asyncio.ensure_future(
+                    worker.acall(
+                        state["synth"].synthesize,
+                        text,
+                        body.get("voice", "alloy"),
+                        body.get("seed"),
+                        float(body.get("speed", 1.0)),
+                    )
+                )
                 # Not part of the write-ups' server, but harmless for the measurement: when the
                 # client has gone (the benchmark cut it), stop decoding for nobody.
                 while not work.done():
@@ -178,7 +202,11 @@ def make_app(synth_factory) -> FastAPI:
         finally:
             lock.release()
         state["served"] += 1
-        return Response(audio, media_type="audio/wav", headers={"X-Segments": str(info["segments"]), "X-Tokens": str(info["tokens"])})
+        return Response(
+            audio,
+            media_type="audio/wav",
+            headers={"X-Segments": str(info["segments"]), "X-Tokens": str(info["tokens"])},
+        )
 
     @app.get("/healthz")
     async def healthz():
@@ -198,7 +226,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--weights", default="random", help="weights source (as the project's model.weights.source)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON: the same segments")
+    ap.add_argument(
+        "--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON: the same segments"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
 
 

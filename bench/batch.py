@@ -58,12 +58,21 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
         src = Path(tmp) / "in.jsonl"
         src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        cfg = BatchConfig(input=str(src), out=str(Path(tmp) / "out"), weights=WeightsConfig(source=a.weights),
-                          device="cpu", num_cpus=a.ray_cpus, acoustic_actors=actors, acoustic_cpus=cpus,
-                          acoustic_threads=threads, rows_per_call=a.rows_per_call)
+        cfg = BatchConfig(
+            input=str(src),
+            out=str(Path(tmp) / "out"),
+            weights=WeightsConfig(source=a.weights),
+            device="cpu",
+            num_cpus=a.ray_cpus,
+            acoustic_actors=actors,
+            acoustic_cpus=cpus,
+            acoustic_threads=threads,
+            rows_per_call=a.rows_per_call,
+        )
         t0 = time.perf_counter()
-        summary = run_batch(cfg, progress=False,
-                            on_row=lambda rec: written.append((time.perf_counter(), rec["seconds"], rec["id"])))
+        summary = run_batch(
+            cfg, progress=False, on_row=lambda rec: written.append((time.perf_counter(), rec["seconds"], rec["id"]))
+        )
         wall = time.perf_counter() - t0
     g = summary.pools["group_rows"]
     ends: dict[int, float] = {}
@@ -77,16 +86,27 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
     t_wave = max(ends[k] for k in first_wave)
     steady = sum(audio[k] for k in later) / (max(ends.values()) - t_wave) if later else None
     out = {
-        "acoustic_actors": actors, "acoustic_cpus": cpus, "acoustic_threads": threads,
-        "rows": summary.rows, "written": summary.written, "failed": summary.failed, "groups": summary.groups,
-        "group_rows": summary.pools.get("group_rows"), "vocoders": summary.pools.get("vocoders"),
-        "audio_s": round(summary.audio_seconds, 2), "wall_s": round(wall, 1), "pipeline_s": round(summary.pipeline_s, 1),
+        "acoustic_actors": actors,
+        "acoustic_cpus": cpus,
+        "acoustic_threads": threads,
+        "rows": summary.rows,
+        "written": summary.written,
+        "failed": summary.failed,
+        "groups": summary.groups,
+        "group_rows": summary.pools.get("group_rows"),
+        "vocoders": summary.pools.get("vocoders"),
+        "audio_s": round(summary.audio_seconds, 2),
+        "wall_s": round(wall, 1),
+        "pipeline_s": round(summary.pipeline_s, 1),
         "first_row_s": round(summary.first_row_s or 0.0, 1),
-        "audio_s_per_s": round(steady, 4) if steady else None, "steady_groups": len(later),
+        "audio_s_per_s": round(steady, 4) if steady else None,
+        "steady_groups": len(later),
         "audio_s_per_s_whole_run": round(summary.audio_seconds / wall, 4),
     }
-    _log(f"bulk, {actors} acoustic actor(s): {out['audio_s_per_s']} audio s/s steady, {out['audio_s_per_s_whole_run']} "
-         f"over the whole run ({out['audio_s']} s of audio, {out['wall_s']} s, first row after {out['first_row_s']} s)")
+    _log(
+        f"bulk, {actors} acoustic actor(s): {out['audio_s_per_s']} audio s/s steady, {out['audio_s_per_s_whole_run']} "
+        f"over the whole run ({out['audio_s']} s of audio, {out['wall_s']} s, first row after {out['first_row_s']} s)"
+    )
     return out
 
 
@@ -106,13 +126,29 @@ def serve_phase(a: argparse.Namespace) -> dict[str, Any]:
         expected = expected_audio_s(plan_corpus())
         for c in a.levels:
             before = runner.acoustic_stats()
-            run = asyncio.run(loadgen.closed_loop(target, c, a.serve_s, text_stream(a.seed + c), expected, seed=a.seed + c))
+            run = asyncio.run(
+                loadgen.closed_loop(target, c, a.serve_s, text_stream(a.seed + c), expected, seed=a.seed + c)
+            )
             s = loadgen.summarize(run)
             s["engine"] = engine_delta(before, runner.acoustic_stats())
-            res["levels"][str(c)] = {k: s[k] for k in ("concurrency", "duration_s", "completed", "errors", "cut",
-                                                        "audio_s_per_s", "ttfb_s", "latency_s", "engine")}
-            _log(f"service at {c} clients: {s['audio_s_per_s']} audio s/s ({s['completed']} done, {s['errors']} errors, "
-                 f"{s['engine'].get('mean_rows_per_step')} rows per step)")
+            res["levels"][str(c)] = {
+                k: s[k]
+                for k in (
+                    "concurrency",
+                    "duration_s",
+                    "completed",
+                    "errors",
+                    "cut",
+                    "audio_s_per_s",
+                    "ttfb_s",
+                    "latency_s",
+                    "engine",
+                )
+            }
+            _log(
+                f"service at {c} clients: {s['audio_s_per_s']} audio s/s ({s['completed']} done, {s['errors']} errors, "
+                f"{s['engine'].get('mean_rows_per_step')} rows per step)"
+            )
             runner.wait_idle(120)
     finally:
         runner.stop()
@@ -135,24 +171,40 @@ def targets(report: dict) -> dict:
 
 def to_markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Bulk synthesis against the service, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights: {m['weights']}, {m['rows']} corpus rows per bulk run, {m['cpus']} CPUs, "
-             f"load average at start {m['loadavg_start']}, at the end {m.get('loadavg_end')}", ""]
+    lines = [
+        f"# Bulk synthesis against the service, {m['started']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"weights: {m['weights']}, {m['rows']} corpus rows per bulk run, {m['cpus']} CPUs, "
+        f"load average at start {m['loadavg_start']}, at the end {m.get('loadavg_end')}",
+        "",
+    ]
     if report.get("error"):
         lines += [f"**The run failed:** `{report['error']}` (the tables hold what was measured before).", ""]
-    lines += ["| bulk: acoustic actors (CPUs / threads each) | audio s/s, steady (groups) | audio s/s, whole run "
-              "| audio (s) | wall (s) | first row after (s) | groups x rows | vocoders |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| bulk: acoustic actors (CPUs / threads each) | audio s/s, steady (groups) | audio s/s, whole run "
+        "| audio (s) | wall (s) | first row after (s) | groups x rows | vocoders |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, b in (report.get("bulk") or {}).items():
-        lines.append(f"| {n} ({b['acoustic_cpus']:g} / {b['acoustic_threads']}) | {fmt(b['audio_s_per_s'], 3)} "
-                     f"({b['steady_groups']}) "
-                     f"| {fmt(b['audio_s_per_s_whole_run'], 3)} | {b['audio_s']} | {b['wall_s']} | {b['first_row_s']} "
-                     f"| {b['groups']} x {b['group_rows']} | {b['vocoders']} |")
-    lines += ["", "| service: clients | audio s/s | TTFB p50 (s) | latency p50 / p99 (s) | done | errors | rows per step |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {n} ({b['acoustic_cpus']:g} / {b['acoustic_threads']}) | {fmt(b['audio_s_per_s'], 3)} "
+            f"({b['steady_groups']}) "
+            f"| {fmt(b['audio_s_per_s_whole_run'], 3)} | {b['audio_s']} | {b['wall_s']} | {b['first_row_s']} "
+            f"| {b['groups']} x {b['group_rows']} | {b['vocoders']} |"
+        )
+    lines += [
+        "",
+        "| service: clients | audio s/s | TTFB p50 (s) | latency p50 / p99 (s) | done | errors | rows per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c, s in ((report.get("serve") or {}).get("levels") or {}).items():
-        lines.append(f"| {c} | {fmt(s['audio_s_per_s'], 3)} | {fmt(s['ttfb_s'].get('p50'))} "
-                     f"| {fmt(s['latency_s'].get('p50'))} / {fmt(s['latency_s'].get('p99'))} | {s['completed']} "
-                     f"| {s['errors']} | {fmt((s.get('engine') or {}).get('mean_rows_per_step'))} |")
+        lines.append(
+            f"| {c} | {fmt(s['audio_s_per_s'], 3)} | {fmt(s['ttfb_s'].get('p50'))} "
+            f"| {fmt(s['latency_s'].get('p50'))} / {fmt(s['latency_s'].get('p99'))} | {s['completed']} "
+            f"| {s['errors']} | {fmt((s.get('engine') or {}).get('mean_rows_per_step'))} |"
+        )
     lines += ["", "| target | value | met |", "|---|---|---|"]
     for name, t in (report.get("targets") or {}).items():
         lines.append(f"| {name} {t['target']} | {t['value']} | {'–' if t['met'] is None else t['met']} |")
@@ -167,8 +219,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
     p.add_argument("--quick", action="store_true", help="96 rows in groups of 16, 30 s per service level")
     p.add_argument("--rows", type=int, default=None, help="corpus rows per bulk run (default 192; quick 96)")
-    p.add_argument("--rows-per-call", type=int, default=None, help="bulk group size (default: the command's, 32 on "
-                   "CPU; quick 16): the steady-state figure needs a few groups per actor")
+    p.add_argument(
+        "--rows-per-call",
+        type=int,
+        default=None,
+        help="bulk group size (default: the command's, 32 on "
+        "CPU; quick 16): the steady-state figure needs a few groups per actor",
+    )
     p.add_argument("--actors", type=ints, default=[1, 2], help="acoustic actors of each bulk run, comma list")
     p.add_argument("--levels", type=ints, default=[4, 8], help="the service's closed-loop clients, comma list")
     p.add_argument("--serve-s", type=float, default=None, help="seconds per service level (default 90; quick 30)")
@@ -185,8 +242,15 @@ def main(a: argparse.Namespace) -> int:
     a.rows = a.rows or (96 if a.quick else 192)
     a.rows_per_call = a.rows_per_call or (16 if a.quick else None)
     a.serve_s = a.serve_s or (30.0 if a.quick else 90.0)
-    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights, rows=a.rows,
-                      levels=a.levels, serve_s=a.serve_s)
+    harness = Harness(
+        Path(a.out) if a.out else None,
+        write_report,
+        a.argv,
+        weights=a.weights,
+        rows=a.rows,
+        levels=a.levels,
+        serve_s=a.serve_s,
+    )
     report = harness.report
     with harness:
         rows = corpus_rows(a.rows, a.seed)

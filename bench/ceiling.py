@@ -46,9 +46,18 @@ _log = logger("ceiling")
 
 
 class Ceiling:
-    def __init__(self, weights: str = "random", threads: Optional[int] = None, segments: Optional[dict] = None,
-                 first_chunk_tokens: int = 12, chunk_tokens: int = 24, vocoder: Optional[dict] = None,
-                 device: str = "cpu", dtype: str = "float32", quantize: str = "auto"):
+    def __init__(
+        self,
+        weights: str = "random",
+        threads: Optional[int] = None,
+        segments: Optional[dict] = None,
+        first_chunk_tokens: int = 12,
+        chunk_tokens: int = 24,
+        vocoder: Optional[dict] = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        quantize: str = "auto",
+    ):
         import torch
 
         from serve_app.engine.config import ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
@@ -60,10 +69,19 @@ class Ceiling:
         from .lib.corpus import load_corpus
 
         t0 = time.perf_counter()
-        self.model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype,
-                                            torch_threads=threads, quantize=quantize))
+        self.model = load_model(
+            ModelConfig(
+                weights=WeightsConfig(source=weights),
+                device=device,
+                dtype=dtype,
+                torch_threads=threads,
+                quantize=quantize,
+            )
+        )
         self.threads = torch.get_num_threads()
-        _log(f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}")
+        _log(
+            f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}"
+        )
         self.chat = self.model.chat
         self.first_chunk_tokens = first_chunk_tokens
         self.chunk_tokens = chunk_tokens
@@ -93,9 +111,19 @@ class Ceiling:
 
         from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
 
-        eng = AcousticEngine(self.model, AcousticConfig(max_rows=max(16, n), token_budget=1 << 20,
-                                                        first_chunk_tokens=self.first_chunk_tokens, chunk_tokens=self.chunk_tokens))
-        reqs = [dataclasses.replace(s, max_new_tokens=tokens, target_tokens=tokens, seed=1000 + i) for i, s in enumerate(self.pick(n, tokens))]
+        eng = AcousticEngine(
+            self.model,
+            AcousticConfig(
+                max_rows=max(16, n),
+                token_budget=1 << 20,
+                first_chunk_tokens=self.first_chunk_tokens,
+                chunk_tokens=self.chunk_tokens,
+            ),
+        )
+        reqs = [
+            dataclasses.replace(s, max_new_tokens=tokens, target_tokens=tokens, seed=1000 + i)
+            for i, s in enumerate(self.pick(n, tokens))
+        ]
         t0 = time.perf_counter()
         streams = [eng.submit(r) for r in reqs]
         eng.run_until_idle()
@@ -105,19 +133,39 @@ class Ceiling:
             hidden = torch.cat([c.hidden for c in s])
             samples += len(self.vocoder.decode(hidden))
         wall = time.perf_counter() - t0
-        return {"wall_s": wall, "decode_s": t_decode, "audio_s": samples / SAMPLE_RATE, "steps": eng.stats.steps,
-                "mean_rows": eng.stats.mean_rows, "prefill_s": eng.stats.prefill_seconds}
+        return {
+            "wall_s": wall,
+            "decode_s": t_decode,
+            "audio_s": samples / SAMPLE_RATE,
+            "steps": eng.stats.steps,
+            "mean_rows": eng.stats.mean_rows,
+            "prefill_s": eng.stats.prefill_seconds,
+        }
 
     def run_chat_infer(self, n: int, tokens: int) -> dict:
         from ChatTTS import Chat
 
         segs = self.pick(n, tokens)
-        params = Chat.InferCodeParams(prompt=segs[0].prompt, spk_emb=segs[0].spk_emb, temperature=segs[0].temperature,
-                                      top_P=segs[0].top_p, top_K=segs[0].top_k, max_new_token=tokens, min_new_token=tokens,
-                                      manual_seed=1000, show_tqdm=False)
+        params = Chat.InferCodeParams(
+            prompt=segs[0].prompt,
+            spk_emb=segs[0].spk_emb,
+            temperature=segs[0].temperature,
+            top_P=segs[0].top_p,
+            top_K=segs[0].top_k,
+            max_new_token=tokens,
+            min_new_token=tokens,
+            manual_seed=1000,
+            show_tqdm=False,
+        )
         t0 = time.perf_counter()
-        wavs = self.chat.infer([s.text for s in segs], skip_refine_text=True, do_text_normalization=False,
-                               do_homophone_replacement=False, split_text=False, params_infer_code=params)
+        wavs = self.chat.infer(
+            [s.text for s in segs],
+            skip_refine_text=True,
+            do_text_normalization=False,
+            do_homophone_replacement=False,
+            split_text=False,
+            params_infer_code=params,
+        )
         wall = time.perf_counter() - t0
         return {"wall_s": wall, "audio_s": sum(len(w.reshape(-1)) for w in wavs) / SAMPLE_RATE}
 
@@ -129,7 +177,9 @@ class Ceiling:
             res = fn(n, tokens)
             res["audio_s_per_s"] = res["audio_s"] / res["wall_s"]
             runs.append(res)
-            _log(f"{label} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s")
+            _log(
+                f"{label} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s"
+            )
         return max(runs, key=lambda x: x["audio_s_per_s"]), runs
 
     def throughput(self, method: str, batches: list[int], tokens: int, reps: int) -> dict:
@@ -149,8 +199,9 @@ class Ceiling:
             }
         return out
 
-    def quantize(self, batches: list[int], tokens: int, reps: int, numerics_segments: int, tf_tokens: int,
-                 agree_tokens: int) -> dict:
+    def quantize(
+        self, batches: list[int], tokens: int, reps: int, numerics_segments: int, tf_tokens: int, agree_tokens: int
+    ) -> dict:
         """int8 vs float32 on this model (bench/studies/numerics.py); the GPT is left as loaded."""
         from .studies.numerics import GptRecorder, LinearVariants, compare_numerics, compare_throughput
 
@@ -207,11 +258,26 @@ class Ceiling:
                 engine_times.append(dt)
         infer_times = []
         for r in range(reps + 1):
-            params = Chat.InferCodeParams(prompt=seg.prompt, spk_emb=seg.spk_emb, temperature=seg.temperature, top_P=seg.top_p,
-                                          top_K=seg.top_k, max_new_token=f, min_new_token=f, manual_seed=3000 + r, show_tqdm=False)
+            params = Chat.InferCodeParams(
+                prompt=seg.prompt,
+                spk_emb=seg.spk_emb,
+                temperature=seg.temperature,
+                top_P=seg.top_p,
+                top_K=seg.top_k,
+                max_new_token=f,
+                min_new_token=f,
+                manual_seed=3000 + r,
+                show_tqdm=False,
+            )
             t0 = time.perf_counter()
-            self.chat.infer([seg.text], skip_refine_text=True, do_text_normalization=False, do_homophone_replacement=False,
-                            split_text=False, params_infer_code=params)
+            self.chat.infer(
+                [seg.text],
+                skip_refine_text=True,
+                do_text_normalization=False,
+                do_homophone_replacement=False,
+                split_text=False,
+                params_infer_code=params,
+            )
             if r:
                 infer_times.append(time.perf_counter() - t0)
         e = median(engine_times)
@@ -255,11 +321,23 @@ def main(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     # The int8 study swaps float layers for int8 ones in place: it loads them float.
     quantize = "none" if args.quantize or args.quantize_only else "auto"
-    c = Ceiling(args.weights, args.threads, json.loads(args.segments), args.first_chunk_tokens, args.chunk_tokens,
-                json.loads(args.vocoder), quantize=quantize)
+    c = Ceiling(
+        args.weights,
+        args.threads,
+        json.loads(args.segments),
+        args.first_chunk_tokens,
+        args.chunk_tokens,
+        json.loads(args.vocoder),
+        quantize=quantize,
+    )
     tokens = args.tokens or c.mean_tokens
     batches = args.batches
-    result: dict = {"torch_threads": c.threads, "tokens_per_row": tokens, "weights": c.model.weights.kind, "methods": {}}
+    result: dict = {
+        "torch_threads": c.threads,
+        "tokens_per_row": tokens,
+        "weights": c.model.weights.kind,
+        "methods": {},
+    }
     if args.first_chunk_reps > 0 and not args.quantize_only:
         result["first_chunk"] = c.first_chunk(args.first_chunk_reps)
     for m in [] if args.quantize_only else [x for x in args.methods.split(",") if x]:
@@ -269,7 +347,9 @@ def main(args: argparse.Namespace) -> int:
             str(n): max(result["methods"][m][str(n)]["audio_s_per_s"] for m in result["methods"]) for n in batches
         }
     if args.quantize or args.quantize_only:
-        result["quantize"] = c.quantize(batches, tokens, args.reps, args.numerics_segments, args.tf_tokens, args.agree_tokens)
+        result["quantize"] = c.quantize(
+            batches, tokens, args.reps, args.numerics_segments, args.tf_tokens, args.agree_tokens
+        )
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
     _log(f"done in {result['wall_s']}s: ceiling {result.get('ceiling')}")

@@ -28,14 +28,18 @@ def main(a: argparse.Namespace) -> int:
         ov = get(r, "serve", "overrides") or {}
         s8 = get(r, "serve", "closed", "8") or {}
         s1 = get(r, "serve", "closed", "1") or {}
-        rows.append([
-            Path(d).name,
-            ", ".join(f"{k}={v}" for k, v in ov.items()) or "(config defaults)",
-            s8.get("audio_s_per_s"), get(s8, "latency_s", "p99"), get(s8, "engine", "mean_rows_per_step"),
-            get(s1, "ttfb_s", "p50"),
-            *[(r.get("ratios") or {}).get(k) for k in TARGETS],
-            (r.get("meta") or {}).get("loadavg_start"),
-        ])
+        rows.append(
+            [
+                Path(d).name,
+                ", ".join(f"{k}={v}" for k, v in ov.items()) or "(config defaults)",
+                s8.get("audio_s_per_s"),
+                get(s8, "latency_s", "p99"),
+                get(s8, "engine", "mean_rows_per_step"),
+                get(s1, "ttfb_s", "p50"),
+                *[(r.get("ratios") or {}).get(k) for k in TARGETS],
+                (r.get("meta") or {}).get("loadavg_start"),
+            ]
+        )
     head = ["run", "overrides", "c8 audio s/s", "c8 p99 s", "c8 mean batch", "c1 TTFB p50", *TARGETS, "loadavg"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

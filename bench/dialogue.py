@@ -60,8 +60,19 @@ TURNS: tuple[dict[str, str], ...] = (
 )
 
 # Counters of Acoustic.stats() summed over a way's requests.
-COUNTERS = ("steps", "row_steps", "admissions", "rows_admitted", "rows_finished", "rows_cancelled", "rows_failed",
-            "rows_parked", "rows_resumed", "prefill_seconds", "decode_seconds")
+COUNTERS = (
+    "steps",
+    "row_steps",
+    "admissions",
+    "rows_admitted",
+    "rows_finished",
+    "rows_cancelled",
+    "rows_failed",
+    "rows_parked",
+    "rows_resumed",
+    "prefill_seconds",
+    "decode_seconds",
+)
 
 log = logger("dialogue")
 
@@ -99,9 +110,16 @@ def segments_per_turn(segments: list[dict], turns: int) -> list[int]:
 def planned(turns: Sequence[dict[str, str]] = TURNS) -> list[dict[str, Any]]:
     """Each turn's segments and audio as the project's planner cuts it (random weights: exact)."""
     out = []
-    for turn, (_, tokens, texts) in zip(turns, plan_corpus(tuple(t["input"] for t in turns))):
-        out.append({"voice": turn["voice"], "input": turn["input"], "segments": len(tokens), "tokens": tokens,
-                    "audio_s": round(planned_samples(tokens) / SAMPLE_RATE, 3)})
+    for turn, (_, tokens, _texts) in zip(turns, plan_corpus(tuple(t["input"] for t in turns))):
+        out.append(
+            {
+                "voice": turn["voice"],
+                "input": turn["input"],
+                "segments": len(tokens),
+                "tokens": tokens,
+                "audio_s": round(planned_samples(tokens) / SAMPLE_RATE, 3),
+            }
+        )
     return out
 
 
@@ -150,7 +168,9 @@ def engine_summary(d: Optional[dict]) -> dict[str, Any]:
     }
 
 
-def summarize(rounds: list[dict[str, Any]], pause_s: float, expected: Optional[dict[str, int]] = None) -> dict[str, Any]:
+def summarize(
+    rounds: list[dict[str, Any]], pause_s: float, expected: Optional[dict[str, int]] = None
+) -> dict[str, Any]:
     """Both ways over the rounds: wall time p50 and per round, first audio, audio seconds, the
     engine's rows per step; the ratio sequential / dialogue (p50s, and per round); whether the
     audio matched (same length everywhere, the dialogue = the turns with pauses)."""
@@ -166,7 +186,9 @@ def summarize(rounds: list[dict[str, Any]], pause_s: float, expected: Optional[d
             "wall_s_p50": round(median(walls), 3) if walls else None,
             "wall_s": [round(w, 3) for w in walls],
             "first_audio_s_p50": round(median(x["first_audio_s"] for x in runs), 3) if runs else None,
-            "audio_s": round(samples[0] / SAMPLE_RATE, 3) if len(samples) == 1 else [round(s / SAMPLE_RATE, 3) for s in samples],
+            "audio_s": round(samples[0] / SAMPLE_RATE, 3)
+            if len(samples) == 1
+            else [round(s / SAMPLE_RATE, 3) for s in samples],
             "samples": samples[0] if len(samples) == 1 else samples,
             "engine": engine_summary(counters),
             "engine_per_round": [engine_summary(x.get("counters")) for x in runs],
@@ -175,15 +197,25 @@ def summarize(rounds: list[dict[str, Any]], pause_s: float, expected: Optional[d
             out[way]["expected_samples"] = expected[way]
     d, s = out["dialogue"], out["sequential"]
     out["ratio_p50"] = ratio(s["wall_s_p50"], d["wall_s_p50"], 3)
-    out["ratio_per_round"] = [ratio(r["sequential"]["wall_s"], r["dialogue"]["wall_s"], 3)
-                              for r in rounds if "sequential" in r and "dialogue" in r]
+    out["ratio_per_round"] = [
+        ratio(r["sequential"]["wall_s"], r["dialogue"]["wall_s"], 3)
+        for r in rounds
+        if "sequential" in r and "dialogue" in r
+    ]
     d_samples = [r["dialogue"]["samples"] for r in rounds if "dialogue" in r]
     s_samples = [r["sequential"]["samples"] for r in rounds if "sequential" in r]
     n_pauses = len(TURNS) - 1
     speech = {x - n_pauses * pause_samples(pause_s) for x in d_samples}
-    out["audio_match"] = bool(d_samples and s_samples and len(speech) == 1 and set(s_samples) == speech
-                              and (expected is None or (set(d_samples) == {expected["dialogue"]}
-                                                         and set(s_samples) == {expected["sequential"]})))
+    out["audio_match"] = bool(
+        d_samples
+        and s_samples
+        and len(speech) == 1
+        and set(s_samples) == speech
+        and (
+            expected is None
+            or (set(d_samples) == {expected["dialogue"]} and set(s_samples) == {expected["sequential"]})
+        )
+    )
     identical = [r["identical_pcm"] for r in rounds if r.get("identical_pcm") is not None]
     out["identical_pcm_rounds"] = f"{sum(identical)} of {len(identical)}" if identical else None
     hashes = [r["sha1"] for r in rounds if r.get("sha1")]
@@ -212,8 +244,13 @@ def stream(client: httpx.Client, path: str, body: dict, t0: float) -> dict[str, 
 
 
 def dialogue_body(seed: int, pause_s: float) -> dict[str, Any]:
-    return {"model": "chattts", "turns": [dict(t) for t in TURNS], "pause_s": pause_s, "seed": seed,
-            "response_format": "pcm"}
+    return {
+        "model": "chattts",
+        "turns": [dict(t) for t in TURNS],
+        "pause_s": pause_s,
+        "seed": seed,
+        "response_format": "pcm",
+    }
 
 
 def turn_body(turn: dict[str, str], seed: int) -> dict[str, Any]:
@@ -269,34 +306,48 @@ def run_sequential(client: httpx.Client, seeds: list[int]) -> tuple[dict[str, An
 
 def to_markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Dialogue benchmark, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights: {m['weights']}, git {m['git']}, {m['cpus']} CPUs, rounds: {m['rounds']}, seed {m['seed']}, "
-             f"pause between turns {m['pause_s']} s, load average at start {m['loadavg_start']}, at end "
-             f"{m.get('loadavg_end', '–')}, wall {m.get('wall_s', '–')} s", ""]
+    lines = [
+        f"# Dialogue benchmark, {m['started']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"weights: {m['weights']}, git {m['git']}, {m['cpus']} CPUs, rounds: {m['rounds']}, seed {m['seed']}, "
+        f"pause between turns {m['pause_s']} s, load average at start {m['loadavg_start']}, at end "
+        f"{m.get('loadavg_end', '–')}, wall {m.get('wall_s', '–')} s",
+        "",
+    ]
     if report.get("error"):
         lines += [f"**The run failed:** `{report['error']}` (the tables hold what was measured before).", ""]
     s = report.get("summary")
     if s:
         d, q = s["dialogue"], s["sequential"]
         met = s["ratio_p50"] is not None and s["ratio_p50"] >= TARGET_RATIO
-        lines += [f"**sequential / dialogue (p50): {fmt(s['ratio_p50'])}** (target >= {TARGET_RATIO}: "
-                  f"{'met' if met else 'missed'}); per round {', '.join(fmt(x) for x in s['ratio_per_round'])}. "
-                  f"Audio lengths matched: {s['audio_match']} (samples identical in {s['identical_pcm_rounds'] or '–'} rounds; "
-                  f"distinct audio over the rounds: {s.get('distinct_pcm_over_rounds', '–')}).", "",
-                  "| way | to the last byte p50 (s) | each round (s) | first audio p50 (s) | audio (s) | rows per step "
-                  "| decode step (ms) | engine decode / prefill (s, all rounds) | decode steps (all rounds) "
-                  "| rows parked (all rounds) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**sequential / dialogue (p50): {fmt(s['ratio_p50'])}** (target >= {TARGET_RATIO}: "
+            f"{'met' if met else 'missed'}); per round {', '.join(fmt(x) for x in s['ratio_per_round'])}. "
+            f"Audio lengths matched: {s['audio_match']} (samples identical in {s['identical_pcm_rounds'] or '–'} rounds; "
+            f"distinct audio over the rounds: {s.get('distinct_pcm_over_rounds', '–')}).",
+            "",
+            "| way | to the last byte p50 (s) | each round (s) | first audio p50 (s) | audio (s) | rows per step "
+            "| decode step (ms) | engine decode / prefill (s, all rounds) | decode steps (all rounds) "
+            "| rows parked (all rounds) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for way, w in (("dialogue (one request)", d), ("sequential (10 requests)", q)):
             e = w["engine"]
-            lines.append(f"| {way} | {fmt(w['wall_s_p50'])} | {', '.join(fmt(x) for x in w['wall_s'])} "
-                         f"| {fmt(w['first_audio_s_p50'])} | {w['audio_s']} | {fmt(e.get('mean_rows_per_step'))} "
-                         f"| {fmt(e.get('ms_per_decode_step'))} | {fmt(e.get('decode_s'))} / {fmt(e.get('prefill_s'))} "
-                         f"| {fmt(e.get('steps'))} | {fmt(e.get('rows_parked'))} |")
+            lines.append(
+                f"| {way} | {fmt(w['wall_s_p50'])} | {', '.join(fmt(x) for x in w['wall_s'])} "
+                f"| {fmt(w['first_audio_s_p50'])} | {w['audio_s']} | {fmt(e.get('mean_rows_per_step'))} "
+                f"| {fmt(e.get('ms_per_decode_step'))} | {fmt(e.get('decode_s'))} / {fmt(e.get('prefill_s'))} "
+                f"| {fmt(e.get('steps'))} | {fmt(e.get('rows_parked'))} |"
+            )
         lines += ["", "The dialogue's audio includes its 9 pauses; the speech in it is the sequential audio."]
     if report.get("turns"):
-        lines += ["", "| turn | voice | text | segments | planned audio (s) | sequential: seconds to its last byte, p50 |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| turn | voice | text | segments | planned audio (s) | sequential: seconds to its last byte, p50 |",
+            "|---|---|---|---|---|---|",
+        ]
         per_turn = [r["sequential"]["turn_wall_s"] for r in report.get("rounds", []) if "sequential" in r]
         for i, t in enumerate(report["turns"]):
             p50 = median(x[i] for x in per_turn) if per_turn else None
@@ -320,8 +371,14 @@ def to_png(report: dict, path: Path) -> None:
                 continue
             pts = r[way]["timeline"]
             top = max(top, pts[-1][0])
-            ax1.plot([0] + [p[0] for p in pts], [0] + [p[1] for p in pts], color=colors[way], alpha=0.8, lw=1.2,
-                     label=way if i == 0 else None)
+            ax1.plot(
+                [0] + [p[0] for p in pts],
+                [0] + [p[1] for p in pts],
+                color=colors[way],
+                alpha=0.8,
+                lw=1.2,
+                label=way if i == 0 else None,
+            )
     ax1.plot([0, top], [0, top], color="gray", ls="--", lw=0.8, label="real time")
     ax1.set(title="audio received (every round)", xlabel="seconds since the first request", ylabel="audio seconds")
     ax1.grid(True, alpha=0.3)
@@ -329,8 +386,13 @@ def to_png(report: dict, path: Path) -> None:
     labels = [f"round {i}" for i in range(len(rounds))]
     x = range(len(rounds))
     for k, way in enumerate(WAYS):
-        ax2.bar([i + (k - 0.5) * 0.38 for i in x], [r.get(way, {}).get("wall_s", 0) for r in rounds], width=0.38,
-                color=colors[way], label=way)
+        ax2.bar(
+            [i + (k - 0.5) * 0.38 for i in x],
+            [r.get(way, {}).get("wall_s", 0) for r in rounds],
+            width=0.38,
+            color=colors[way],
+            label=way,
+        )
     s = report.get("summary") or {}
     for i, q in enumerate(s.get("ratio_per_round", [])):
         if q is not None:
@@ -352,15 +414,21 @@ def write_report(report: dict, out: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="a running app (default: start config/serve.yaml locally with --weights)")
-    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"],
-                   help="random-tiny: a quick check of the tooling; random: full size, the real figure")
+    p.add_argument(
+        "--weights",
+        default="random-tiny",
+        choices=["random", "random-tiny"],
+        help="random-tiny: a quick check of the tooling; random: full size, the real figure",
+    )
     p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
     p.add_argument("--ray-cpus", type=float)
     p.add_argument("--rounds", type=int, default=3, help="rounds, each both ways (their order alternating)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--pause-s", type=float, default=0.4, help="silence between the dialogue's turns")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request")
-    p.add_argument("--out", help="report directory (default bench/results/dialogue-<date>/): dialogue.json, report.md, report.png")
+    p.add_argument(
+        "--out", help="report directory (default bench/results/dialogue-<date>/): dialogue.json, report.md, report.png"
+    )
 
 
 def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
@@ -376,8 +444,16 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
     out = Path(a.out) if a.out else REPO_ROOT / "bench" / "results" / f"dialogue-{time.strftime('%Y-%m-%d')}"
     runner = None
     url = a.url
-    harness = Harness(out, write_report, a.argv, weights=a.weights if not a.url else "as served", rounds=a.rounds,
-                      seed=a.seed, pause_s=a.pause_s, target_ratio=TARGET_RATIO)
+    harness = Harness(
+        out,
+        write_report,
+        a.argv,
+        weights=a.weights if not a.url else "as served",
+        rounds=a.rounds,
+        seed=a.seed,
+        pause_s=a.pause_s,
+        target_ratio=TARGET_RATIO,
+    )
     report = harness.report
     plan = planned()
     report["turns"] = plan
@@ -385,7 +461,9 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
     with harness:
         try:
             if url is None:
-                runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
+                runner = ServeRunner(
+                    apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus
+                )
                 log(f"starting config/serve.yaml with {a.weights} weights")
                 harness.meta["serve_start_s"] = round(runner.start(), 1)
                 url = runner.base_url
@@ -394,14 +472,18 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
                 # Unmeasured: the dialogue once with its timing (how many segments each turn has,
                 # so the sequential requests get the same seeds) and a first speech request.
                 t = time.perf_counter()
-                r = client.post("/v1/audio/dialogue/with-timestamps", json=dialogue_body(a.seed, a.pause_s), headers=NO_STORE)
+                r = client.post(
+                    "/v1/audio/dialogue/with-timestamps", json=dialogue_body(a.seed, a.pause_s), headers=NO_STORE
+                )
                 if r.status_code != 200:
                     raise RuntimeError(f"dialogue/with-timestamps: {r.status_code} {r.text[:300]}")
                 counts = segments_per_turn(r.json()["segments"], len(TURNS))
                 harness.meta["warmup_dialogue_s"] = round(time.perf_counter() - t, 2)
                 if counts != [p["segments"] for p in plan]:
-                    harness.warn(f"the served planner cut the turns into {counts} segments, the local one into "
-                                 f"{[p['segments'] for p in plan]}: the audio is not known in advance")
+                    harness.warn(
+                        f"the served planner cut the turns into {counts} segments, the local one into "
+                        f"{[p['segments'] for p in plan]}: the audio is not known in advance"
+                    )
                     expected = None
                 else:
                     expected = expected_samples(plan, a.pause_s)
@@ -425,18 +507,24 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
                         rnd[way] = res
                         if any(c == "hit" for c in res["x_cache"]):
                             harness.warn(f"round {i} {way}: an answer came from the cache (X-Cache: hit)")
-                        log(f"round {i} {way}: {res['wall_s']:.2f} s to the last byte, {res['samples'] / SAMPLE_RATE:.2f} s "
-                            f"of audio, {res['engine'].get('mean_rows_per_step', '–')} rows per step")
+                        log(
+                            f"round {i} {way}: {res['wall_s']:.2f} s to the last byte, {res['samples'] / SAMPLE_RATE:.2f} s "
+                            f"of audio, {res['engine'].get('mean_rows_per_step', '–')} rows per step"
+                        )
                     joined = as_dialogue(pcm["sequential"], a.pause_s)
                     rnd["identical_pcm"] = pcm["dialogue"] == joined
                     # Whether the audio is the same from round to round too (each way's samples).
-                    rnd["sha1"] = {"dialogue": hashlib.sha1(pcm["dialogue"]).hexdigest()[:12],
-                                   "sequential_joined": hashlib.sha1(joined).hexdigest()[:12]}
+                    rnd["sha1"] = {
+                        "dialogue": hashlib.sha1(pcm["dialogue"]).hexdigest()[:12],
+                        "sequential_joined": hashlib.sha1(joined).hexdigest()[:12],
+                    }
                     report["rounds"].append(rnd)
                     report["summary"] = summarize(report["rounds"], a.pause_s, expected)
                     harness.write()
             if report["rounds"] and not report["summary"]["audio_match"]:
-                harness.warn("the two ways' audio lengths differ (or differ from the planned lengths): see rounds[].samples")
+                harness.warn(
+                    "the two ways' audio lengths differ (or differ from the planned lengths): see rounds[].samples"
+                )
         finally:
             if runner:
                 runner.stop()

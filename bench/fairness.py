@@ -23,10 +23,12 @@ from .lib.render import fmt, render_files, write_files
 POLITE_TEXT = "你好，欢迎使用语音合成服务。"
 HEAVY_TEXT = "语音合成服务需要在异常输入面前保持稳定。"
 # (name, AcousticConfig changes, ways the clients meet: True = the polite client was there first)
-SETTINGS = (("defaults", {}, (True, False)),
-            ("cap 4", {"max_running_rows_per_client": 4}, (True,)),
-            ("no running cap", {"max_running_rows_per_client": None}, (True,)),
-            ("no reserve, no cap", {"reserved_rows": 0, "max_running_rows_per_client": None}, (True,)))
+SETTINGS = (
+    ("defaults", {}, (True, False)),
+    ("cap 4", {"max_running_rows_per_client": 4}, (True,)),
+    ("no running cap", {"max_running_rows_per_client": None}, (True,)),
+    ("no reserve, no cap", {"reserved_rows": 0, "max_running_rows_per_client": None}, (True,)),
+)
 TARGET_RATIO = 1.5
 
 
@@ -84,19 +86,31 @@ def measure(model, spk: str, repeats: int, polite_first: bool, **changes) -> dic
     finally:
         engine.stop()
     beside_s = statistics.median(beside)
-    return {"alone_ms": round(1000 * alone, 1), "beside_ms": round(1000 * beside_s, 1), "ratio": round(beside_s / alone, 2),
-            "heavy_rows_running": rows}
+    return {
+        "alone_ms": round(1000 * alone, 1),
+        "beside_ms": round(1000 * beside_s, 1),
+        "ratio": round(beside_s / alone, 2),
+        "heavy_rows_running": rows,
+    }
 
 
 def to_markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Fair admission in the engine, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights: {m['weights']}, max_rows {m['max_rows']}; load average at start {m.get('loadavg_start')}", "",
-             "| setting | clients met | polite alone ms | beside the heavy client ms | ratio | heavy rows running |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Fair admission in the engine, {m['started']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"weights: {m['weights']}, max_rows {m['max_rows']}; load average at start {m.get('loadavg_start')}",
+        "",
+        "| setting | clients met | polite alone ms | beside the heavy client ms | ratio | heavy rows running |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in report.get("results", []):
-        lines.append(f"| {r['setting']} | {r['met']} | {fmt(r['alone_ms'], 1)} | {fmt(r['beside_ms'], 1)} | {r['ratio']} "
-                     f"| {r['heavy_rows_running']} |")
+        lines.append(
+            f"| {r['setting']} | {r['met']} | {fmt(r['alone_ms'], 1)} | {fmt(r['beside_ms'], 1)} | {r['ratio']} "
+            f"| {r['heavy_rows_running']} |"
+        )
     if "error" in report:
         lines += ["", f"**The run failed:** `{report['error']}`"]
     return "\n".join(lines) + "\n"
@@ -122,8 +136,9 @@ def main(a: argparse.Namespace) -> int:
     from serve_app.engine.voices import OPENAI_VOICES, speaker_from_seed
     from serve_app.engine.weights.loading import load_model
 
-    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights,
-                      max_rows=AcousticConfig().max_rows)
+    harness = Harness(
+        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights, max_rows=AcousticConfig().max_rows
+    )
     report = harness.report
     with harness:
         model = on_new_thread(load_model, ModelConfig(weights=WeightsConfig(source=a.weights), device="cpu"))
@@ -132,11 +147,20 @@ def main(a: argparse.Namespace) -> int:
         for name, changes, ways in SETTINGS:
             for polite_first in ways:
                 r = measure(model, spk, a.repeats, polite_first, **changes)
-                report["results"].append({"setting": name, "met": "polite present" if polite_first else "heavy first",
-                                          **r, "changes": changes})
+                report["results"].append(
+                    {
+                        "setting": name,
+                        "met": "polite present" if polite_first else "heavy first",
+                        **r,
+                        "changes": changes,
+                    }
+                )
                 harness.write()
         default = report["results"][0]
-        report["target"] = {"ratio_defaults_polite_present": default["ratio"], "target": TARGET_RATIO,
-                            "met": default["ratio"] <= TARGET_RATIO}
+        report["target"] = {
+            "ratio_defaults_polite_present": default["ratio"],
+            "target": TARGET_RATIO,
+            "met": default["ratio"] <= TARGET_RATIO,
+        }
     print(to_markdown(report))
     return 0

@@ -105,7 +105,10 @@ class GpuCheck:
         except Exception as exc:  # noqa: BLE001 - one failed step must not lose the others
             result = exc.result if isinstance(exc, PartialResult) else self._state.get("partial")
             status, error = "failed", f"{exc.__class__.__name__}: {exc}"
-            _log(f"step {name} failed: {error}" + ("" if isinstance(exc, PartialResult) else f"\n{traceback.format_exc()}"))
+            _log(
+                f"step {name} failed: {error}"
+                + ("" if isinstance(exc, PartialResult) else f"\n{traceback.format_exc()}")
+            )
         self._state.pop("partial", None)
         self._record(name, key, result)
         self.report["steps"][name].update(status=status, wall_s=round(time.perf_counter() - t0, 1))
@@ -127,8 +130,15 @@ def _gpu_name() -> Optional[str]:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -138,22 +148,37 @@ def _gpu_name() -> Optional[str]:
 
 def add_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output directory")
-    g.add_argument("--dry-run", action="store_true", help="every step on CPU with random-tiny weights and tiny sizes (~3 min)")
+    g.add_argument(
+        "--dry-run", action="store_true", help="every step on CPU with random-tiny weights and tiny sizes (~3 min)"
+    )
     g.add_argument("--deadline-s", type=float, help="stop and write the report after this long (default 480)")
     g.add_argument("--steps", help=f"comma list of {','.join(STEPS)} (default all)")
     g.add_argument("--device", help="ceiling and Serve device (default cuda; dry run cpu)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="ceiling dtype (default bfloat16; Serve: the config's)")
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="ceiling dtype (default bfloat16; Serve: the config's)",
+    )
     g.add_argument("--ceiling-batches", type=ints, help="default 1,8,32,64")
     g.add_argument("--serve-levels", type=ints, help="closed-loop clients, default 1,16,64")
-    g.add_argument("--level-s", type=float, help="seconds per closed-loop level (default 20; shortened to meet the deadline)")
+    g.add_argument(
+        "--level-s", type=float, help="seconds per closed-loop level (default 20; shortened to meet the deadline)"
+    )
     g.add_argument("--vocoder-replicas", type=int, help="fixed Vocoder replicas (default 4)")
     g.add_argument("--config", help="Serve config (default config/serve.gpu.yaml)")
 
 
 def main(a: argparse.Namespace) -> int:
-    options = {"deadline_s": a.deadline_s, "device": a.device, "dtype": a.dtype, "ceiling_batches": a.ceiling_batches,
-               "serve_levels": a.serve_levels, "level_s": a.level_s, "vocoder_replicas": a.vocoder_replicas,
-               "config": a.config}
+    options = {
+        "deadline_s": a.deadline_s,
+        "device": a.device,
+        "dtype": a.dtype,
+        "ceiling_batches": a.ceiling_batches,
+        "serve_levels": a.serve_levels,
+        "level_s": a.level_s,
+        "vocoder_replicas": a.vocoder_replicas,
+        "config": a.config,
+    }
     kw = {k: v for k, v in options.items() if v is not None}
     if a.steps:
         kw["steps"] = tuple(x.strip() for x in a.steps.split(",") if x.strip())

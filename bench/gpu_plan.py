@@ -44,14 +44,25 @@ class GpuPlan:
     @classmethod
     def dry(cls, **kw) -> "GpuPlan":
         # The tests step checks its own plumbing on one test's cases (CI runs the CPU pairs anyway).
-        base = dict(dry_run=True, weights="random-tiny", device="cpu", tests_filter="same_tokens", tests_timeout_s=240.0,
-                    ceiling_batches=[1, 2], first_chunk_reps=1, ceiling_timeout_s=120.0, ceiling_threads=1,
-                    serve_levels=[1, 2],
-                    level_s=4.0, min_level_s=2.0, vocoder_replicas=1,
-                    # Short texts: a tiny model on 2 busy cores still completes requests in 4 s.
-                    texts=("你好。", "Hello there.", "好的，谢谢。", "Thanks a lot."),
-                    # Logical CPUs as on the GPU box, so the config's CPU requests fit on 2 cores.
-                    ray_cpus=16.0)
+        base = dict(
+            dry_run=True,
+            weights="random-tiny",
+            device="cpu",
+            tests_filter="same_tokens",
+            tests_timeout_s=240.0,
+            ceiling_batches=[1, 2],
+            first_chunk_reps=1,
+            ceiling_timeout_s=120.0,
+            ceiling_threads=1,
+            serve_levels=[1, 2],
+            level_s=4.0,
+            min_level_s=2.0,
+            vocoder_replicas=1,
+            # Short texts: a tiny model on 2 busy cores still completes requests in 4 s.
+            texts=("你好。", "Hello there.", "好的，谢谢。", "Thanks a lot."),
+            # Logical CPUs as on the GPU box, so the config's CPU requests fit on 2 cores.
+            ray_cpus=16.0,
+        )
         base.update(kw)
         return cls(**base)
 
@@ -65,8 +76,10 @@ def serve_config(plan: GpuPlan, variant: str, port: int) -> tuple[dict, dict]:
     args = args_path(base)
     acoustic = deployment_path(base, "Acoustic")
     # A dry run has no GPU to reserve: the replicas ask for none (and decode on CPU).
-    overrides: dict[str, Any] = {f"{args}.model.device": plan.device,
-                                 f"{acoustic}.ray_actor_options.num_gpus": 0 if plan.dry_run else num_gpus}
+    overrides: dict[str, Any] = {
+        f"{args}.model.device": plan.device,
+        f"{acoustic}.ray_actor_options.num_gpus": 0 if plan.dry_run else num_gpus,
+    }
     if replicas == 1:
         # One replica holds the decode slots of the two it replaces (else it is half the capacity).
         per_replica = get_path(base, f"{args}.acoustic") or {}
@@ -80,6 +93,7 @@ def serve_config(plan: GpuPlan, variant: str, port: int) -> tuple[dict, dict]:
     set_replicas(cfg, "Acoustic", replicas)
     set_replicas(cfg, "Vocoder", plan.vocoder_replicas)
     shown = {k.replace(f"{args}.", "args.").replace(f"{acoustic}.", "Acoustic."): v for k, v in overrides.items()}
-    shown.update({"model.weights.source": plan.weights, "Acoustic.replicas": replicas,
-                  "Vocoder.replicas": plan.vocoder_replicas})
+    shown.update(
+        {"model.weights.source": plan.weights, "Acoustic.replicas": replicas, "Vocoder.replicas": plan.vocoder_replicas}
+    )
     return cfg, shown

@@ -54,8 +54,16 @@ def parse_junit(path: Path) -> dict:
                     message = (el.get("message") or el.text or "").strip()[:2000]
                     break
             props = {p.get("name"): p.get("value") for p in tc.iter("property")}
-            cases.append({"name": tc.get("name"), "file": tc.get("classname"), "outcome": outcome,
-                          "time_s": round(float(tc.get("time") or 0), 3), "message": message, "properties": props})
+            cases.append(
+                {
+                    "name": tc.get("name"),
+                    "file": tc.get("classname"),
+                    "outcome": outcome,
+                    "time_s": round(float(tc.get("time") or 0), 3),
+                    "message": message,
+                    "properties": props,
+                }
+            )
     summary = {k: sum(1 for c in cases if c["outcome"] == k) for k in ("passed", "failed", "error", "skipped")}
     summary["errors"] = summary.pop("error")
     summary["total"] = len(cases)
@@ -66,8 +74,22 @@ def run_tests(plan: GpuPlan, out: Path, budget_s: float) -> dict:
     xml = out / "pytest.xml"
     # A test module that cannot be imported (a package missing on a bare GPU machine) is reported
     # as an error case; the gpu tests elsewhere still run.
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-p", "no:cacheprovider", "-q", "-rs",
-            "--continue-on-collection-errors", f"--junitxml={xml}", "-o", "junit_family=xunit1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "tests",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rs",
+        "--continue-on-collection-errors",
+        f"--junitxml={xml}",
+        "-o",
+        "junit_family=xunit1",
+    ]
     if plan.tests_filter:
         argv += ["-k", plan.tests_filter]
     rc, log_tail = run_to_end("tests", argv, out / "pytest.log", timeout_s=budget_s)
@@ -111,13 +133,26 @@ def ceiling_worker(a: argparse.Namespace) -> int:
     args = json.loads(a.args)
     acoustic = args.get("acoustic") or {}
     t0 = time.perf_counter()
-    c = Ceiling(a.weights, a.threads, args.get("segments") or {}, int(acoustic.get("first_chunk_tokens", 12)),
-                int(acoustic.get("chunk_tokens", 24)), args.get("vocoder") or {}, device=a.device, dtype=a.dtype)
+    c = Ceiling(
+        a.weights,
+        a.threads,
+        args.get("segments") or {},
+        int(acoustic.get("first_chunk_tokens", 12)),
+        int(acoustic.get("chunk_tokens", 24)),
+        args.get("vocoder") or {},
+        device=a.device,
+        dtype=a.dtype,
+    )
     cuda = c.model.device.type == "cuda"
     tokens = c.mean_tokens
     res: dict[str, Any] = {
-        "device": str(c.model.device), "dtype": a.dtype, "weights": c.model.weights.kind, "tokens_per_row": tokens,
-        "torch_threads": c.threads, "load_s": round(time.perf_counter() - t0, 1), "batches": {},
+        "device": str(c.model.device),
+        "dtype": a.dtype,
+        "weights": c.model.weights.kind,
+        "tokens_per_row": tokens,
+        "torch_threads": c.threads,
+        "load_s": round(time.perf_counter() - t0, 1),
+        "batches": {},
         "gpu_name": torch.cuda.get_device_name() if cuda else None,
         "weights_gpu_mib": round(torch.cuda.memory_allocated() / 2**20, 1) if cuda else None,
     }
@@ -157,17 +192,34 @@ def ceiling_worker(a: argparse.Namespace) -> int:
 
 def run_ceiling(plan: GpuPlan, out: Path, serve_args: dict, budget_s: float) -> dict:
     path = out / "ceiling.json"
-    argv = bench_command("gpu-ceiling", "--out", str(path), "--weights", plan.weights,
-                         "--device", plan.device, "--dtype", plan.dtype,
-                         "--batches", ",".join(map(str, plan.ceiling_batches)), "--reps", str(plan.ceiling_reps),
-                         "--first-chunk-reps", str(plan.first_chunk_reps), "--args", json.dumps(serve_args))
+    argv = bench_command(
+        "gpu-ceiling",
+        "--out",
+        str(path),
+        "--weights",
+        plan.weights,
+        "--device",
+        plan.device,
+        "--dtype",
+        plan.dtype,
+        "--batches",
+        ",".join(map(str, plan.ceiling_batches)),
+        "--reps",
+        str(plan.ceiling_reps),
+        "--first-chunk-reps",
+        str(plan.first_chunk_reps),
+        "--args",
+        json.dumps(serve_args),
+    )
     if plan.ceiling_threads:
         argv += ["--threads", str(plan.ceiling_threads)]
     rc, log_tail = run_to_end("ceiling", argv, out / "ceiling.log", timeout_s=budget_s)
     result = json.loads(path.read_text()) if path.exists() else {}
     missing = [n for n in plan.ceiling_batches if str(n) not in result.get("batches", {})]
     if rc is None:
-        raise PartialResult(result, f"ceiling still running after {budget_s:.0f}s (killed); not measured: batch {missing}")
+        raise PartialResult(
+            result, f"ceiling still running after {budget_s:.0f}s (killed); not measured: batch {missing}"
+        )
     if rc != 0 or missing or "first_chunk" not in result:
         raise PartialResult(result, exited("ceiling", rc, log_tail))
     return result
@@ -190,8 +242,9 @@ class PartialResult(RuntimeError):
 # ------------------------------------------------------------------ steps 3-4: Serve
 
 
-def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, state: dict,
-              record_path: Callable[[str], str]) -> dict:
+def run_serve(
+    plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, state: dict, record_path: Callable[[str], str]
+) -> dict:
     from .lib import loadgen
     from .lib.corpus import text_stream
     from .lib.serve import ServeRunner, engine_delta
@@ -199,8 +252,13 @@ def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, 
     t_end = time.monotonic() + budget_s
     cfg, shown = serve_config(plan, variant, free_port())
     replicas = SERVE_VARIANTS[variant][0]
-    res: dict[str, Any] = {"acoustic_replicas": replicas, "num_gpus": SERVE_VARIANTS[variant][1],
-                           "overrides": shown, "closed": {}, "skipped_levels": []}
+    res: dict[str, Any] = {
+        "acoustic_replicas": replicas,
+        "num_gpus": SERVE_VARIANTS[variant][1],
+        "overrides": shown,
+        "closed": {},
+        "skipped_levels": [],
+    }
     state["partial"] = res
     runner = ServeRunner(cfg, ray_cpus=plan.ray_cpus, ready_timeout_s=max(30.0, budget_s - 20))
     gpu = GpuSampler().start()
@@ -211,7 +269,9 @@ def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, 
         target = loadgen.Target(runner.base_url, "serve", streaming=True, timeout_s=plan.request_timeout_s)
         # Warm the whole path with concurrent traffic (not measured), then settle.
         warm_s = max(5.0, min(60.0, t_end - time.monotonic() - 30))
-        warm = asyncio.run(loadgen.closed_loop(target, 2 * replicas, warm_s, text_stream(99, plan.texts), max_requests=2 * replicas))
+        warm = asyncio.run(
+            loadgen.closed_loop(target, 2 * replicas, warm_s, text_stream(99, plan.texts), max_requests=2 * replicas)
+        )
         res["warmup"] = loadgen.summarize(warm)
         runner.wait_idle(30)
         gpu.window()
@@ -224,7 +284,9 @@ def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, 
                 res["skipped_levels"].append(c)
                 continue
             before = runner.acoustic_stats() if replicas == 1 else None
-            run = asyncio.run(loadgen.closed_loop(target, c, duration, text_stream(plan_seed(c), plan.texts), seed=plan_seed(c)))
+            run = asyncio.run(
+                loadgen.closed_loop(target, c, duration, text_stream(plan_seed(c), plan.texts), seed=plan_seed(c))
+            )
             s = loadgen.summarize(run)
             s["gpu"] = gpu.window()
             if not runner.wait_idle(min(30.0, max(5.0, deadline.left() - 5))):
@@ -232,9 +294,11 @@ def run_serve(plan: GpuPlan, variant: str, deadline: Deadline, budget_s: float, 
             if before is not None:  # counters of the one replica (with two, a handle reaches either)
                 s["engine"] = engine_delta(before, runner.acoustic_stats())
             res["closed"][str(c)] = s
-            _log(f"{variant} c{c} ({duration:.0f} s): {s['audio_s_per_s']} audio s/s, TTFB p50/p99 "
-                 f"{s['ttfb_s']['p50']}/{s['ttfb_s']['p99']} s, latency p99 {s['latency_s']['p99']} s, "
-                 f"done {s['completed']} err {s['errors']} cut {s['cut']}")
+            _log(
+                f"{variant} c{c} ({duration:.0f} s): {s['audio_s_per_s']} audio s/s, TTFB p50/p99 "
+                f"{s['ttfb_s']['p50']}/{s['ttfb_s']['p99']} s, latency p99 {s['latency_s']['p99']} s, "
+                f"done {s['completed']} err {s['errors']} cut {s['cut']}"
+            )
         if res["skipped_levels"]:
             raise PartialResult(res, f"deadline: levels {res['skipped_levels']} not measured")
         return res

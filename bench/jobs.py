@@ -40,13 +40,19 @@ async def interactive(url: str, n: int, seed0: int) -> list[Optional[float]]:
     out: list[Optional[float]] = []
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
         for i in range(n):
-            body = {"model": "chattts", "input": INTERACTIVE_TEXT, "voice": "nova", "seed": seed0 + i,
-                    "response_format": "pcm"}
+            body = {
+                "model": "chattts",
+                "input": INTERACTIVE_TEXT,
+                "voice": "nova",
+                "seed": seed0 + i,
+                "response_format": "pcm",
+            }
             t0 = time.perf_counter()
             first = None
             try:
-                async with client.stream("POST", "/v1/audio/speech", json=body,
-                                         headers={"Cache-Control": "no-store"}) as r:
+                async with client.stream(
+                    "POST", "/v1/audio/speech", json=body, headers={"Cache-Control": "no-store"}
+                ) as r:
                     async for chunk in r.aiter_raw():
                         if chunk and first is None and r.status_code == 200:
                             first = time.perf_counter() - t0
@@ -65,8 +71,9 @@ def job_text(chars: int) -> str:
 async def beside_a_job(url: str, n: int, seed0: int, chars: int) -> tuple[list[Optional[float]], dict[str, Any]]:
     """The interactive requests while a job runs; what the job made meanwhile."""
     async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
-        r = await client.post("/v1/audio/jobs", json={"input": job_text(chars), "voice": "alloy",
-                                                      "seed": seed0, "response_format": "pcm"})
+        r = await client.post(
+            "/v1/audio/jobs", json={"input": job_text(chars), "voice": "alloy", "seed": seed0, "response_format": "pcm"}
+        )
         r.raise_for_status()
         job_id = r.json()["id"]
         try:
@@ -85,11 +92,17 @@ async def beside_a_job(url: str, n: int, seed0: int, chars: int) -> tuple[list[O
             job = (await client.get(f"/v1/audio/jobs/{job_id}")).json()
             after = job["progress"]
             if job["status"] not in ("queued", "running"):
-                print(f"warning: the job was {job['status']} before the phase ended: raise --job-chars", file=sys.stderr)
-            made = {"wall_s": round(wall, 2), "status_at_end": job["status"],
-                    "chars_per_s": round((after["characters_done"] - before["characters_done"]) / wall, 2),
-                    "audio_s_per_s": round((after["audio_seconds"] - before["audio_seconds"]) / wall, 3),
-                    "chunks_done": after["chunks_done"], "chunks_total": after["chunks_total"]}
+                print(
+                    f"warning: the job was {job['status']} before the phase ended: raise --job-chars", file=sys.stderr
+                )
+            made = {
+                "wall_s": round(wall, 2),
+                "status_at_end": job["status"],
+                "chars_per_s": round((after["characters_done"] - before["characters_done"]) / wall, 2),
+                "audio_s_per_s": round((after["audio_seconds"] - before["audio_seconds"]) / wall, 3),
+                "chunks_done": after["chunks_done"],
+                "chunks_total": after["chunks_total"],
+            }
         finally:
             await client.delete(f"/v1/audio/jobs/{job_id}")
     return firsts, made
@@ -108,18 +121,28 @@ def to_markdown(report: dict) -> str:
     for name, key in (("alone", "alone"), ("beside a job", "with_job")):
         s = report.get(key)
         if s:
-            lines.append(f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
-                         f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |")
+            lines.append(
+                f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
+                f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |"
+            )
     if "ratio_p50" in report:
         met = report["ratio_p50"] is not None and report["ratio_p50"] <= TARGET_RATIO
-        lines += ["", f"**p50 beside a job / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
-                  f"{'met' if met else 'missed'})"]
+        lines += [
+            "",
+            f"**p50 beside a job / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
+            f"{'met' if met else 'missed'})",
+        ]
     if report.get("job_phases"):
-        lines += ["", "| job phase | wall s | characters/s | audio s/s | chunks done / total | status at end |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| job phase | wall s | characters/s | audio s/s | chunks done / total | status at end |",
+            "|---|---|---|---|---|---|",
+        ]
         for i, p in enumerate(report["job_phases"]):
-            lines.append(f"| {i + 1} | {p['wall_s']} | {p['chars_per_s']} | {p['audio_s_per_s']} | "
-                         f"{p['chunks_done']} / {p['chunks_total']} | {p['status_at_end']} |")
+            lines.append(
+                f"| {i + 1} | {p['wall_s']} | {p['chars_per_s']} | {p['audio_s_per_s']} | "
+                f"{p['chunks_done']} / {p['chunks_total']} | {p['status_at_end']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -134,10 +157,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-cpus", type=float)
     p.add_argument("--rounds", type=int, default=2, help="alone/job pairs")
     p.add_argument("--requests", type=int, default=10, help="interactive requests per phase")
-    p.add_argument("--job-chars", type=int, default=3000, help="the background job's text (long enough to outlast a phase)")
-    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="any config value by dotted path (as in `bench run`), e.g. "
-                   "applications.chattts.args.jobs.chunks_per_acoustic_replica=4")
+    p.add_argument(
+        "--job-chars", type=int, default=3000, help="the background job's text (long enough to outlast a phase)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="any config value by dotted path (as in `bench run`), e.g. "
+        "applications.chattts.args.jobs.chunks_per_acoustic_replica=4",
+    )
     p.add_argument("--out", help="write jobs.json and report.md here")
 
 
@@ -147,15 +177,20 @@ def main(a: argparse.Namespace) -> int:
 
     runner = None
     url = a.url
-    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights if not a.url else "as served")
+    harness = Harness(
+        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights if not a.url else "as served"
+    )
     report = harness.report
     store = tempfile.TemporaryDirectory(prefix="bench-jobs-") if url is None else None
     with harness:
         try:
             if url is None:
                 # No keys here: jobs are open to anonymous callers only when the config says so.
-                overrides = {"applications.chattts.args.jobs.path": store.name,
-                             "applications.chattts.args.jobs.allow_anonymous": True, **parse_sets(a.set)}
+                overrides = {
+                    "applications.chattts.args.jobs.path": store.name,
+                    "applications.chattts.args.jobs.allow_anonymous": True,
+                    **parse_sets(a.set),
+                }
                 cfg = apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides)
                 runner = ServeRunner(cfg, a.ray_cpus)
                 harness.meta["serve_start_s"] = round(runner.start(), 1)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .lib.harness import command_line, git_revision, ints, logger, now
 from .lib.procs import REPO_ROOT, load_average
@@ -48,7 +48,9 @@ def status_mib() -> dict[str, int]:
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-            out[{"VmRSS": "rss", "VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}[key]] = int(value.split()[0]) // 1024
+            out[{"VmRSS": "rss", "VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}[key]] = (
+                int(value.split()[0]) // 1024
+            )
     return out
 
 
@@ -104,8 +106,11 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
 
     ph.mark("import engine")
     torch.set_grad_enabled(False)
-    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), torch_threads=threads, quantize=quantize,
-                                   cpu_dual_layout=dual_layout))
+    model = load_model(
+        ModelConfig(
+            weights=WeightsConfig(source=weights), torch_threads=threads, quantize=quantize, cpu_dual_layout=dual_layout
+        )
+    )
     ph.mark("load_model", quantize=model.quantize)
     model.drop_audio_modules()
     ph.mark("drop_audio_modules")
@@ -117,7 +122,9 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     engine = AcousticEngine(model, AcousticConfig(max_rows=max(rows) + 1, token_budget=1 << 20))
 
     def kv_mib() -> float:
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in engine.batch.kbuf + engine.batch.vbuf}
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in engine.batch.kbuf + engine.batch.vbuf
+        }
         return sum(storages.values()) / 2**20
 
     decodes = []
@@ -139,10 +146,16 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
             for s in streams:
                 for _ in s:
                     pass
-            row = ph.mark(f"decode {n} rows, " + ("together" if not stagger else f"one joining every {stagger} steps"),
-                          peak_rss=peak_rss, peak_kv_mib=round(peak_kv, 1), steps=steps,
-                          seconds=round(time.perf_counter() - t0, 1))
-            decodes.append({"rows": n, "stagger": stagger, **{k: row[k] for k in ("peak_rss", "peak_kv_mib", "steps", "seconds")}})
+            row = ph.mark(
+                f"decode {n} rows, " + ("together" if not stagger else f"one joining every {stagger} steps"),
+                peak_rss=peak_rss,
+                peak_kv_mib=round(peak_kv, 1),
+                steps=steps,
+                seconds=round(time.perf_counter() - t0, 1),
+            )
+            decodes.append(
+                {"rows": n, "stagger": stagger, **{k: row[k] for k in ("peak_rss", "peak_kv_mib", "steps", "seconds")}}
+            )
     try:
         from serve_app.engine.weights.loading import release_free_memory
     except ImportError:  # a revision before it (measured for before/after)
@@ -153,8 +166,15 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
 
     release_free_memory()
     ph.mark("free pages returned (malloc_trim)")
-    return {"stage": "acoustic", "quantize": model.quantize, "cpu_dual_layout": dual_layout, "mean_tokens": mean,
-            "phases": ph.rows, "decodes": decodes, "mappings": largest_mappings()}
+    return {
+        "stage": "acoustic",
+        "quantize": model.quantize,
+        "cpu_dual_layout": dual_layout,
+        "mean_tokens": mean,
+        "phases": ph.rows,
+        "decodes": decodes,
+        "mappings": largest_mappings(),
+    }
 
 
 def vocoder(weights: str) -> dict:
@@ -230,25 +250,58 @@ def worker(argv: list[str]) -> int:
 def run_stage(stage: str, a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{stage}.json"
-        argv = [sys.executable, "-c", "import sys, bench.memory as m; sys.exit(m.worker(sys.argv[1:]))", stage,
-                "--weights", a.weights, "--quantize", a.quantize, "--rows", ",".join(map(str, a.rows)),
-                "--threads", str(a.threads), "--json", str(out)] + (["--no-dual-layout"] if a.no_dual_layout else [])
-        subprocess.run(argv, check=True, cwd=str(REPO_ROOT),
-                       env={**os.environ, "OMP_NUM_THREADS": str(a.threads if stage == "acoustic" else 1)})
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys, bench.memory as m; sys.exit(m.worker(sys.argv[1:]))",
+            stage,
+            "--weights",
+            a.weights,
+            "--quantize",
+            a.quantize,
+            "--rows",
+            ",".join(map(str, a.rows)),
+            "--threads",
+            str(a.threads),
+            "--json",
+            str(out),
+        ] + (["--no-dual-layout"] if a.no_dual_layout else [])
+        subprocess.run(
+            argv,
+            check=True,
+            cwd=str(REPO_ROOT),
+            env={**os.environ, "OMP_NUM_THREADS": str(a.threads if stage == "acoustic" else 1)},
+        )
         return json.loads(out.read_text())
 
 
 def to_markdown(r: dict) -> str:
-    lines = [f"# Memory of the model stages, in-process ({r['revision']}, {r['started']})", "", f"`{r['command']}`", "",
-             f"Load average at the start {r['load_average']}. RSS in MiB (anonymous + file-backed); a Serve replica "
-             "adds Ray's worker (~150 MiB).", ""]
+    lines = [
+        f"# Memory of the model stages, in-process ({r['revision']}, {r['started']})",
+        "",
+        f"`{r['command']}`",
+        "",
+        f"Load average at the start {r['load_average']}. RSS in MiB (anonymous + file-backed); a Serve replica "
+        "adds Ray's worker (~150 MiB).",
+        "",
+    ]
     for res in r["stages"]:
-        title = res["stage"] + (f" (quantize {res['quantize']}, dual layout {res['cpu_dual_layout']}, rows of "
-                                f"{res['mean_tokens']} tokens)" if res["stage"] == "acoustic" else "")
-        lines += [f"## {title}", "", "| after | RSS | anon | file | peak RSS | peak KV |", "|---|---:|---:|---:|---:|---:|"]
+        title = res["stage"] + (
+            f" (quantize {res['quantize']}, dual layout {res['cpu_dual_layout']}, rows of {res['mean_tokens']} tokens)"
+            if res["stage"] == "acoustic"
+            else ""
+        )
+        lines += [
+            f"## {title}",
+            "",
+            "| after | RSS | anon | file | peak RSS | peak KV |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for p in res["phases"]:
-            lines.append(f"| {p['phase']} | {p['rss']} | {p['anon']} | {p['file']} | {p.get('peak_rss', '')} | "
-                         f"{fmt(p['peak_kv_mib'], 1) if 'peak_kv_mib' in p else ''} |")
+            lines.append(
+                f"| {p['phase']} | {p['rss']} | {p['anon']} | {p['file']} | {p.get('peak_rss', '')} | "
+                f"{fmt(p['peak_kv_mib'], 1) if 'peak_kv_mib' in p else ''} |"
+            )
         lines += ["", "Largest mappings at the end:", "", "| mapping | RSS |", "|---|---:|"]
         lines += [f"| `{m['mapping']}` | {m['rss_mib']} |" for m in res["mappings"]]
         lines.append("")
@@ -268,8 +321,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(a: argparse.Namespace) -> int:
     out: Path = a.out or REPO_ROOT / "bench" / "results" / f"memory-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"command": command_line(a.argv, out), "revision": git_revision(), "started": now(),
-                    "load_average": load_average(), "stages": []}
+    report: dict = {
+        "command": command_line(a.argv, out),
+        "revision": git_revision(),
+        "started": now(),
+        "load_average": load_average(),
+        "stages": [],
+    }
     for stage in a.stages.split(","):
         _log(f"stage {stage}")
         report["stages"].append(run_stage(stage, a))

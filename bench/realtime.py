@@ -194,7 +194,9 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
         for r in range(rounds):
             picks = [(r * sessions + i) % len(REPLIES) for i in range(sessions)]
             seeds = [seed + 1000 * r + i for i in range(sessions)]
-            firsts = await asyncio.gather(*(http_frames(client, first_sentence(REPLIES[p])[0], s) for p, s in zip(picks, seeds)))
+            firsts = await asyncio.gather(
+                *(http_frames(client, first_sentence(REPLIES[p])[0], s) for p, s in zip(picks, seeds))
+            )
             http += [ttfb for ttfb, _ in firsts]
             ws += await asyncio.gather(*(ws_session(url, REPLIES[p], s, tokens_per_s) for p, s in zip(picks, seeds)))
             wholes = await asyncio.gather(*(http_frames(client, REPLIES[p], s) for p, s in zip(picks, seeds)))
@@ -206,8 +208,16 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
     return {
         "sessions": sessions,
         "rounds": rounds,
-        "ws_first_audio_s": {"p50": round(ws_p50, 4), "p90": round(nearest_rank(latency, 0.9), 4), "max": round(max(latency), 4)},
-        "http_ttfb_s": {"p50": round(http_p50, 4), "p90": round(nearest_rank(http, 0.9), 4), "max": round(max(http), 4)},
+        "ws_first_audio_s": {
+            "p50": round(ws_p50, 4),
+            "p90": round(nearest_rank(latency, 0.9), 4),
+            "max": round(max(latency), 4),
+        },
+        "http_ttfb_s": {
+            "p50": round(http_p50, 4),
+            "p90": round(nearest_rank(http, 0.9), 4),
+            "max": round(max(http), 4),
+        },
         "ratio_p50": round(ws_p50 / http_p50, 3),
         "gap_s": {"p50": round(median(gaps), 3), "max": round(max(gaps), 3), "total": round(sum(gaps), 3)},
         "sessions_with_gaps": sum(1 for x in ws if x["gaps"]),
@@ -226,8 +236,11 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
 def targets(levels: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for n, lv in levels.items():
-        out[f"ws_first_audio/http_ttfb c{n}"] = {"value": lv["ratio_p50"], "target": f"<= {TARGET_RATIO}",
-                                                 "met": lv["ratio_p50"] <= TARGET_RATIO}
+        out[f"ws_first_audio/http_ttfb c{n}"] = {
+            "value": lv["ratio_p50"],
+            "target": f"<= {TARGET_RATIO}",
+            "met": lv["ratio_p50"] <= TARGET_RATIO,
+        }
     if "1" in levels:
         gap = levels["1"]["gap_s"]["total"]
         out["playback gaps c1 (s)"] = {"value": gap, "target": "0", "met": gap == 0}
@@ -235,27 +248,34 @@ def targets(levels: dict[str, dict]) -> dict[str, dict]:
 
 
 def to_markdown(report: dict) -> str:
-    lines = [f"# Realtime (WebSocket) benchmark, {report['meta']['started']}", "",
-             f"`{report['meta']['command']}`", "",
-             f"weights: {report['meta']['weights']}, LLM: {report['meta']['tokens_per_s']} tokens/s, "
-             f"load average at start {report['meta']['loadavg_start']}", "",
-             "| sessions | WS first audio after sentence p50 / p90 (ms) | HTTP TTFB of the sentence p50 / p90 (ms) | ratio p50 "
-             "| playback gaps per session p50 / max (s) | sessions with gaps | start-up buffer for no gap p50 / max (s) "
-             "| control: gaps of the whole reply over HTTP p50 / max (s) "
-             "| audio / writing / wall per session (s) "
-             f"| decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f}) | mean rows per step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Realtime (WebSocket) benchmark, {report['meta']['started']}",
+        "",
+        f"`{report['meta']['command']}`",
+        "",
+        f"weights: {report['meta']['weights']}, LLM: {report['meta']['tokens_per_s']} tokens/s, "
+        f"load average at start {report['meta']['loadavg_start']}",
+        "",
+        "| sessions | WS first audio after sentence p50 / p90 (ms) | HTTP TTFB of the sentence p50 / p90 (ms) | ratio p50 "
+        "| playback gaps per session p50 / max (s) | sessions with gaps | start-up buffer for no gap p50 / max (s) "
+        "| control: gaps of the whole reply over HTTP p50 / max (s) "
+        "| audio / writing / wall per session (s) "
+        f"| decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f}) | mean rows per step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     if report.get("error"):
         lines[1:1] = ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
     for n, lv in report.get("levels", {}).items():
         w, h, g = lv["ws_first_audio_s"], lv["http_ttfb_s"], lv["gap_s"]
-        lines.append(f"| {n} | {1000 * w['p50']:.0f} / {1000 * w['p90']:.0f} | {1000 * h['p50']:.0f} / {1000 * h['p90']:.0f} "
-                     f"| {lv['ratio_p50']:.2f} | {g['p50']:.2f} / {g['max']:.2f} | {lv['sessions_with_gaps']} of "
-                     f"{lv['sessions'] * lv['rounds']} | {lv['buffer_needed_s']['p50']:.2f} / {lv['buffer_needed_s']['max']:.2f} "
-                     f"| {lv['http_whole_reply_gap_s']['p50']:.2f} / {lv['http_whole_reply_gap_s']['max']:.2f} "
-                     f"| {lv['audio_s_per_session']} / {lv['write_s_per_session']} / "
-                     f"{lv['wall_s_per_session']} | {lv.get('ms_per_decode_step', '–')} "
-                     f"| {lv.get('engine', {}).get('mean_rows_per_step', '–')} |")
+        lines.append(
+            f"| {n} | {1000 * w['p50']:.0f} / {1000 * w['p90']:.0f} | {1000 * h['p50']:.0f} / {1000 * h['p90']:.0f} "
+            f"| {lv['ratio_p50']:.2f} | {g['p50']:.2f} / {g['max']:.2f} | {lv['sessions_with_gaps']} of "
+            f"{lv['sessions'] * lv['rounds']} | {lv['buffer_needed_s']['p50']:.2f} / {lv['buffer_needed_s']['max']:.2f} "
+            f"| {lv['http_whole_reply_gap_s']['p50']:.2f} / {lv['http_whole_reply_gap_s']['max']:.2f} "
+            f"| {lv['audio_s_per_session']} / {lv['write_s_per_session']} / "
+            f"{lv['wall_s_per_session']} | {lv.get('ms_per_decode_step', '–')} "
+            f"| {lv.get('engine', {}).get('mean_rows_per_step', '–')} |"
+        )
     lines += ["", "| target | value | met |", "|---|---|---|"]
     for name, t in report.get("targets", {}).items():
         lines.append(f"| {name} {t['target']} | {t['value']} | {t['met']} |")
@@ -279,8 +299,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
     p.add_argument("--ray-cpus", type=float)
     p.add_argument("--levels", type=ints, default=[1, 8], help="concurrent sessions, comma list")
-    p.add_argument("--rounds", type=ints, default=[3], help="rounds per level (each: HTTP first sentences, WebSocket, HTTP "
-                   "whole replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)")
+    p.add_argument(
+        "--rounds",
+        type=ints,
+        default=[3],
+        help="rounds per level (each: HTTP first sentences, WebSocket, HTTP "
+        "whole replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)",
+    )
     p.add_argument("--tokens-per-s", type=float, default=TOKENS_PER_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write realtime.json and report.md here")
@@ -296,8 +321,13 @@ def main(a: argparse.Namespace) -> int:
         raise SystemExit("--rounds: one number, or one per level")
     runner = None
     url = a.url
-    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv,
-                      weights=a.weights if not a.url else "as served", tokens_per_s=a.tokens_per_s)
+    harness = Harness(
+        Path(a.out) if a.out else None,
+        write_report,
+        a.argv,
+        weights=a.weights if not a.url else "as served",
+        tokens_per_s=a.tokens_per_s,
+    )
     report = harness.report
     with harness:
         report["levels"] = {}
@@ -306,8 +336,10 @@ def main(a: argparse.Namespace) -> int:
                 # The bench is one client opening every session at once: let it hold as many
                 # sockets before session.start as the largest level (the shipped limit is 4).
                 unstarted = {"applications.chattts.args.ingress.websocket.max_unstarted_per_client": max(4, *levels)}
-                runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port(),
-                                                     overrides=unstarted), a.ray_cpus)
+                runner = ServeRunner(
+                    apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=unstarted),
+                    a.ray_cpus,
+                )
                 harness.meta["serve_start_s"] = round(runner.start(), 1)
                 url = runner.base_url
             # One unmeasured round first: the first socket, session and request of each kind after
@@ -319,11 +351,16 @@ def main(a: argparse.Namespace) -> int:
                 if runner:
                     level["engine"] = engine_delta(before, runner.acoustic_stats())
                     steps = level["engine"].get("steps")
-                    level["ms_per_decode_step"] = round(1000 * level["engine"]["decode_s"] / steps, 1) if steps else None
+                    level["ms_per_decode_step"] = (
+                        round(1000 * level["engine"]["decode_s"] / steps, 1) if steps else None
+                    )
                 report["levels"][str(n)] = level
-                print(f"c{n}: WS first audio p50 {1000 * level['ws_first_audio_s']['p50']:.0f} ms, HTTP TTFB p50 "
-                      f"{1000 * level['http_ttfb_s']['p50']:.0f} ms (ratio {level['ratio_p50']:.2f}); playback gaps p50 "
-                      f"{level['gap_s']['p50']:.2f} s, max {level['gap_s']['max']:.2f} s", file=sys.stderr)
+                print(
+                    f"c{n}: WS first audio p50 {1000 * level['ws_first_audio_s']['p50']:.0f} ms, HTTP TTFB p50 "
+                    f"{1000 * level['http_ttfb_s']['p50']:.0f} ms (ratio {level['ratio_p50']:.2f}); playback gaps p50 "
+                    f"{level['gap_s']['p50']:.2f} s, max {level['gap_s']['max']:.2f} s",
+                    file=sys.stderr,
+                )
         finally:
             if runner:
                 runner.stop()

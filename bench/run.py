@@ -25,11 +25,32 @@ from . import cache_hit
 from .lib import loadgen
 from .lib.corpus import corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
-from .lib.procs import (ManagedProcess, bench_command, busy_threads, classify_all, classify_serve, free_port,
-                        kill_descendants, run_to_end, thread_cpu, wait_until)
+from .lib.procs import (
+    ManagedProcess,
+    bench_command,
+    busy_threads,
+    classify_all,
+    classify_serve,
+    free_port,
+    kill_descendants,
+    run_to_end,
+    thread_cpu,
+    wait_until,
+)
 from .lib.sampler import Periodic, RssSampler
-from .lib.serve import (ServeRunner, apply_overrides, parse_sets, args_path, deployment_path, engine_delta, get_path, load_config,
-                        set_path, set_replicas, set_threads)
+from .lib.serve import (
+    ServeRunner,
+    apply_overrides,
+    args_path,
+    deployment_path,
+    engine_delta,
+    get_path,
+    load_config,
+    parse_sets,
+    set_path,
+    set_replicas,
+    set_threads,
+)
 from .run_report import load_key, write_all
 
 PHASES = ("ceiling", "baseline", "serve", "open")
@@ -64,16 +85,29 @@ class RunPlan:
 
     @classmethod
     def quick_plan(cls, **kw) -> "RunPlan":
-        base = dict(quick=True, ceiling_batches=[1, 8], ceiling_reps=1, first_chunk_reps=3,
-                    baseline_levels=[1, 8], serve_levels=[1, 8], closed_s={1: 30, 8: 60}, open_s=60.0,
-                    loads_continuous=[0.7], loads_window=[0.7], drain_s=90.0, timeout_s=180.0)
+        base = dict(
+            quick=True,
+            ceiling_batches=[1, 8],
+            ceiling_reps=1,
+            first_chunk_reps=3,
+            baseline_levels=[1, 8],
+            serve_levels=[1, 8],
+            closed_s={1: 30, 8: 60},
+            open_s=60.0,
+            loads_continuous=[0.7],
+            loads_window=[0.7],
+            drain_s=90.0,
+            timeout_s=180.0,
+        )
         base.update(kw)
         return cls(**base)
 
     def closed_duration(self, c: int) -> float:
         if c in self.closed_s:
             return float(self.closed_s[c])
-        return float(self.closed_s[max(k for k in self.closed_s if k <= c)] if any(k <= c for k in self.closed_s) else 60)
+        return float(
+            self.closed_s[max(k for k in self.closed_s if k <= c)] if any(k <= c for k in self.closed_s) else 60
+        )
 
 
 class Progress(Periodic):
@@ -84,8 +118,14 @@ class Progress(Periodic):
         from tqdm import tqdm
 
         super().__init__(1.0, "progress")
-        self.bar = tqdm(total=round(total_s), unit="s", desc="bench", disable=not enabled, dynamic_ncols=True,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} planned s [{elapsed}<{remaining}]")
+        self.bar = tqdm(
+            total=round(total_s),
+            unit="s",
+            desc="bench",
+            disable=not enabled,
+            dynamic_ncols=True,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} planned s [{elapsed}<{remaining}]",
+        )
         self.done_s = 0.0
         self.phase_s = 0.0
         self.phase_t0 = time.monotonic()
@@ -122,8 +162,16 @@ class Progress(Periodic):
 
 
 class BenchRun:
-    def __init__(self, plan: RunPlan, out: Path, serve_cfg: dict, overrides: dict, ray_cpus: Optional[float],
-                 argv: list[str], show_progress: bool = True):
+    def __init__(
+        self,
+        plan: RunPlan,
+        out: Path,
+        serve_cfg: dict,
+        overrides: dict,
+        ray_cpus: Optional[float],
+        argv: list[str],
+        show_progress: bool = True,
+    ):
         self.plan = plan
         self.out = out
         self.logs = out / "logs"
@@ -152,7 +200,11 @@ class BenchRun:
         est: dict[str, float] = {}
         if "ceiling" in p.phases:
             per = {1: 10, 4: 20, 8: 30, 16: 50}
-            est["ceiling"] = 30 + 10 * p.first_chunk_reps + sum(per.get(b, 30) for b in p.ceiling_batches) * p.ceiling_reps * len(p.ceiling_methods)
+            est["ceiling"] = (
+                30
+                + 10 * p.first_chunk_reps
+                + sum(per.get(b, 30) for b in p.ceiling_batches) * p.ceiling_reps * len(p.ceiling_methods)
+            )
         if "baseline" in p.phases:
             est["baseline"] = 30 + sum(p.closed_duration(c) + 10 for c in p.baseline_levels)
         if "serve" in p.phases or "open" in p.phases:
@@ -205,47 +257,88 @@ class BenchRun:
         p = self.plan
         path = self.out / "ceiling.json"
         argv = bench_command(
-            "ceiling", "--out", str(path), "--weights", p.weights,
-            "--batches", ",".join(map(str, p.ceiling_batches)), "--methods", ",".join(p.ceiling_methods),
-            "--reps", str(p.ceiling_reps), "--tokens", str(p.ceiling_tokens), "--segments", json.dumps(self.segments),
-            "--first-chunk-tokens", str(self.first_chunk_tokens), "--chunk-tokens", str(self.chunk_tokens),
-            "--first-chunk-reps", str(p.first_chunk_reps), "--vocoder", json.dumps(self.vocoder_cfg),
+            "ceiling",
+            "--out",
+            str(path),
+            "--weights",
+            p.weights,
+            "--batches",
+            ",".join(map(str, p.ceiling_batches)),
+            "--methods",
+            ",".join(p.ceiling_methods),
+            "--reps",
+            str(p.ceiling_reps),
+            "--tokens",
+            str(p.ceiling_tokens),
+            "--segments",
+            json.dumps(self.segments),
+            "--first-chunk-tokens",
+            str(self.first_chunk_tokens),
+            "--chunk-tokens",
+            str(self.chunk_tokens),
+            "--first-chunk-reps",
+            str(p.first_chunk_reps),
+            "--vocoder",
+            json.dumps(self.vocoder_cfg),
         )
         rc, log_tail = run_to_end("ceiling", argv, self.logs / "ceiling.log", timeout_s=3600)
         if rc != 0 or not path.exists():
             raise RuntimeError(f"ceiling failed (rc {rc}):\n{log_tail}")
         self.report["ceiling"] = json.loads(path.read_text())
         c = self.report["ceiling"]
-        self.progress.write(f"ceiling: {c['ceiling']} audio s/s by batch; first chunk raw {c.get('first_chunk', {}).get('raw_s')} s")
+        self.progress.write(
+            f"ceiling: {c['ceiling']} audio s/s by batch; first chunk raw {c.get('first_chunk', {}).get('raw_s')} s"
+        )
 
     # ---------------------------------------------------------- load phases
 
     def _closed(self, target: loadgen.Target, c: int) -> dict:
-        run = asyncio.run(loadgen.closed_loop(target, c, self.plan.closed_duration(c),
-                                              text_stream(self.plan.seed + c), self.expected, seed=self.plan.seed + c))
+        run = asyncio.run(
+            loadgen.closed_loop(
+                target,
+                c,
+                self.plan.closed_duration(c),
+                text_stream(self.plan.seed + c),
+                self.expected,
+                seed=self.plan.seed + c,
+            )
+        )
         return loadgen.summarize(run)
 
     def _open(self, target: loadgen.Target, rate: float, load: float, mode: str) -> dict:
         # Same arrivals and texts for both batching modes; distinct request seeds per mode.
         seed = self.plan.seed + 1000 + int(round(load * 100))
-        run = asyncio.run(loadgen.open_loop(target, rate, self.plan.open_s, text_stream(seed), seed=seed,
-                                            drain_s=self.plan.drain_s, expected=self.expected,
-                                            request_seed_base=seed + (0 if mode == "continuous" else 500000)))
+        run = asyncio.run(
+            loadgen.open_loop(
+                target,
+                rate,
+                self.plan.open_s,
+                text_stream(seed),
+                seed=seed,
+                drain_s=self.plan.drain_s,
+                expected=self.expected,
+                request_seed_base=seed + (0 if mode == "continuous" else 500000),
+            )
+        )
         s = loadgen.summarize(run)
         s["load"] = load
         return s
 
     def _line(self, system: str, label: str, s: dict) -> str:
         eng = s.get("engine") or {}
-        return (f"{system} {label}: {s['audio_s_per_s']} audio s/s, {s['requests_per_s']} req/s, "
-                f"TTFB p50 {s['ttfb_s']['p50']} s, latency p50/p99 {s['latency_s']['p50']}/{s['latency_s']['p99']} s, "
-                f"done {s['completed']} err {s['errors']} cut {s['cut']}"
-                + (f", mean batch {eng.get('mean_rows_per_step')}" if eng else ""))
+        return (
+            f"{system} {label}: {s['audio_s_per_s']} audio s/s, {s['requests_per_s']} req/s, "
+            f"TTFB p50 {s['ttfb_s']['p50']} s, latency p50/p99 {s['latency_s']['p50']}/{s['latency_s']['p99']} s, "
+            f"done {s['completed']} err {s['errors']} cut {s['cut']}"
+            + (f", mean batch {eng.get('mean_rows_per_step')}" if eng else "")
+        )
 
     def run_baseline(self) -> None:
         p = self.plan
         port = free_port()
-        argv = bench_command("baseline", "--port", str(port), "--weights", p.weights, "--segments", json.dumps(self.segments))
+        argv = bench_command(
+            "baseline", "--port", str(port), "--weights", p.weights, "--segments", json.dumps(self.segments)
+        )
         if p.baseline_threads:
             argv += ["--threads", str(p.baseline_threads)]
         proc = ManagedProcess("baseline", argv, self.logs / "baseline.log")
@@ -308,12 +401,19 @@ class BenchRun:
     def run_serve(self, est: dict) -> None:
         p = self.plan
         self.progress.phase("serve: starting", est["serve_start"])
-        serve = ServeRunner(self.serve_cfg, ray_cpus=self.ray_cpus, front_door=self.plan.front_door,
-                            front_guard=self.plan.front_guard)
+        serve = ServeRunner(
+            self.serve_cfg, ray_cpus=self.ray_cpus, front_door=self.plan.front_door, front_guard=self.plan.front_guard
+        )
         self._serve = serve
         start_s = serve.start()
-        res: dict[str, Any] = {"start_s": round(start_s, 1), "closed": {}, "open": {}, "overrides": self.overrides,
-                               "config": self.serve_cfg, "ray_session": serve.session_dir and self.harness.path(serve.session_dir)}
+        res: dict[str, Any] = {
+            "start_s": round(start_s, 1),
+            "closed": {},
+            "open": {},
+            "overrides": self.overrides,
+            "config": self.serve_cfg,
+            "ray_session": serve.session_dir and self.harness.path(serve.session_dir),
+        }
         self.report["serve"] = res
         res["replica_env"] = serve.replica_env()
         sampler = RssSampler(lambda: [os.getpid()], classify_serve).start()
@@ -327,8 +427,13 @@ class BenchRun:
                 self.progress.phase("serve: closed loop", est["serve"])
                 for c in p.serve_levels:
                     prof = f"c{c}" if (p.profile and c == p.profile_level) else None
-                    res["closed"][str(c)] = self._serve_phase(serve, sampler, lambda: self._closed(target, c),
-                                                              profile=prof, profile_s=p.closed_duration(c))
+                    res["closed"][str(c)] = self._serve_phase(
+                        serve,
+                        sampler,
+                        lambda c=c: self._closed(target, c),
+                        profile=prof,
+                        profile_s=p.closed_duration(c),
+                    )
                     self.progress.write(self._line("serve", f"c{c}", res["closed"][str(c)]))
             if "open" in p.phases:
                 self.progress.phase("serve: open loop", est["open"])
@@ -337,19 +442,29 @@ class BenchRun:
                 # Cache-hit path: one 10-second wav synthesised once, then answered from the cache.
                 self.progress.write("serve: cache-hit path")
                 res["cache_hit"] = asyncio.run(cache_hit.measure(serve.base_url, n=100 if p.quick else 300))
-                self.progress.write(f"cache hit p50 {res['cache_hit']['hit_p50_ms']} ms "
-                                    f"(from the Ingress {res['cache_hit']['ingress_hit_p50_ms']} ms), "
-                                    f"{res['cache_hit']['hit_req_per_s']} req/s")
-            res["rss_peak"] = self._overall_rss({**res["closed"], **{f"{m}{k}": v for m, d in res["open"].items() for k, v in d.items() if isinstance(v, dict)}})
+                self.progress.write(
+                    f"cache hit p50 {res['cache_hit']['hit_p50_ms']} ms "
+                    f"(from the Ingress {res['cache_hit']['ingress_hit_p50_ms']} ms), "
+                    f"{res['cache_hit']['hit_req_per_s']} req/s"
+                )
+            res["rss_peak"] = self._overall_rss(
+                {
+                    **res["closed"],
+                    **{f"{m}{k}": v for m, d in res["open"].items() for k, v in d.items() if isinstance(v, dict)},
+                }
+            )
             res["engine_total"] = serve.acoustic_stats()
         finally:
             sampler.stop()
 
-    def _serve_phase(self, serve: ServeRunner, sampler: RssSampler, fn, profile: Optional[str] = None,
-                     profile_s: float = 0.0) -> dict:
+    def _serve_phase(
+        self, serve: ServeRunner, sampler: RssSampler, fn, profile: Optional[str] = None, profile_s: float = 0.0
+    ) -> dict:
         before = serve.acoustic_stats()
         sampler.window()
-        pids = {g: p for g, p in serve.replica_pids().items() if g in ("Acoustic", "Vocoder", "Ingress", "TextNormalizer")}
+        pids = {
+            g: p for g, p in serve.replica_pids().items() if g in ("Acoustic", "Vocoder", "Ingress", "TextNormalizer")
+        }
         cpu0 = {g: [thread_cpu(pid) for pid in p] for g, p in pids.items()}
         rec = None
         if profile:
@@ -365,8 +480,9 @@ class BenchRun:
         wall = time.perf_counter() - t0
         if rec is not None:
             self.report["serve"].setdefault("profile", {})[profile] = rec.finish()
-        s["replica_threads"] = {g: [busy_threads(b, thread_cpu(pid), wall) for b, pid in zip(cpu0[g], p)]
-                                for g, p in pids.items()}
+        s["replica_threads"] = {
+            g: [busy_threads(b, thread_cpu(pid), wall) for b, pid in zip(cpu0[g], p)] for g, p in pids.items()
+        }
         if s.get("cache_hits"):
             self.harness.warn(f"{s['cache_hits']} responses came from the response cache")
         s["rss"] = sampler.window()
@@ -386,8 +502,12 @@ class BenchRun:
             best = s["audio_s_per_s"]
             source = "closed loop c8 (measured for the open loop)"
         mean_audio = self.corpus["mean_audio_s_per_request"]
-        cap = {"audio_s_per_s": best, "mean_audio_s_per_request": round(mean_audio, 3),
-               "requests_per_s": round(best / mean_audio, 4), "source": source}
+        cap = {
+            "audio_s_per_s": best,
+            "mean_audio_s_per_request": round(mean_audio, 3),
+            "requests_per_s": round(best / mean_audio, 4),
+            "source": source,
+        }
         res["capacity"] = cap
         for mode, loads in (("continuous", p.loads_continuous), ("window", p.loads_window)):
             if not loads:
@@ -396,11 +516,15 @@ class BenchRun:
             res["open"][mode] = {}
             for load in loads:
                 rate = load * cap["requests_per_s"]
-                s = self._serve_phase(serve, sampler, lambda: self._open(target, rate, load, mode))
+                s = self._serve_phase(
+                    serve, sampler, lambda rate=rate, load=load, mode=mode: self._open(target, rate, load, mode)
+                )
                 res["open"][mode][load_key(load)] = s
-                self.progress.write(f"open {mode} {int(load * 100)}% ({rate:.3f} req/s): latency mean {s['latency_s']['mean']} s "
-                                    f"p95 {s['latency_s']['p95']} s, TTFB mean {s['ttfb_s']['mean']} s, done {s['completed']}/{s['sent']}, "
-                                    f"err {s['errors']} cut {s['cut']}, mean batch {(s.get('engine') or {}).get('mean_rows_per_step')}")
+                self.progress.write(
+                    f"open {mode} {int(load * 100)}% ({rate:.3f} req/s): latency mean {s['latency_s']['mean']} s "
+                    f"p95 {s['latency_s']['p95']} s, TTFB mean {s['ttfb_s']['mean']} s, done {s['completed']}/{s['sent']}, "
+                    f"err {s['errors']} cut {s['cut']}, mean batch {(s.get('engine') or {}).get('mean_rows_per_step')}"
+                )
         serve.reconfigure_acoustic(continuous=True)
 
 
@@ -408,12 +532,19 @@ class BenchRun:
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    r.add_argument("--quick", action="store_true", help="short run (< 10 min on 2 cores): c1 and c8, ceiling b1/b8, open loop at 70%%")
+    r.add_argument(
+        "--quick",
+        action="store_true",
+        help="short run (< 10 min on 2 cores): c1 and c8, ceiling b1/b8, open loop at 70%%",
+    )
     r.add_argument("--out", default=None, help="output directory (default bench/results/tmp-<date-time>, git-ignored)")
-    r.add_argument("--weights", default="random", choices=["random", "random-tiny"],
-                   help="random = full-size ChatTTS with random weights (the benchmark); random-tiny only checks the tooling")
-    r.add_argument("--phases", default=",".join(PHASES),
-                   help="comma list of ceiling,baseline,serve,open (default all)")
+    r.add_argument(
+        "--weights",
+        default="random",
+        choices=["random", "random-tiny"],
+        help="random = full-size ChatTTS with random weights (the benchmark); random-tiny only checks the tooling",
+    )
+    r.add_argument("--phases", default=",".join(PHASES), help="comma list of ceiling,baseline,serve,open (default all)")
     r.add_argument("--levels", type=ints, help="closed-loop concurrencies for baseline and project, e.g. 1,2,4,8,16")
     r.add_argument("--baseline-levels", type=ints)
     r.add_argument("--serve-levels", type=ints)
@@ -427,18 +558,35 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--ceiling-tokens", type=int, help="tokens per row in the ceiling (default: corpus mean segment)")
     r.add_argument("--baseline-threads", type=int, help="torch threads of the baseline (default: torch's, all cores)")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--front-guard", default="on", choices=["on", "off"],
-                   help="the proxy's middlewares as the README installs them (front guard, edge cache, back-pressure)")
-    r.add_argument("--front-door", default="proxy", choices=["proxy", "haproxy"],
-                   help="HTTP front door of the project: Serve's proxy, or Ray's HAProxy (RAY_SERVE_ENABLE_HA_PROXY)")
-    r.add_argument("--profile", action="store_true", help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase")
+    r.add_argument(
+        "--front-guard",
+        default="on",
+        choices=["on", "off"],
+        help="the proxy's middlewares as the README installs them (front guard, edge cache, back-pressure)",
+    )
+    r.add_argument(
+        "--front-door",
+        default="proxy",
+        choices=["proxy", "haproxy"],
+        help="HTTP front door of the project: Serve's proxy, or Ray's HAProxy (RAY_SERVE_ENABLE_HA_PROXY)",
+    )
+    r.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase",
+    )
     r.add_argument("--profile-level", type=int, default=8, help="the closed-loop concurrency to profile (default 8)")
     r.add_argument("--no-progress", action="store_true")
     g = r.add_argument_group("project deployment (overrides of the Serve config)")
     g.add_argument("--config", help="Serve config file (default config/serve.yaml)")
-    g.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="any config value by dotted path, e.g. applications.chattts.deployments.Acoustic.max_ongoing_requests=64 "
-                        "(list items by name; VALUE is YAML)")
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="any config value by dotted path, e.g. applications.chattts.deployments.Acoustic.max_ongoing_requests=64 "
+        "(list items by name; VALUE is YAML)",
+    )
     g.add_argument("--ray-cpus", type=float, help="CPUs Ray may schedule (default: os.cpu_count())")
     g.add_argument("--acoustic-cpus", type=float)
     g.add_argument("--vocoder-cpus", type=float)
@@ -446,7 +594,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     g.add_argument("--normalizer-cpus", type=float)
     g.add_argument("--acoustic-threads", type=int, help="OMP/MKL threads (torch intra-op) of the Acoustic replicas")
     g.add_argument("--vocoder-threads", type=int, help="OMP/MKL threads of the Vocoder replicas")
-    g.add_argument("--torch-threads", type=int, help="args.model.torch_threads (torch.set_num_threads in every model stage)")
+    g.add_argument(
+        "--torch-threads", type=int, help="args.model.torch_threads (torch.set_num_threads in every model stage)"
+    )
     g.add_argument("--acoustic-replicas", type=int, help="fixed Acoustic replica count (autoscaling off)")
     g.add_argument("--vocoder-replicas", type=int, help="fixed Vocoder replica count (autoscaling off)")
     g.add_argument("--max-batch-size", type=int, help="Acoustic user_config.max_batch_size (@serve.batch)")
@@ -470,14 +620,20 @@ def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
         set_path(cfg, f"{deployment_path(cfg, name)}.{rest}", value)
         shown[f"{name}.{rest}"] = value
 
-    for flag, name in (("acoustic_cpus", "Acoustic"), ("vocoder_cpus", "Vocoder"), ("ingress_cpus", "Ingress"),
-                       ("normalizer_cpus", "TextNormalizer")):
+    for flag, name in (
+        ("acoustic_cpus", "Acoustic"),
+        ("vocoder_cpus", "Vocoder"),
+        ("ingress_cpus", "Ingress"),
+        ("normalizer_cpus", "TextNormalizer"),
+    ):
         if getattr(a, flag) is not None:
             dep(name, "ray_actor_options.num_cpus", getattr(a, flag))
-    for flag, name, setter, what in (("acoustic_threads", "Acoustic", set_threads, "threads"),
-                                     ("vocoder_threads", "Vocoder", set_threads, "threads"),
-                                     ("acoustic_replicas", "Acoustic", set_replicas, "replicas"),
-                                     ("vocoder_replicas", "Vocoder", set_replicas, "replicas")):
+    for flag, name, setter, what in (
+        ("acoustic_threads", "Acoustic", set_threads, "threads"),
+        ("vocoder_threads", "Vocoder", set_threads, "threads"),
+        ("acoustic_replicas", "Acoustic", set_replicas, "replicas"),
+        ("vocoder_replicas", "Vocoder", set_replicas, "replicas"),
+    ):
         if getattr(a, flag):
             setter(cfg, name, getattr(a, flag))
             shown[f"{name}.{what}"] = getattr(a, flag)
@@ -499,9 +655,15 @@ def serve_config(a: argparse.Namespace, port: int) -> tuple[dict, dict]:
 
 # Command-line option -> RunPlan field it overrides.
 _PLAN_OPTIONS = {
-    "baseline_levels": "baseline_levels", "serve_levels": "serve_levels", "loads": "loads_continuous",
-    "window_loads": "loads_window", "open_s": "open_s", "timeout_s": "timeout_s",
-    "ceiling_batches": "ceiling_batches", "ceiling_reps": "ceiling_reps", "ceiling_tokens": "ceiling_tokens",
+    "baseline_levels": "baseline_levels",
+    "serve_levels": "serve_levels",
+    "loads": "loads_continuous",
+    "window_loads": "loads_window",
+    "open_s": "open_s",
+    "timeout_s": "timeout_s",
+    "ceiling_batches": "ceiling_batches",
+    "ceiling_reps": "ceiling_reps",
+    "ceiling_tokens": "ceiling_tokens",
     "baseline_threads": "baseline_threads",
 }
 
@@ -511,8 +673,13 @@ def main(a: argparse.Namespace) -> int:
     bad = [x for x in phases if x not in PHASES]
     if bad:
         raise SystemExit(f"unknown phase(s) {bad}; choose from {PHASES}")
-    kw: dict = {"weights": a.weights, "phases": phases, "seed": a.seed, "front_door": a.front_door,
-                "front_guard": a.front_guard == "on"}
+    kw: dict = {
+        "weights": a.weights,
+        "phases": phases,
+        "seed": a.seed,
+        "front_door": a.front_door,
+        "front_guard": a.front_guard == "on",
+    }
     plan = RunPlan.quick_plan(**kw) if a.quick else RunPlan(**kw)
     if a.levels:
         plan.baseline_levels = plan.serve_levels = a.levels

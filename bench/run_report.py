@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .lib.render import (by_clients, fmt as _f, get as _get, legend, plain_log_axis, pyplot, render_files, save,
-                         seconds_vs_clients, write_files)
+from .lib.render import by_clients, legend, plain_log_axis, pyplot, render_files, save, seconds_vs_clients, write_files
+from .lib.render import fmt as _f
+from .lib.render import get as _get
 from .lib.stats import ratio as _ratio
 
 TARGETS = {
@@ -35,8 +36,9 @@ def compute_ratios(report: dict) -> dict:
         "serve_vs_ceiling_c8": _ratio(_get(serve_c, 8, "audio_s_per_s"), _get(ceiling, 8)),
         "ttfb_vs_first_chunk": _ratio(_get(serve_c, 1, "ttfb_s", "p50"), first),
         "p99_vs_baseline_c8": _ratio(_get(serve_c, 8, "latency_s", "p99"), _get(base_c, 8, "latency_s", "p99")),
-        "continuous_vs_window_mean_latency_70": _ratio(_get(win, load_key(0.7), "latency_s", "mean"),
-                                                        _get(cont, load_key(0.7), "latency_s", "mean")),
+        "continuous_vs_window_mean_latency_70": _ratio(
+            _get(win, load_key(0.7), "latency_s", "mean"), _get(cont, load_key(0.7), "latency_s", "mean")
+        ),
     }
     # Extras (not targets): the same comparisons at the other points that were measured.
     for load in (0.5, 0.9):
@@ -66,6 +68,7 @@ def check_targets(ratios: dict) -> dict:
 
 
 # ------------------------------------------------------------------ markdown
+
 
 def _closed_rows(system: str, closed: dict) -> list[str]:
     rows = []
@@ -107,35 +110,54 @@ def to_markdown(report: dict) -> str:
 
     ceil = report.get("ceiling")
     if ceil:
-        lines += ["", "## Ceiling (raw in-process, no serving)", "",
-                  f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; audio seconds per wall second:", "",
-                  "| batch | " + " | ".join(ceil.get("methods", {})) + " | ceiling |",
-                  "|---|" + "---|" * (len(ceil.get("methods", {})) + 1)]
+        lines += [
+            "",
+            "## Ceiling (raw in-process, no serving)",
+            "",
+            f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; audio seconds per wall second:",
+            "",
+            "| batch | " + " | ".join(ceil.get("methods", {})) + " | ceiling |",
+            "|---|" + "---|" * (len(ceil.get("methods", {})) + 1),
+        ]
         for n in sorted(ceil.get("ceiling", {}), key=int):
             vals = [_f(_get(m, n, "audio_s_per_s"), 3) for m in ceil.get("methods", {}).values()]
             lines.append(f"| {n} | " + " | ".join(vals) + f" | {_f(ceil['ceiling'][n], 3)} |")
         fc = ceil.get("first_chunk")
         if fc:
-            lines += ["", f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
-                          f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s"]
+            lines += [
+                "",
+                f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
+                f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s",
+            ]
         from .studies.numerics import quantize_markdown
 
         lines += quantize_markdown(ceil.get("quantize"))
 
-    lines += ["", "## Closed loop (N clients back to back)", "",
-              "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut | mean batch | peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Closed loop (N clients back to back)",
+        "",
+        "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut "
+        "| mean batch | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     lines += _closed_rows("baseline", _get(report, "baseline", "closed") or {})
     lines += _closed_rows("serve", _get(report, "serve", "closed") or {})
 
     open_ = _get(report, "serve", "open") or {}
     if open_:
         cap = _get(report, "serve", "capacity") or {}
-        lines += ["", "## Open loop (Poisson arrivals), continuous vs window batching", "",
-                  f"Capacity: {_f(cap.get('audio_s_per_s'), 3)} audio s/s = {_f(cap.get('requests_per_s'), 3)} req/s "
-                  f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request).", "",
-                  "| batching | load | rate req/s | sent | done | errors | cut | lat mean | lat p50 | lat p95 | lat p99 | TTFB mean | TTFB p95 | mean batch |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Open loop (Poisson arrivals), continuous vs window batching",
+            "",
+            f"Capacity: {_f(cap.get('audio_s_per_s'), 3)} audio s/s = {_f(cap.get('requests_per_s'), 3)} req/s "
+            f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request).",
+            "",
+            "| batching | load | rate req/s | sent | done | errors | cut | lat mean | lat p50 | lat p95 | lat p99 | TTFB mean "
+            "| TTFB p95 | mean batch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for mode in ("continuous", "window"):
             for load in sorted(open_.get(mode, {})):
                 s = open_[mode][load]
@@ -143,7 +165,8 @@ def to_markdown(report: dict) -> str:
                     f"| {mode} | {int(float(load) * 100)}% | {_f(s.get('rate_rps'), 3)} | {s.get('sent')} | {s.get('completed')} | "
                     f"{s.get('errors')} | {s.get('cut')} | {_f(_get(s, 'latency_s', 'mean'))} | {_f(_get(s, 'latency_s', 'p50'))} | "
                     f"{_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | {_f(_get(s, 'ttfb_s', 'mean'))} | "
-                    f"{_f(_get(s, 'ttfb_s', 'p95'))} | {_f(_get(s, 'engine', 'mean_rows_per_step'))} |")
+                    f"{_f(_get(s, 'ttfb_s', 'p95'))} | {_f(_get(s, 'engine', 'mean_rows_per_step'))} |"
+                )
 
     rss = {k: _get(report, k, "rss_peak") for k in ("baseline", "serve")}
     if any(rss.values()):
@@ -154,16 +177,30 @@ def to_markdown(report: dict) -> str:
                 lines.append(f"- {k}: total {v.get('peak_total_mib', 0):.0f} ({parts})")
     env = _get(report, "serve", "replica_env")
     if env:
-        lines += ["", "Serve replicas: " + "; ".join(
-            f"{g}: num_cpus {lst[0]['num_cpus']}, OMP threads {[e['omp_threads_effective'] for e in lst]}"
-            for g, lst in env.items() if lst)]
+        lines += [
+            "",
+            "Serve replicas: "
+            + "; ".join(
+                f"{g}: num_cpus {lst[0]['num_cpus']}, OMP threads {[e['omp_threads_effective'] for e in lst]}"
+                for g, lst in env.items()
+                if lst
+            ),
+        ]
     busy = _get(report, "serve", "closed", "8", "replica_threads")
     if busy:
-        lines += ["", "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
-                      "share of the phase on a CPU / waiting for one): " + "; ".join(
-            f"{g}: " + ", ".join(f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads"
-                                 + _thread_shares(x) for x in lst)
-            for g, lst in busy.items())]
+        lines += [
+            "",
+            "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
+            "share of the phase on a CPU / waiting for one): "
+            + "; ".join(
+                f"{g}: "
+                + ", ".join(
+                    f"{x['cpu_cores_used']:.2f} cores / {x['threads_over_25pct']} threads" + _thread_shares(x)
+                    for x in lst
+                )
+                for g, lst in busy.items()
+            ),
+        ]
     for phase, procs in (_get(report, "serve", "profile") or {}).items():
         lines += ["", f"## Profile (py-spy, closed loop {phase}): share of busy samples", ""]
         for name, prof in procs.items():
@@ -176,8 +213,12 @@ def to_markdown(report: dict) -> str:
     ov = _get(report, "serve", "overrides")
     if ov:
         lines += ["", "Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in ov.items())]
-    lines += ["", "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
-                  "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.", ""]
+    lines += [
+        "",
+        "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
+        "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -215,8 +256,10 @@ def to_png(report: dict, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     legend(ax)
 
-    panels = ((axes[0][1], "latency_s", "latency", ("p50", "p99"), "Latency (whole response)"),
-              (axes[1][0], "ttfb_s", "TTFB", ("p50", "p95"), "Time to first audio byte"))
+    panels = (
+        (axes[0][1], "latency_s", "latency", ("p50", "p99"), "Latency (whole response)"),
+        (axes[1][0], "ttfb_s", "TTFB", ("p50", "p95"), "Time to first audio byte"),
+    )
     for ax, key, label, qs, title in panels:
         for name, closed in (("serve", serve_c), ("baseline", base_c)):
             for q, style in zip(qs, ("o-", "^:")):
@@ -232,7 +275,10 @@ def to_png(report: dict, path: Path) -> None:
     open_ = _get(report, "serve", "open") or {}
     for mode, color in (("continuous", colors["serve"]), ("window", colors["window"])):
         d = open_.get(mode) or {}
-        pts = sorted((float(k) * 100, _get(v, "latency_s", "mean"), _get(v, "latency_s", "p95"), _get(v, "ttfb_s", "mean")) for k, v in d.items())
+        pts = sorted(
+            (float(k) * 100, _get(v, "latency_s", "mean"), _get(v, "latency_s", "p95"), _get(v, "ttfb_s", "mean"))
+            for k, v in d.items()
+        )
         pts = [p for p in pts if p[1] is not None]
         if pts:
             xs = [p[0] for p in pts]
@@ -249,8 +295,11 @@ def to_png(report: dict, path: Path) -> None:
     meta = report.get("meta", {})
     r = report.get("ratios", {})
     sub = ", ".join(f"{k}={v:.2f}" for k, v in r.items() if k in TARGETS and v is not None)
-    fig.suptitle(f"chattts-serve bench ({'quick' if meta.get('quick') else 'full'}, {meta.get('started', '')}, "
-                 f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}", fontsize=10)
+    fig.suptitle(
+        f"chattts-serve bench ({'quick' if meta.get('quick') else 'full'}, {meta.get('started', '')}, "
+        f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}",
+        fontsize=10,
+    )
     save(fig, path)
 
 

@@ -45,12 +45,11 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
     median over ``reps`` runs of ms per step and ms of GPT forward per step."""
     import torch
 
+    import serve_app
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
     from serve_app.engine.pipeline import Planner, SynthesisOptions
     from serve_app.engine.weights.loading import load_model
-
-    import serve_app
 
     torch.set_grad_enabled(False)
     _log(f"serve_app from {Path(serve_app.__file__).parent.parent.name}")
@@ -79,8 +78,11 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
 
         eng._forward = timed
         for i in range(n):
-            eng.submit(dataclasses.replace(seg, max_new_tokens=tokens, min_new_tokens=tokens, target_tokens=tokens,
-                                           seed=1000 + i))
+            eng.submit(
+                dataclasses.replace(
+                    seg, max_new_tokens=tokens, min_new_tokens=tokens, target_tokens=tokens, seed=1000 + i
+                )
+            )
         eng.step()  # admission and the first step stay out
         s0, f0, t0 = eng.stats.steps, forward[0], time.perf_counter()
         eng.run_until_idle()
@@ -102,10 +104,17 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
         row = {}
         for v, runs in samples.items():
             step_ms, fwd_ms = median([r[0] for r in runs]), median([r[1] for r in runs])
-            row[v] = {"step_ms": step_ms, "forward_ms": fwd_ms, "non_gpt_pct": 100 * (1 - fwd_ms / step_ms),
-                      "tokens_per_s": n * 1e3 / step_ms, "forward_tokens_per_s": n * 1e3 / fwd_ms,
-                      "runs": [{"step_ms": a, "forward_ms": b} for a, b in runs]}
-            _log(f"{weights} {v} batch {n}: step {step_ms:.2f} ms, GPT {fwd_ms:.2f} ms, non-GPT {row[v]['non_gpt_pct']:.0f}%")
+            row[v] = {
+                "step_ms": step_ms,
+                "forward_ms": fwd_ms,
+                "non_gpt_pct": 100 * (1 - fwd_ms / step_ms),
+                "tokens_per_s": n * 1e3 / step_ms,
+                "forward_tokens_per_s": n * 1e3 / fwd_ms,
+                "runs": [{"step_ms": a, "forward_ms": b} for a, b in runs],
+            }
+            _log(
+                f"{weights} {v} batch {n}: step {step_ms:.2f} ms, GPT {fwd_ms:.2f} ms, non-GPT {row[v]['non_gpt_pct']:.0f}%"
+            )
         if "int8" in row and "fp32" in row:
             row["int8_speedup"] = row["int8"]["tokens_per_s"] / row["fp32"]["tokens_per_s"]
             row["int8_gpt_speedup"] = row["int8"]["forward_tokens_per_s"] / row["fp32"]["forward_tokens_per_s"]
@@ -124,11 +133,29 @@ def run_tree(tree: Optional[Path], weights: str, a: argparse.Namespace, variants
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "step.json"
         # This bench first (both trees have a ``bench``), then the tree first for ``serve_app``.
-        code = ("import sys; sys.path.insert(0, sys.argv[2]); import bench.step as s; sys.path.insert(0, sys.argv[1]); "
-                "sys.exit(s.cli_worker(sys.argv[3:]))")
-        argv = [sys.executable, "-c", code, str(tree or REPO_ROOT), str(REPO_ROOT), "--weights", weights,
-                "--batches", ",".join(map(str, a.batches)), "--tokens", str(a.tokens), "--reps", str(a.reps),
-                "--variants", variants, "--json", str(out)]
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[2]); import bench.step as s; sys.path.insert(0, sys.argv[1]); "
+            "sys.exit(s.cli_worker(sys.argv[3:]))"
+        )
+        argv = [
+            sys.executable,
+            "-c",
+            code,
+            str(tree or REPO_ROOT),
+            str(REPO_ROOT),
+            "--weights",
+            weights,
+            "--batches",
+            ",".join(map(str, a.batches)),
+            "--tokens",
+            str(a.tokens),
+            "--reps",
+            str(a.reps),
+            "--variants",
+            variants,
+            "--json",
+            str(out),
+        ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         subprocess.run(argv, check=True, env=env, cwd=str(tree or REPO_ROOT))
         return json.loads(out.read_text())
@@ -149,32 +176,58 @@ def cli_worker(argv: list[str]) -> int:
 
 
 def to_markdown(r: dict) -> str:
-    lines = [f"# Decode step ({r['revision']}, {r['started']})", "", f"`{r['command']}`", "",
-             "Per step, median of the runs: the whole step, the GPT forward inside it, the rest's share, "
-             "and tokens per second of the engine against the bare forward's rate (target: the engine within "
-             "15 % of the forward at full size, batch 1 and 8).", ""]
-    for tree_name, trees in (("this revision", r["current"]), (f"against {r.get('against')}", r.get("against_results"))):
+    lines = [
+        f"# Decode step ({r['revision']}, {r['started']})",
+        "",
+        f"`{r['command']}`",
+        "",
+        "Per step, median of the runs: the whole step, the GPT forward inside it, the rest's share, "
+        "and tokens per second of the engine against the bare forward's rate (target: the engine within "
+        "15 % of the forward at full size, batch 1 and 8).",
+        "",
+    ]
+    for tree_name, trees in (
+        ("this revision", r["current"]),
+        (f"against {r.get('against')}", r.get("against_results")),
+    ):
         if not trees:
             continue
-        lines += [f"## {tree_name}", "", "| weights | variant | batch | step ms | GPT ms | non-GPT % | engine tok/s | GPT tok/s | engine / GPT |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## {tree_name}",
+            "",
+            "| weights | variant | batch | step ms | GPT ms | non-GPT % | engine tok/s | GPT tok/s | engine / GPT |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for res in trees:
             for b, row in res["batches"].items():
                 for v, m in row.items():
                     if not isinstance(m, dict):
                         continue
-                    lines.append(f"| {res['weights']} | {v} | {b} | {fmt(m['step_ms'])} | {fmt(m['forward_ms'])} | "
-                                 f"{fmt(m['non_gpt_pct'], 0)} | {fmt(m['tokens_per_s'], 1)} | {fmt(m['forward_tokens_per_s'], 1)} | "
-                                 f"{fmt(m['tokens_per_s'] / m['forward_tokens_per_s'])} |")
+                    lines.append(
+                        f"| {res['weights']} | {v} | {b} | {fmt(m['step_ms'])} | {fmt(m['forward_ms'])} | "
+                        f"{fmt(m['non_gpt_pct'], 0)} | {fmt(m['tokens_per_s'], 1)} | {fmt(m['forward_tokens_per_s'], 1)} | "
+                        f"{fmt(m['tokens_per_s'] / m['forward_tokens_per_s'])} |"
+                    )
         lines.append("")
         int8 = [(res["weights"], b, row) for res in trees for b, row in res["batches"].items() if "int8_speedup" in row]
         if int8:
-            lines += ["int8 / float32 (dual layout), interleaved in one process (target >= 2x engine tokens/s):", "",
-                      "| weights | batch | engine | GPT forward |", "|---|---:|---:|---:|"]
-            lines += [f"| {w} | {b} | {fmt(row['int8_speedup'])}x | {fmt(row['int8_gpt_speedup'])}x |" for w, b, row in int8]
+            lines += [
+                "int8 / float32 (dual layout), interleaved in one process (target >= 2x engine tokens/s):",
+                "",
+                "| weights | batch | engine | GPT forward |",
+                "|---|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {w} | {b} | {fmt(row['int8_speedup'])}x | {fmt(row['int8_gpt_speedup'])}x |" for w, b, row in int8
+            ]
             lines.append("")
     if r.get("speedup"):
-        lines += ["## this revision against the other", "", "| weights | batch | step time, before / after |", "|---|---:|---:|"]
+        lines += [
+            "## this revision against the other",
+            "",
+            "| weights | batch | step time, before / after |",
+            "|---|---:|---:|",
+        ]
         lines += [f"| {w} | {b} | {fmt(x)}x |" for w, b, x in r["speedup"]]
         lines.append("")
     return "\n".join(lines)
@@ -218,8 +271,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(a: argparse.Namespace) -> int:
     out = a.out or REPO_ROOT / "bench" / "results" / f"step-{time.strftime('%Y-%m-%d-%H%M')}"
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"started": now(), "revision": git_revision(), "command": command_line(a.argv, out),
-                              "current": [], "against": a.against}
+    report: dict[str, Any] = {
+        "started": now(),
+        "revision": git_revision(),
+        "command": command_line(a.argv, out),
+        "current": [],
+        "against": a.against,
+    }
     sizes = [s for s in a.sizes.split(",") if s]
 
     def variants(w: str) -> str:
@@ -229,7 +287,9 @@ def main(a: argparse.Namespace) -> int:
     try:
         if a.against:
             worktree = Path(tempfile.mkdtemp(prefix="bench-step-")) / "tree"
-            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), a.against], check=True, cwd=REPO_ROOT)
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", "-q", str(worktree), a.against], check=True, cwd=REPO_ROOT
+            )
             report["against_results"] = []
         for w in sizes:
             if worktree is not None:
@@ -243,7 +303,8 @@ def main(a: argparse.Namespace) -> int:
     if report.get("against_results"):
         report["speedup"] = [
             (cur["weights"], b, old["batches"][b]["fp32"]["step_ms"] / row["fp32"]["step_ms"])
-            for cur, old in zip(report["current"], report["against_results"]) for b, row in cur["batches"].items()
+            for cur, old in zip(report["current"], report["against_results"])
+            for b, row in cur["batches"].items()
         ]
     write_files(report, out, "report.json", to_markdown, to_png)
     print(to_markdown(report))

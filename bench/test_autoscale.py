@@ -10,8 +10,12 @@ from bench.lib.loadgen import RequestRecord, complete
 
 def _sample(t, acoustic, rows=None):
     reps = {f"r{i}": {"state": "RUNNING", "running": (rows or {}).get(f"r{i}", 0)} for i in range(acoustic)}
-    return {"t": t, "replicas": {"Ingress": 1, "TextNormalizer": 1, "Acoustic": acoustic, "Vocoder": 1},
-            "acoustic": reps, "desired": None}
+    return {
+        "t": t,
+        "replicas": {"Ingress": 1, "TextNormalizer": 1, "Acoustic": acoustic, "Vocoder": 1},
+        "acoustic": reps,
+        "desired": None,
+    }
 
 
 def test_steps_syntax():
@@ -46,7 +50,11 @@ def test_a_request_is_complete_only_with_all_its_audio():
 
 
 def test_parse_metrics_reads_labels():
-    text = ('# HELP ray_tts_queue_rows x\n# TYPE ray_tts_queue_rows gauge\n'
-            'ray_tts_queue_rows{deployment="Acoustic",replica="abc"} 3.0\n'
-            'ray_other{a="b"} 1.0\n')
-    assert parse_metrics(text, ("ray_tts_queue_rows",)) == [("ray_tts_queue_rows", {"deployment": "Acoustic", "replica": "abc"}, 3.0)]
+    text = (
+        "# HELP ray_tts_queue_rows x\n# TYPE ray_tts_queue_rows gauge\n"
+        'ray_tts_queue_rows{deployment="Acoustic",replica="abc"} 3.0\n'
+        'ray_other{a="b"} 1.0\n'
+    )
+    assert parse_metrics(text, ("ray_tts_queue_rows",)) == [
+        ("ray_tts_queue_rows", {"deployment": "Acoustic", "replica": "abc"}, 3.0)
+    ]

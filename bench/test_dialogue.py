@@ -42,14 +42,20 @@ def test_the_dialogue_is_the_turns_with_a_pause_between():
 
 
 def _way(wall, samples, steps, row_steps):
-    counters = dict.fromkeys(dialogue.COUNTERS, 0) | {"steps": steps, "row_steps": row_steps, "decode_seconds": steps * 0.01}
+    counters = dict.fromkeys(dialogue.COUNTERS, 0) | {
+        "steps": steps,
+        "row_steps": row_steps,
+        "decode_seconds": steps * 0.01,
+    }
     return {"wall_s": wall, "first_audio_s": 0.2, "samples": samples, "counters": counters}
 
 
 def test_summarize_takes_p50s_ratios_rows_per_step_and_checks_the_audio():
     pause = dialogue.pause_samples(0.4) * (len(dialogue.TURNS) - 1)
-    rounds = [{"dialogue": _way(d, 1000 + pause, 100, 1000), "sequential": _way(s, 1000, 1000, 1200),
-               "identical_pcm": True} for d, s in ((10.0, 30.0), (12.0, 31.0), (11.0, 27.5))]
+    rounds = [
+        {"dialogue": _way(d, 1000 + pause, 100, 1000), "sequential": _way(s, 1000, 1000, 1200), "identical_pcm": True}
+        for d, s in ((10.0, 30.0), (12.0, 31.0), (11.0, 27.5))
+    ]
     s = dialogue.summarize(rounds, 0.4)
     assert s["dialogue"]["wall_s_p50"] == 11.0 and s["sequential"]["wall_s_p50"] == 30.0
     assert s["ratio_p50"] == pytest.approx(30 / 11, abs=1e-3)
@@ -76,11 +82,30 @@ def test_timeline_keeps_a_point_per_interval_and_the_last():
 
 
 def test_the_report_renders_from_a_partial_report(tmp_path):
-    rounds = [{"round": 0, "dialogue": {**_way(10.0, 5, 1, 1), "timeline": [[1.0, 2.0]]},
-               "sequential": {**_way(30.0, 5, 1, 1), "timeline": [[3.0, 2.0]], "turn_wall_s": [3.0] * 10}}]
-    report = {"meta": {"started": "t", "command": "python -m bench dialogue", "weights": "random-tiny", "git": "x",
-                       "cpus": 2, "rounds": 1, "seed": 7, "pause_s": 0.0, "loadavg_start": [0.1]},
-              "turns": dialogue.planned(), "rounds": rounds, "summary": dialogue.summarize(rounds, 0.0), "warnings": []}
+    rounds = [
+        {
+            "round": 0,
+            "dialogue": {**_way(10.0, 5, 1, 1), "timeline": [[1.0, 2.0]]},
+            "sequential": {**_way(30.0, 5, 1, 1), "timeline": [[3.0, 2.0]], "turn_wall_s": [3.0] * 10},
+        }
+    ]
+    report = {
+        "meta": {
+            "started": "t",
+            "command": "python -m bench dialogue",
+            "weights": "random-tiny",
+            "git": "x",
+            "cpus": 2,
+            "rounds": 1,
+            "seed": 7,
+            "pause_s": 0.0,
+            "loadavg_start": [0.1],
+        },
+        "turns": dialogue.planned(),
+        "rounds": rounds,
+        "summary": dialogue.summarize(rounds, 0.0),
+        "warnings": [],
+    }
     dialogue.write_report(report, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "sequential / dialogue (p50): 3.00" in md and (tmp_path / "report.png").stat().st_size > 0

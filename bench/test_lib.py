@@ -82,9 +82,22 @@ def test_poisson_schedule_is_reproducible_and_bounded():
 
 
 def test_config_paths_by_name():
-    cfg = {"applications": [{"name": "chattts", "args": {}, "deployments": [{"name": "Acoustic", "autoscaling_config": {"min_replicas": 1}}]}],
-           "http_options": {"port": 8000}}
-    out = apply_overrides(cfg, weights="random", port=1234, overrides={"applications.chattts.deployments.Acoustic.user_config.max_batch_size": 4})
+    cfg = {
+        "applications": [
+            {
+                "name": "chattts",
+                "args": {},
+                "deployments": [{"name": "Acoustic", "autoscaling_config": {"min_replicas": 1}}],
+            }
+        ],
+        "http_options": {"port": 8000},
+    }
+    out = apply_overrides(
+        cfg,
+        weights="random",
+        port=1234,
+        overrides={"applications.chattts.deployments.Acoustic.user_config.max_batch_size": 4},
+    )
     assert out["http_options"] == {"port": 1234, "host": "127.0.0.1", "request_timeout_s": 600}
     assert get_path(out, "applications.chattts.args.model.weights.source") == "random"
     assert get_path(out, "applications.chattts.deployments.Acoustic.user_config.max_batch_size") == 4
@@ -93,16 +106,21 @@ def test_config_paths_by_name():
     assert "num_replicas" not in d
     assert d["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2, "initial_replicas": 2}
     set_threads(out, "Vocoder", 2)  # a deployment not in the file is added by name
-    assert get_path(out, "applications.chattts.deployments.Vocoder.ray_actor_options.runtime_env.env_vars.OMP_NUM_THREADS") == "2"
+    assert (
+        get_path(out, "applications.chattts.deployments.Vocoder.ray_actor_options.runtime_env.env_vars.OMP_NUM_THREADS")
+        == "2"
+    )
     assert cfg["http_options"] == {"port": 8000}  # the input is not modified
     set_path(out, "applications.0.route_prefix", "/")
     assert out["applications"][0]["route_prefix"] == "/"
 
 
 def test_profile_summary():
-    raw = ("run (t.py:1);_decode_step (a.py:2);forward (llama.py:3) 6\n"
-           "run (t.py:1);_sample_and_advance (a.py:4);softmax (f.py:5) 3\n"
-           "run (t.py:1);wait (q.py:9) 1\n")
+    raw = (
+        "run (t.py:1);_decode_step (a.py:2);forward (llama.py:3) 6\n"
+        "run (t.py:1);_sample_and_advance (a.py:4);softmax (f.py:5) 3\n"
+        "run (t.py:1);wait (q.py:9) 1\n"
+    )
     s = summarize_raw(raw)
     assert s["samples"] == 10
     assert s["stages_pct"]["GPT forward (decode)"] == 60.0
@@ -152,7 +170,10 @@ def test_free_port_draws_below_the_ephemeral_range():
 
 def test_managed_process_stops_its_group_and_keeps_its_log(tmp_path):
     log = tmp_path / "p.log"
-    code = "import subprocess, sys, time; print('up', flush=True); subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    code = (
+        "import subprocess, sys, time; print('up', flush=True); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
     p = ManagedProcess("sleeper", [sys.executable, "-c", code], log)
     assert wait_until(lambda: "up" in log.read_text(), 20, 0.05)
     children = psutil.Process(p.pid).children()
@@ -198,8 +219,19 @@ def test_paths_are_recorded_relative_to_the_output(tmp_path):
     ray_session = os.path.join(os.sep, "tmp", "ray", "session_2026-12-01_01-58-40_1")  # outside the output
     assert relative_path(ray_session, out) == "session_2026-12-01_01-58-40_1"
     assert relative_path("config/x.yaml", None) == "config/x.yaml"
-    argv = ["run", "--quick", "--out", str(out), "--config", "/etc/x/serve.yaml", "--junitxml=" + str(out / "p.xml"),
-            "--loads", "0.5,0.7", "--set", "a.b=1"]
+    argv = [
+        "run",
+        "--quick",
+        "--out",
+        str(out),
+        "--config",
+        "/etc/x/serve.yaml",
+        "--junitxml=" + str(out / "p.xml"),
+        "--loads",
+        "0.5,0.7",
+        "--set",
+        "a.b=1",
+    ]
     cmd = command_line(argv, out)
     assert cmd == "python -m bench run --quick --out . --config serve.yaml --junitxml=p.xml --loads 0.5,0.7 --set a.b=1"
     assert str(tmp_path) not in cmd

@@ -32,17 +32,38 @@ def test_run_overrides_reach_the_config_and_the_report():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    a = p.parse_args(["--acoustic-threads", "1", "--vocoder-replicas", "2", "--max-rows", "8", "--acoustic-cpus", "0.5",
-                      "--set", "applications.chattts.deployments.Vocoder.max_ongoing_requests=64"])
+    a = p.parse_args(
+        [
+            "--acoustic-threads",
+            "1",
+            "--vocoder-replicas",
+            "2",
+            "--max-rows",
+            "8",
+            "--acoustic-cpus",
+            "0.5",
+            "--set",
+            "applications.chattts.deployments.Vocoder.max_ongoing_requests=64",
+        ]
+    )
     cfg, shown = serve_config(a, port=20001)
     dep = "applications.chattts.deployments"
     assert get(cfg, "http_options", "port") == 20001
     assert get_path_(cfg, f"{dep}.Acoustic.ray_actor_options.runtime_env.env_vars.OMP_NUM_THREADS") == "1"
-    assert get_path_(cfg, f"{dep}.Vocoder.autoscaling_config") == {"min_replicas": 2, "max_replicas": 2, "initial_replicas": 2}
+    assert get_path_(cfg, f"{dep}.Vocoder.autoscaling_config") == {
+        "min_replicas": 2,
+        "max_replicas": 2,
+        "initial_replicas": 2,
+    }
     assert get_path_(cfg, "applications.chattts.args.acoustic.max_rows") == 8
     assert get_path_(cfg, f"{dep}.Vocoder.max_ongoing_requests") == 64
-    assert list(shown) == [f"{dep}.Vocoder.max_ongoing_requests", "Acoustic.ray_actor_options.num_cpus",
-                           "Acoustic.threads", "Vocoder.replicas", "acoustic.max_rows"]
+    assert list(shown) == [
+        f"{dep}.Vocoder.max_ongoing_requests",
+        "Acoustic.ray_actor_options.num_cpus",
+        "Acoustic.threads",
+        "Vocoder.replicas",
+        "acoustic.max_rows",
+    ]
 
 
 def get_path_(cfg, dotted):
@@ -57,8 +78,10 @@ def test_ratios_and_targets():
         "baseline": {"closed": {"8": {"audio_s_per_s": 0.4, "latency_s": {"p99": 80.0}}}},
         "serve": {
             "closed": {"1": {"ttfb_s": {"p50": 0.6}}, "8": {"audio_s_per_s": 1.3, "latency_s": {"p99": 30.0}}},
-            "open": {"continuous": {load_key(0.7): {"latency_s": {"mean": 10.0}}},
-                     "window": {load_key(0.7): {"latency_s": {"mean": 20.0}}}},
+            "open": {
+                "continuous": {load_key(0.7): {"latency_s": {"mean": 10.0}}},
+                "window": {load_key(0.7): {"latency_s": {"mean": 20.0}}},
+            },
         },
     }
     r = compute_ratios(report)
@@ -74,7 +97,9 @@ def test_ratios_and_targets():
 
 
 def committed_reports() -> list[Path]:
-    return sorted({p.parent for pattern in ("*/report.json", "*/*/report.json", "*/realtime.json") for p in RESULTS.glob(pattern)})
+    return sorted(
+        {p.parent for pattern in ("*/report.json", "*/*/report.json", "*/realtime.json") for p in RESULTS.glob(pattern)}
+    )
 
 
 def test_committed_results_carry_no_absolute_path():

@@ -127,11 +127,22 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
     variants = {name: VocoderConfig(**fields) for name, fields in VARIANTS.items()}
     vocoders = {name: Vocoder(parts, cfg) for name, cfg in variants.items()}
     reference = Vocoder(parts, VocoderConfig(cache_state=False, precision="float32"))
-    report["setup"] = {"first_chunk_tokens": first, "chunk_tokens": size, "tokens": a.tokens, "utterances": a.utterances,
-                       "audio_s": round(audio_s, 2), "threads": torch.get_num_threads(), "layer_scale": a.layer_scale,
-                       "variants": {n: {**c.model_dump(include={"cache_state", "precision"}),
-                                        "dtype": str(vocoders[n].dtype).removeprefix("torch.")}
-                                    for n, c in variants.items()}}
+    report["setup"] = {
+        "first_chunk_tokens": first,
+        "chunk_tokens": size,
+        "tokens": a.tokens,
+        "utterances": a.utterances,
+        "audio_s": round(audio_s, 2),
+        "threads": torch.get_num_threads(),
+        "layer_scale": a.layer_scale,
+        "variants": {
+            n: {
+                **c.model_dump(include={"cache_state", "precision"}),
+                "dtype": str(vocoders[n].dtype).removeprefix("torch."),
+            }
+            for n, c in variants.items()
+        },
+    }
     net = vocoders["default"].net
     if net is not None:
         reach = net.reach_frames()
@@ -195,9 +206,11 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
                 e.close()
             times.append(time.thread_time() - t0)
         enc_rate = audio_s / max(median(times), 1e-9)
-        enc[fmt_] = {"audio_s_per_core": round(enc_rate, 1),
-                     "stage_today": round(1 / (1 / base + 1 / enc_rate), 2),
-                     "stage_default": round(1 / (1 / results["default"]["audio_s_per_core"] + 1 / enc_rate), 2)}
+        enc[fmt_] = {
+            "audio_s_per_core": round(enc_rate, 1),
+            "stage_today": round(1 / (1 / base + 1 / enc_rate), 2),
+            "stage_default": round(1 / (1 / results["default"]["audio_s_per_core"] + 1 / enc_rate), 2),
+        }
     report["encoders"] = enc
 
 
@@ -206,31 +219,52 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
 
 def to_markdown(report: dict) -> str:
     m, s = report["meta"], report.get("setup", {})
-    lines = [f"# Vocoder stage per CPU core, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights {m['weights']}, {s.get('utterances')} x {s.get('tokens')} tokens ({s.get('audio_s')} s of audio), "
-             f"chunks {s.get('first_chunk_tokens')} then {s.get('chunk_tokens')}, torch threads {s.get('threads')}, "
-             f"layer scale {s.get('layer_scale') or 'as loaded'}; median of {m.get('reps')} interleaved runs; "
-             f"load average at start {m.get('loadavg_start')}", ""]
+    lines = [
+        f"# Vocoder stage per CPU core, {m['started']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"weights {m['weights']}, {s.get('utterances')} x {s.get('tokens')} tokens ({s.get('audio_s')} s of audio), "
+        f"chunks {s.get('first_chunk_tokens')} then {s.get('chunk_tokens')}, torch threads {s.get('threads')}, "
+        f"layer scale {s.get('layer_scale') or 'as loaded'}; median of {m.get('reps')} interleaved runs; "
+        f"load average at start {m.get('loadavg_start')}",
+        "",
+    ]
     rf = s.get("receptive_field_frames_each_side")
     if rf:
-        lines += [f"Receptive field each side, mel frames (2 per token): Decoder {rf['decoder']}, Vocos {rf['vocos']}, "
-                  f"ISTFT {rf['istft']}: {rf['total']} frames = {rf['total'] / 2:g} tokens.", ""]
-    lines += ["Audio seconds per CPU second (one thread); SNR of the streamed PCM, dB. `today` runs ChatTTS's modules; "
-              "the others the layer-by-layer net (engine/vocoder_net.py, weights packed once for oneDNN), so `carried "
-              "state only` and `bf16 only` include the packing.", "",
-              "| variant | cache_state | matmuls | stage | speed-up | Decoder | Vocos | other % | wall | SNR vs today | SNR vs one-shot |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Receptive field each side, mel frames (2 per token): Decoder {rf['decoder']}, Vocos {rf['vocos']}, "
+            f"ISTFT {rf['istft']}: {rf['total']} frames = {rf['total'] / 2:g} tokens.",
+            "",
+        ]
+    lines += [
+        "Audio seconds per CPU second (one thread); SNR of the streamed PCM, dB. `today` runs ChatTTS's modules; "
+        "the others the layer-by-layer net (engine/vocoder_net.py, weights packed once for oneDNN), so `carried "
+        "state only` and `bf16 only` include the packing.",
+        "",
+        "| variant | cache_state | matmuls | stage | speed-up | Decoder | Vocos | other % | wall | SNR vs today | SNR vs one-shot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in report.get("results", {}).items():
         v = s["variants"][name]
-        lines.append(f"| {name} | {v['cache_state']} | {v['dtype']} | {fmt(r['audio_s_per_core'])} | {fmt(r['speedup'])}x "
-                     f"| {fmt(r['decoder_audio_s_per_core'])} | {fmt(r['vocos_audio_s_per_core'])} "
-                     f"| {fmt(100 * r['other_share'], 1)} | {fmt(r['wall_audio_s_per_s'])} | {fmt(r['snr_vs_today_db'], 1)} "
-                     f"| {fmt(r['snr_vs_one_shot_db'], 1)} |")
+        lines.append(
+            f"| {name} | {v['cache_state']} | {v['dtype']} | {fmt(r['audio_s_per_core'])} | {fmt(r['speedup'])}x "
+            f"| {fmt(r['decoder_audio_s_per_core'])} | {fmt(r['vocos_audio_s_per_core'])} "
+            f"| {fmt(100 * r['other_share'], 1)} | {fmt(r['wall_audio_s_per_s'])} | {fmt(r['snr_vs_today_db'], 1)} "
+            f"| {fmt(r['snr_vs_one_shot_db'], 1)} |"
+        )
     if report.get("encoders"):
-        lines += ["", "Encoders (the default's PCM, streamed) and the whole stage with each: audio s per CPU s.", "",
-                  "| format | encoder | stage today | stage default |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Encoders (the default's PCM, streamed) and the whole stage with each: audio s per CPU s.",
+            "",
+            "| format | encoder | stage today | stage default |",
+            "|---|---|---|---|",
+        ]
         for f, e in report["encoders"].items():
-            lines.append(f"| {f} | {fmt(e['audio_s_per_core'], 1)} | {fmt(e['stage_today'])} | {fmt(e['stage_default'])} |")
+            lines.append(
+                f"| {f} | {fmt(e['audio_s_per_core'], 1)} | {fmt(e['stage_today'])} | {fmt(e['stage_default'])} |"
+            )
     for w in report.get("warnings", []):
         lines += ["", f"warning: {w}"]
     if "error" in report:
@@ -246,8 +280,9 @@ def to_png(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     names = list(results)
     xs = range(len(names))
-    for i, (key, label) in enumerate((("audio_s_per_core", "stage"), ("decoder_audio_s_per_core", "Decoder"),
-                                      ("vocos_audio_s_per_core", "Vocos"))):
+    for i, (key, label) in enumerate(
+        (("audio_s_per_core", "stage"), ("decoder_audio_s_per_core", "Decoder"), ("vocos_audio_s_per_core", "Vocos"))
+    ):
         ax.bar([x + (i - 1) * 0.27 for x in xs], [results[n][key] or 0 for n in names], width=0.27, label=label)
     ax.set_xticks(list(xs), names)
     ax.set(title="Vocoder: audio seconds per CPU second (one thread)", ylabel="audio s / CPU s")

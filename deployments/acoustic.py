@@ -19,9 +19,6 @@ import numpy as np
 import ray
 from ray import serve
 
-from serve_app.serving import metrics
-from serve_app.serving.autoscaling import engine_stats
-from serve_app.serving.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.errors import EngineError
@@ -31,6 +28,9 @@ from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights.loading import load_model
+from serve_app.serving import metrics
+from serve_app.serving.autoscaling import engine_stats
+from serve_app.serving.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
 
 log = logging.getLogger("ray.serve")
@@ -60,8 +60,15 @@ class Acoustic:
         log.info("Acoustic placement %s", json.dumps(self.placement))
 
     def _warmup(self) -> None:
-        req = SegmentRequest(text="你好。", spk_emb=None, spk_seed=OPENAI_VOICES["alloy"], seed=0, max_new_tokens=4,
-                             target_tokens=4, client=INTERNAL_CLIENT)  # nobody's: it caps no client's rows
+        req = SegmentRequest(
+            text="你好。",
+            spk_emb=None,
+            spk_seed=OPENAI_VOICES["alloy"],
+            seed=0,
+            max_new_tokens=4,
+            target_tokens=4,
+            client=INTERNAL_CLIENT,
+        )  # nobody's: it caps no client's rows
         for _ in self.engine.submit(req):
             pass
 
@@ -154,7 +161,11 @@ class Acoustic:
         }
 
     def weights_info(self) -> dict:
-        return {"kind": self.model.weights.kind, "id": self.model.weights.weights_id, "source": self.model.weights.source}
+        return {
+            "kind": self.model.weights.kind,
+            "id": self.model.weights.weights_id,
+            "source": self.model.weights.source,
+        }
 
     def check_health(self) -> None:
         if self.engine._thread is None or not self.engine._thread.is_alive():
@@ -167,7 +178,9 @@ class Acoustic:
         try:
             left = self.engine.running_rows + self.engine.waiting_rows
             if left:
-                log.warning("Acoustic replica stopping with %d rows unfinished (graceful_shutdown_timeout_s too short?)", left)
+                log.warning(
+                    "Acoustic replica stopping with %d rows unfinished (graceful_shutdown_timeout_s too short?)", left
+                )
             self.engine.stop()
         except Exception:  # noqa: BLE001
             pass

@@ -23,15 +23,25 @@ from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
 from serve_app.http.jobs import CREATE_JOB_OPENAPI, JOBS_PATH, JobsService
 from serve_app.http.loop_watch import LoopWatch
-from serve_app.http.middleware import HttpPolicy
+from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.request_log import RequestRecord
-from serve_app.http.middleware import caller_of
 from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
-from serve_app.protocol import (MODEL_IDS, AudioJob, AudioJobDeleted, AudioJobList, DialogueRequest, ModelCard,
-                                ModelList, SpeechRequest, TimedSpeech, TimedSpeechRequest, VoiceList)
+from serve_app.protocol import (
+    MODEL_IDS,
+    AudioJob,
+    AudioJobDeleted,
+    AudioJobList,
+    DialogueRequest,
+    ModelCard,
+    ModelList,
+    SpeechRequest,
+    TimedSpeech,
+    TimedSpeechRequest,
+    VoiceList,
+)
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
@@ -80,14 +90,29 @@ class Ingress:
         flow_settings = FlowSettings.model_validate(flow or {})
         flow_board = board_name(app_name)
         board(flow_board)  # created (or found) now, not on the first request
-        self.speech = SpeechService(normalizer, vocoder, acoustic, self.voices.catalog,
-                                    CacheConfig.model_validate(cache or {}), ingress, slots, flow_settings, flow_board)
+        self.speech = SpeechService(
+            normalizer,
+            vocoder,
+            acoustic,
+            self.voices.catalog,
+            CacheConfig.model_validate(cache or {}),
+            ingress,
+            slots,
+            flow_settings,
+            flow_board,
+        )
         jobs_config = JobsSettings.model_validate(jobs or {})
         HTTP_POLICY.route_max_bytes[JOBS_PATH] = jobs_config.max_upload_bytes  # a book's text
         # The application's job runner (found by name, made if missing) speaks through these stages.
         # segments: the TextNormalizer's limits, which a job's chunks are planned with at submission.
-        self.jobs = JobsService(jobs_config, normalizer, vocoder, self.voices.catalog, app_name,
-                                SegmentLimits.model_validate(segments or {}))
+        self.jobs = JobsService(
+            jobs_config,
+            normalizer,
+            vocoder,
+            self.voices.catalog,
+            app_name,
+            SegmentLimits.model_validate(segments or {}),
+        )
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
@@ -135,20 +160,25 @@ class Ingress:
     async def synthesize(self, request: Union[SpeechRequest, dict]) -> bytes:
         """The whole audio file."""
         req = as_request(request)
-        return await self.speech.synthesize(req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER)
+        return await self.speech.synthesize(
+            req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER
+        )
 
     async def synthesize_with_timestamps(self, request: Union[TimedSpeechRequest, dict]) -> TimedSpeech:
         """The whole audio (base64) with where each segment lies in it, and captions on request:
         what ``POST /v1/audio/speech/with-timestamps`` answers."""
         req = as_request(request, TimedSpeechRequest)
-        answer, _ = await self.speech.timed_answer(req, RequestRecord.start(req, _request_id(), client="handle"),
-                                                   HANDLE_CALLER)
+        answer, _ = await self.speech.timed_answer(
+            req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER
+        )
         return answer
 
     async def stream(self, request: Union[SpeechRequest, dict]) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (``.options(stream=True)``)."""
         req = as_request(request)
-        async for data in self.speech.stream(req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER):
+        async for data in self.speech.stream(
+            req, RequestRecord.start(req, _request_id(), client="handle"), HANDLE_CALLER
+        ):
             yield data
 
     # ------------------------------------------------------------------ speech
@@ -177,8 +207,9 @@ class Ingress:
         try:
             if timed:
                 return await self.speech.timed(body, rec, self._caller(request), cache_control)
-            return await self.speech.respond(body, rec, self._caller(request), cache_control,
-                                             flow_acks=request.headers.get(ACKS_HEADER) == "1")
+            return await self.speech.respond(
+                body, rec, self._caller(request), cache_control, flow_acks=request.headers.get(ACKS_HEADER) == "1"
+            )
         except APIError as exc:
             rec.finish(str(exc.status))
             return error_response(exc)

@@ -12,10 +12,10 @@ from typing import Optional
 
 from ray import serve
 
-from serve_app.serving import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import Plan, ScriptPart, SynthesisOptions, Voice
+from serve_app.serving import metrics
 
 log = logging.getLogger("ray.serve")
 
@@ -39,8 +39,9 @@ class TextNormalizer:
         metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
         return plan
 
-    def replan(self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice] = None,
-               client: str = "") -> Plan:
+    def replan(
+        self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice] = None, client: str = ""
+    ) -> Plan:
         """Segments from refined texts (refine_text); the texts are ChatTTS's own output."""
         return self.planner.plan_texts(texts, options, voice, client=client)
 

@@ -18,9 +18,6 @@ import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.serving import metrics
-from serve_app.serving.flow import AckedStream, FlowCredit, FlowRef, board, board_name
-from serve_app.settings import FlowSettings
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
@@ -30,6 +27,9 @@ from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.wav import with_true_length
 from serve_app.engine.weights.loading import load_vocoder
+from serve_app.serving import metrics
+from serve_app.serving.flow import AckedStream, FlowCredit, FlowRef, board, board_name
+from serve_app.settings import FlowSettings
 
 log = logging.getLogger("ray.serve")
 
@@ -41,8 +41,13 @@ MIN_YIELD_BYTES = 2048
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml).
 @serve.deployment
 class Vocoder:
-    def __init__(self, acoustic: DeploymentHandle, model: dict | None = None, vocoder: dict | None = None,
-                 flow: dict | None = None):
+    def __init__(
+        self,
+        acoustic: DeploymentHandle,
+        model: dict | None = None,
+        vocoder: dict | None = None,
+        flow: dict | None = None,
+    ):
         t0 = time.perf_counter()
         self.acoustic = acoustic
         self.flow = FlowSettings.model_validate(flow or {})
@@ -59,15 +64,23 @@ class Vocoder:
         self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
 
-    async def stream(self, plan: Plan, response_format: str,
-                     flow: Optional[FlowRef] = None) -> AsyncIterator[Union[bytes, SegmentMark, StreamSummary]]:
+    async def stream(
+        self, plan: Plan, response_format: str, flow: Optional[FlowRef] = None
+    ) -> AsyncIterator[Union[bytes, SegmentMark, StreamSummary]]:
         """Encoded audio bytes as they are made, a ``SegmentMark`` right after the bytes that
         complete each segment, then one ``StreamSummary``. The Acoustic stage stays at most a
         window ahead of what this stream has decoded, and with ``flow`` this stream stays at most
         its window ahead of what the caller has taken (serving/flow.py)."""
         t0 = time.perf_counter()
-        assembler = AudioAssembler(self.vocoder, response_format, self.cfg, pauses=plan.pauses, gain_db=plan.gain_db,
-                                   lead_in=plan.lead_in, loudness=plan.loudness)
+        assembler = AudioAssembler(
+            self.vocoder,
+            response_format,
+            self.cfg,
+            pauses=plan.pauses,
+            gain_db=plan.gain_db,
+            lead_in=plan.lead_in,
+            loudness=plan.loudness,
+        )
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
@@ -103,7 +116,9 @@ class Vocoder:
                 metrics.observe("tts_rtf", elapsed / seconds)
             metrics.observe("tts_stage_seconds", assembler.vocode_seconds, stage="vocode")
             metrics.observe("tts_stage_seconds", assembler.encode_seconds, stage="encode")
-            yield StreamSummary(seconds, len(plan.segments), batch_rows, assembler.vocode_seconds, assembler.encode_seconds)
+            yield StreamSummary(
+                seconds, len(plan.segments), batch_rows, assembler.vocode_seconds, assembler.encode_seconds
+            )
         finally:
             if done:
                 chunks.close()
@@ -115,7 +130,9 @@ class Vocoder:
         ``InvalidClipError`` when it is not usable. Runs on the replica's one torch thread: a
         clip's encoding delays this replica's streams by as long (voices are made rarely)."""
         t0 = time.perf_counter()
-        clip = await self._torch_thread.acall(self.voice_encoder.encode_file, data, ClipLimits(min_seconds, max_seconds))
+        clip = await self._torch_thread.acall(
+            self.voice_encoder.encode_file, data, ClipLimits(min_seconds, max_seconds)
+        )
         metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="encode_clip")
         return clip
 

@@ -63,7 +63,9 @@ class APIError(Exception):
         return (APIError, (self.status, self.message, self.type, self.param, self.code, self.headers))
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: Optional[str] = None, code: Optional[str] = None) -> dict[str, Any]:
+def error_body(
+    message: str, type: str = "invalid_request_error", param: Optional[str] = None, code: Optional[str] = None
+) -> dict[str, Any]:
     return APIError(0, message, type, param, code).body()
 
 
@@ -88,8 +90,13 @@ _ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str
 
 def overloaded() -> APIError:
     """A stage's queue is full (Serve's ``max_queued_requests``): 503, the client may retry."""
-    return APIError(503, "server overloaded: a stage's queue is full; retry shortly", type="server_error",
-                    code="overloaded", headers={"Retry-After": "1"})
+    return APIError(
+        503,
+        "server overloaded: a stage's queue is full; retry shortly",
+        type="server_error",
+        code="overloaded",
+        headers={"Retry-After": "1"},
+    )
 
 
 def invalid_value(errors: Sequence[dict[str, Any]], skip: tuple[str, ...] = ("body",)) -> APIError:

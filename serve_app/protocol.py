@@ -41,7 +41,9 @@ class _ApiOptions(SynthesisOptions):
     # A string (built-in or custom voice name, voice id, seed:<n>, speaker string) or {"id": ...};
     # always a string once validated.
     voice: Union[Annotated[str, Field(max_length=MAX_SPEAKER_CHARS)], VoiceRef] = Field(
-        default="alloy", description="Built-in or custom voice name, {\"id\": \"voice_...\"}, seed:<n>, or a ChatTTS speaker string.")
+        default="alloy",
+        description='Built-in or custom voice name, {"id": "voice_..."}, seed:<n>, or a ChatTTS speaker string.',
+    )
 
     @field_validator("voice")
     @classmethod
@@ -59,22 +61,36 @@ class SpeechRequest(_ApiOptions):
     input: str = Field(min_length=1, description="Text to speak.")
     response_format: ResponseFormat = "mp3"
     stream_format: StreamFormat = "audio"
-    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, in words "
-                                        "(English or Chinese) or a preset name: mapped to ChatTTS's oral/laugh/break tags and "
-                                        "the speed (README, \"Timed content\"); X-Style-Applied / X-Style-Ignored say how.")
-    input_format: Optional[Literal["text", "ssml"]] = Field(default=None, description="ssml: the input is SSML (the "
-                                                            "default when it starts with <speak).")
+    instructions: Optional[str] = Field(
+        default=None,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="How to speak, in words "
+        "(English or Chinese) or a preset name: mapped to ChatTTS's oral/laugh/break tags and "
+        'the speed (README, "Timed content"); X-Style-Applied / X-Style-Ignored say how.',
+    )
+    input_format: Optional[Literal["text", "ssml"]] = Field(
+        default=None, description="ssml: the input is SSML (the default when it starts with <speak)."
+    )
     refine_text: bool = False
-    timestamps: bool = Field(default=False, description="With stream_format sse: a speech.segment event (its input text and "
-                             "span, start and end seconds) once each segment's audio is complete.")
-    loudness: Optional[float] = Field(default=None, ge=LOUDNESS_RANGE_LUFS[0], le=LOUDNESS_RANGE_LUFS[1],
-                                      description="Integrated loudness of the answer, LUFS (EBU R128), e.g. -16: the audio is "
-                                      "normalised as a whole, so it is sent once it is all made (no streaming).")
+    timestamps: bool = Field(
+        default=False,
+        description="With stream_format sse: a speech.segment event (its input text and "
+        "span, start and end seconds) once each segment's audio is complete.",
+    )
+    loudness: Optional[float] = Field(
+        default=None,
+        ge=LOUDNESS_RANGE_LUFS[0],
+        le=LOUDNESS_RANGE_LUFS[1],
+        description="Integrated loudness of the answer, LUFS (EBU R128), e.g. -16: the audio is "
+        "normalised as a whole, so it is sent once it is all made (no streaming).",
+    )
 
     @model_validator(mode="after")
     def _timestamps_need_events(self) -> "SpeechRequest":
         if self.timestamps and self.stream_format != "sse":
-            raise ValueError("timestamps needs stream_format 'sse' (or POST /v1/audio/speech/with-timestamps for one JSON answer)")
+            raise ValueError(
+                "timestamps needs stream_format 'sse' (or POST /v1/audio/speech/with-timestamps for one JSON answer)"
+            )
         return self
 
     @field_validator("input")
@@ -99,8 +115,6 @@ class SpeechRequest(_ApiOptions):
         return "text/event-stream" if self.stream_format == "sse" else CONTENT_TYPES[self.response_format]
 
 
-
-
 class TimedSpeechRequest(SpeechRequest):
     """``POST /v1/audio/speech/with-timestamps``: one JSON answer with the whole audio, where each
     segment lies in it, and captions on request."""
@@ -120,7 +134,9 @@ class SpeechSegment(BaseModel):
     start: float = Field(description="Seconds from the audio's first sample.")
     end: float
     speaker: Optional[str] = None
-    turn: Optional[int] = Field(default=None, description="A dialogue's turn (input_start / input_end are in its input).")
+    turn: Optional[int] = Field(
+        default=None, description="A dialogue's turn (input_start / input_end are in its input)."
+    )
 
 
 class TimedSpeech(BaseModel):
@@ -171,8 +187,12 @@ class DialogueRequest(SpeechRequest):
     @model_validator(mode="after")
     def _as_input(self) -> "DialogueRequest":
         # What the length limit and the cache key see: the whole script, canonical.
-        self.input = json.dumps({"turns": [t.model_dump() for t in self.turns], "pause_s": self.pause_s},
-                                ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        self.input = json.dumps(
+            {"turns": [t.model_dump() for t in self.turns], "pause_s": self.pause_s},
+            ensure_ascii=False,
+            sort_keys=True,
+            separators=(",", ":"),
+        )
         return self
 
     @property
@@ -202,8 +222,11 @@ class VoiceCard(BaseModel):
     seed: Optional[int] = None
     created_at: Optional[int] = None
     clip_seconds: Optional[float] = None
-    owner: Optional[str] = Field(default=None, description="A custom voice's owner: the key id that made it, "
-                                 "or 'anonymous' (a caller lists its own; an admin key every owner's).")
+    owner: Optional[str] = Field(
+        default=None,
+        description="A custom voice's owner: the key id that made it, "
+        "or 'anonymous' (a caller lists its own; an admin key every owner's).",
+    )
 
 
 class VoiceList(BaseModel):
@@ -229,21 +252,34 @@ class JobRequest(_ApiOptions):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(default="chattts", max_length=64)
-    input: str = Field(default="", description="Text to speak (paragraphs separated by blank lines) or an SSML "
-                       "document; empty with turns.")
-    input_format: Optional[Literal["text", "ssml"]] = Field(default=None, description="ssml: the input is SSML (the "
-                                                            "default when it starts with <speak).")
-    turns: Optional[list[DialogueTurn]] = Field(default=None, min_length=1, max_length=MAX_JOB_TURNS,
-                                                description="A dialogue instead of input: turns in several voices.")
+    input: str = Field(
+        default="",
+        description="Text to speak (paragraphs separated by blank lines) or an SSML document; empty with turns.",
+    )
+    input_format: Optional[Literal["text", "ssml"]] = Field(
+        default=None, description="ssml: the input is SSML (the default when it starts with <speak)."
+    )
+    turns: Optional[list[DialogueTurn]] = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_JOB_TURNS,
+        description="A dialogue instead of input: turns in several voices.",
+    )
     pause_s: float = Field(default=0.4, ge=0.0, le=5.0, description="With turns: silence between turns, seconds.")
     response_format: ResponseFormat = "mp3"
-    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, "
-                                        "as in /v1/audio/speech.")
-    chapters: bool = Field(default=False, description="Also a file per chapter, and the chapter list: the text is "
-                           "cut at heading lines (Markdown '#', 第…章/回/节, Chapter/Part 1, Prologue, ...) and at scene "
-                           "breaks (a line of '***' or '---', two blank lines or more). Plain text only.")
-    captions: Optional[CaptionFormat] = Field(default=None, description="Also captions of the audio (and of each "
-                                              "chapter's): SubRip or WebVTT, timed per segment.")
+    instructions: Optional[str] = Field(
+        default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="How to speak, as in /v1/audio/speech."
+    )
+    chapters: bool = Field(
+        default=False,
+        description="Also a file per chapter, and the chapter list: the text is "
+        "cut at heading lines (Markdown '#', 第…章/回/节, Chapter/Part 1, Prologue, ...) and at scene "
+        "breaks (a line of '***' or '---', two blank lines or more). Plain text only.",
+    )
+    captions: Optional[CaptionFormat] = Field(
+        default=None,
+        description="Also captions of the audio (and of each chapter's): SubRip or WebVTT, timed per segment.",
+    )
 
     @field_validator("input")
     @classmethod
@@ -265,8 +301,9 @@ class JobRequest(_ApiOptions):
 
     @property
     def is_ssml(self) -> bool:
-        return self.turns is None and (self.input_format == "ssml" or
-                                       (self.input_format is None and looks_like_ssml(self.input)))
+        return self.turns is None and (
+            self.input_format == "ssml" or (self.input_format is None and looks_like_ssml(self.input))
+        )
 
     @property
     def script_chars(self) -> int:
@@ -290,15 +327,17 @@ class JobChapter(BaseModel):
     """One chapter of a job made with ``chapters``."""
 
     index: int
-    title: Optional[str] = Field(default=None, description="Its heading line; None for text before the first "
-                                 "heading or after a scene break.")
+    title: Optional[str] = Field(
+        default=None, description="Its heading line; None for text before the first heading or after a scene break."
+    )
     chunks_done: int
     chunks_total: int
     start_seconds: Optional[float] = Field(default=None, description="Where it starts in the whole file (once done).")
     duration_seconds: Optional[float] = Field(default=None, description="Its own file's length (once done).")
     audio_url: Optional[str] = Field(default=None, description="Once the job succeeded: its own file (Range works).")
-    captions_url: Optional[str] = Field(default=None, description="Made with captions, once the job succeeded: "
-                                        "its captions, timed on its own file.")
+    captions_url: Optional[str] = Field(
+        default=None, description="Made with captions, once the job succeeded: its captions, timed on its own file."
+    )
 
 
 class JobFailure(BaseModel):
@@ -324,8 +363,9 @@ class AudioJob(BaseModel):
     error: Optional[JobFailure] = None
     audio_url: Optional[str] = Field(default=None, description="Once succeeded: GET it (Range requests work).")
     owner: Optional[str] = Field(default=None, description="The key id that made it, or 'anonymous'.")
-    captions_url: Optional[str] = Field(default=None, description="Made with captions, once succeeded: the "
-                                        "captions of the whole file (SRT or WebVTT).")
+    captions_url: Optional[str] = Field(
+        default=None, description="Made with captions, once succeeded: the captions of the whole file (SRT or WebVTT)."
+    )
     chapters: Optional[list[JobChapter]] = Field(default=None, description="Made with chapters: each chapter.")
 
 
@@ -357,10 +397,16 @@ class SessionStart(_ApiOptions):
     type: Literal["session.start"]
     model: str = Field(default="chattts", max_length=64)
     response_format: RealtimeFormat = "pcm"
-    api_key: Optional[str] = Field(default=None, max_length=1024, repr=False,
-                                   description="Instead of the Authorization header of the handshake.")
-    clause_seconds: float = Field(default=4.0, gt=0, le=60, description="An unfinished sentence that would speak "
-                                  "longer than this is spoken up to its last clause mark (then the rest waits).")
+    api_key: Optional[str] = Field(
+        default=None, max_length=1024, repr=False, description="Instead of the Authorization header of the handshake."
+    )
+    clause_seconds: float = Field(
+        default=4.0,
+        gt=0,
+        le=60,
+        description="An unfinished sentence that would speak "
+        "longer than this is spoken up to its last clause mark (then the rest waits).",
+    )
 
     def to_options(self) -> SynthesisOptions:
         return _options_of(self)
@@ -401,8 +447,13 @@ class Close(BaseModel):
     type: Literal["close"]
 
 
-CLIENT_MESSAGES: dict[str, type[BaseModel]] = {"session.start": SessionStart, "text.append": TextAppend,
-                                                "text.flush": TextFlush, "cancel": Cancel, "close": Close}
+CLIENT_MESSAGES: dict[str, type[BaseModel]] = {
+    "session.start": SessionStart,
+    "text.append": TextAppend,
+    "text.flush": TextFlush,
+    "cancel": Cancel,
+    "close": Close,
+}
 
 
 class SessionCreated(BaseModel):

@@ -39,9 +39,15 @@ class KeyGrants(_Strict):
     """What one API key may do beyond every key's defaults (``security.keys.<key id>``; a key's id
     is the non-secret fingerprint the logs show: ``chattts-serve keys id``)."""
 
-    max_priority: Optional[int] = Field(default=None, ge=-10, le=10, description="Highest request priority (None: security.max_priority).")
-    max_streams: Optional[int] = Field(default=None, ge=0, description="Concurrent streams (None: security.max_streams_per_key; 0 = unlimited).")
-    max_voices: Optional[int] = Field(default=None, ge=0, description="Custom voices it may own (None: voices.max_voices_per_key).")
+    max_priority: Optional[int] = Field(
+        default=None, ge=-10, le=10, description="Highest request priority (None: security.max_priority)."
+    )
+    max_streams: Optional[int] = Field(
+        default=None, ge=0, description="Concurrent streams (None: security.max_streams_per_key; 0 = unlimited)."
+    )
+    max_voices: Optional[int] = Field(
+        default=None, ge=0, description="Custom voices it may own (None: voices.max_voices_per_key)."
+    )
     admin: bool = Field(default=False, description="Sees, uses and deletes every key's custom voices.")
 
 
@@ -56,11 +62,17 @@ class SecuritySettings(_Strict):
     api_keys_env: Optional[str] = Field(default="CHATTTS_API_KEYS", description="Env var with comma-separated keys.")
     api_keys_file: Optional[str] = Field(default=None, description="File with one key per line (# comments).")
     max_streams_per_key: int = Field(
-        default=16, ge=0,
+        default=16,
+        ge=0,
         description="Concurrent streams (HTTP speech and WebSocket sessions) per key, or per client address "
         "without keys, across all Ingress replicas; 0 = unlimited.",
     )
-    max_priority: int = Field(default=0, ge=-10, le=10, description="Highest request priority a key may ask for, unless keys.<id> allows more.")
+    max_priority: int = Field(
+        default=0,
+        ge=-10,
+        le=10,
+        description="Highest request priority a key may ask for, unless keys.<id> allows more.",
+    )
     keys: dict[str, KeyGrants] = Field(default_factory=dict, description="Per-key grants by key id.")
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty = CORS off.")
 
@@ -68,12 +80,24 @@ class SecuritySettings(_Strict):
 class WebSocketSettings(_Strict):
     """What a WebSocket session may cost while it waits or talks (``args.ingress.websocket``)."""
 
-    first_message_s: float = Field(default=5.0, gt=0, description="The session.start message must arrive this soon after the handshake.")
-    max_unstarted_per_client: int = Field(default=4, ge=1, description="Sockets of one client (key id from the handshake, else "
-                                          "address) not yet started, per Ingress replica; more are refused at the handshake.")
-    idle_s: float = Field(default=60.0, gt=0, description="A session with nothing to speak and no message for this long is closed.")
-    max_pending_cuts: int = Field(default=4, ge=1, description="Text cuts of one session being planned at once; a flush past it waits "
-                                  "(text.flush floods cost one TextNormalizer call per cut, not per message).")
+    first_message_s: float = Field(
+        default=5.0, gt=0, description="The session.start message must arrive this soon after the handshake."
+    )
+    max_unstarted_per_client: int = Field(
+        default=4,
+        ge=1,
+        description="Sockets of one client (key id from the handshake, else "
+        "address) not yet started, per Ingress replica; more are refused at the handshake.",
+    )
+    idle_s: float = Field(
+        default=60.0, gt=0, description="A session with nothing to speak and no message for this long is closed."
+    )
+    max_pending_cuts: int = Field(
+        default=4,
+        ge=1,
+        description="Text cuts of one session being planned at once; a flush past it waits "
+        "(text.flush floods cost one TextNormalizer call per cut, not per message).",
+    )
 
 
 class FrontGuardSettings(_Strict):
@@ -86,29 +110,55 @@ class FrontGuardSettings(_Strict):
     per address, so rotating made-up keys does not buy new budgets."""
 
     enabled: bool = True
-    refusals_per_s: float = Field(default=1.0, gt=0, description="Refused requests a client may cause per second, sustained.")
+    refusals_per_s: float = Field(
+        default=1.0, gt=0, description="Refused requests a client may cause per second, sustained."
+    )
     refusal_burst: int = Field(default=20, ge=1, description="... and at once.")
-    address_refusals_per_s: float = Field(default=5.0, gt=0, description="Refusals per second of the never-served clients of one address.")
+    address_refusals_per_s: float = Field(
+        default=5.0, gt=0, description="Refusals per second of the never-served clients of one address."
+    )
     address_refusal_burst: int = Field(default=100, ge=1)
-    tarpit_s: float = Field(default=5.0, ge=0, le=30, description="How long the guard holds a refused request before it answers "
-                            "(a client that waits for its answer before the next attempt sends one every tarpit_s).")
-    max_tarpitted_per_address: int = Field(default=1024, ge=0, description="Held requests of one address; more are answered at once.")
+    tarpit_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=30,
+        description="How long the guard holds a refused request before it answers "
+        "(a client that waits for its answer before the next attempt sends one every tarpit_s).",
+    )
+    max_tarpitted_per_address: int = Field(
+        default=1024, ge=0, description="Held requests of one address; more are answered at once."
+    )
     max_tarpitted: int = Field(default=4096, ge=0, description="Held requests in all.")
-    max_clients: int = Field(default=65536, ge=16, description="Clients never authenticated, and addresses, remembered "
-                             "(least recently seen forgotten first).")
-    max_served_clients: int = Field(default=65536, ge=16, description="Clients whose key the Ingress authenticated, in their "
-                                    "own table: only another such client pushes one out.")
-    forwarded_allow_ips: str = Field(default="127.0.0.1,::1", description="Peers whose X-Forwarded-For names the client "
-                                     "(uvicorn's FORWARDED_ALLOW_IPS in the proxy and, with HAProxy, the replicas): only the "
-                                     "front door. With Ray's HAProxy not wrapped by serve_app.http.front_door, none.")
+    max_clients: int = Field(
+        default=65536,
+        ge=16,
+        description="Clients never authenticated, and addresses, remembered (least recently seen forgotten first).",
+    )
+    max_served_clients: int = Field(
+        default=65536,
+        ge=16,
+        description="Clients whose key the Ingress authenticated, in their "
+        "own table: only another such client pushes one out.",
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1,::1",
+        description="Peers whose X-Forwarded-For names the client "
+        "(uvicorn's FORWARDED_ALLOW_IPS in the proxy and, with HAProxy, the replicas): only the "
+        "front door. With Ray's HAProxy not wrapped by serve_app.http.front_door, none.",
+    )
 
 
 class FlowSettings(_Strict):
     """``args.flow``: back-pressure between the stages of a stream (``serving/flow.py``)."""
 
     enabled: bool = True
-    window: int = Field(default=16, ge=2, le=4096, description="Items (hidden-state chunks between the Acoustic and "
-                        "Vocoder stages, encoded blocks after them) a stream may have sent that its consumer has not taken.")
+    window: int = Field(
+        default=16,
+        ge=2,
+        le=4096,
+        description="Items (hidden-state chunks between the Acoustic and "
+        "Vocoder stages, encoded blocks after them) a stream may have sent that its consumer has not taken.",
+    )
 
 
 class EdgeCacheSettings(_Strict):
@@ -116,13 +166,26 @@ class EdgeCacheSettings(_Strict):
     there again (env ``CHATTTS_EDGE_CACHE``, JSON: the proxy never sees the app's args)."""
 
     enabled: bool = True
-    ttl_s: float = Field(default=30.0, gt=0, le=3600, description="How long the proxy gives an answer again: a revoked key, "
-                         "a deleted voice or new weights reach every client within it.")
-    max_bytes: int = Field(default=64 * MiB, ge=0, description="All entries of one proxy process (least recently used out).")
+    ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="How long the proxy gives an answer again: a revoked key, "
+        "a deleted voice or new weights reach every client within it.",
+    )
+    max_bytes: int = Field(
+        default=64 * MiB, ge=0, description="All entries of one proxy process (least recently used out)."
+    )
     max_item_bytes: int = Field(default=4 * MiB, ge=0, description="A larger answer is not kept.")
-    max_body_bytes: int = Field(default=64 * KiB, ge=1024, description="A larger request is not looked up (it goes on as it came).")
-    body_timeout_s: float = Field(default=30.0, gt=0, description="A body the edge reads to look it up must be in within this "
-                                  "of the request's start (408), as the Ingress's ingress.body_timeout_s: keep them equal.")
+    max_body_bytes: int = Field(
+        default=64 * KiB, ge=1024, description="A larger request is not looked up (it goes on as it came)."
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A body the edge reads to look it up must be in within this "
+        "of the request's start (408), as the Ingress's ingress.body_timeout_s: keep them equal.",
+    )
 
 
 class IngressSettings(_Strict):
@@ -130,11 +193,15 @@ class IngressSettings(_Strict):
 
     max_input_chars: int = Field(default=4096, ge=1)
     max_body_bytes: int = Field(default=64 * KiB, ge=1024)
-    body_timeout_s: float = Field(default=30.0, gt=0, description="A request body (any route) must arrive within this (408).")
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="A request body (any route) must arrive within this (408)."
+    )
     websocket: WebSocketSettings = WebSocketSettings()
     warmup: bool = True
     security: SecuritySettings = SecuritySettings()
-    request_timeout_s: float = Field(default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this.")
+    request_timeout_s: float = Field(
+        default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this."
+    )
     # Degradation switches (off by default): answer 429 "busy" / skip refine_text past these
     # numbers of segment rows waiting in the acoustic queue.
     busy_queue_rows: Optional[int] = Field(default=None, ge=1)
@@ -157,7 +224,8 @@ class CacheConfig(_Strict):
         default=False,
         description="One key's stored answers also answer another key's identical request. Off: entries are "
         "each key's own (without keys, every caller is one owner), so neither a hit nor its speed tells one key "
-        "what another asked for. On (one tenant behind the keys): more hits, and X-Cache is not sent.")
+        "what another asked for. On (one tenant behind the keys): more hits, and X-Cache is not sent.",
+    )
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> "CacheConfig":
@@ -170,15 +238,19 @@ class VoiceStoreConfig(_Strict):
     """``args.voices``: the store of voices users make (``storage/voices/``)."""
 
     backend: Literal["directory", "memory", "redis"] = "directory"
-    path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/voices")
+    path: Optional[str] = Field(
+        default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/voices"
+    )
     redis_url: Optional[str] = Field(default=None, description="redis://host:port/db for backend=redis")
     redis_prefix: str = Field(default="chattts:voices", min_length=1, max_length=64)
     redis_timeout_s: float = Field(default=1.0, gt=0)
     max_voices: int = Field(default=1000, ge=1, description="Custom voices at most (all users together).")
     max_voices_per_key: int = Field(
-        default=20, ge=0,
+        default=20,
+        ge=0,
         description="Custom voices one API key may own (security.keys.<id>.max_voices overrides it); without keys "
-        "every caller is 'anonymous' and they share this one quota.")
+        "every caller is 'anonymous' and they share this one quota.",
+    )
     max_voice_bytes: int = Field(default=64 * KiB, ge=1024, description="A stored voice's JSON at most.")
     max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/voices.")
     min_clip_seconds: float = Field(default=2.0, gt=0)
@@ -202,72 +274,135 @@ class JobsSettings(_Strict):
         default="directory",
         description="Where jobs' files (chunks' PCM, the final audio) and, without redis_url, their state live. "
         "directory: one host, or a volume every node that runs an Ingress replica or the runner mounts at the same "
-        "path; fsspec: the same layout under jobs.url (an object store such as S3, shared by every node).")
-    path: Optional[str] = Field(default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/jobs")
+        "path; fsspec: the same layout under jobs.url (an object store such as S3, shared by every node).",
+    )
+    path: Optional[str] = Field(
+        default=None, description="directory backend; default $XDG_DATA_HOME/chattts-serve/jobs"
+    )
     url: Optional[str] = Field(
         default=None,
         description="fsspec backend: s3://bucket/prefix (needs chattts-serve[s3]), another fsspec URL (gs://...), "
         "file:///path, or memory://name (one process: tests only). The store must honour exclusive creates "
-        "(If-None-Match) unless redis_url keeps the state.")
+        "(If-None-Match) unless redis_url keeps the state.",
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec backend: the filesystem's options, e.g. for an S3-compatible store "
         "{endpoint_url: ..., key: ..., secret: ...}; credentials are better left to the environment "
-        "(AWS_ACCESS_KEY_ID, an instance role), since settings travel to every replica and the runner.")
+        "(AWS_ACCESS_KEY_ID, an instance role), since settings travel to every replica and the runner.",
+    )
     redis_url: Optional[str] = Field(
         default=None,
         description="redis://host:port/db: keep each job's state and each key's job ids in Redis (creation and "
-        "its quota check one transaction); the files stay on the backend above.")
+        "its quota check one transaction); the files stay on the backend above.",
+    )
     redis_prefix: str = Field(default="chattts:jobs", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9:_.-]+$")
     redis_timeout_s: float = Field(default=2.0, gt=0)
     max_input_chars: int = Field(default=1_000_000, ge=1, description="A job's text at most.")
-    max_upload_bytes: int = Field(default=8 * MiB, ge=64 * KiB, description="Body limit of POST /v1/audio/jobs "
-                                  "(a million CJK characters are ~3 MB of UTF-8, ~6 MB as JSON escapes).")
-    chunk_chars: int = Field(default=600, ge=10, le=4000, description="A chunk (one synthesis) holds whole sentences "
-                             "up to this many characters; a paragraph is never merged with the next.")
-    paragraph_pause_s: float = Field(default=0.5, ge=0.0, le=5.0, description="Silence after a chunk that ends a paragraph.")
-    chapter_pause_s: float = Field(default=2.0, ge=0.0, le=10.0, description="Silence after a chapter's last chunk "
-                                   "in the whole file (jobs made with chapters).")
-    chunks_per_acoustic_replica: int = Field(default=2, ge=1, le=64, description="Chunks synthesised at once for "
-                                             "every running Acoustic replica of the app, over all jobs: jobs spread "
-                                             "over the replicas, and more replicas finish them sooner.")
-    max_parallel_chunks: int = Field(default=64, ge=1, le=1024, description="Chunks synthesised at once at most, "
-                                     "however many Acoustic replicas run.")
-    priority: int = Field(default=-10, ge=-10, le=10, description="Admission priority of a job's segments "
-                          "(interactive requests have 0: they are admitted first).")
-    max_chunk_retries: int = Field(default=8, ge=0, description="Failed tries of one chunk (a replica died, a stage "
-                                   "failed) before the job fails with the reason.")
-    retry_backoff_s: float = Field(default=1.0, gt=0, description="Wait before a chunk's first retry, doubled each "
-                                   "time up to 10 s.")
+    max_upload_bytes: int = Field(
+        default=8 * MiB,
+        ge=64 * KiB,
+        description="Body limit of POST /v1/audio/jobs "
+        "(a million CJK characters are ~3 MB of UTF-8, ~6 MB as JSON escapes).",
+    )
+    chunk_chars: int = Field(
+        default=600,
+        ge=10,
+        le=4000,
+        description="A chunk (one synthesis) holds whole sentences "
+        "up to this many characters; a paragraph is never merged with the next.",
+    )
+    paragraph_pause_s: float = Field(
+        default=0.5, ge=0.0, le=5.0, description="Silence after a chunk that ends a paragraph."
+    )
+    chapter_pause_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=10.0,
+        description="Silence after a chapter's last chunk in the whole file (jobs made with chapters).",
+    )
+    chunks_per_acoustic_replica: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Chunks synthesised at once for "
+        "every running Acoustic replica of the app, over all jobs: jobs spread "
+        "over the replicas, and more replicas finish them sooner.",
+    )
+    max_parallel_chunks: int = Field(
+        default=64, ge=1, le=1024, description="Chunks synthesised at once at most, however many Acoustic replicas run."
+    )
+    priority: int = Field(
+        default=-10,
+        ge=-10,
+        le=10,
+        description="Admission priority of a job's segments (interactive requests have 0: they are admitted first).",
+    )
+    max_chunk_retries: int = Field(
+        default=8,
+        ge=0,
+        description="Failed tries of one chunk (a replica died, a stage failed) before the job fails with the reason.",
+    )
+    retry_backoff_s: float = Field(
+        default=1.0, gt=0, description="Wait before a chunk's first retry, doubled each time up to 10 s."
+    )
     chunk_timeout_s: float = Field(default=900.0, gt=0, description="A chunk not done within this is tried again.")
-    allow_anonymous: bool = Field(default=False, description="Jobs without an API key (security.auth 'optional' "
-                                  "and no key loaded): every such caller is the one owner 'anonymous', who lists, "
-                                  "fetches and deletes every other's jobs; off, the jobs routes answer 403 "
-                                  "jobs_need_api_key to a caller without a key.")
-    max_submissions_at_once: int = Field(default=2, ge=1, le=64, description="Submissions being read and planned "
-                                         "at once per Ingress replica (a book's plan takes seconds of a thread); "
-                                         "503 job_submissions_busy past it, and 429 to a key that has one under way.")
-    reservation_headroom: float = Field(default=0.5, ge=0.0, le=4.0, description="A job reserves its planned audio "
-                                        "times 1 + this (real weights end near the planned length, not on it); "
-                                        "its chunks' PCM past that fails it (reservation_exceeded).")
-    max_active_jobs_per_key: int = Field(default=4, ge=1, description="Jobs queued or running at once per key "
-                                         "(with allow_anonymous and no keys, every caller is 'anonymous' and they "
-                                         "share it): 429 past it.")
-    max_jobs_per_key: int = Field(default=100, ge=1, description="Jobs kept per key, finished ones included: 409 past it.")
-    max_bytes_per_key: int = Field(default=16 * 1024 * MiB, ge=MiB, description="Bytes a key's jobs may hold (a job "
-                                   "counts its reservation until it is done: its normalised plan's PCM with "
-                                   "reservation_headroom, twice with chapters; its files after): 409 past it.")
+    allow_anonymous: bool = Field(
+        default=False,
+        description="Jobs without an API key (security.auth 'optional' "
+        "and no key loaded): every such caller is the one owner 'anonymous', who lists, "
+        "fetches and deletes every other's jobs; off, the jobs routes answer 403 "
+        "jobs_need_api_key to a caller without a key.",
+    )
+    max_submissions_at_once: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Submissions being read and planned "
+        "at once per Ingress replica (a book's plan takes seconds of a thread); "
+        "503 job_submissions_busy past it, and 429 to a key that has one under way.",
+    )
+    reservation_headroom: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=4.0,
+        description="A job reserves its planned audio "
+        "times 1 + this (real weights end near the planned length, not on it); "
+        "its chunks' PCM past that fails it (reservation_exceeded).",
+    )
+    max_active_jobs_per_key: int = Field(
+        default=4,
+        ge=1,
+        description="Jobs queued or running at once per key "
+        "(with allow_anonymous and no keys, every caller is 'anonymous' and they "
+        "share it): 429 past it.",
+    )
+    max_jobs_per_key: int = Field(
+        default=100, ge=1, description="Jobs kept per key, finished ones included: 409 past it."
+    )
+    max_bytes_per_key: int = Field(
+        default=16 * 1024 * MiB,
+        ge=MiB,
+        description="Bytes a key's jobs may hold (a job "
+        "counts its reservation until it is done: its normalised plan's PCM with "
+        "reservation_headroom, twice with chapters; its files after): 409 past it.",
+    )
     ttl_s: float = Field(default=7 * 86400.0, gt=0, description="A finished job (its audio) is kept this long.")
     sweep_interval_s: float = Field(default=600.0, gt=0, description="How often the runner deletes expired jobs.")
     rescan_s: float = Field(default=5.0, gt=0, description="How often the runner looks for jobs it was not told about.")
-    runner_num_cpus: float = Field(default=0.1, ge=0.0, description="The runner actor's CPUs (it encodes each "
-                                   "finished job's file once; the synthesis is the stages').")
+    runner_num_cpus: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="The runner actor's CPUs (it encodes each finished job's file once; the synthesis is the stages').",
+    )
 
     @model_validator(mode="after")
     def _check_store(self) -> "JobsSettings":
         if self.backend == "fsspec":
             if not self.url or "://" not in self.url or not self.url.split("://", 1)[0]:
-                raise ValueError("jobs backend 'fsspec' needs url: s3://bucket/prefix, file:///path, memory://name, ...")
+                raise ValueError(
+                    "jobs backend 'fsspec' needs url: s3://bucket/prefix, file:///path, memory://name, ..."
+                )
             protocol = self.url.split("://", 1)[0]
             try:
                 import fsspec
@@ -287,9 +422,21 @@ class JobsSettings(_Strict):
 
 # Decode-loop knobs a running engine takes from its next step; the others (CUDA graphs, and what
 # the app derives from the vocoder) are read when the engine is built.
-LIVE_ACOUSTIC_FIELDS = ("max_rows", "token_budget", "first_chunk_tokens", "chunk_tokens", "listener_margin_s",
-                        "continuous", "max_queued_rows", "max_queued_rows_per_client", "reserved_rows",
-                        "max_running_rows_per_client", "refine_max_chars", "refine_max_texts", "refine_wait_s")
+LIVE_ACOUSTIC_FIELDS = (
+    "max_rows",
+    "token_budget",
+    "first_chunk_tokens",
+    "chunk_tokens",
+    "listener_margin_s",
+    "continuous",
+    "max_queued_rows",
+    "max_queued_rows_per_client",
+    "reserved_rows",
+    "max_running_rows_per_client",
+    "refine_max_chars",
+    "refine_max_texts",
+    "refine_wait_s",
+)
 
 
 class AcousticLive(BaseModel):
@@ -309,8 +456,10 @@ class AcousticLive(BaseModel):
     def _only_live_fields(self) -> "AcousticLive":
         unknown = sorted(set(self.model_extra or {}) - set(LIVE_ACOUSTIC_FIELDS))
         if unknown:
-            raise ValueError(f"not a live Acoustic setting: {', '.join(unknown)} (live: max_batch_size, "
-                             f"batch_wait_timeout_s, {', '.join(LIVE_ACOUSTIC_FIELDS)})")
+            raise ValueError(
+                f"not a live Acoustic setting: {', '.join(unknown)} (live: max_batch_size, "
+                f"batch_wait_timeout_s, {', '.join(LIVE_ACOUSTIC_FIELDS)})"
+            )
         return self
 
     def engine_changes(self) -> dict[str, Any]:

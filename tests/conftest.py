@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["support.report", "support.engine", "support.app", "support.ws", "support.redis_server", "support.moto_s3"]
+pytest_plugins = [
+    "support.report",
+    "support.engine",
+    "support.app",
+    "support.ws",
+    "support.redis_server",
+    "support.moto_s3",
+]
 
 _TESTS = Path(__file__).resolve().parent
 LEVELS = ("unit", "serve", "system")

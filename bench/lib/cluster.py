@@ -62,8 +62,15 @@ class Node(ManagedProcess):
 class LocalCluster:
     """``start()`` a head and ``workers`` GPU-declaring nodes; ``stop()`` ends them all."""
 
-    def __init__(self, workers: int = 2, head_cpus: int = 4, worker_cpus: int = 2, worker_gpus: int = 1,
-                 root: Optional[Path] = None, env: Optional[dict] = None):
+    def __init__(
+        self,
+        workers: int = 2,
+        head_cpus: int = 4,
+        worker_cpus: int = 2,
+        worker_gpus: int = 1,
+        root: Optional[Path] = None,
+        env: Optional[dict] = None,
+    ):
         self.workers = workers
         self.head_cpus, self.worker_cpus, self.worker_gpus = head_cpus, worker_cpus, worker_gpus
         # Short: Ray's socket paths under it must fit in 107 bytes.
@@ -100,25 +107,52 @@ class LocalCluster:
 
     def _node_ports(self) -> list[str]:
         return [
-            "--node-ip-address", "127.0.0.1",
-            "--metrics-export-port", str(free_port()),
-            "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port()),
-            "--min-worker-port", "0", "--max-worker-port", "0",
-            "--disable-usage-stats", "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--metrics-export-port",
+            str(free_port()),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--dashboard-agent-grpc-port",
+            str(free_port()),
+            "--runtime-env-agent-port",
+            str(free_port()),
+            "--min-worker-port",
+            "0",
+            "--max-worker-port",
+            "0",
+            "--disable-usage-stats",
+            "--block",
         ]
 
     def start(self, timeout_s: float = 180.0) -> float:
         t0 = time.monotonic()
-        head = [ray_exe(), "start", "--head", "--port", str(self.gcs_port),
-                "--num-cpus", str(self.head_cpus), "--num-gpus", "0",
-                "--resources", json.dumps({HEAD_RESOURCE: 1000}),
-                "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                "--dashboard-port", str(self.dashboard_port), "--temp-dir", str(self.root),
-                "--ray-client-server-port", str(free_port()), *self._node_ports()]
+        head = [
+            ray_exe(),
+            "start",
+            "--head",
+            "--port",
+            str(self.gcs_port),
+            "--num-cpus",
+            str(self.head_cpus),
+            "--num-gpus",
+            "0",
+            "--resources",
+            json.dumps({HEAD_RESOURCE: 1000}),
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--temp-dir",
+            str(self.root),
+            "--ray-client-server-port",
+            str(free_port()),
+            *self._node_ports(),
+        ]
         self._join(Node("head", head, self.env(f"{self.id}-head"), self.root / "head.log"), timeout_s)
-        for i in range(self.workers):
+        for _ in range(self.workers):
             self.add_worker(timeout_s)
         return time.monotonic() - t0
 
@@ -126,9 +160,20 @@ class LocalCluster:
         """A worker of the cluster's shape, or of ``cpus`` / ``gpus`` (a CPU-group node: ``gpus=0``)."""
         i = len(self.nodes)
         cpus, gpus = (self.worker_cpus if cpus is None else cpus), (self.worker_gpus if gpus is None else gpus)
-        argv = [ray_exe(), "start", "--address", self.address, "--num-cpus", f"{cpus:g}",
-                "--num-gpus", str(gpus), *self._node_ports()]
-        return self._join(Node(f"worker{i}", argv, self.env(f"{self.id}-w{i}"), self.root / f"worker{i}.log"), timeout_s)
+        argv = [
+            ray_exe(),
+            "start",
+            "--address",
+            self.address,
+            "--num-cpus",
+            f"{cpus:g}",
+            "--num-gpus",
+            str(gpus),
+            *self._node_ports(),
+        ]
+        return self._join(
+            Node(f"worker{i}", argv, self.env(f"{self.id}-w{i}"), self.root / f"worker{i}.log"), timeout_s
+        )
 
     def _join(self, node: Node, timeout_s: float) -> Node:
         """Wait until ``node`` is alive in the GCS; nodes join one at a time, so its id is the new one."""
@@ -190,8 +235,14 @@ class LocalCluster:
 
     def serve(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
         """The ``serve`` CLI against this cluster's dashboard (``serve deploy``, ``serve status``)."""
-        return subprocess.run([serve_exe(), *args, "--address", self.dashboard_url], env=self.env(),
-                              capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
+        return subprocess.run(
+            [serve_exe(), *args, "--address", self.dashboard_url],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=REPO_ROOT,
+        )
 
     def session_logs(self) -> Path:
         return self.root / "session_latest" / "logs"
@@ -205,11 +256,20 @@ class LocalCluster:
 # ---------------------------------------------------------------------- the deployed config
 
 
-def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: int = 4, target_fill: float = 0.5,
-                   acoustic_bounds: tuple[int, int] = (1, 3), upscale_delay_s: float = 2.0,
-                   downscale_delay_s: float = 6.0, look_back_period_s: float = 3.0,
-                   pin_cpu_stages: bool = True, extra_apps: Optional[list[dict]] = None,
-                   base: Path = GPU_CONFIG) -> dict:
+def cluster_config(
+    *,
+    port: int,
+    weights_cache: Optional[str] = None,
+    max_rows: int = 4,
+    target_fill: float = 0.5,
+    acoustic_bounds: tuple[int, int] = (1, 3),
+    upscale_delay_s: float = 2.0,
+    downscale_delay_s: float = 6.0,
+    look_back_period_s: float = 3.0,
+    pin_cpu_stages: bool = True,
+    extra_apps: Optional[list[dict]] = None,
+    base: Path = GPU_CONFIG,
+) -> dict:
     """config/serve.gpu.yaml for the local cluster.
 
     Kept from the GPU config: the graph, the Acoustic policy and its resources (num_gpus 0.5,
@@ -238,10 +298,16 @@ def cluster_config(*, port: int, weights_cache: Optional[str] = None, max_rows: 
     acoustic = f"{app}.deployments.Acoustic"
     low, high = acoustic_bounds
     auto = copy.deepcopy(get_path(cfg, f"{acoustic}.autoscaling_config"))
-    auto.update(min_replicas=low, max_replicas=high, initial_replicas=low, upscale_delay_s=upscale_delay_s,
-                downscale_delay_s=downscale_delay_s, look_back_period_s=look_back_period_s,
-                # How often replicas push their stats to the controller (Serve's default 10 s).
-                metrics_interval_s=1.0)
+    auto.update(
+        min_replicas=low,
+        max_replicas=high,
+        initial_replicas=low,
+        upscale_delay_s=upscale_delay_s,
+        downscale_delay_s=downscale_delay_s,
+        look_back_period_s=look_back_period_s,
+        # How often replicas push their stats to the controller (Serve's default 10 s).
+        metrics_interval_s=1.0,
+    )
     auto["policy"]["policy_kwargs"] = {"target_fill": target_fill}
     set_path(cfg, f"{acoustic}.autoscaling_config", auto)
     cfg["applications"] += copy.deepcopy(extra_apps or [])

@@ -38,10 +38,12 @@ def now() -> str:
 def git_revision() -> str:
     """Short HEAD, ``+dirty`` with uncommitted changes; ``unknown`` outside git."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=REPO_ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                               cwd=REPO_ROOT).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, cwd=REPO_ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5, cwd=REPO_ROOT
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except Exception:  # noqa: BLE001
         return "unknown"
@@ -93,8 +95,9 @@ def command_line(argv: Sequence[str], out: Optional[Path], prefix: str = "python
         if not value or (opt and not eq):
             return token
         p = Path(value)
-        inside = out is not None and (p.absolute() == Path(out).absolute()
-                                      or Path(out).absolute() in p.absolute().parents)
+        inside = out is not None and (
+            p.absolute() == Path(out).absolute() or Path(out).absolute() in p.absolute().parents
+        )
         if not (p.is_absolute() or inside):
             return token
         return opt + eq + relative_path(value, out)
@@ -138,16 +141,18 @@ class Harness:
             self.out.mkdir(parents=True, exist_ok=True)
         self._t0 = time.perf_counter()
         self.meta.clear()  # in place: callers may hold ``h.meta``
-        self.meta.update({
-            "started": now(),
-            "command": self.command,
-            "git": git_revision(),
-            "cpus": os.cpu_count(),
-            "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "platform": f"{platform.system()} {platform.machine()} python {platform.python_version()}",
-            "loadavg_start": load_average(),
-            **self._extra_meta,
-        })
+        self.meta.update(
+            {
+                "started": now(),
+                "command": self.command,
+                "git": git_revision(),
+                "cpus": os.cpu_count(),
+                "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                "platform": f"{platform.system()} {platform.machine()} python {platform.python_version()}",
+                "loadavg_start": load_average(),
+                **self._extra_meta,
+            }
+        )
         if threading.current_thread() is threading.main_thread():
             self._prev_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
         return self

@@ -42,8 +42,8 @@ def wav_header_len(buf: bytes) -> Optional[int]:
         raise ValueError("not a WAV stream")
     pos = 12
     while len(buf) >= pos + 8:
-        cid = buf[pos:pos + 4]
-        size = int.from_bytes(buf[pos + 4:pos + 8], "little")
+        cid = buf[pos : pos + 4]
+        size = int.from_bytes(buf[pos + 4 : pos + 8], "little")
         if cid == b"data":
             return pos + 8
         pos += 8 + size + (size & 1)
@@ -82,8 +82,15 @@ class RequestRecord:
 class Target:
     """Where requests go and how their bodies look."""
 
-    def __init__(self, base_url: str, name: str, streaming: bool, response_format: str = "wav", voice: str = "alloy",
-                 timeout_s: float = 300.0):
+    def __init__(
+        self,
+        base_url: str,
+        name: str,
+        streaming: bool,
+        response_format: str = "wav",
+        voice: str = "alloy",
+        timeout_s: float = 300.0,
+    ):
         assert base_url.startswith("http://127.0.0.1"), "benchmark traffic stays on loopback"
         self.base_url = base_url
         self.name = name
@@ -140,7 +147,9 @@ async def _exchange(client: httpx.AsyncClient, target: Target, rec: RequestRecor
         rec.t_end = clock()
 
 
-async def one_request(client: httpx.AsyncClient, target: Target, rec: RequestRecord, clock: Callable[[], float]) -> None:
+async def one_request(
+    client: httpx.AsyncClient, target: Target, rec: RequestRecord, clock: Callable[[], float]
+) -> None:
     """One request, bounded by ``target.timeout_s``; never raises except when cancelled."""
     rec.t_send = clock()
     try:
@@ -172,9 +181,16 @@ def request_seed(phase_seed: int, idx: int) -> int:
     return (phase_seed * 100003 + idx * 7919 + 17) % (2**31 - 1)
 
 
-async def closed_loop(target: Target, concurrency: int, duration_s: float, texts: Iterator[str],
-                      expected: Optional[dict] = None, max_requests: int = 100000, seed: int = 0,
-                      on_done: Optional[Callable[[RequestRecord], None]] = None) -> PhaseRun:
+async def closed_loop(
+    target: Target,
+    concurrency: int,
+    duration_s: float,
+    texts: Iterator[str],
+    expected: Optional[dict] = None,
+    max_requests: int = 100000,
+    seed: int = 0,
+    on_done: Optional[Callable[[RequestRecord], None]] = None,
+) -> PhaseRun:
     """``concurrency`` clients, each sending its next request as soon as the last one ends;
     at ``duration_s`` the phase stops and requests still running are cut."""
     clock = time.perf_counter
@@ -202,8 +218,15 @@ async def closed_loop(target: Target, concurrency: int, duration_s: float, texts
         for t in done:
             if t.exception() is not None:
                 raise t.exception()
-    return PhaseRun("closed", target.name, target.streaming, t0, stop_at, records,
-                    {"concurrency": concurrency, "duration_s": duration_s})
+    return PhaseRun(
+        "closed",
+        target.name,
+        target.streaming,
+        t0,
+        stop_at,
+        records,
+        {"concurrency": concurrency, "duration_s": duration_s},
+    )
 
 
 def poisson_schedule(rate_rps: float, duration_s: float, seed: int, max_requests: int = 100000) -> list[float]:
@@ -218,10 +241,18 @@ def poisson_schedule(rate_rps: float, duration_s: float, seed: int, max_requests
     return out
 
 
-async def open_loop(target: Target, rate_rps: float, duration_s: float, texts: Iterator[str], seed: int = 0,
-                    drain_s: float = 120.0, expected: Optional[dict] = None, max_requests: int = 10000,
-                    request_seed_base: Optional[int] = None,
-                    on_done: Optional[Callable[[RequestRecord], None]] = None) -> PhaseRun:
+async def open_loop(
+    target: Target,
+    rate_rps: float,
+    duration_s: float,
+    texts: Iterator[str],
+    seed: int = 0,
+    drain_s: float = 120.0,
+    expected: Optional[dict] = None,
+    max_requests: int = 10000,
+    request_seed_base: Optional[int] = None,
+    on_done: Optional[Callable[[RequestRecord], None]] = None,
+) -> PhaseRun:
     """Poisson arrivals at ``rate_rps`` for ``duration_s`` (reproducible from ``seed``); then up to
     ``drain_s`` for the requests still running, which are cut after that."""
     clock = time.perf_counter
@@ -229,6 +260,7 @@ async def open_loop(target: Target, rate_rps: float, duration_s: float, texts: I
     records: list[RequestRecord] = []
     tasks = []
     async with target.client(512) as client:
+
         async def fire(rec: RequestRecord) -> None:
             await one_request(client, target, rec, clock)
             if on_done:
@@ -250,8 +282,15 @@ async def open_loop(target: Target, rate_rps: float, duration_s: float, texts: I
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-    return PhaseRun("open", target.name, target.streaming, t0, t_stop, records,
-                    {"rate_rps": rate_rps, "duration_s": duration_s, "arrivals": len(schedule), "seed": seed, "drain_s": drain_s})
+    return PhaseRun(
+        "open",
+        target.name,
+        target.streaming,
+        t0,
+        t_stop,
+        records,
+        {"rate_rps": rate_rps, "duration_s": duration_s, "arrivals": len(schedule), "seed": seed, "drain_s": drain_s},
+    )
 
 
 def summarize(run: PhaseRun) -> dict:

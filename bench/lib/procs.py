@@ -86,8 +86,15 @@ def sigint_as_from_a_terminal():
 class ManagedProcess:
     """A subprocess in its own process group, output to ``log_path``; see the module docstring."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Optional[dict] = None,
-                 cwd: Optional[str | Path] = REPO_ROOT, marker: Optional[str] = None):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Optional[dict] = None,
+        cwd: Optional[str | Path] = REPO_ROOT,
+        marker: Optional[str] = None,
+    ):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
@@ -171,8 +178,9 @@ class ManagedProcess:
         self._log.close()
 
 
-def run_to_end(name: str, argv: Sequence[str], log_path: Path, timeout_s: float,
-               env: Optional[dict] = None) -> tuple[Optional[int], str]:
+def run_to_end(
+    name: str, argv: Sequence[str], log_path: Path, timeout_s: float, env: Optional[dict] = None
+) -> tuple[Optional[int], str]:
     """Run ``argv`` as a ``ManagedProcess`` until it exits or ``timeout_s`` passes (then it is
     stopped); its exit status (None: timed out) and the tail of its log."""
     proc = ManagedProcess(name, argv, log_path, env=env)
@@ -222,8 +230,9 @@ def classify_all(p: psutil.Process) -> Optional[str]:
     return "process"
 
 
-def processes_by_group(roots: Iterable[int], classify: Callable[[psutil.Process], Optional[str]]
-                       ) -> dict[str, list[psutil.Process]]:
+def processes_by_group(
+    roots: Iterable[int], classify: Callable[[psutil.Process], Optional[str]]
+) -> dict[str, list[psutil.Process]]:
     """The roots and all their descendants, each once, by ``classify`` (None: left out)."""
     out: dict[str, list[psutil.Process]] = {}
     seen: set[int] = set()
@@ -369,6 +378,7 @@ def busy_threads(before: dict[int, tuple], after: dict[int, tuple], wall_s: floa
     never rest means it slept: a lock or a barrier, not CPU contention."""
     if wall_s <= 0:
         return {"cpu_cores_used": 0.0, "threads_over_25pct": 0, "top_thread_shares": [], "top_thread_runqueue": []}
+
     def delta(t: int) -> tuple[float, Optional[float]]:
         run0, wait0 = before.get(t, (0.0, 0.0))
         run1, wait1 = after[t]

@@ -53,8 +53,21 @@ class Recorder:
             return False
         self.out_dir.mkdir(parents=True, exist_ok=True)
         out = self.out_dir / f"{name}.txt"
-        argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(duration_s))), "--rate", str(rate),
-                "--format", "raw", "--nonblocking", "--output", str(out)]
+        argv = [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(max(1, int(duration_s))),
+            "--rate",
+            str(rate),
+            "--format",
+            "raw",
+            "--nonblocking",
+            "--output",
+            str(out),
+        ]
         self.procs.append((name, out, ManagedProcess(f"py-spy {name}", argv, self.out_dir / f"{name}.log")))
         return True
 

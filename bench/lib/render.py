@@ -30,8 +30,13 @@ def write_json(obj: Any, path: Path, indent: Optional[int] = 2) -> None:
     path.write_text(json.dumps(obj, indent=indent, ensure_ascii=False, default=str))
 
 
-def render_files(report: dict, out: Path, to_markdown: Optional[Callable[[dict], str]],
-                 to_png: Optional[Callable[[dict, Path], None]] = None, png: str = "report.png") -> bool:
+def render_files(
+    report: dict,
+    out: Path,
+    to_markdown: Optional[Callable[[dict], str]],
+    to_png: Optional[Callable[[dict, Path], None]] = None,
+    png: str = "report.png",
+) -> bool:
     """The plot, then report.md. A plot that fails is a warning of the report (the numbers matter
     more than the picture); True if one did."""
     failed = False
@@ -46,9 +51,15 @@ def render_files(report: dict, out: Path, to_markdown: Optional[Callable[[dict],
     return failed
 
 
-def write_files(report: dict, out: Path, json_name: str, to_markdown: Optional[Callable[[dict], str]],
-                to_png: Optional[Callable[[dict, Path], None]] = None, png: str = "report.png",
-                indent: Optional[int] = 2) -> None:
+def write_files(
+    report: dict,
+    out: Path,
+    json_name: str,
+    to_markdown: Optional[Callable[[dict], str]],
+    to_png: Optional[Callable[[dict, Path], None]] = None,
+    png: str = "report.png",
+    indent: Optional[int] = 2,
+) -> None:
     """The JSON first (whatever the renderers do), then ``render_files``; the JSON again if the
     plot failed (its warning)."""
     write_json(report, out / json_name, indent)

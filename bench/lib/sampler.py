@@ -57,8 +57,12 @@ class RssSampler(Periodic):
     descendants are looked at, ``classify`` maps a process to its group (None: skipped).
     ``window()`` returns the peaks since the last call."""
 
-    def __init__(self, roots: Callable[[], list[int]], classify: Callable[[psutil.Process], Optional[str]],
-                 interval_s: float = 0.5):
+    def __init__(
+        self,
+        roots: Callable[[], list[int]],
+        classify: Callable[[psutil.Process], Optional[str]],
+        interval_s: float = 0.5,
+    ):
         super().__init__(interval_s, "rss-sampler")
         self.roots = roots
         self.classify = classify
@@ -124,5 +128,8 @@ class GpuSampler(Periodic):
             samples, self._samples = self._samples, []
         if not samples:
             return {"samples": 0}
-        return {"samples": len(samples), "mem_used_peak_mib": max(m for m, _ in samples),
-                "util_mean_pct": round(sum(u for _, u in samples) / len(samples), 1)}
+        return {
+            "samples": len(samples),
+            "mem_used_peak_mib": max(m for m, _ in samples),
+            "util_mean_pct": round(sum(u for _, u in samples) / len(samples), 1),
+        }

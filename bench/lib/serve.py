@@ -31,6 +31,7 @@ log = logging.getLogger("bench.serve")
 
 # ------------------------------------------------------------------ config editing
 
+
 def load_config(path: Optional[str | Path] = None) -> dict:
     """A Serve config file (default config/serve.yaml); a relative path that is not found from
     the current directory is read from the repository root."""
@@ -154,11 +155,18 @@ def set_threads(cfg: dict, deployment: str, n: int) -> None:
 
 # ------------------------------------------------------------------ the running app
 
+
 class ServeRunner:
     """``start()`` a local Ray cluster + Serve with the config; ``stop()`` removes all of it."""
 
-    def __init__(self, cfg: dict, ray_cpus: Optional[float] = None, ready_timeout_s: float = 600.0,
-                 front_door: str = "proxy", front_guard: bool = False):
+    def __init__(
+        self,
+        cfg: dict,
+        ray_cpus: Optional[float] = None,
+        ready_timeout_s: float = 600.0,
+        front_door: str = "proxy",
+        front_guard: bool = False,
+    ):
         if front_door not in FRONT_DOORS:
             raise ValueError(f"front_door must be one of {sorted(FRONT_DOORS)}")
         self.front_door = front_door
@@ -272,8 +280,11 @@ class ServeRunner:
         while time.monotonic() < deadline:
             s = self.acoustic_stats() or {}
             applied = s.get("config") if isinstance(s.get("config"), dict) else s
-            if all(applied.get(k, v) == v for k, v in user_config.items() if k in ("continuous", "max_rows",
-                                                                                      "first_chunk_tokens", "chunk_tokens")):
+            if all(
+                applied.get(k, v) == v
+                for k, v in user_config.items()
+                if k in ("continuous", "max_rows", "first_chunk_tokens", "chunk_tokens")
+            ):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"Acoustic did not apply user_config {user_config} within 30 s")
@@ -342,12 +353,14 @@ class ServeRunner:
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 omp = env.get("OMP_NUM_THREADS")
-                out.setdefault(group, []).append({
-                    "pid": pid,
-                    "num_cpus": cpus,
-                    "OMP_NUM_THREADS_env": omp,
-                    "omp_threads_effective": int(omp) if omp else max(math.floor(cpus), 1),
-                })
+                out.setdefault(group, []).append(
+                    {
+                        "pid": pid,
+                        "num_cpus": cpus,
+                        "OMP_NUM_THREADS_env": omp,
+                        "omp_threads_effective": int(omp) if omp else max(math.floor(cpus), 1),
+                    }
+                )
         return out
 
 
@@ -355,9 +368,20 @@ def engine_delta(before: Optional[dict], after: Optional[dict]) -> dict:
     """Batching actually formed during a phase, from the engine's counters."""
     if not before or not after:
         return {}
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "row_steps", "admissions", "rows_admitted",
-                                                           "rows_finished", "rows_cancelled", "rows_failed",
-                                                           "prefill_seconds", "decode_seconds")}
+    d = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in (
+            "steps",
+            "row_steps",
+            "admissions",
+            "rows_admitted",
+            "rows_finished",
+            "rows_cancelled",
+            "rows_failed",
+            "prefill_seconds",
+            "decode_seconds",
+        )
+    }
     return {
         "mean_rows_per_step": round(d["row_steps"] / d["steps"], 3) if d["steps"] else None,
         "mean_rows_per_admission": round(d["rows_admitted"] / d["admissions"], 3) if d["admissions"] else None,

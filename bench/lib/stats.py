@@ -14,8 +14,9 @@ import statistics
 from typing import Iterable, Optional, Sequence
 
 
-def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 95, 99), digits: int = 4,
-                extras: Sequence[str] = ("mean", "max")) -> dict:
+def percentiles(
+    values: Sequence[float], qs: Sequence[int] = (50, 95, 99), digits: int = 4, extras: Sequence[str] = ("mean", "max")
+) -> dict:
     """``{"p50": ..., "p95": ..., ["mean": ..., "max": ...,] "n": ...}`` (linear interpolation),
     rounded to ``digits``; every value None (and ``n`` 0) when there are no values."""
     if not values:

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..lib.harness import logger
-from ..lib.render import fmt as _f, get as _get
-from ..lib.stats import mean, median as _median
+from ..lib.render import fmt as _f
+from ..lib.render import get as _get
+from ..lib.stats import mean
+from ..lib.stats import median as _median
 
 VARIANTS = ("fp32", "fp32-dual", "int8")
 _log = logger("numerics")
@@ -56,8 +58,12 @@ class LinearVariants:
         from serve_app.engine.linear import DualLayoutLinear
         from serve_app.engine.quant import Int8Linear
 
-        self.slots = [(parent, name, child) for parent in gpt.modules()
-                      for name, child in parent.named_children() if isinstance(child, (nn.Linear, DualLayoutLinear))]
+        self.slots = [
+            (parent, name, child)
+            for parent in gpt.modules()
+            for name, child in parent.named_children()
+            if isinstance(child, (nn.Linear, DualLayoutLinear))
+        ]
         if not self.slots:
             raise ValueError("the GPT has no float linear layers (loaded with quantize already?)")
         plain, dual, int8 = [], [], []
@@ -93,8 +99,10 @@ class GptRecorder:
         self.keep_inputs = self.rotate = False
         self._next = 0
         self._t0 = 0.0
-        self._handles = [gpt.layers[0].input_layernorm.register_forward_pre_hook(self._pre),
-                         gpt.norm.register_forward_hook(self._post)]
+        self._handles = [
+            gpt.layers[0].input_layernorm.register_forward_pre_hook(self._pre),
+            gpt.norm.register_forward_hook(self._post),
+        ]
 
     def _pre(self, _module: Any, args: tuple) -> None:
         emb = args[0]  # (rows, tokens, hidden): the embeddings the forward started from
@@ -130,7 +138,7 @@ def interleaved_steps(run_engine: Callable[[int, int], dict], recorder: GptRecor
     finally:
         recorder.rotate = False
     steps = recorder.steps
-    triples = [dict(steps[i:i + 3]) for i in range(0, len(steps) - 2, 3)]
+    triples = [dict(steps[i : i + 3]) for i in range(0, len(steps) - 2, 3)]
     triples = [t for t in triples if len(t) == 3]
     out: dict = {"steps": len(steps), "raw_ms": [[name, round(1e3 * dt, 1)] for name, dt in steps]}
     for v in VARIANTS:
@@ -143,8 +151,14 @@ def interleaved_steps(run_engine: Callable[[int, int], dict], recorder: GptRecor
     return out
 
 
-def compare_throughput(run_engine: Callable[[int, int], dict], variants: LinearVariants, recorder: GptRecorder,
-                       batches: list[int], tokens: int, reps: int) -> dict:
+def compare_throughput(
+    run_engine: Callable[[int, int], dict],
+    variants: LinearVariants,
+    recorder: GptRecorder,
+    batches: list[int],
+    tokens: int,
+    reps: int,
+) -> dict:
     """Per batch size: the GPT step of each variant from ``interleaved_steps`` (one run), then
     ``run_engine(n, tokens)`` (Ceiling.run_engine: decode and vocode) under each variant for
     audio seconds per second and the engine's whole step, the variants back to back in each of
@@ -156,17 +170,26 @@ def compare_throughput(run_engine: Callable[[int, int], dict], variants: LinearV
     for n in batches:
         row: dict = {"gpt_step": interleaved_steps(run_engine, recorder, n, tokens)}
         g = row["gpt_step"]
-        _log(f"batch {n} GPT step (interleaved): " + ", ".join(f"{v} {g[v + '_ms']} ms" for v in VARIANTS)
-             + f"; int8 x{g['int8_speedup_vs_fp32']} vs fp32, x{g['int8_speedup_vs_fp32-dual']} vs fp32-dual")
+        _log(
+            f"batch {n} GPT step (interleaved): "
+            + ", ".join(f"{v} {g[v + '_ms']} ms" for v in VARIANTS)
+            + f"; int8 x{g['int8_speedup_vs_fp32']} vs fp32, x{g['int8_speedup_vs_fp32-dual']} vs fp32-dual"
+        )
         runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
         for r in range(reps):
             for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
                 variants.install(v)
                 res = run_engine(n, tokens)
-                runs[v].append({"audio_s_per_s": res["audio_s"] / res["wall_s"],
-                                "engine_step_ms": 1e3 * (res["decode_s"] - res["prefill_s"]) / max(1, res["steps"])})
-                _log(f"batch {n} rep {r + 1} {v}: engine step {runs[v][-1]['engine_step_ms']:.1f} ms, "
-                     f"{runs[v][-1]['audio_s_per_s']:.3f} audio s/s")
+                runs[v].append(
+                    {
+                        "audio_s_per_s": res["audio_s"] / res["wall_s"],
+                        "engine_step_ms": 1e3 * (res["decode_s"] - res["prefill_s"]) / max(1, res["steps"]),
+                    }
+                )
+                _log(
+                    f"batch {n} rep {r + 1} {v}: engine step {runs[v][-1]['engine_step_ms']:.1f} ms, "
+                    f"{runs[v][-1]['audio_s_per_s']:.3f} audio s/s"
+                )
         if reps < 1:  # GPT step only
             out["batches"][str(n)] = row
             continue
@@ -174,10 +197,12 @@ def compare_throughput(run_engine: Callable[[int, int], dict], variants: LinearV
             row[v] = {k: round(_median([x[k] for x in runs[v]]), 4) for k in ("audio_s_per_s", "engine_step_ms")}
             row[v]["audio_s_per_s_runs"] = [round(x["audio_s_per_s"], 4) for x in runs[v]]
         for base in ("fp32", "fp32-dual"):
-            row[f"int8_audio_ratio_vs_{base}"] = round(_median(
-                [q["audio_s_per_s"] / b["audio_s_per_s"] for b, q in zip(runs[base], runs["int8"])]), 3)
-            row[f"int8_engine_step_speedup_vs_{base}"] = round(_median(
-                [b["engine_step_ms"] / q["engine_step_ms"] for b, q in zip(runs[base], runs["int8"])]), 3)
+            row[f"int8_audio_ratio_vs_{base}"] = round(
+                _median([q["audio_s_per_s"] / b["audio_s_per_s"] for b, q in zip(runs[base], runs["int8"])]), 3
+            )
+            row[f"int8_engine_step_speedup_vs_{base}"] = round(
+                _median([b["engine_step_ms"] / q["engine_step_ms"] for b, q in zip(runs[base], runs["int8"])]), 3
+            )
         out["batches"][str(n)] = row
     return out
 
@@ -207,8 +232,14 @@ def near_greedy_inputs(model: Any, recorder: GptRecorder, seg: Any, tokens: int)
     return prefill, [s[0, 0] for s in steps]
 
 
-def compare_numerics(model: Any, variants: LinearVariants, recorder: GptRecorder, segments: list,
-                     tf_tokens: int = 200, agree_tokens: int = 100) -> dict:
+def compare_numerics(
+    model: Any,
+    variants: LinearVariants,
+    recorder: GptRecorder,
+    segments: list,
+    tf_tokens: int = 200,
+    agree_tokens: int = 100,
+) -> dict:
     """Token agreement (near-greedy, int8 vs float32 dual) over the first ``agree_tokens`` and the
     teacher-forced hidden-state cosine over ``tf_tokens`` positions, per segment."""
     import torch
@@ -222,7 +253,7 @@ def compare_numerics(model: Any, variants: LinearVariants, recorder: GptRecorder
             fed[v] = near_greedy_inputs(model, recorder, seg, max(tf_tokens, agree_tokens) + 1)
         ref_steps = fed["fp32-dual"][1]
 
-        def agreement(steps: list) -> tuple[int, list[bool]]:
+        def agreement(steps: list, ref_steps: list = ref_steps) -> tuple[int, list[bool]]:
             n = min(agree_tokens, len(ref_steps), len(steps))
             same = [bool(torch.equal(a, b)) for a, b in zip(ref_steps[:n], steps[:n])]
             return (same.index(False) if False in same else n), same
@@ -241,17 +272,26 @@ def compare_numerics(model: Any, variants: LinearVariants, recorder: GptRecorder
             with torch.inference_mode():
                 h = gpt(inputs_embeds=seq).last_hidden_state[0]
             # Position P-1 + t produced token t: the hidden states the vocoder would get.
-            hidden[v] = h[prefill.shape[1] - 1: prefill.shape[1] - 1 + tf_tokens]
+            hidden[v] = h[prefill.shape[1] - 1 : prefill.shape[1] - 1 + tf_tokens]
         cos = _cosines(hidden["int8"], hidden["fp32-dual"])
-        per_seg.append({
-            "text": seg.text, "prompt_tokens": int(prefill.shape[1]),
-            "agree_tokens": n, "tokens_equal_before_first_difference": first_diff, "tokens_equal_share": round(sum(same) / n, 4),
-            "control_fp32_vs_dual_tokens_equal_before_first_difference": control_first_diff,
-            "tf_positions": int(cos.numel()), "tf_cosine_min": round(float(cos.min()), 5),
-            "tf_cosine_mean": round(float(cos.mean()), 5), "tf_cosine_p01": round(float(cos.quantile(0.01)), 5),
-        })
-        _log(f"segment {i}: {first_diff}/{n} tokens before the first difference (fp32 vs dual: {control_first_diff}), teacher-forced cosine "
-             f"min {per_seg[-1]['tf_cosine_min']} mean {per_seg[-1]['tf_cosine_mean']}")
+        per_seg.append(
+            {
+                "text": seg.text,
+                "prompt_tokens": int(prefill.shape[1]),
+                "agree_tokens": n,
+                "tokens_equal_before_first_difference": first_diff,
+                "tokens_equal_share": round(sum(same) / n, 4),
+                "control_fp32_vs_dual_tokens_equal_before_first_difference": control_first_diff,
+                "tf_positions": int(cos.numel()),
+                "tf_cosine_min": round(float(cos.min()), 5),
+                "tf_cosine_mean": round(float(cos.mean()), 5),
+                "tf_cosine_p01": round(float(cos.quantile(0.01)), 5),
+            }
+        )
+        _log(
+            f"segment {i}: {first_diff}/{n} tokens before the first difference (fp32 vs dual: {control_first_diff}), teacher-forced cosine "
+            f"min {per_seg[-1]['tf_cosine_min']} mean {per_seg[-1]['tf_cosine_mean']}"
+        )
     return {
         "reference": "fp32-dual",
         "temperature": 1e-5,
@@ -283,13 +323,16 @@ def _layer_candidates(lin: Any) -> dict[str, Callable]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cands["torch quantize_dynamic"] = torch.ao.quantization.quantize_dynamic(
-            nn.Sequential(copy.deepcopy(lin)), {nn.Linear}, dtype=torch.qint8)
+            nn.Sequential(copy.deepcopy(lin)), {nn.Linear}, dtype=torch.qint8
+        )
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     except ImportError:
         return cands
-    for label, config in (("torchao int8 weight-only", Int8WeightOnlyConfig()),
-                          ("torchao int8 dynamic", Int8DynamicActivationInt8WeightConfig())):
+    for label, config in (
+        ("torchao int8 weight-only", Int8WeightOnlyConfig()),
+        ("torchao int8 dynamic", Int8DynamicActivationInt8WeightConfig()),
+    ):
         m = nn.Sequential(copy.deepcopy(lin))
         quantize_(m, config)
         cands[label] = m
@@ -323,8 +366,14 @@ def compare_layers(reps: int = 7, calls: int = 50, rows: tuple[int, ...] = (1, 8
                         times[k].append((time.perf_counter() - t0) / calls * 1e6)
                 base = _median(times["fp32"])
                 key = f"{n_in}x{n_out} rows {n}"
-                out[key] = {k: {"us": round(_median(times[k]), 1), "speedup_vs_fp32": round(base / _median(times[k]), 2),
-                                "rel_err": round(float((f(x) - ref).norm() / ref.norm()), 4)} for k, f in cands.items()}
+                out[key] = {
+                    k: {
+                        "us": round(_median(times[k]), 1),
+                        "speedup_vs_fp32": round(base / _median(times[k]), 2),
+                        "rel_err": round(float((f(x) - ref).norm() / ref.norm()), 4),
+                    }
+                    for k, f in cands.items()
+                }
                 _log(key + ": " + ", ".join(f"{k} {v['us']} us" for k, v in out[key].items()))
     return out
 
@@ -337,8 +386,19 @@ OP_GROUPS = (
     ("float linear", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm")),
     ("attention (SDPA)", ("scaled_dot_product", "_flash_attention", "aten::_efficient_attention")),
     ("Int8Linear row scale (norm, clamp)", ("aten::linalg_vector_norm", "aten::clamp_min")),
-    ("heads' weight norm + sampling", ("_weight_norm_interface", "aten::sort", "aten::exponential_", "aten::multinomial",
-                                       "softmax", "aten::topk", "aten::cumsum", "aten::scatter")),
+    (
+        "heads' weight norm + sampling",
+        (
+            "_weight_norm_interface",
+            "aten::sort",
+            "aten::exponential_",
+            "aten::multinomial",
+            "softmax",
+            "aten::topk",
+            "aten::cumsum",
+            "aten::scatter",
+        ),
+    ),
 )
 
 
@@ -352,14 +412,19 @@ def profile_steps(quantize: str, batch: int, tokens: int, threads: int, weights:
     from serve_app.engine.voices import speaker_from_seed
     from serve_app.engine.weights.loading import load_model
 
-    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), device="cpu", torch_threads=threads,
-                                   quantize=quantize))
+    model = load_model(
+        ModelConfig(weights=WeightsConfig(source=weights), device="cpu", torch_threads=threads, quantize=quantize)
+    )
     with open("/proc/self/statm") as f:  # resident pages after loading: what the layers cost in RAM
         rss_mib = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     eng = AcousticEngine(model, AcousticConfig(max_rows=max(16, batch), token_budget=1 << 20))
     spk = speaker_from_seed(model.chat.speaker, 1)
-    reqs = [SegmentRequest(text="今天天气很好，我们出去走走吧。", spk_emb=spk, seed=i, max_new_tokens=tokens,
-                           target_tokens=tokens) for i in range(batch)]
+    reqs = [
+        SegmentRequest(
+            text="今天天气很好，我们出去走走吧。", spk_emb=spk, seed=i, max_new_tokens=tokens, target_tokens=tokens
+        )
+        for i in range(batch)
+    ]
     for r in reqs:
         eng.submit(r)
     for _ in range(3):  # admission (prefill) and two warm steps stay out of the profile
@@ -376,10 +441,15 @@ def profile_steps(quantize: str, batch: int, tokens: int, threads: int, weights:
         groups[label] = groups.get(label, 0.0) + e.self_cpu_time_total
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
     return {
-        "quantize": quantize, "batch": batch, "steps": n_steps, "rss_mib_after_load": round(rss_mib),
+        "quantize": quantize,
+        "batch": batch,
+        "steps": n_steps,
+        "rss_mib_after_load": round(rss_mib),
         "ms_per_step": round(total / 1e3 / max(1, n_steps), 2),
         "share_pct": {g: round(100 * t / total, 1) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])},
-        "top_ops": [[e.key, round(e.self_cpu_time_total / 1e3 / max(1, n_steps), 2), e.count // max(1, n_steps)] for e in top],
+        "top_ops": [
+            [e.key, round(e.self_cpu_time_total / 1e3 / max(1, n_steps), 2), e.count // max(1, n_steps)] for e in top
+        ],
     }
 
 
@@ -388,37 +458,54 @@ def quantize_markdown(q: Optional[dict]) -> list[str]:
     if not q:
         return []
     variants = q.get("variants", [])
-    lines = ["", "### int8 vs float32 (`model.quantize`)", "",
-             f"{q.get('tokens_per_row')} tokens per row. GPT step: the GPT forward of a decode step, median over one run "
-             "whose steps rotate through the variants (speed-up: median of the per-rotation ratios / ratio of the mean "
-             "steps). Engine step (the "
-             f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
-             "variant, interleaved.", "",
-             "| batch | " + " | ".join(f"GPT step {v} ms" for v in variants) + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
-             + " | ".join(f"engine step {v} ms" for v in variants) + " | " + " | ".join(f"audio s/s {v}" for v in variants)
-             + " | int8 audio s/s vs fp32-dual |",
-             "|---|" + "---|" * (3 * len(variants) + 3)]
+    lines = [
+        "",
+        "### int8 vs float32 (`model.quantize`)",
+        "",
+        f"{q.get('tokens_per_row')} tokens per row. GPT step: the GPT forward of a decode step, median over one run "
+        "whose steps rotate through the variants (speed-up: median of the per-rotation ratios / ratio of the mean "
+        "steps). Engine step (the "
+        f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
+        "variant, interleaved.",
+        "",
+        "| batch | "
+        + " | ".join(f"GPT step {v} ms" for v in variants)
+        + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
+        + " | ".join(f"engine step {v} ms" for v in variants)
+        + " | "
+        + " | ".join(f"audio s/s {v}" for v in variants)
+        + " | int8 audio s/s vs fp32-dual |",
+        "|---|" + "---|" * (3 * len(variants) + 3),
+    ]
     for n, row in sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0])):
         step = row.get("gpt_step") or {}
         cells = [_f(step.get(f"{v}_ms"), 1) for v in variants]
-        cells += [f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
-                  for b in ("fp32", "fp32-dual")]
+        cells += [
+            f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
+            for b in ("fp32", "fp32-dual")
+        ]
         cells += [_f(_get(row, v, "engine_step_ms"), 1) for v in variants]
         cells += [_f(_get(row, v, "audio_s_per_s"), 3) for v in variants]
         cells.append(_f(row.get("int8_audio_ratio_vs_fp32-dual")))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     num = q.get("numerics")
     if num:
-        lines += ["", f"Numerics, int8 against {num.get('reference')} on the same weights:", "",
-                  "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
-                  "(control) | teacher-forced positions | hidden cosine min | p01 | mean |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Numerics, int8 against {num.get('reference')} on the same weights:",
+            "",
+            "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
+            "(control) | teacher-forced positions | hidden cosine min | p01 | mean |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for i, s in enumerate(num.get("segments", [])):
-            lines.append(f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
-                         f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
-                         f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
-                         f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |")
+            lines.append(
+                f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
+                f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
+                f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
+                f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |"
+            )
     return lines
-
 
 
 # ---------------------------------------------------------------------------------- command
@@ -443,7 +530,10 @@ def main(args: argparse.Namespace) -> int:
     if args.what == "layers":
         result["layers"] = compare_layers(args.reps)
     else:
-        result["profile"] = [profile_steps(args.quantize, int(b), args.tokens, args.threads, args.weights) for b in args.batches.split(",")]
+        result["profile"] = [
+            profile_steps(args.quantize, int(b), args.tokens, args.threads, args.weights)
+            for b in args.batches.split(",")
+        ]
         for p in result["profile"]:
             _log(f"{p['quantize']} batch {p['batch']}: {p['ms_per_step']} ms/step (profiled), {p['share_pct']}")
     Path(args.out).write_text(json.dumps(result, indent=2))

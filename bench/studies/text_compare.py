@@ -75,8 +75,14 @@ def run_engine(engine: str, repeat: int) -> dict:
         for lang, text in corpus:
             fns[lang](text)
     run_s = time.perf_counter() - start
-    return {"engine": engine, "load_s": load_s, "sentences_per_s": repeat * len(corpus) / run_s,
-            "rss_before_mib": rss0, "rss_peak_mib": _rss_mib(), "outputs": outputs}
+    return {
+        "engine": engine,
+        "load_s": load_s,
+        "sentences_per_s": repeat * len(corpus) / run_s,
+        "rss_before_mib": rss0,
+        "rss_peak_mib": _rss_mib(),
+        "outputs": outputs,
+    }
 
 
 def spoken(text: str) -> str:
@@ -98,7 +104,8 @@ def compare(corpus: List[Tuple[str, str]], results: Dict[str, dict], n_examples:
             entry["disagree"] = {lang: sum(corpus[i][0] == lang for i in diffs) for lang in ("zh", "en")}
             entry["examples"] = [
                 {"input": corpus[i][1], "ours": " ".join(ours[i].split()), engine: res["outputs"][i]}
-                for lang in ("zh", "en") for i in [j for j in diffs if corpus[j][0] == lang][:n_examples]
+                for lang in ("zh", "en")
+                for i in [j for j in diffs if corpus[j][0] == lang][:n_examples]
             ]
         summary[engine] = entry
     return summary
@@ -124,8 +131,12 @@ def main(args: argparse.Namespace) -> int:
     for engine in args.engines.split(","):
         # A fresh interpreter per engine (its load time and peak RSS its own); ``python -m bench``
         # imports only the subcommand it runs.
-        proc = subprocess.run(bench_command("text-compare", "--worker", engine, "--repeat", str(args.repeat)),
-                              capture_output=True, text=True, cwd=REPO_ROOT)
+        proc = subprocess.run(
+            bench_command("text-compare", "--worker", engine, "--repeat", str(args.repeat)),
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+        )
         if proc.returncode:
             print(f"{engine}: failed (not installed?)\n{proc.stderr.strip()[-600:]}", file=sys.stderr)
             continue
@@ -139,9 +150,11 @@ def main(args: argparse.Namespace) -> int:
     for engine, e in summary.items():
         dis = e.get("disagree")
         disagree = f"{dis['zh']} / {dis['en']}" if dis else "-"
-        print(f"| {engine} | {e['load_s']:.2f} | {e['sentences_per_s']:.0f} | {e['rss_peak_mib']:.0f} "
-              f"({e['rss_before_mib']:.0f}) | {e['left_digits']} | {disagree} |")
-    for engine, e in summary.items():
+        print(
+            f"| {engine} | {e['load_s']:.2f} | {e['sentences_per_s']:.0f} | {e['rss_peak_mib']:.0f} "
+            f"({e['rss_before_mib']:.0f}) | {e['left_digits']} | {disagree} |"
+        )
+    for e in summary.values():
         for ex in e.get("examples", []):
             print(json.dumps(ex, ensure_ascii=False))
     if args.json:

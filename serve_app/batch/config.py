@@ -11,14 +11,18 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.audio import AudioFormat
-from ..engine.config import (AcousticConfig, Device, DType, ModelConfig, SegmentLimits, VocoderConfig,
-                             WeightsConfig)
+from ..engine.config import AcousticConfig, Device, DType, ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
 from ..engine.types import SynthesisOptions
 from ..settings import IngressSettings
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 INPUT_SUFFIXES: dict[str, InputFormat] = {
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
 }
 MAX_ID_CHARS = 256
 # A row is one request's worth of text: the service's own input limit.
@@ -85,33 +89,52 @@ class BatchConfig(_Strict):
     input_format: Optional[InputFormat] = Field(default=None, description="None: from the input's suffix.")
     default_format: AudioFormat = Field(default="wav", description="response_format of rows that set none.")
     address: Optional[str] = Field(
-        default=None, description="Ray cluster to join ('auto', 'ray://...'); None: RAY_ADDRESS if set (ray job "
-        "submit sets it), else a new local Ray for this run.")
+        default=None,
+        description="Ray cluster to join ('auto', 'ray://...'); None: RAY_ADDRESS if set (ray job "
+        "submit sets it), else a new local Ray for this run.",
+    )
     num_cpus: Optional[float] = Field(default=None, gt=0, description="CPUs of the local Ray (None: all cores).")
     # Model: the service's weights sources (CHATTTS_WEIGHTS overrides, as there).
     weights: WeightsConfig = WeightsConfig()
     device: Device = "auto"
     dtype: Optional[DType] = Field(default=None, description="GPT dtype; None: bfloat16 on a GPU, float32 on CPU.")
     quantize: Literal["auto", "none", "int8"] = Field(
-        default="auto", description="As model.quantize: auto is int8 on CPU (float32), none on a GPU.")
+        default="auto", description="As model.quantize: auto is int8 on CPU (float32), none on a GPU."
+    )
     # The acoustic actor pool.
     acoustic_actors: Optional[int] = Field(
-        default=None, ge=1, description="None: one per num_gpus share of every GPU, else one per node with CPUs.")
+        default=None, ge=1, description="None: one per num_gpus share of every GPU, else one per node with CPUs."
+    )
     num_gpus: Optional[float] = Field(
-        default=None, ge=0, le=1, description="GPU share per acoustic actor; None: 0.5 where the cluster has GPUs "
-        "and device is auto or cuda (two actors per GPU, as config/serve.gpu.yaml), else 0.")
+        default=None,
+        ge=0,
+        le=1,
+        description="GPU share per acoustic actor; None: 0.5 where the cluster has GPUs "
+        "and device is auto or cuda (two actors per GPU, as config/serve.gpu.yaml), else 0.",
+    )
     acoustic_cpus: float = Field(default=1.0, gt=0, description="Ray CPUs per acoustic actor.")
-    acoustic_threads: Optional[int] = Field(default=None, ge=1, description="torch threads of an acoustic actor "
-                                            "(None: Ray's default, its whole CPUs).")
-    max_rows: Optional[int] = Field(default=None, ge=1, description="Segments an actor decodes together at most; "
-                                    "None: 64 on a GPU, 16 on CPU (the service's default).")
+    acoustic_threads: Optional[int] = Field(
+        default=None, ge=1, description="torch threads of an acoustic actor (None: Ray's default, its whole CPUs)."
+    )
+    max_rows: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Segments an actor decodes together at most; None: 64 on a GPU, 16 on CPU (the service's default).",
+    )
     rows_per_call: Optional[int] = Field(
-        default=None, ge=1, description="Rows per group: the consecutive input rows one acoustic call decodes "
+        default=None,
+        ge=1,
+        description="Rows per group: the consecutive input rows one acoustic call decodes "
         "together, alone in its engine (None: twice max_rows). Part of what makes a row's audio: keep it across "
-        "the runs of one output directory.")
+        "the runs of one output directory.",
+    )
     # The vocoder pool and the plan tasks (CPU).
-    vocoders: Optional[int] = Field(default=None, ge=1, description="Vocoder actors at most (the pool grows with "
-                                    "its queue); None: one per CPU the acoustic actors and plan tasks leave.")
+    vocoders: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Vocoder actors at most (the pool grows with "
+        "its queue); None: one per CPU the acoustic actors and plan tasks leave.",
+    )
     vocoder_cpus: float = Field(default=0.5, gt=0)
     vocode_rows: int = Field(default=4, ge=1, description="Rows per vocoder call.")
     plan_cpus: float = Field(default=0.25, gt=0, description="Ray CPUs per read and plan task.")
@@ -121,8 +144,9 @@ class BatchConfig(_Strict):
     def acoustic_model(self, weights: WeightsConfig, gpu: bool) -> ModelConfig:
         dtype = self.dtype or ("bfloat16" if gpu else "float32")
         device = ("cuda" if gpu else "cpu") if self.device == "auto" else self.device
-        return ModelConfig(weights=weights, device=device, dtype=dtype, quantize=self.quantize,
-                           torch_threads=self.acoustic_threads)
+        return ModelConfig(
+            weights=weights, device=device, dtype=dtype, quantize=self.quantize, torch_threads=self.acoustic_threads
+        )
 
     def vocoder_model(self, weights: WeightsConfig) -> ModelConfig:
         # Vocoder actors run on CPU in float32, as the service's Vocoder replicas; one torch thread
@@ -141,8 +165,14 @@ class BatchConfig(_Strict):
         rows = self.decode_rows(gpu)
         queued = max(AcousticConfig().max_queued_rows, self.group_rows(gpu) * self.segments.max_segments)
         return AcousticConfig(
-            max_rows=rows, token_budget=max(AcousticConfig().token_budget, 1024 * rows),
-            first_chunk_tokens=WHOLE_SEGMENT_TOKENS, chunk_tokens=WHOLE_SEGMENT_TOKENS, listener_margin_s=None,
-            max_stream_chunks=None, max_queued_rows=queued, max_queued_rows_per_client=queued,
-            max_running_rows_per_client=None, reserved_rows=0,
+            max_rows=rows,
+            token_budget=max(AcousticConfig().token_budget, 1024 * rows),
+            first_chunk_tokens=WHOLE_SEGMENT_TOKENS,
+            chunk_tokens=WHOLE_SEGMENT_TOKENS,
+            listener_margin_s=None,
+            max_stream_chunks=None,
+            max_queued_rows=queued,
+            max_queued_rows_per_client=queued,
+            max_running_rows_per_client=None,
+            reserved_rows=0,
         )

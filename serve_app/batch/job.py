@@ -33,8 +33,19 @@ from typing import Callable, Optional
 from ..engine.config import WeightsConfig
 from .config import BatchConfig, InputFormat, row_id
 from .output import OutputDir
-from .rows import (GROUPS, TODO, Group, Item, audio_stem, check_row, input_format, plan_groups, raw_rows, read_input,
-                   row_key)
+from .rows import (
+    GROUPS,
+    TODO,
+    Group,
+    Item,
+    audio_stem,
+    check_row,
+    input_format,
+    plan_groups,
+    raw_rows,
+    read_input,
+    row_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +86,13 @@ class BatchSummary:
         return {**asdict(self), "audio_s_per_s": round(self.audio_s_per_s, 4)}
 
     def text(self) -> str:
-        lines = [f"batch: {self.rows} rows: {self.written} written, {self.skipped} skipped (done before), "
-                 f"{self.failed} failed (errors.jsonl)",
-                 f"batch: {self.audio_seconds:.1f} s of audio in {self.wall_s:.1f} s: {self.audio_s_per_s:.2f} audio s/s "
-                 f"({self.pipeline_s:.1f} s in the pipeline, {self.groups} group(s) of {self.pools.get('group_rows')} rows; "
-                 f"{self.pools.get('acoustic_actors')} acoustic actor(s), up to {self.pools.get('vocoders')} vocoder(s))"]
+        lines = [
+            f"batch: {self.rows} rows: {self.written} written, {self.skipped} skipped (done before), "
+            f"{self.failed} failed (errors.jsonl)",
+            f"batch: {self.audio_seconds:.1f} s of audio in {self.wall_s:.1f} s: {self.audio_s_per_s:.2f} audio s/s "
+            f"({self.pipeline_s:.1f} s in the pipeline, {self.groups} group(s) of {self.pools.get('group_rows')} rows; "
+            f"{self.pools.get('acoustic_actors')} acoustic actor(s), up to {self.pools.get('vocoders')} vocoder(s))",
+        ]
         if self.ignored_columns:
             cols = ", ".join(f"{k} ({n} rows)" for k, n in sorted(self.ignored_columns.items()))
             lines.append(f"batch: columns ignored (not synthesis options): {cols}")
@@ -125,7 +138,9 @@ def size_pools(cfg: BatchConfig) -> Pools:
     wants_gpu = cfg.device in ("auto", "cuda")
     num_gpus = cfg.num_gpus if cfg.num_gpus is not None else (0.5 if gpus and wants_gpu else 0.0)
     if cfg.device == "cuda" and num_gpus == 0:
-        raise ValueError(f"--device cuda needs a GPU share per acoustic actor (--num-gpus); the cluster has {gpus:g} GPUs")
+        raise ValueError(
+            f"--device cuda needs a GPU share per acoustic actor (--num-gpus); the cluster has {gpus:g} GPUs"
+        )
     if num_gpus > 0 and gpus < num_gpus:
         raise ValueError(f"--num-gpus {num_gpus:g}: the cluster has {gpus:g} GPUs")
     if cfg.acoustic_actors:
@@ -133,19 +148,24 @@ def size_pools(cfg: BatchConfig) -> Pools:
     elif num_gpus > 0:
         actors = int(gpus / num_gpus + 1e-9)
     else:
-        actors = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= cfg.acoustic_cpus)
+        actors = sum(
+            1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= cfg.acoustic_cpus
+        )
     actors = max(1, actors)
     left = cpus - actors * cfg.acoustic_cpus - cfg.plan_cpus
     if left < cfg.vocoder_cpus - 1e-9:
-        raise ValueError(f"{actors} acoustic actor(s) of {cfg.acoustic_cpus:g} CPU leave {max(left, 0):g} of the cluster's "
-                         f"{cpus:g} CPUs; a plan task and a vocoder need {cfg.plan_cpus + cfg.vocoder_cpus:g}: "
-                         "lower --acoustic-actors or --acoustic-cpus")
+        raise ValueError(
+            f"{actors} acoustic actor(s) of {cfg.acoustic_cpus:g} CPU leave {max(left, 0):g} of the cluster's "
+            f"{cpus:g} CPUs; a plan task and a vocoder need {cfg.plan_cpus + cfg.vocoder_cpus:g}: "
+            "lower --acoustic-actors or --acoustic-cpus"
+        )
     vocoders = cfg.vocoders or max(1, int(left))
     return Pools(actors, num_gpus, vocoders, cfg.group_rows(num_gpus > 0))
 
 
-def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summary: BatchSummary,
-                   group_rows: int) -> list[Group]:
+def checked_groups(
+    ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summary: BatchSummary, group_rows: int
+) -> list[Group]:
     """Every input row in order, checked on the driver: refused rows go to the errors file, the
     others into groups of ``group_rows`` consecutive rows. Returns the groups to decode: those
     with a row neither written nor refused (for what it holds now) by an earlier run."""
@@ -165,9 +185,14 @@ def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summ
             # Which of them to keep would depend on the order: none is synthesised.
             row, reason = None, f"duplicate_id: {counts[row.id]} input rows have this id (none of them is synthesised)"
         elif row is not None and folded[audio_stem(row.id).casefold()] > 1:
-            row, reason = None, (f"duplicate_id: {folded[audio_stem(row.id).casefold()]} input ids differ from this one "
-                                 "only in case, and would share one file where names ignore case (none of them is "
-                                 "synthesised)")
+            row, reason = (
+                None,
+                (
+                    f"duplicate_id: {folded[audio_stem(row.id).casefold()]} input ids differ from this one "
+                    "only in case, and would share one file where names ignore case (none of them is "
+                    "synthesised)"
+                ),
+            )
         if row is None:
             out.error(row_id(raw), reason)
             summary.failed += 1
@@ -175,10 +200,16 @@ def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summ
         dump = row.model_dump()
         key = row_key(dump, limits)
         before = out.failed.get(row.id)
-        items.append(Item(dump, key, done=row.id in out.done,
-                          failed=before["failed"] if before is not None and before["key"] == key else None))
+        items.append(
+            Item(
+                dump,
+                key,
+                done=row.id in out.done,
+                failed=before["failed"] if before is not None and before["key"] == key else None,
+            )
+        )
     summary.skipped = sum(item.done for item in items)
-    groups = [Group(k, items[i:i + group_rows]) for k, i in enumerate(range(0, len(items), group_rows))]
+    groups = [Group(k, items[i : i + group_rows]) for k, i in enumerate(range(0, len(items), group_rows))]
     todo = []
     for g in groups:
         if not all(item.settled for item in g.items):
@@ -191,8 +222,12 @@ def checked_groups(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summ
     return todo
 
 
-def run_batch(cfg: BatchConfig, progress: bool = True, say: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-              on_row: Optional[Callable[[dict], None]] = None) -> BatchSummary:
+def run_batch(
+    cfg: BatchConfig,
+    progress: bool = True,
+    say: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    on_row: Optional[Callable[[dict], None]] = None,
+) -> BatchSummary:
     """The whole run (module docstring); ``on_row`` sees each manifest record as it is committed."""
     import pyarrow as pa
     import ray
@@ -221,27 +256,54 @@ def run_batch(cfg: BatchConfig, progress: bool = True, say: Callable[[str], None
             groups = checked_groups(read_input(cfg, kind), kind, cfg, out, summary, pools.group_rows)
             ctx.execution_options.preserve_order = False
             summary.groups = len(groups)
-            say(f"batch: {summary.rows} rows: {summary.skipped} done before, {summary.failed} refused, "
+            say(
+                f"batch: {summary.rows} rows: {summary.skipped} done before, {summary.failed} refused, "
                 f"{len(groups)} group(s) of up to {pools.group_rows} rows to decode; {pools.acoustic_actors} acoustic "
-                f"actor(s)" + (f" ({pools.num_gpus:g} GPU each)" if pools.gpu else "") + f", up to {pools.vocoders} vocoder(s)")
+                f"actor(s)"
+                + (f" ({pools.num_gpus:g} GPU each)" if pools.gpu else "")
+                + f", up to {pools.vocoders} vocoder(s)"
+            )
             t_pipe = time.perf_counter()
             if groups:
                 # One block per group: each plan task and each acoustic call takes one.
-                source = ray.data.from_arrow([pa.Table.from_pylist(
-                    [{"group": pickle.dumps(g, protocol=pickle.HIGHEST_PROTOCOL)}], schema=GROUPS) for g in groups])
-                planned = source.map_batches(plan_groups, batch_format="pyarrow", batch_size=1, num_cpus=cfg.plan_cpus,
-                                             fn_kwargs={"limits": cfg.segments.model_dump_json()})
+                source = ray.data.from_arrow(
+                    [
+                        pa.Table.from_pylist(
+                            [{"group": pickle.dumps(g, protocol=pickle.HIGHEST_PROTOCOL)}], schema=GROUPS
+                        )
+                        for g in groups
+                    ]
+                )
+                planned = source.map_batches(
+                    plan_groups,
+                    batch_format="pyarrow",
+                    batch_size=1,
+                    num_cpus=cfg.plan_cpus,
+                    fn_kwargs={"limits": cfg.segments.model_dump_json()},
+                )
                 decoded = planned.map_batches(
-                    AcousticStage, batch_format="pyarrow", batch_size=1, num_cpus=cfg.acoustic_cpus,
+                    AcousticStage,
+                    batch_format="pyarrow",
+                    batch_size=1,
+                    num_cpus=cfg.acoustic_cpus,
                     **({"num_gpus": pools.num_gpus} if pools.gpu else {}),
-                    fn_constructor_kwargs={"model": cfg.acoustic_model(weights, pools.gpu).model_dump(),
-                                           "acoustic": cfg.acoustic_config(pools.gpu).model_dump()},
-                    compute=ActorPoolStrategy(size=pools.acoustic_actors))
+                    fn_constructor_kwargs={
+                        "model": cfg.acoustic_model(weights, pools.gpu).model_dump(),
+                        "acoustic": cfg.acoustic_config(pools.gpu).model_dump(),
+                    },
+                    compute=ActorPoolStrategy(size=pools.acoustic_actors),
+                )
                 voiced = decoded.map_batches(
-                    VocodeStage, batch_format="pyarrow", batch_size=cfg.vocode_rows, num_cpus=cfg.vocoder_cpus,
-                    fn_constructor_kwargs={"model": cfg.vocoder_model(weights).model_dump(),
-                                           "vocoder": cfg.vocoder.model_dump()},
-                    compute=ActorPoolStrategy(min_size=1, max_size=pools.vocoders))
+                    VocodeStage,
+                    batch_format="pyarrow",
+                    batch_size=cfg.vocode_rows,
+                    num_cpus=cfg.vocoder_cpus,
+                    fn_constructor_kwargs={
+                        "model": cfg.vocoder_model(weights).model_dump(),
+                        "vocoder": cfg.vocoder.model_dump(),
+                    },
+                    compute=ActorPoolStrategy(min_size=1, max_size=pools.vocoders),
+                )
                 keys = {item.row["id"]: item.key for g in groups for item in g.items}
                 _write_all(voiced, out, summary, t_pipe, keys, on_row)
             summary.pipeline_s = time.perf_counter() - t_pipe
@@ -253,8 +315,14 @@ def run_batch(cfg: BatchConfig, progress: bool = True, say: Callable[[str], None
     return summary
 
 
-def _write_all(voiced, out: OutputDir, summary: BatchSummary, t_pipe: float, keys: dict[str, str],
-               on_row: Optional[Callable[[dict], None]]) -> None:
+def _write_all(
+    voiced,
+    out: OutputDir,
+    summary: BatchSummary,
+    t_pipe: float,
+    keys: dict[str, str],
+    on_row: Optional[Callable[[dict], None]],
+) -> None:
     """The driver's loop: every row as its block arrives, written (or its error) at once."""
     for batch in voiced.iter_batches(batch_size=None, batch_format="pyarrow"):
         for row in batch.to_pylist():

@@ -40,12 +40,23 @@ MANIFEST = "manifest.parquet"
 ERRORS = "errors.jsonl"
 PART = ".part"
 
-MANIFEST_SCHEMA = pa.schema([
-    ("id", pa.string()), ("path", pa.string()), ("format", pa.string()), ("seconds", pa.float64()),
-    ("seed", pa.int64()), ("voice", pa.string()), ("speed", pa.float64()), ("text", pa.string()),
-    ("normalized_text", pa.string()), ("segments", pa.int32()), ("bytes", pa.int64()), ("sha256", pa.string()),
-    ("weights", pa.string()),
-])
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("path", pa.string()),
+        ("format", pa.string()),
+        ("seconds", pa.float64()),
+        ("seed", pa.int64()),
+        ("voice", pa.string()),
+        ("speed", pa.float64()),
+        ("text", pa.string()),
+        ("normalized_text", pa.string()),
+        ("segments", pa.int32()),
+        ("bytes", pa.int64()),
+        ("sha256", pa.string()),
+        ("weights", pa.string()),
+    ]
+)
 
 
 class OutputLocked(RuntimeError):
@@ -107,8 +118,10 @@ class OutputDir:
                 continue
             if entry.name == STATE_DIR and entry.is_dir() and all(p.name == "lock" for p in entry.iterdir()):
                 continue
-            raise ForeignOutput(f"--out {self.root} already holds files ({entry.name!r}) and no journal of an earlier "
-                                "batch run: give a new or empty directory (a run removes files it did not commit)")
+            raise ForeignOutput(
+                f"--out {self.root} already holds files ({entry.name!r}) and no journal of an earlier "
+                "batch run: give a new or empty directory (a run removes files it did not commit)"
+            )
 
     def recover(self) -> dict[str, dict]:
         """What earlier runs committed and is still there (``self.done``) and the rows they
@@ -162,10 +175,19 @@ class OutputDir:
             os.fsync(f.fileno())  # the bytes are on disk before the name says the file is whole
         os.replace(part, final)
         rec = {
-            "id": row["id"], "path": f"{AUDIO_DIR}/{row['name']}", "format": row["format"],
-            "seconds": round(float(row["seconds"]), 6), "seed": row["seed"], "voice": row["voice"], "speed": row["speed"],
-            "text": row["text"], "normalized_text": row["normalized_text"], "segments": row["segments_count"],
-            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "weights": row["weights"],
+            "id": row["id"],
+            "path": f"{AUDIO_DIR}/{row['name']}",
+            "format": row["format"],
+            "seconds": round(float(row["seconds"]), 6),
+            "seed": row["seed"],
+            "voice": row["voice"],
+            "speed": row["speed"],
+            "text": row["text"],
+            "normalized_text": row["normalized_text"],
+            "segments": row["segments_count"],
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "weights": row["weights"],
         }
         self._journal.write(json.dumps(rec, ensure_ascii=False) + "\n")
         self._journal.flush()  # committed: a crash of this process from here on keeps the row

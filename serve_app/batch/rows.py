@@ -38,24 +38,39 @@ HIDDEN_SIZE = 768  # ChatTTS's GPT hidden size (the tiny random weights keep it)
 # when the row itself is the cause); the vocoder stage replaces ``hidden`` and ``lengths`` with
 # ``audio`` and ``seconds``.
 _COMMON = [
-    ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("name", pa.string()),
-    ("format", pa.string()), ("text", pa.string()), ("normalized_text", pa.string()), ("voice", pa.string()),
-    ("seed", pa.int64()), ("speed", pa.float64()), ("segments_count", pa.int32()),
+    ("id", pa.string()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("name", pa.string()),
+    ("format", pa.string()),
+    ("text", pa.string()),
+    ("normalized_text", pa.string()),
+    ("voice", pa.string()),
+    ("seed", pa.int64()),
+    ("speed", pa.float64()),
+    ("segments_count", pa.int32()),
     # How the plan shapes the audio (engine/types.py Plan), for the vocoder stage's AudioAssembler.
-    ("pauses", pa.list_(pa.float64())), ("gain_db", pa.float64()), ("lead_in", pa.float64()), ("loudness", pa.float64()),
-    ("weights", pa.string()), ("permanent", pa.bool_()),
+    ("pauses", pa.list_(pa.float64())),
+    ("gain_db", pa.float64()),
+    ("lead_in", pa.float64()),
+    ("loudness", pa.float64()),
+    ("weights", pa.string()),
+    ("permanent", pa.bool_()),
 ]
 DECODED = pa.schema([*_COMMON, ("hidden", pa.large_binary()), ("lengths", pa.list_(pa.int32()))])
 VOICED = pa.schema([*_COMMON, ("audio", pa.large_binary()), ("seconds", pa.float64())])
 # A group between the driver, the plan tasks and the acoustic actors: one pickled ``Group``.
 GROUPS = pa.schema([("group", pa.large_binary())])
 
+
 def error_reason(exc: BaseException) -> str:
     """``code: message``, the code from the service's one error table where it has a row."""
     if isinstance(exc, ValidationError):
         # pydantic words a validator's ValueError "Value error, <message>": the message is the reason.
-        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg'].removeprefix('Value error, ')}"
-                 for e in exc.errors()]
+        parts = [
+            f"{'.'.join(str(x) for x in e['loc']) or 'row'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
         return "invalid_value: " + "; ".join(parts)
     known = to_api_error(exc)
     code = known.code if known is not None and known.code else f"failed ({exc.__class__.__name__})"
@@ -81,7 +96,9 @@ def input_format(path: str) -> InputFormat:
     for suffix in reversed(PurePosixPath(path.rstrip("/")).suffixes):
         if suffix.lower() in INPUT_SUFFIXES:
             return INPUT_SUFFIXES[suffix.lower()]
-    raise ValueError(f"cannot tell the input format of {path!r} from its name: pass --input-format jsonl, csv or parquet")
+    raise ValueError(
+        f"cannot tell the input format of {path!r} from its name: pass --input-format jsonl, csv or parquet"
+    )
 
 
 def read_input(cfg: BatchConfig, kind: InputFormat):
@@ -107,8 +124,12 @@ def csv_options():
     nothing else, so no other column's types are inferred (and can fail)."""
     from pyarrow import csv
 
-    return csv.ConvertOptions(column_types={f: pa.string() for f in ROW_FIELDS}, strings_can_be_null=True,
-                              include_columns=sorted(ROW_FIELDS), include_missing_columns=True)
+    return csv.ConvertOptions(
+        column_types={f: pa.string() for f in ROW_FIELDS},
+        strings_can_be_null=True,
+        include_columns=sorted(ROW_FIELDS),
+        include_missing_columns=True,
+    )
 
 
 class BadLine(str):
@@ -147,6 +168,7 @@ def check_row(raw: Union[dict, BadLine], default_format: str) -> tuple[Optional[
 
 
 # ------------------------------------------------------------------ groups and planning
+
 
 @dataclass
 class Item:
@@ -191,10 +213,21 @@ def plan_item(planner: Planner, item: Item) -> dict:
     except Exception as exc:  # noqa: BLE001 - any failure is this row's, reported with it
         return {**base, "status": ERROR, "reason": error_reason(exc), "permanent": True}
     return {
-        **base, "status": TODO, "reason": None, "permanent": False, "name": f"{audio_stem(row.id)}.{row.response_format}",
-        "format": row.response_format, "normalized_text": " ".join(plan.texts), "voice": plan.voice.name,
-        "seed": effective_seed(plan.voice, row.seed), "speed": row.speed, "segments_count": len(plan.segments),
-        "pauses": list(plan.pauses), "gain_db": plan.gain_db, "lead_in": plan.lead_in, "loudness": plan.loudness,
+        **base,
+        "status": TODO,
+        "reason": None,
+        "permanent": False,
+        "name": f"{audio_stem(row.id)}.{row.response_format}",
+        "format": row.response_format,
+        "normalized_text": " ".join(plan.texts),
+        "voice": plan.voice.name,
+        "seed": effective_seed(plan.voice, row.seed),
+        "speed": row.speed,
+        "segments_count": len(plan.segments),
+        "pauses": list(plan.pauses),
+        "gain_db": plan.gain_db,
+        "lead_in": plan.lead_in,
+        "loudness": plan.loudness,
         "segments": plan.segments,
     }
 

@@ -59,7 +59,9 @@ class AcousticStage:
         jobs = [(i, j, seg) for i, r in enumerate(rows) if r["status"] == TODO for j, seg in enumerate(r["segments"])]
         # Longest first (then input order: the same order every run): the rows still decoding when
         # the queue runs dry are short ones, so the batch thins out only briefly at the end.
-        jobs.sort(key=lambda job: (-min(job[2].target_tokens or job[2].max_new_tokens, job[2].max_new_tokens), job[0], job[1]))
+        jobs.sort(
+            key=lambda job: (-min(job[2].target_tokens or job[2].max_new_tokens, job[2].max_new_tokens), job[0], job[1])
+        )
         failed: dict[int, str] = {}
         streams: list[tuple[int, int, Any]] = []
         try:
@@ -99,7 +101,13 @@ def _passed(r: dict) -> dict:
 
 def _error_row(r: dict, reason: str) -> dict:
     """An error row; ``permanent`` only where planning refused the row (an engine failure may pass)."""
-    return {"id": r["id"], "text": r.get("text"), "status": ERROR, "reason": reason, "permanent": bool(r.get("permanent"))}
+    return {
+        "id": r["id"],
+        "text": r.get("text"),
+        "status": ERROR,
+        "reason": reason,
+        "permanent": bool(r.get("permanent")),
+    }
 
 
 class VocodeStage:
@@ -128,8 +136,11 @@ class VocodeStage:
                     r.update(audio=data, seconds=seconds)
                 except Exception as exc:  # noqa: BLE001 - this row fails, the batch goes on
                     log.exception("vocoding %s failed", r["id"])
-                    r.update(status=ERROR, reason=f"synthesis_failed: vocoder: {exc.__class__.__name__}: {exc}",
-                             permanent=False)
+                    r.update(
+                        status=ERROR,
+                        reason=f"synthesis_failed: vocoder: {exc.__class__.__name__}: {exc}",
+                        permanent=False,
+                    )
             out.append(r)
         return pa.Table.from_pylist(out, schema=VOICED)
 
@@ -141,8 +152,15 @@ class VocodeStage:
         from ..engine.pipeline import AudioAssembler
         from ..engine.wav import with_true_length
 
-        assembler = AudioAssembler(self.vocoder, r["format"], self.cfg, pauses=r["pauses"], gain_db=r["gain_db"] or 0.0,
-                                   lead_in=r["lead_in"] or 0.0, loudness=r["loudness"])
+        assembler = AudioAssembler(
+            self.vocoder,
+            r["format"],
+            self.cfg,
+            pauses=r["pauses"],
+            gain_db=r["gain_db"] or 0.0,
+            lead_in=r["lead_in"] or 0.0,
+            loudness=r["loudness"],
+        )
         data = b""
         for j, part in enumerate(split_hidden(hidden, lengths)):
             # Each segment whole, in one window: nothing streams, and the assembler ends it at once.

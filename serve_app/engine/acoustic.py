@@ -50,8 +50,20 @@ from .weights.loading import LoadedModel
 
 # Names importers use from here (tests, bench, deployments).
 __all__ = [
-    "AGING_SECONDS", "KV_HEADROOM", "NUM_VQ", "REPETITION_WINDOW", "AcousticConfig", "AcousticEngine", "ClientQueueFull",
-    "EngineError", "EngineOverloaded", "EngineStats", "HiddenChunk", "RequestTooLarge", "RowStream", "SegmentRequest",
+    "AGING_SECONDS",
+    "KV_HEADROOM",
+    "NUM_VQ",
+    "REPETITION_WINDOW",
+    "AcousticConfig",
+    "AcousticEngine",
+    "ClientQueueFull",
+    "EngineError",
+    "EngineOverloaded",
+    "EngineStats",
+    "HiddenChunk",
+    "RequestTooLarge",
+    "RowStream",
+    "SegmentRequest",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,7 +120,9 @@ class AcousticEngine:
         self.graphs: Optional[GraphRunner] = None  # decode steps from CUDA graphs (read at construction)
         if config.cuda_graphs:
             if torch.device(self.gpt_device).type == "cuda":
-                self.graphs = GraphRunner(self.gpt, self.embed, buckets_for(config.max_rows), config.cuda_graph_kv_tokens)
+                self.graphs = GraphRunner(
+                    self.gpt, self.embed, buckets_for(config.max_rows), config.cuda_graph_kv_tokens
+                )
             else:
                 log.warning("cuda_graphs: the GPT is on %s, not a CUDA device; decoding eagerly", self.gpt_device)
         self._thread: Optional[threading.Thread] = None
@@ -126,8 +140,9 @@ class AcousticEngine:
 
     # ------------------------------------------------------------------ public API
 
-    def submit(self, req: SegmentRequest, loop: Optional[asyncio.AbstractEventLoop] = None,
-               after: Optional[RowStream] = None) -> RowStream:
+    def submit(
+        self, req: SegmentRequest, loop: Optional[asyncio.AbstractEventLoop] = None, after: Optional[RowStream] = None
+    ) -> RowStream:
         """Queue a segment; chunks arrive on the returned stream. Pass ``loop`` to iterate async.
 
         ``after``: wait for that stream's first chunk before joining the batch (see ``submit_all``)."""
@@ -135,7 +150,9 @@ class AcousticEngine:
         self._push([row])
         return row.stream
 
-    def submit_all(self, reqs: list[SegmentRequest], loop: Optional[asyncio.AbstractEventLoop] = None) -> list[RowStream]:
+    def submit_all(
+        self, reqs: list[SegmentRequest], loop: Optional[asyncio.AbstractEventLoop] = None
+    ) -> list[RowStream]:
         """Queue one request's segments: the first joins at once, the others once it has sent its
         first chunk. They still decode in parallel, but the first audio does not wait for the
         other segments' prefills (each ~0.2 s of CPU here) and the steps they would slow down.
@@ -170,8 +187,9 @@ class AcousticEngine:
     def _push(self, rows: list[Row]) -> None:
         with self._wake:
             self._stalled = False
-            self.scheduler.push_all([(r, r.stream.row_id) for r in rows], self.cfg.max_queued_rows,
-                                    self.cfg.max_queued_rows_per_client)
+            self.scheduler.push_all(
+                [(r, r.stream.row_id) for r in rows], self.cfg.max_queued_rows, self.cfg.max_queued_rows_per_client
+            )
             self._wake.notify()
 
     def start(self) -> None:
@@ -242,8 +260,12 @@ class AcousticEngine:
         apply_torch_threads(self.torch_threads)
         while True:
             with self._wake:
-                while (not self._stop and not self.batch.rows and (not self.scheduler or self._stalled)
-                       and not self._resumable()):
+                while (
+                    not self._stop
+                    and not self.batch.rows
+                    and (not self.scheduler or self._stalled)
+                    and not self._resumable()
+                ):
                     # A parked row's consumer wakes the loop when it catches up (_poke); the
                     # timeout also notices a consumer that went away (cancelled).
                     self._wake.wait(timeout=0.5 if self.parked or self._stalled else None)
@@ -417,8 +439,12 @@ class AcousticEngine:
         limit = self.cfg.max_stream_chunks
         if limit is None or self._thread is None:
             return
-        slow = [i for i, row in enumerate(self.batch.rows)
-                if row.stream.backlog >= limit or (row.stream.group is not None and row.stream.group.holds(row.stream, limit))]
+        slow = [
+            i
+            for i, row in enumerate(self.batch.rows)
+            if row.stream.backlog >= limit
+            or (row.stream.group is not None and row.stream.group.holds(row.stream, limit))
+        ]
         if not slow:
             return
         parked = self.batch.park(slow)

@@ -199,7 +199,6 @@ class WavEncoder(PcmEncoder):
         return self._write(np.zeros(0, np.int16))
 
 
-
 @dataclass(frozen=True)
 class _CodecSpec:
     container: str

@@ -49,8 +49,16 @@ from .text.chars import CJK_RE
 from .text.lang import detect_language
 from .text.tags import CONTROL_TAG_RE
 
-__all__ = ["CAPTION_TYPES", "CaptionSettings", "Cue", "TimedText", "build_cues", "format_timestamp", "to_srt",
-           "to_webvtt"]
+__all__ = [
+    "CAPTION_TYPES",
+    "CaptionSettings",
+    "Cue",
+    "TimedText",
+    "build_cues",
+    "format_timestamp",
+    "to_srt",
+    "to_webvtt",
+]
 
 # What a caption file is served as (WebVTT's registered type; SubRip has none, this is common use).
 CAPTION_TYPES: dict[str, str] = {"srt": "application/x-subrip", "vtt": "text/vtt"}
@@ -131,8 +139,11 @@ def _atoms(text: str) -> List[_Atom]:
         run, space = m.groups()
         pieces, current = [], run[0]
         for prev, ch in zip(run, run[1:]):
-            cut = (_is_cjk(ch) or _is_cjk(prev) or prev in _FULL_WIDTH_PUNCT) and ch not in _NO_LINE_START \
+            cut = (
+                (_is_cjk(ch) or _is_cjk(prev) or prev in _FULL_WIDTH_PUNCT)
+                and ch not in _NO_LINE_START
                 and prev not in _NO_LINE_END
+            )
             if cut:
                 pieces.append(current)
                 current = ""
@@ -262,8 +273,10 @@ def _check(item: TimedText, previous_end: float) -> None:
     if item.end_s < item.start_s:
         raise ValueError(f"a caption item ends before it starts: {item.start_s!r}..{item.end_s!r}")
     if item.start_s < previous_end - 0.001:  # rounding of the same boundary is not an overlap
-        raise ValueError(f"caption items must be in audio order without overlap: one starts at {item.start_s!r} "
-                         f"before the previous one ends at {previous_end!r}")
+        raise ValueError(
+            f"caption items must be in audio order without overlap: one starts at {item.start_s!r} "
+            f"before the previous one ends at {previous_end!r}"
+        )
 
 
 def _prefix(speaker: Optional[str]) -> str:

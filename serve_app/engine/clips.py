@@ -52,8 +52,28 @@ DECLARED_SECONDS_FACTOR = 2.0
 # Containers a clip may come in (ffmpeg demuxer names; "mov" covers mp4/m4a/3gp, "matroska"
 # webm/mka). Nothing else is probed: ffmpeg's meta-formats (concat scripts, HLS and DASH
 # playlists, ...) open other files, e.g. a concat script naming a file beside the replica.
-CLIP_CONTAINERS = ("wav", "w64", "aiff", "caf", "flac", "mp3", "ogg", "mov", "matroska", "aac", "amr", "amrnb",
-                   "amrwb", "wv", "ape", "au", "asf", "ac3", "eac3", "tta")
+CLIP_CONTAINERS = (
+    "wav",
+    "w64",
+    "aiff",
+    "caf",
+    "flac",
+    "mp3",
+    "ogg",
+    "mov",
+    "matroska",
+    "aac",
+    "amr",
+    "amrnb",
+    "amrwb",
+    "wv",
+    "ape",
+    "au",
+    "asf",
+    "ac3",
+    "eac3",
+    "tta",
+)
 _CONTAINER_OPTIONS = {
     "format_whitelist": ",".join(CLIP_CONTAINERS),
     "protocol_whitelist": "none",  # no file, no network: only the uploaded bytes are read
@@ -132,8 +152,10 @@ def decode_clip(data: bytes, limits: ClipLimits = ClipLimits()) -> np.ndarray:
     try:
         container = av.open(io.BytesIO(data), mode="r", container_options=_CONTAINER_OPTIONS)
     except (av.FFmpegError, ValueError, EOFError, MemoryError) as exc:
-        raise InvalidClipError(f"could not decode the audio: {exc.__class__.__name__} (send an audio file: "
-                               "wav, mp3, flac, ogg, m4a, webm, aiff, caf, aac, amr, ...)") from None
+        raise InvalidClipError(
+            f"could not decode the audio: {exc.__class__.__name__} (send an audio file: "
+            "wav, mp3, flac, ogg, m4a, webm, aiff, caf, aac, amr, ...)"
+        ) from None
     try:
         with container:
             if not container.streams.audio:
@@ -169,7 +191,8 @@ def decode_clip(data: bytes, limits: ClipLimits = ClipLimits()) -> np.ndarray:
                     if values > max_values:
                         raise InvalidClipError(
                             f"the clip holds too much audio data ({_channels(frame)} channels at "
-                            f"{frame.sample_rate} Hz); send mono or stereo")
+                            f"{frame.sample_rate} Hz); send mono or stereo"
+                        )
                     decoded += frame_seconds
                     for out in resampler.resample(frame):
                         parts.append(_mono(out))
@@ -185,10 +208,14 @@ def decode_clip(data: bytes, limits: ClipLimits = ClipLimits()) -> np.ndarray:
     except (av.FFmpegError, ValueError, EOFError, MemoryError) as exc:
         raise InvalidClipError(f"could not decode the audio: {exc.__class__.__name__}") from None
     if too_long or samples > cap:
-        raise InvalidClipError(f"the clip is longer than {limits.max_seconds:g} s; send {limits.min_seconds:g}-{limits.max_seconds:g} s")
+        raise InvalidClipError(
+            f"the clip is longer than {limits.max_seconds:g} s; send {limits.min_seconds:g}-{limits.max_seconds:g} s"
+        )
     seconds = samples / SAMPLE_RATE
     if seconds < limits.min_seconds:
-        raise InvalidClipError(f"the clip is {seconds:.1f} s; send {limits.min_seconds:g}-{limits.max_seconds:g} s of speech")
+        raise InvalidClipError(
+            f"the clip is {seconds:.1f} s; send {limits.min_seconds:g}-{limits.max_seconds:g} s of speech"
+        )
     pcm = np.concatenate(parts).astype(np.float32, copy=False)
     if not np.isfinite(pcm).all():
         raise InvalidClipError("the clip holds non-finite samples")

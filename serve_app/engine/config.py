@@ -41,16 +41,12 @@ class _Strict(BaseModel):
 
 class WeightsConfig(_Strict):
     source: WeightsSource = "auto"
-    path: Optional[str] = Field(
-        default=None, description="Asset directory (ChatTTS layout) for source=local."
-    )
+    path: Optional[str] = Field(default=None, description="Asset directory (ChatTTS layout) for source=local.")
     cache_dir: Optional[str] = Field(
         default=None, description="Where random weights are built (default ~/.cache/chattts-serve)."
     )
     seed: int = Field(default=0, description="Seed of random weights (part of the cache key).")
-    hub_timeout_s: float = Field(
-        default=10.0, gt=0, description="source=auto: give up on the hub after this long."
-    )
+    hub_timeout_s: float = Field(default=10.0, gt=0, description="source=auto: give up on the hub after this long.")
 
     def resolved(self) -> "WeightsConfig":
         """Apply the CHATTTS_WEIGHTS / CHATTTS_WEIGHTS_PATH overrides."""
@@ -86,7 +82,9 @@ class ModelConfig(_Strict):
         "of 4+ rows (engine/linear.py: faster few-row decode steps for one more copy of those weights).",
     )
     mmap_threshold_bytes: Optional[int] = Field(
-        default=1 << 20, ge=4096, le=1 << 25,
+        default=1 << 20,
+        ge=4096,
+        le=1 << 25,
         description="glibc's mmap threshold for the model processes (engine/heap.py): blocks this large "
         "get their own mappings and go back to the system when freed, instead of staying in the heap "
         "(lower peak RSS while rows come and go). null keeps glibc's dynamic threshold.",
@@ -122,9 +120,7 @@ class AcousticConfig(_Strict):
         ge=64,
         description="Sum over running rows of prompt + max new tokens (bounds KV memory).",
     )
-    first_chunk_tokens: int = Field(
-        default=12, ge=1, description="Tokens in a row's first chunk (first audio sooner)."
-    )
+    first_chunk_tokens: int = Field(default=12, ge=1, description="Tokens in a row's first chunk (first audio sooner).")
     chunk_tokens: int = Field(default=24, ge=1, description="Tokens per chunk after the first.")
     listener_margin_s: Optional[float] = Field(
         default=0.1,
@@ -267,9 +263,7 @@ class SegmentLimits(_Strict):
         "characters only). Shorter segments are more rows decoded in parallel: a long input's latency "
         "and the batch's width do not hinge on its longest sentence (bench/README.md).",
     )
-    cap_factor: float = Field(
-        default=3.0, gt=1, description="max_new_token = cap_factor * expected + cap_slack."
-    )
+    cap_factor: float = Field(default=3.0, gt=1, description="max_new_token = cap_factor * expected + cap_slack.")
     cap_slack: int = Field(default=64, ge=0)
     max_new_token: int = Field(default=2048, ge=16, description="Hard ceiling for any segment.")
     max_segments: int = Field(
@@ -308,8 +302,9 @@ class SegmentLimits(_Strict):
 def acoustic_heard_through(acoustic: AcousticConfig, vocoder: VocoderConfig) -> AcousticConfig:
     """``acoustic`` with what its listener model takes from this vocoder: the tokens it holds back
     (``listener_lag_tokens``) and the fewest new tokens it decodes (``min_early_chunk_tokens``)."""
-    return acoustic.model_copy(update={"listener_lag_tokens": vocoder.hold_back_tokens,
-                                       "min_early_chunk_tokens": vocoder.min_window_tokens})
+    return acoustic.model_copy(
+        update={"listener_lag_tokens": vocoder.hold_back_tokens, "min_early_chunk_tokens": vocoder.min_window_tokens}
+    )
 
 
 class EngineConfig(_Strict):

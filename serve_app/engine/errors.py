@@ -69,8 +69,9 @@ class InvalidSSMLError(ValueError):
     and where it is (1-based line and column of the element, or of the XML syntax error);
     ``element``, ``line`` and ``column`` hold the same for callers that want them."""
 
-    def __init__(self, message: str, element: str | None = None, line: int | None = None,
-                 column: int | None = None) -> None:
+    def __init__(
+        self, message: str, element: str | None = None, line: int | None = None, column: int | None = None
+    ) -> None:
         super().__init__(message)
         self.element = element
         self.line = line

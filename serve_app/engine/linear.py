@@ -46,8 +46,12 @@ def use_dual_layout(module: nn.Module, min_rows: int = MIN_ROWS) -> int:
     """Replace every ``nn.Linear`` under ``module`` with a ``DualLayoutLinear``; returns how many.
 
     Call after the weights are loaded (the copies are taken now) and not on a module in training."""
-    targets = [(parent, name, child) for parent in module.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]
+    targets = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
     for parent, name, child in targets:
         setattr(parent, name, DualLayoutLinear(child, min_rows))
     return len(targets)

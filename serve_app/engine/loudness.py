@@ -142,7 +142,9 @@ def _measure(x: np.ndarray, sample_rate: int, peak: bool) -> Loudness:
         integrated = -math.inf
     elif short:
         integrated += 10.0 * math.log10(block / len(x))
-    return Loudness(integrated, _db(float(meta.get("lavfi.r128.true_peak", 0.0))), float(meta.get("lavfi.r128.LRA", 0.0)))
+    return Loudness(
+        integrated, _db(float(meta.get("lavfi.r128.true_peak", 0.0))), float(meta.get("lavfi.r128.LRA", 0.0))
+    )
 
 
 def _check(name: str, value: float, bounds: tuple[float, float], unit: str) -> float:
@@ -157,12 +159,16 @@ def _limit(pcm: np.ndarray, rate: int, ceiling_db: float) -> np.ndarray:
     back at ``rate``: same length, no delay (``latency=1`` compensates the lookahead)."""
     up = rate * _OVERSAMPLE
     limit = 10.0 ** (ceiling_db / 20.0)
-    y, _ = _run_graph(pcm, rate, [
-        ("aresample", str(up)),
-        # level=0: no make-up gain of its own; asc off: plain release.
-        ("alimiter", f"limit={limit:.6f}:attack=5:release=50:level=0:latency=1"),
-        ("aresample", str(rate)),
-    ])
+    y, _ = _run_graph(
+        pcm,
+        rate,
+        [
+            ("aresample", str(up)),
+            # level=0: no make-up gain of its own; asc off: plain release.
+            ("alimiter", f"limit={limit:.6f}:attack=5:release=50:level=0:latency=1"),
+            ("aresample", str(rate)),
+        ],
+    )
     return _fit(y, len(pcm))
 
 
@@ -173,9 +179,12 @@ def _fit(y: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([y, np.zeros(n - len(y), np.float32)])
 
 
-def normalize_loudness(pcm: np.ndarray, target_lufs: float = DEFAULT_TARGET_LUFS,
-                       true_peak_dbtp: float = DEFAULT_TRUE_PEAK_DBTP,
-                       sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+def normalize_loudness(
+    pcm: np.ndarray,
+    target_lufs: float = DEFAULT_TARGET_LUFS,
+    true_peak_dbtp: float = DEFAULT_TRUE_PEAK_DBTP,
+    sample_rate: int = SAMPLE_RATE,
+) -> np.ndarray:
     """A whole mono clip at ``target_lufs`` integrated loudness (LOUDNESS_RANGE_LUFS), its true
     peak at most ``true_peak_dbtp`` (TRUE_PEAK_RANGE_DBTP).
 

@@ -14,7 +14,6 @@ import time
 from typing import AsyncIterator, Callable, Iterator, Optional
 
 import numpy as np
-
 import torch
 
 from .acoustic import AcousticEngine, HiddenChunk, RowStream
@@ -42,9 +41,16 @@ class AudioAssembler:
     all come at the end).
     """
 
-    def __init__(self, vocoder: Vocoder, fmt: str, vocoder_cfg: Optional[VocoderConfig] = None,
-                 pauses: Optional[list[float]] = None, gain_db: float = 0.0, lead_in: float = 0.0,
-                 loudness: Optional[float] = None):
+    def __init__(
+        self,
+        vocoder: Vocoder,
+        fmt: str,
+        vocoder_cfg: Optional[VocoderConfig] = None,
+        pauses: Optional[list[float]] = None,
+        gain_db: float = 0.0,
+        lead_in: float = 0.0,
+        loudness: Optional[float] = None,
+    ):
         self.vocoder = vocoder
         self.vocoder_cfg = vocoder_cfg
         self.encoder: AudioEncoder = new_encoder(fmt, gain_db=gain_db)
@@ -174,9 +180,15 @@ class Synthesizer:
         self.engine.stop()
         self._vocode.shutdown()
 
-    def stream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions(),
-               plan: Optional[Plan] = None, assembler: Optional[AudioAssembler] = None,
-               on_tokens: Optional[Callable[[int], None]] = None) -> Iterator[bytes]:
+    def stream(
+        self,
+        text: str,
+        fmt: str = "wav",
+        opts: SynthesisOptions = SynthesisOptions(),
+        plan: Optional[Plan] = None,
+        assembler: Optional[AudioAssembler] = None,
+        on_tokens: Optional[Callable[[int], None]] = None,
+    ) -> Iterator[bytes]:
         """Encoded audio as it is made. The CLI passes its own ``plan`` (made from ``text``) and
         ``assembler`` to report segments and samples, and ``on_tokens`` (each chunk's tokens)."""
         plan = plan or self.planner.plan(text, opts)
@@ -192,7 +204,9 @@ class Synthesizer:
         if tail:
             yield tail
 
-    async def astream(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> AsyncIterator[bytes]:
+    async def astream(
+        self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()
+    ) -> AsyncIterator[bytes]:
         plan = self.planner.plan(text, opts)
         assembler = AudioAssembler(self.vocoder, fmt)
         loop = asyncio.get_running_loop()

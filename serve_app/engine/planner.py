@@ -29,7 +29,7 @@ def source_texts(text: str, texts: list[str], spans: list[Optional[tuple[int, in
     """What captions show per segment: ``text[span]`` where the segment has its span alone, else
     (no span, or a piece cut again after normalising) the normalised text."""
     shared = {span for span in spans if span is not None and spans.count(span) > 1}
-    return [text[span[0]:span[1]] if span is not None and span not in shared else t for t, span in zip(texts, spans)]
+    return [text[span[0] : span[1]] if span is not None and span not in shared else t for t, span in zip(texts, spans)]
 
 
 def speech_seconds(reqs: list[SegmentRequest]) -> float:
@@ -61,7 +61,10 @@ class Planner:
         """``voice``: already resolved (a stored custom voice the Ingress looked up); else
         ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment)."""
         segments = self.frontend.process(
-            text, lang=opts.lang, normalize=opts.normalize, max_chars=self.limits.max_chars,
+            text,
+            lang=opts.lang,
+            normalize=opts.normalize,
+            max_chars=self.limits.max_chars,
             max_seconds=self.limits.max_seconds,
         )
         plan = self.plan_texts([s.text for s in segments], opts, voice, client, spans=[s.span for s in segments])
@@ -77,8 +80,13 @@ class Planner:
         pause = 0.0
         for part in parts:
             pause += part.pause_before
-            segments = self.frontend.process(part.text, lang=opts.lang, normalize=opts.normalize,
-                                             max_chars=self.limits.max_chars, max_seconds=self.limits.max_seconds)
+            segments = self.frontend.process(
+                part.text,
+                lang=opts.lang,
+                normalize=opts.normalize,
+                max_chars=self.limits.max_chars,
+                max_seconds=self.limits.max_seconds,
+            )
             if not segments:
                 continue  # nothing speakable (a break alone): its pause goes on to the next part
             if pause > 0:
@@ -89,16 +97,30 @@ class Planner:
                 pause = 0.0
             level = speed_tag_level(part.speed)
             seed = effective_seed(part.voice, opts.seed)
-            spans = [None if s.span is None or part.offset is None else (part.offset + s.span[0], part.offset + s.span[1])
-                     for s in segments]
+            spans = [
+                None if s.span is None or part.offset is None else (part.offset + s.span[0], part.offset + s.span[1])
+                for s in segments
+            ]
             own = part.offset is not None
             texts = [s.text for s in segments]
-            sources = source_texts(part.text, texts, [s.span for s in segments]) if own else (
-                [part.text] if len(segments) == 1 else texts)
+            sources = (
+                source_texts(part.text, texts, [s.span for s in segments])
+                if own
+                else ([part.text] if len(segments) == 1 else texts)
+            )
             for seg, span, source in zip(segments, spans, sources):
                 i = len(reqs)
-                reqs.append(self._request(seg.text, part.voice, segment_seed(seed, i), level, f"[speed_{level}]{part.prompt}",
-                                          opts, client))
+                reqs.append(
+                    self._request(
+                        seg.text,
+                        part.voice,
+                        segment_seed(seed, i),
+                        level,
+                        f"[speed_{level}]{part.prompt}",
+                        opts,
+                        client,
+                    )
+                )
                 plan.texts.append(seg.text)
                 plan.spans.append(span if own else part.span)
                 plan.sources.append(source)
@@ -111,8 +133,14 @@ class Planner:
         self.check_cost(reqs, opts, silence=plan_silence(plan))
         return plan
 
-    def plan_texts(self, texts: list[str], opts: SynthesisOptions, voice: Optional[Voice] = None,
-                   client: str = "", spans: Optional[list] = None) -> Plan:
+    def plan_texts(
+        self,
+        texts: list[str],
+        opts: SynthesisOptions,
+        voice: Optional[Voice] = None,
+        client: str = "",
+        spans: Optional[list] = None,
+    ) -> Plan:
         """Segment requests for already normalised segment texts (e.g. after refine_text);
         ``spans``: where each text came from in the input, when known."""
         voice = voice if voice is not None else self.voices.resolve(opts.voice)
@@ -124,30 +152,51 @@ class Planner:
         level = speed_tag_level(opts.speed)
         prompt = f"[speed_{level}]{opts.prompt}"
         seed = effective_seed(voice, opts.seed)
-        reqs = [self._request(text, voice, segment_seed(seed, i), level, prompt, opts, client) for i, text in enumerate(texts)]
+        reqs = [
+            self._request(text, voice, segment_seed(seed, i), level, prompt, opts, client)
+            for i, text in enumerate(texts)
+        ]
         self.check_cost(reqs, opts)
         return Plan(voice, reqs, texts, spans=spans, gain_db=opts.volume)
 
-    def _request(self, text: str, voice: Voice, seed: int, level: int, prompt: str, opts: SynthesisOptions,
-                 client: str) -> SegmentRequest:
+    def _request(
+        self, text: str, voice: Voice, seed: int, level: int, prompt: str, opts: SynthesisOptions, client: str
+    ) -> SegmentRequest:
         return SegmentRequest(
-            text=text, spk_emb=voice.spk_emb, spk_seed=voice.seed, spk_smp=voice.spk_smp, txt_smp=voice.txt_smp,
-            seed=seed, target_tokens=expected_tokens(text, level), max_new_tokens=max_new_tokens(text, self.limits, level),
-            prompt=prompt, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, priority=opts.priority,
-            client=client)
+            text=text,
+            spk_emb=voice.spk_emb,
+            spk_seed=voice.seed,
+            spk_smp=voice.spk_smp,
+            txt_smp=voice.txt_smp,
+            seed=seed,
+            target_tokens=expected_tokens(text, level),
+            max_new_tokens=max_new_tokens(text, self.limits, level),
+            prompt=prompt,
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            top_k=opts.top_k,
+            priority=opts.priority,
+            client=client,
+        )
 
     def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions, silence: float = 0.0) -> None:
         """``RequestTooLarge`` past ``max_segments``, ``max_silence_seconds`` of ``silence``, or
         ``max_request_seconds`` of expected audio (speech and silence together)."""
         limits = self.limits
         if len(reqs) > limits.max_segments:
-            raise RequestTooLarge(f"input makes {len(reqs)} segments after normalisation; the limit is "
-                                  f"{limits.max_segments} (segments.max_segments): send less text")
+            raise RequestTooLarge(
+                f"input makes {len(reqs)} segments after normalisation; the limit is "
+                f"{limits.max_segments} (segments.max_segments): send less text"
+            )
         if silence > limits.max_silence_seconds:
-            raise RequestTooLarge(f"input asks for {silence:.0f} s of silence (breaks and pauses, all turns together); "
-                                  f"the limit is {limits.max_silence_seconds:g} s (segments.max_silence_seconds)")
+            raise RequestTooLarge(
+                f"input asks for {silence:.0f} s of silence (breaks and pauses, all turns together); "
+                f"the limit is {limits.max_silence_seconds:g} s (segments.max_silence_seconds)"
+            )
         seconds = speech_seconds(reqs) + silence
         if seconds > limits.max_request_seconds:
-            raise RequestTooLarge(f"input is about {seconds:.0f} s of audio at speed {opts.speed:g}; the limit is "
-                                  f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
-                                  "or a higher speed")
+            raise RequestTooLarge(
+                f"input is about {seconds:.0f} s of audio at speed {opts.speed:g}; the limit is "
+                f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
+                "or a higher speed"
+            )

@@ -74,8 +74,12 @@ def quantize_linears(module: nn.Module) -> int:
     returns how many. The float weights are dropped with the old modules."""
     from .linear import DualLayoutLinear
 
-    targets = [(parent, name, child) for parent in module.modules()
-               for name, child in parent.named_children() if type(child) in (nn.Linear, DualLayoutLinear)]
+    targets = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if type(child) in (nn.Linear, DualLayoutLinear)
+    ]
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear(child))
     return len(targets)

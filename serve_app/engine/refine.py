@@ -73,18 +73,29 @@ class TextRefiner:
     def check(self, texts: list[str]) -> None:
         """``RequestTooLarge`` past the per-call limits."""
         if len(texts) > self.cfg.refine_max_texts:
-            raise RequestTooLarge(f"refine_text input is {len(texts)} segments; the limit is "
-                                  f"{self.cfg.refine_max_texts} (refine_max_texts): send less text or no refine_text")
+            raise RequestTooLarge(
+                f"refine_text input is {len(texts)} segments; the limit is "
+                f"{self.cfg.refine_max_texts} (refine_max_texts): send less text or no refine_text"
+            )
         chars = sum(len(t) for t in texts)
         if chars > self.cfg.refine_max_chars:
-            raise RequestTooLarge(f"refine_text input is {chars} characters after normalisation; the limit is "
-                                  f"{self.cfg.refine_max_chars} (refine_max_chars): send less text or no refine_text")
+            raise RequestTooLarge(
+                f"refine_text input is {chars} characters after normalisation; the limit is "
+                f"{self.cfg.refine_max_chars} (refine_max_chars): send less text or no refine_text"
+            )
 
     def batches(self, texts: list[str]) -> list[list[str]]:
         return [texts[i : i + self.batch] for i in range(0, len(texts), self.batch)]
 
-    def refine(self, texts: list[str], seed: int, temperature: float = 0.7, top_p: float = 0.7, top_k: int = 20,
-               cancel: Optional[threading.Event] = None) -> list[str]:
+    def refine(
+        self,
+        texts: list[str],
+        seed: int,
+        temperature: float = 0.7,
+        top_p: float = 0.7,
+        top_k: int = 20,
+        cancel: Optional[threading.Event] = None,
+    ) -> list[str]:
         """Refined versions of ``texts`` (same order), batch after batch on the calling thread.
         Deterministic for a seed. For callers on their own threads (CLI, tests); a Serve replica
         uses ``refine_async``."""
@@ -94,9 +105,16 @@ class TextRefiner:
             out += self.refine_batch(batch, seed, temperature, top_p, top_k, cancel=cancel)
         return out
 
-    def refine_batch(self, texts: list[str], seed: int, temperature: float = 0.7, top_p: float = 0.7,
-                     top_k: int = 20, cancel: Optional[threading.Event] = None,
-                     wait_s: Optional[float] = None) -> list[str]:
+    def refine_batch(
+        self,
+        texts: list[str],
+        seed: int,
+        temperature: float = 0.7,
+        top_p: float = 0.7,
+        top_k: int = 20,
+        cancel: Optional[threading.Event] = None,
+        wait_s: Optional[float] = None,
+    ) -> list[str]:
         """One generation over ``texts`` (at most ``batch``, unchecked here). Waits at most
         ``wait_s`` (default ``refine_wait_s``) for a generation in progress (``RefineBusy``);
         ``cancel`` set before or during it: ``RefineCancelled``."""
@@ -118,42 +136,53 @@ class TextRefiner:
         # The BERT decoder joins tokens with spaces; CJK text reads better without them.
         return [_join_cjk(t) for t in out]
 
-    def _generate(self, texts: list[str], seed: int, temperature: float, top_p: float, top_k: int,
-                  cancel: threading.Event) -> list[torch.Tensor]:
+    def _generate(
+        self, texts: list[str], seed: int, temperature: float, top_p: float, top_k: int, cancel: threading.Event
+    ) -> list[torch.Tensor]:
         """ChatTTS's ``Chat._refine_text`` (0.2.5, the non-vLLM path) with RefineTextParams'
         defaults, plus the cancel check; returns each text's kept token ids."""
         from ChatTTS.model import GPT, gen_logits
 
         chat = self.chat
-        params = chat.RefineTextParams(temperature=temperature, top_P=top_p, top_K=top_k,
-                                       max_new_token=max(refine_token_cap(t) for t in texts),
-                                       show_tqdm=False, manual_seed=seed)
+        params = chat.RefineTextParams(
+            temperature=temperature,
+            top_P=top_p,
+            top_K=top_k,
+            max_new_token=max(refine_token_cap(t) for t in texts),
+            show_tqdm=False,
+            manual_seed=seed,
+        )
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-            chat.speaker.decorate_text_prompts(list(texts), params.prompt), chat.config.gpt.num_vq,
+            chat.speaker.decorate_text_prompts(list(texts), params.prompt),
+            chat.config.gpt.num_vq,
             device=chat.device_gpt,
         )
         logits_warpers, logits_processors = gen_logits(
-            num_code=chat.tokenizer.len, top_P=params.top_P, top_K=params.top_K,
+            num_code=chat.tokenizer.len,
+            top_P=params.top_P,
+            top_K=params.top_K,
             repetition_penalty=params.repetition_penalty,
         )
         emb = chat.embed(input_ids, text_mask)
         del text_mask
-        result = next(chat.gpt.generate(
-            emb,
-            input_ids,
-            temperature=torch.tensor([params.temperature], device=chat.device),
-            eos_token=chat.tokenizer.eos_token,
-            attention_mask=attention_mask,
-            max_new_token=params.max_new_token,
-            min_new_token=params.min_new_token,
-            logits_processors=(_StopWhenCancelled(cancel), *logits_processors, *logits_warpers),
-            infer_text=True,
-            stream=False,
-            show_tqdm=False,
-            ensure_non_empty=params.ensure_non_empty,
-            manual_seed=params.manual_seed,
-            context=GPT.Context(),  # ours, not the Chat's: Chat.interrupt() is not this call's
-        ))
+        result = next(
+            chat.gpt.generate(
+                emb,
+                input_ids,
+                temperature=torch.tensor([params.temperature], device=chat.device),
+                eos_token=chat.tokenizer.eos_token,
+                attention_mask=attention_mask,
+                max_new_token=params.max_new_token,
+                min_new_token=params.min_new_token,
+                logits_processors=(_StopWhenCancelled(cancel), *logits_processors, *logits_warpers),
+                infer_text=True,
+                stream=False,
+                show_tqdm=False,
+                ensure_non_empty=params.ensure_non_empty,
+                manual_seed=params.manual_seed,
+                context=GPT.Context(),  # ours, not the Chat's: Chat.interrupt() is not this call's
+            )
+        )
         # As ChatTTS's own infer does: keep text tokens and tags below [break_0].
         ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in result.ids]
         result.destroy()
@@ -187,8 +216,10 @@ async def refine_async(refiner: TextRefiner, thread: TorchThread, texts: list[st
             try:
                 await asyncio.wait_for(asyncio.shield(started), wait)
             except asyncio.TimeoutError:
-                raise RefineBusy(f"refine_text could not start within {wait:g} s (refine_wait_s): "
-                                 "the refiner is busy with other requests") from None
+                raise RefineBusy(
+                    f"refine_text could not start within {wait:g} s (refine_wait_s): "
+                    "the refiner is busy with other requests"
+                ) from None
             out += await asyncio.wrap_future(job)
             job = None
         return out

@@ -125,8 +125,10 @@ def _tags(oral: Optional[int], laugh: Optional[int], break_level: Optional[int])
 # --------------------------------------------------------------------------- #
 
 # Latin words, numbers, single CJK characters, "×"; runs of punctuation end a clause.
-_TOKEN_RE = re.compile(rf"[a-z]+(?:['’][a-z]+)*|\d+(?:\.\d+)?|[{CJK}]|[×]"
-                       r"|(?P<sep>[,.;:!?，。；：！？、\n()（）\[\]\"“”]+)")
+_TOKEN_RE = re.compile(
+    rf"[a-z]+(?:['’][a-z]+)*|\d+(?:\.\d+)?|[{CJK}]|[×]"
+    r"|(?P<sep>[,.;:!?，。；：！？、\n()（）\[\]\"“”]+)"
+)
 _CLAUSE_WORDS = frozenset({"and", "but", "then", "while", "also"})
 _SPEED_SUFFIXES = frozenset({"x", "×", "倍"})
 
@@ -227,7 +229,7 @@ def _scaled(controls: StyleControls, k: float) -> StyleControls:
         low, high = LEVEL_RANGES[kind]
         neutral = _NEUTRAL[kind]
         levels[kind] = int(min(high, max(low, math.floor(neutral + (level - neutral) * k + 0.5))))
-    speed = None if controls.speed is None else min(MAX_SPEED, max(MIN_SPEED, controls.speed ** k))
+    speed = None if controls.speed is None else min(MAX_SPEED, max(MIN_SPEED, controls.speed**k))
     return StyleControls(levels["oral"], levels["laugh"], levels["break"], speed)
 
 
@@ -256,8 +258,9 @@ def resolve_instructions(*texts: Optional[str]) -> StyleResult:
         if text is not None and not isinstance(text, str):
             raise TypeError(f"instructions must be str, got {type(text).__name__}")
         if text and len(text) > MAX_INSTRUCTIONS_CHARS:
-            raise InvalidInstructionsError(f"instructions are {len(text)} characters; at most "
-                                           f"{MAX_INSTRUCTIONS_CHARS} are read")
+            raise InvalidInstructionsError(
+                f"instructions are {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS} are read"
+            )
     if not any(texts):
         return StyleResult()
     norm = "\n".join(_normalise(text) for text in texts if text)  # "\n" ends a clause
@@ -269,8 +272,8 @@ def resolve_instructions(*texts: Optional[str]) -> StyleResult:
 
     def end_clause() -> None:
         if clause is not None and clause.words and not clause.understood:
-            snippet = norm[clause.start:clause.end].strip()
-            ignored.append(snippet if len(snippet) <= MAX_REPORTED_CHARS else snippet[:MAX_REPORTED_CHARS - 1] + "…")
+            snippet = norm[clause.start : clause.end].strip()
+            ignored.append(snippet if len(snippet) <= MAX_REPORTED_CHARS else snippet[: MAX_REPORTED_CHARS - 1] + "…")
 
     i, n = 0, len(tokens)
     while i < n:
@@ -297,8 +300,8 @@ def resolve_instructions(*texts: Optional[str]) -> StyleResult:
             continue
         entry, length = None, 1
         for size in _LENGTHS.get(tok, ()):
-            candidate = tuple(t[0] for t in tokens[i:i + size])
-            if len(candidate) == size and candidate in _PHRASES and not any(t[3] for t in tokens[i:i + size]):
+            candidate = tuple(t[0] for t in tokens[i : i + size])
+            if len(candidate) == size and candidate in _PHRASES and not any(t[3] for t in tokens[i : i + size]):
                 entry, length = _PHRASES[candidate], size
                 break
         clause.end = tokens[i + length - 1][2]
@@ -341,8 +344,9 @@ def resolve_instructions(*texts: Optional[str]) -> StyleResult:
         speed = c.speed if c.speed is not None else speed
         applied.setdefault(name, None)
     prompt = "".join(tag for _, tag in _tags(oral, laugh, break_level))
-    return StyleResult(prompt, speed, oral, laugh, break_level, tuple(applied),
-                       tuple(dict.fromkeys(ignored))[:MAX_REPORTED])
+    return StyleResult(
+        prompt, speed, oral, laugh, break_level, tuple(applied), tuple(dict.fromkeys(ignored))[:MAX_REPORTED]
+    )
 
 
 # Every printable ASCII character but "%" (the escape) and "," (the separator) stays as it is.

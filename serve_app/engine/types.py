@@ -32,6 +32,7 @@ MAX_SPEAKER_CHARS = 1024
 # count as another client being present, so a replica starting does not cap the clients' rows.
 INTERNAL_CLIENT = "internal"
 
+
 class SynthesisOptions(BaseModel):
     """What a caller may choose about one synthesis: the one home of these defaults and ranges.
 
@@ -41,17 +42,25 @@ class SynthesisOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice: str = Field(default="alloy", max_length=MAX_SPEAKER_CHARS, description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.")
+    voice: str = Field(
+        default="alloy",
+        max_length=MAX_SPEAKER_CHARS,
+        description="OpenAI voice, seed:<n>, or a ChatTTS speaker string.",
+    )
     seed: Optional[int] = Field(default=None, ge=0, le=2**31 - 1)
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     temperature: float = Field(default=0.3, ge=0.01, le=2.0)
     top_p: float = Field(default=0.7, ge=0.01, le=1.0)
     top_k: int = Field(default=20, ge=1, le=625)
-    prompt: str = Field(default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6].")
+    prompt: str = Field(
+        default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6]."
+    )
     normalize: bool = True
     lang: Optional[Literal["zh", "en"]] = None
     priority: int = Field(default=0, ge=-10, le=10)
-    volume: float = Field(default=0.0, ge=GAIN_DB_RANGE[0], le=GAIN_DB_RANGE[1], description="Gain in dB applied to the audio.")
+    volume: float = Field(
+        default=0.0, ge=GAIN_DB_RANGE[0], le=GAIN_DB_RANGE[1], description="Gain in dB applied to the audio."
+    )
 
     @field_validator("prompt")
     @classmethod

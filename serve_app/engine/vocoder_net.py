@@ -83,8 +83,14 @@ class _Linear:
     a window's 50-100 rows that costs ~1.2-1.6x the GEMMs (bench vocoder). Falls back to F.linear
     where the op is missing or disagrees."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], device: torch.device,
-                 dtype: torch.dtype = torch.float32, gelu: bool = False):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        gelu: bool = False,
+    ):
         self.w = weight.detach().to(device, dtype).contiguous()  # (out, in)
         self.dtype = dtype
         self.b = None if bias is None else bias.detach().to(device, dtype)
@@ -107,8 +113,9 @@ class _Linear:
         return F.gelu(y) if self.gelu else y
 
     def _packed(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.b, "gelu" if self.gelu else "none", [],
-                                                  "none" if self.gelu else "")
+        return torch.ops.mkldnn._linear_pointwise(
+            x, packed, self.b, "gelu" if self.gelu else "none", [], "none" if self.gelu else ""
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
@@ -136,8 +143,13 @@ class _Block:
 class StreamingNet:
     """Decoder + Vocos as time-major layers with carried state (module docstring)."""
 
-    def __init__(self, decoder: torch.nn.Module, vocos: torch.nn.Module, device: torch.device,
-                 matmul_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        decoder: torch.nn.Module,
+        vocos: torch.nn.Module,
+        device: torch.device,
+        matmul_dtype: torch.dtype = torch.float32,
+    ):
         dev = torch.device(device)
         self.device = dev
         dd = decoder.decoder  # DVAEDecoder
@@ -150,8 +162,11 @@ class StreamingNet:
         self.embed = _Conv(bb.embed, dev)
         self.norm = (bb.norm.weight.detach().to(dev), bb.norm.bias.detach().to(dev), bb.norm.eps)
         self.voc_blocks = [_Block(b, dev, matmul_dtype) for b in bb.convnext]
-        self.final_norm = (bb.final_layer_norm.weight.detach().to(dev), bb.final_layer_norm.bias.detach().to(dev),
-                           bb.final_layer_norm.eps)
+        self.final_norm = (
+            bb.final_layer_norm.weight.detach().to(dev),
+            bb.final_layer_norm.bias.detach().to(dev),
+            bb.final_layer_norm.eps,
+        )
         head = vocos.head
         self.head = _Linear(head.out.weight, head.out.bias, dev)
         istft = head.istft
@@ -162,9 +177,14 @@ class StreamingNet:
 
     def reach_frames(self) -> dict[str, int]:
         """Each side's receptive field in mel frames (2 per token): the Decoder's, Vocos's convolutions'."""
-        dec = sum(c.reach for c in self.dec_in + [self.dec_out, self.out_conv]) + sum(b.dw.reach for b in self.dec_blocks)
-        return {"decoder": dec, "vocos": self.embed.reach + sum(b.dw.reach for b in self.voc_blocks),
-                "istft": self.n_fft // 2 // self.hop}
+        dec = sum(c.reach for c in self.dec_in + [self.dec_out, self.out_conv]) + sum(
+            b.dw.reach for b in self.dec_blocks
+        )
+        return {
+            "decoder": dec,
+            "vocos": self.embed.reach + sum(b.dw.reach for b in self.voc_blocks),
+            "istft": self.n_fft // 2 // self.hop,
+        }
 
     def mel(self, hidden: torch.Tensor, state: NetState, keep: int) -> torch.Tensor:
         """(T, 768) hidden -> (2T, 100) mel frames (ChatTTS's Decoder)."""

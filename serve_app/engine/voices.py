@@ -85,7 +85,8 @@ def decode_speaker(value: str) -> np.ndarray:
         raise InvalidVoiceError("a ChatTTS speaker string must be a string")
     if len(value) > MAX_SPEAKER_CHARS:
         raise InvalidVoiceError(
-            f"ChatTTS speaker string is {len(value)} characters; a speaker string is at most {MAX_SPEAKER_CHARS}")
+            f"ChatTTS speaker string is {len(value)} characters; a speaker string is at most {MAX_SPEAKER_CHARS}"
+        )
     try:
         data = b14.decode_from_string(value)
     except Exception:  # noqa: BLE001 - UnicodeError (lone surrogates), MemoryError, ...: a 400

@@ -17,8 +17,16 @@ UNKNOWN_SIZE = 0xFFFFFFFF
 def wav_header(sample_rate: int, data_bytes: int = UNKNOWN_SIZE) -> bytes:
     fmt_chunk = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
     riff = UNKNOWN_SIZE if data_bytes == UNKNOWN_SIZE else HEADER_BYTES - 8 + data_bytes
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk
-            + b"data" + struct.pack("<I", data_bytes))
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt_chunk))
+        + fmt_chunk
+        + b"data"
+        + struct.pack("<I", data_bytes)
+    )
 
 
 def is_wav(data: bytes) -> bool:

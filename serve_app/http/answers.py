@@ -10,8 +10,8 @@ import base64
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
-from ..engine.captions import TimedText, to_srt, to_webvtt
 from ..engine.audio import CONTENT_TYPES
+from ..engine.captions import TimedText, to_srt, to_webvtt
 from ..engine.types import Plan, SegmentMark
 from ..engine.wav import with_true_length
 from ..protocol import DialogueRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
@@ -35,9 +35,16 @@ def segments_key(key: str) -> str:
 
 def speech_segment(mark: SegmentMark, plan: Plan) -> SpeechSegment:
     span = plan.span_of(mark.index)
-    return SpeechSegment(index=mark.index, text=plan.source_of(mark.index), input_start=span[0] if span else None,
-                         input_end=span[1] if span else None, start=round(mark.start_s, 6), end=round(mark.end_s, 6),
-                         speaker=plan.speaker_of(mark.index), turn=plan.turn_of(mark.index))
+    return SpeechSegment(
+        index=mark.index,
+        text=plan.source_of(mark.index),
+        input_start=span[0] if span else None,
+        input_end=span[1] if span else None,
+        start=round(mark.start_s, 6),
+        end=round(mark.end_s, 6),
+        speaker=plan.speaker_of(mark.index),
+        turn=plan.turn_of(mark.index),
+    )
 
 
 async def hit_items(hit: Hit) -> AsyncIterator[Union[bytes, SpeechSegment]]:
@@ -57,12 +64,16 @@ _B64_PIECE = 3 << 20
 
 
 def _b64(data: bytes) -> bytes:
-    return b"".join(base64.b64encode(data[i:i + _B64_PIECE]) for i in range(0, len(data), _B64_PIECE))
+    return b"".join(base64.b64encode(data[i : i + _B64_PIECE]) for i in range(0, len(data), _B64_PIECE))
 
 
-def build_timed_answer(req: Union[TimedSpeechRequest, DialogueRequest], parts: list[bytes],
-                       segments: list[SpeechSegment], duration: Optional[float],
-                       stream: bool) -> tuple[TimedSpeech, bytes]:
+def build_timed_answer(
+    req: Union[TimedSpeechRequest, DialogueRequest],
+    parts: list[bytes],
+    segments: list[SpeechSegment],
+    duration: Optional[float],
+    stream: bool,
+) -> tuple[TimedSpeech, bytes]:
     """The timed answer without its audio, and the audio as base64 (run in a thread). ``parts``:
     a stream's bytes (``stream``), else a cached answer's one whole file."""
     data = whole(parts) if stream else parts[0]
@@ -70,9 +81,15 @@ def build_timed_answer(req: Union[TimedSpeechRequest, DialogueRequest], parts: l
     if req.captions is not None:
         cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
         captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
-    shell = TimedSpeech(audio="", response_format=req.response_format, content_type=CONTENT_TYPES[req.response_format],
-                        duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
-                        segments=segments, captions=captions, captions_format=req.captions)
+    shell = TimedSpeech(
+        audio="",
+        response_format=req.response_format,
+        content_type=CONTENT_TYPES[req.response_format],
+        duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
+        segments=segments,
+        captions=captions,
+        captions_format=req.captions,
+    )
     return shell, _b64(data)
 
 

@@ -107,8 +107,9 @@ def request_key(scope: Scope, body: bytes) -> str:
 class EdgeCacheMiddleware:
     """ASGI middleware: answers a request it has an edge entry for; keeps the marked answers."""
 
-    def __init__(self, app: ASGIApp, settings: Optional[EdgeCacheSettings] = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, app: ASGIApp, settings: Optional[EdgeCacheSettings] = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.app = app
         self.s = settings or EdgeCacheSettings()
         self.cache = EdgeCache(self.s, clock)
@@ -117,8 +118,13 @@ class EdgeCacheMiddleware:
         self.keys_off = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (not self.s.enabled or scope["type"] != "http" or scope.get("method") != "POST"
-                or scope.get("path") not in PATHS or _bypass(header(scope, b"cache-control") or "")):
+        if (
+            not self.s.enabled
+            or scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or scope.get("path") not in PATHS
+            or _bypass(header(scope, b"cache-control") or "")
+        ):
             await self.app(scope, receive, send)
             return
         if not header(scope, b"authorization") and not self.keys_off:
@@ -127,8 +133,15 @@ class EdgeCacheMiddleware:
         try:
             body, complete, replay = await _read_body(receive, self.s.max_body_bytes, self.s.body_timeout_s)
         except asyncio.TimeoutError:
-            await send_error(send, APIError(408, f"the request body did not arrive within {self.s.body_timeout_s:g} s",
-                                            code="body_timeout", headers={"Connection": "close"}))
+            await send_error(
+                send,
+                APIError(
+                    408,
+                    f"the request body did not arrive within {self.s.body_timeout_s:g} s",
+                    code="body_timeout",
+                    headers={"Connection": "close"},
+                ),
+            )
             return
         if not complete:  # too large to key: the request goes on as it came
             await self.app(scope, replay, self._learning(send))

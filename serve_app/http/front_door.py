@@ -54,7 +54,7 @@ def patch_config(text: str) -> str:
             indent = line[: len(line) - len(line.lstrip())] or "    "
             added = [f"{indent}{MARK}: the client's address is the one HAProxy saw, never one it sent\n"]
             added += [f"{indent}{rule}\n" for rule in RULES]
-            return "".join(lines[: i + 1] + added + lines[i + 1:])
+            return "".join(lines[: i + 1] + added + lines[i + 1 :])
         elif inside and line[:1] not in (" ", "\t", "") and stripped:
             break  # the next section: no bind line
     return text

@@ -156,14 +156,18 @@ def client_of(scope: Scope) -> tuple[str, str]:
 class FrontGuard:
     """ASGI middleware: a client out of refusal tokens is answered 429 here, after the tarpit."""
 
-    def __init__(self, app: ASGIApp, settings: Optional[FrontGuardSettings] = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, app: ASGIApp, settings: Optional[FrontGuardSettings] = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.app = app
         self.s = s = settings or FrontGuardSettings()
         self.clients = Clients(s.refusals_per_s, s.refusal_burst, s.max_served_clients, s.max_clients, clock)
         self.addresses = Buckets(s.address_refusals_per_s, s.address_refusal_burst, s.max_clients, clock)
         self.held = 0
-        self.refused: dict[str, int] = {"client": 0, "address": 0}  # answered by the guard, by the bucket that was empty
+        self.refused: dict[str, int] = {
+            "client": 0,
+            "address": 0,
+        }  # answered by the guard, by the bucket that was empty
         self._metric = _counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -203,16 +207,30 @@ class FrontGuard:
             if authenticated and credential:
                 self.clients.mark_served(key, client)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, where: str, buckets: Buckets, bucket: Bucket,
-                      address: str, credential: str) -> None:
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        where: str,
+        buckets: Buckets,
+        bucket: Bucket,
+        address: str,
+        credential: str,
+    ) -> None:
         self.refused[where] += 1
         if self._metric is not None:
             self._metric.inc(tags={"bucket": where})
         now = self.clients.clock()
         if now - bucket.warned >= WARN_EVERY_S:
             bucket.warned = now
-            log.warning("front guard: %s %s (credential %s) is out of refusal budget; its requests get 429 after %g s",
-                        where, address, credential or "none", self.s.tarpit_s)
+            log.warning(
+                "front guard: %s %s (credential %s) is out of refusal budget; its requests get 429 after %g s",
+                where,
+                address,
+                credential or "none",
+                self.s.tarpit_s,
+            )
         addr = self.addresses.get(address)
         if self.s.tarpit_s > 0 and addr.held < self.s.max_tarpitted_per_address and self.held < self.s.max_tarpitted:
             addr.held += 1
@@ -223,10 +241,19 @@ class FrontGuard:
                 addr.held -= 1
                 self.held -= 1
         retry = bucket.wait_s(buckets.rate)
-        body = json.dumps(error_body(f"too many refused requests from this client; retry after {retry} s",
-                                     "rate_limit_error", code="too_many_refusals")).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"retry-after", str(retry).encode()), (b"connection", b"close")]
+        body = json.dumps(
+            error_body(
+                f"too many refused requests from this client; retry after {retry} s",
+                "rate_limit_error",
+                code="too_many_refusals",
+            )
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry).encode()),
+            (b"connection", b"close"),
+        ]
         if scope["type"] == "http":
             await send({"type": "http.response.start", "status": 429, "headers": headers})
             await send({"type": "http.response.body", "body": body})
@@ -261,7 +288,9 @@ class Ticket:
             self.guard.addresses.give_back(self.addr)
 
 
-def _watching(send: Send, status: list[int], ticket: Optional[Ticket], authenticated: Optional[list[bool]] = None) -> Send:
+def _watching(
+    send: Send, status: list[int], ticket: Optional[Ticket], authenticated: Optional[list[bool]] = None
+) -> Send:
     """``send`` that notes the answer's status (and settles the ticket on it): HTTP's; a
     WebSocket's accept as 101, a handshake refused by a close as 403, a denial response's own;
     then a session closed by the service with a 44xx code as that 4xx. The Ingress's
@@ -295,8 +324,11 @@ def _counter():
     try:
         from ray.util.metrics import Counter
 
-        return Counter("tts_front_guard_refused_total", "Requests the front guard answered 429 itself, by the bucket that was empty.",
-                       tag_keys=("bucket",))
+        return Counter(
+            "tts_front_guard_refused_total",
+            "Requests the front guard answered 429 itself, by the bucket that was empty.",
+            tag_keys=("bucket",),
+        )
     except Exception:  # noqa: BLE001 - outside Ray (tests, other ASGI servers) there is no metric
         return None
 
@@ -312,9 +344,8 @@ def middlewares() -> list[Middleware]:
     (``flow_acks.py``), and the proxy's event-loop watch."""
     from . import edge_cache
     from .flow_acks import FlowAcksMiddleware
-    from .loop_watch import LoopWatchMiddleware
-
     from .front_door import pin_forwarded_allow_ips
+    from .loop_watch import LoopWatchMiddleware
 
     settings = settings_from_env()
     edge = edge_cache.settings_from_env()
@@ -326,5 +357,9 @@ def middlewares() -> list[Middleware]:
     # hits, its 408s) and refuses a client out of budget before the edge reads a body; the edge
     # sees the Ingress's AUTH_HEADER before the guard takes it off.
     # Outermost, the proxy's own event-loop watch (loop_watch.py): the hooks run on that loop.
-    return [Middleware(edge_cache.EdgeCacheMiddleware, settings=edge), Middleware(FrontGuard, settings=settings),
-            Middleware(FlowAcksMiddleware), Middleware(LoopWatchMiddleware)]
+    return [
+        Middleware(edge_cache.EdgeCacheMiddleware, settings=edge),
+        Middleware(FrontGuard, settings=settings),
+        Middleware(FlowAcksMiddleware),
+        Middleware(LoopWatchMiddleware),
+    ]

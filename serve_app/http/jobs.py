@@ -84,7 +84,6 @@ RUNNER_CALL_S = 5.0
 _FORM_FIELDS = set(JobRequest.model_fields) | {"file"}
 
 
-
 def _inlined(schema: dict) -> dict:
     """A pydantic JSON schema with its ``$defs`` written in place: refs to ``#/$defs/...`` mean
     nothing inside the OpenAPI document it goes into."""
@@ -102,14 +101,26 @@ def _inlined(schema: dict) -> dict:
 
 
 # The create route reads its body itself (JSON, text or a form), so FastAPI cannot infer this.
-CREATE_JOB_OPENAPI = {"requestBody": {"content": {
-    "application/json": {"schema": _inlined(JobRequest.model_json_schema())},
-    "text/plain": {"schema": {"type": "string", "description": "The text; the options as query parameters."}},
-    "multipart/form-data": {"schema": {"type": "object", "properties": {
-        "file": {"type": "string", "format": "binary", "description": "The text, UTF-8."},
-        "voice": {"type": "string"}, "response_format": {"type": "string"}, "seed": {"type": "integer"},
-        "speed": {"type": "number"}}}},
-}}}
+CREATE_JOB_OPENAPI = {
+    "requestBody": {
+        "content": {
+            "application/json": {"schema": _inlined(JobRequest.model_json_schema())},
+            "text/plain": {"schema": {"type": "string", "description": "The text; the options as query parameters."}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "The text, UTF-8."},
+                        "voice": {"type": "string"},
+                        "response_format": {"type": "string"},
+                        "seed": {"type": "integer"},
+                        "speed": {"type": "number"},
+                    },
+                }
+            },
+        }
+    }
+}
 
 
 def _bad(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
@@ -135,13 +146,17 @@ def _validated_in_pieces(fields: dict[str, Any]) -> JobRequest:
     if not isinstance(turns, list) or len(turns) <= TURNS_PER_PIECE:
         return _validated(fields)
     if len(turns) > MAX_JOB_TURNS:  # counted before any is read
-        raise APIError(400, f"a job has at most {MAX_JOB_TURNS} turns; this one has {len(turns)}", param="turns",
-                       code="invalid_value")
+        raise APIError(
+            400,
+            f"a job has at most {MAX_JOB_TURNS} turns; this one has {len(turns)}",
+            param="turns",
+            code="invalid_value",
+        )
     req = _validated({**fields, "turns": turns[:1]})
     out: list[DialogueTurn] = []
     for start in range(0, len(turns), TURNS_PER_PIECE):
         try:
-            out += _TURNS.validate_python(turns[start:start + TURNS_PER_PIECE])
+            out += _TURNS.validate_python(turns[start : start + TURNS_PER_PIECE])
         except ValidationError as exc:
             errors = [{**e, "loc": ("turns", start + e["loc"][0], *e["loc"][1:])} for e in exc.errors()]
             raise invalid_value(errors) from None
@@ -223,8 +238,9 @@ def _parse_body(raw: bytes) -> JobRequest:
     except (UnicodeDecodeError, ValueError, IndexError):
         raise _bad("request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise _bad("send a JSON object with 'input' and the speech options, text/plain, or a multipart form "
-                   "with a 'file' part")
+        raise _bad(
+            "send a JSON object with 'input' and the speech options, text/plain, or a multipart form with a 'file' part"
+        )
     return _validated_in_pieces(body)
 
 
@@ -305,8 +321,13 @@ async def store_call(fn: Any, *args: Any) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001
         log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
-        raise APIError(503, "job store unavailable; retry shortly", type="server_error",
-                       code="job_store_unavailable", headers={"Retry-After": "2"}) from None
+        raise APIError(
+            503,
+            "job store unavailable; retry shortly",
+            type="server_error",
+            code="job_store_unavailable",
+            headers={"Retry-After": "2"},
+        ) from None
 
 
 async def file_response(store: JobStore, job: StoredJob, name: str, media_type: str, filename: str) -> Response:
@@ -319,13 +340,20 @@ async def file_response(store: JobStore, job: StoredJob, name: str, media_type: 
     headers = {"Cache-Control": "private, max-age=0"}
     path = await store_call(store.local_path, job, name)
     if path is not None:
-        return FileResponse(path, media_type=media_type, filename=filename, content_disposition_type="inline",
-                            headers=headers)
+        return FileResponse(
+            path, media_type=media_type, filename=filename, content_disposition_type="inline", headers=headers
+        )
     stat = await store_call(store.stat, job, name)
     if stat is None:
         raise as_api_error(_not_found(job.id))
-    return RangedResponse(stat, functools.partial(store.read_range, job, name), media_type=media_type,
-                          filename=filename, content_disposition_type="inline", headers=headers)
+    return RangedResponse(
+        stat,
+        functools.partial(store.read_range, job, name),
+        media_type=media_type,
+        filename=filename,
+        content_disposition_type="inline",
+        headers=headers,
+    )
 
 
 def job_parts(parts: list[ScriptPart]) -> tuple[list[Voice], list[JobPart]]:
@@ -345,8 +373,19 @@ def job_parts(parts: list[ScriptPart]) -> tuple[list[Voice], list[JobPart]]:
             if n == len(table):
                 table.append(v)
             by_object[id(v)] = n
-        out.append(JobPart(text=part.text, voice=n, speed=part.speed, prompt=part.prompt, offset=part.offset,
-                           span=part.span, pause_before=part.pause_before, speaker=part.speaker, turn=part.turn))
+        out.append(
+            JobPart(
+                text=part.text,
+                voice=n,
+                speed=part.speed,
+                prompt=part.prompt,
+                offset=part.offset,
+                span=part.span,
+                pause_before=part.pause_before,
+                speaker=part.speaker,
+                turn=part.turn,
+            )
+        )
     return table, out
 
 
@@ -375,8 +414,16 @@ class JobsService:
     submission with them, as the runner's chunks will be. ``runner``: the runner's handle
     (tests without Ray pass their own; by default the application's, found or made)."""
 
-    def __init__(self, cfg: JobsSettings, normalizer: Any, vocoder: Any, voices: VoiceCatalog, app_name: str,
-                 segments: Optional[SegmentLimits] = None, runner: Any = None):
+    def __init__(
+        self,
+        cfg: JobsSettings,
+        normalizer: Any,
+        vocoder: Any,
+        voices: VoiceCatalog,
+        app_name: str,
+        segments: Optional[SegmentLimits] = None,
+        runner: Any = None,
+    ):
         self.cfg = cfg
         self.limits = job_limits(cfg)
         self.store = make_job_store(cfg)
@@ -396,7 +443,9 @@ class JobsService:
         _, cfg, normalizer, vocoder = self._runner_args
         while True:
             try:
-                await asyncio.wait_for(self.runner.configure.remote(cfg.model_dump(), normalizer, vocoder), RUNNER_CALL_S)
+                await asyncio.wait_for(
+                    self.runner.configure.remote(cfg.model_dump(), normalizer, vocoder), RUNNER_CALL_S
+                )
             except Exception as exc:  # noqa: BLE001 - restarting, or gone: find (or make) it again
                 log.warning("jobs: runner unreachable (%s); looking it up again", exc.__class__.__name__)
                 try:
@@ -413,9 +462,14 @@ class JobsService:
         delete the others' jobs. Refused unless ``jobs.allow_anonymous`` (an admin, such as an
         in-cluster handle caller, sees every owner's jobs anyway)."""
         if caller.owner == ANONYMOUS and not caller.admin and not self.cfg.allow_anonymous:
-            raise APIError(403, "jobs need an API key: every caller without one would share one owner and see, "
-                           "fetch and delete the others' jobs (configure keys, security.api_keys_*, or set "
-                           "jobs.allow_anonymous: true)", type="permission_error", code="jobs_need_api_key")
+            raise APIError(
+                403,
+                "jobs need an API key: every caller without one would share one owner and see, "
+                "fetch and delete the others' jobs (configure keys, security.api_keys_*, or set "
+                "jobs.allow_anonymous: true)",
+                type="permission_error",
+                code="jobs_need_api_key",
+            )
 
     # ------------------------------------------------------------------ routes
 
@@ -430,13 +484,22 @@ class JobsService:
         except JobError as exc:
             raise as_api_error(exc) from None
         if caller.owner in self._submitting:
-            raise APIError(429, "a job submission of this key is still being read; send the next once it is "
-                           "answered", type="rate_limit_error", code="job_submission_in_progress",
-                           headers={"Retry-After": "2"})
+            raise APIError(
+                429,
+                "a job submission of this key is still being read; send the next once it is answered",
+                type="rate_limit_error",
+                code="job_submission_in_progress",
+                headers={"Retry-After": "2"},
+            )
         if len(self._submitting) >= self.cfg.max_submissions_at_once:
-            raise APIError(503, f"{len(self._submitting)} job submissions are being read (at most "
-                           f"{self.cfg.max_submissions_at_once} at once, jobs.max_submissions_at_once); retry shortly",
-                           type="server_error", code="job_submissions_busy", headers={"Retry-After": "2"})
+            raise APIError(
+                503,
+                f"{len(self._submitting)} job submissions are being read (at most "
+                f"{self.cfg.max_submissions_at_once} at once, jobs.max_submissions_at_once); retry shortly",
+                type="server_error",
+                code="job_submissions_busy",
+                headers={"Retry-After": "2"},
+            )
         self._submitting.add(caller.owner)
         _CollectorDeferred.submission(True)
         try:
@@ -456,8 +519,12 @@ class JobsService:
         """The request read into the job's chunks (and its voices), every piece of it checked."""
         check_model(req.model)
         if req.script_chars > self.cfg.max_input_chars:
-            raise APIError(413, f"input is {req.script_chars} characters; the limit is {self.cfg.max_input_chars}",
-                           param="turns" if req.turns is not None else "input", code="input_too_long")
+            raise APIError(
+                413,
+                f"input is {req.script_chars} characters; the limit is {self.cfg.max_input_chars}",
+                param="turns" if req.turns is not None else "input",
+                code="input_too_long",
+            )
         used = await self._store(self.store.usage, caller.owner)
         check_room(used, self.limits, 1)  # again: the body took a while
         voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
@@ -467,8 +534,12 @@ class JobsService:
             # is stored), on a thread's loop; the chunks keep the script's parts, the job its voices.
             catalog = _ThreadVoices(self.voices, asyncio.get_running_loop())
             cap = self.cfg.max_input_chars
-            script = await asyncio.to_thread(asyncio.run, dialogue_script(req, catalog, caller, cap) if req.turns is not None
-                                             else speech_script(req, voice, catalog, caller, cap))
+            script = await asyncio.to_thread(
+                asyncio.run,
+                dialogue_script(req, catalog, caller, cap)
+                if req.turns is not None
+                else speech_script(req, voice, catalog, caller, cap),
+            )
             options, headers, chapters = script.options, script.headers, None
             seed = effective_seed(voice, options.seed)
             silence = self.planner.limits.max_silence_seconds
@@ -482,29 +553,81 @@ class JobsService:
         options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
-        return _Built(req.model, req.response_format, req.captions, options, headers, voice, voice_name,
-                      script_voices, chunks, chapters, used.bytes)
+        return _Built(
+            req.model,
+            req.response_format,
+            req.captions,
+            options,
+            headers,
+            voice,
+            voice_name,
+            script_voices,
+            chunks,
+            chapters,
+            used.bytes,
+        )
 
     async def _create(self, built: "_Built", caller: Caller, root: str) -> JSONResponse:
         """Plan the built job, reserve its planned audio, store it and tell the runner."""
-        chunks, chapters, voice, script_voices, options = (built.chunks, built.chapters, built.voice,
-                                                           built.script_voices, built.options)
-        seconds = await self._planned_seconds(chunks, options, voice, script_voices, caller.owner, bool(chapters),
-                                              self.limits.max_bytes - built.used_bytes)
+        chunks, chapters, voice, script_voices, options = (
+            built.chunks,
+            built.chapters,
+            built.voice,
+            built.script_voices,
+            built.options,
+        )
+        seconds = await self._planned_seconds(
+            chunks,
+            options,
+            voice,
+            script_voices,
+            caller.owner,
+            bool(chapters),
+            self.limits.max_bytes - built.used_bytes,
+        )
         pcm_limit, reserved = reservation(seconds, bool(chapters), self.cfg.reservation_headroom)
         now = time.time()
-        job = StoredJob(id=new_job_id(), owner=caller.owner, model=built.model, voice_name=built.voice_name,
-                        options=options.model_dump(), response_format=built.response_format, captions=built.captions,
-                        created_at=now, updated_at=now, chunks_total=len(chunks), chunk_samples=[-1] * len(chunks),
-                        chars_total=sum(len(c.text) for c in chunks), reserved_bytes=reserved,
-                        pcm_limit_bytes=pcm_limit, chapter_titles=[title for title, _ in chapters or []],
-                        chapter_first_chunks=chapter_first_chunks(chunks) if chapters else [])
-        await self._store(self.store.create, job, chunks, self.limits, dataclasses.asdict(voice),
-                          [dataclasses.asdict(v) for v in script_voices])
+        job = StoredJob(
+            id=new_job_id(),
+            owner=caller.owner,
+            model=built.model,
+            voice_name=built.voice_name,
+            options=options.model_dump(),
+            response_format=built.response_format,
+            captions=built.captions,
+            created_at=now,
+            updated_at=now,
+            chunks_total=len(chunks),
+            chunk_samples=[-1] * len(chunks),
+            chars_total=sum(len(c.text) for c in chunks),
+            reserved_bytes=reserved,
+            pcm_limit_bytes=pcm_limit,
+            chapter_titles=[title for title, _ in chapters or []],
+            chapter_first_chunks=chapter_first_chunks(chunks) if chapters else [],
+        )
+        await self._store(
+            self.store.create,
+            job,
+            chunks,
+            self.limits,
+            dataclasses.asdict(voice),
+            [dataclasses.asdict(v) for v in script_voices],
+        )
         self.runner.notify.remote()  # fire and forget: the runner also finds it at its next scan
-        log.info(json.dumps({"event": "job_created", "id": job.id, "owner": job.owner, "chunks": len(chunks),
-                             "chars": job.chars_total, "format": job.response_format, "planned_s": round(seconds, 1),
-                             "reserved_bytes": reserved}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "job_created",
+                    "id": job.id,
+                    "owner": job.owner,
+                    "chunks": len(chunks),
+                    "chars": job.chars_total,
+                    "format": job.response_format,
+                    "planned_s": round(seconds, 1),
+                    "reserved_bytes": reserved,
+                }
+            )
+        )
         headers = {"Location": f"{root}{JOBS_PATH}/{job.id}", **built.headers}
         return JSONResponse(self.view(job, root).model_dump(), status_code=202, headers=headers)
 
@@ -512,30 +635,48 @@ class JobsService:
         voices, job_parts_ = job_parts(parts)
         return voices, cut_script(job_parts_, seed, self.cfg.chunk_chars, max_silence_s)
 
-    async def _planned_seconds(self, chunks: list, options: Any, voice: Voice, script_voices: list[Voice], owner: str,
-                               chapters: bool, room: int) -> float:
+    async def _planned_seconds(
+        self,
+        chunks: list,
+        options: Any,
+        voice: Voice,
+        script_voices: list[Voice],
+        owner: str,
+        chapters: bool,
+        room: int,
+    ) -> float:
         """The job's planned audio (``JobPlanner``), a piece of chunks per thread call; a chunk the
         runner's planner would refuse is a 413 now, and planning stops with a 409 as soon as the
         reservation passes the owner's room."""
         seen: dict[str, float] = {}
         total = 0.0
         for start, end in pieces(chunks):
-            total += sum(await asyncio.to_thread(self.planner.seconds, chunks, start, end, options, voice,
-                                                 script_voices, owner, seen))
+            total += sum(
+                await asyncio.to_thread(
+                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen
+                )
+            )
             needed = reservation(total, chapters, self.cfg.reservation_headroom)[1]
             if needed > room:
                 raise JobQuotaExceeded(
                     f"this job needs {'at least ' if end < len(chunks) else ''}{needed} bytes (its normalised plan: "
                     f"{total:.0f} s of audio so far{', twice with chapters' if chapters else ''}, with "
                     f"jobs.reservation_headroom); your jobs have {max(0, room)} bytes of room "
-                    "(jobs.max_bytes_per_key): delete finished ones or send less text")
+                    "(jobs.max_bytes_per_key): delete finished ones or send less text"
+                )
         return total
 
     def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:
         """The job's chunks, and its chapters when asked for (``split_chapters``)."""
         chapters = split_chapters(req.input) if req.chapters else None
-        chunks = cut_text(req.input, seed, self.cfg.chunk_chars, self.cfg.paragraph_pause_s, chapters,
-                          self.cfg.chapter_pause_s if chapters else 0.0)
+        chunks = cut_text(
+            req.input,
+            seed,
+            self.cfg.chunk_chars,
+            self.cfg.paragraph_pause_s,
+            chapters,
+            self.cfg.chapter_pause_s if chapters else 0.0,
+        )
         return chunks, chapters
 
     async def get(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
@@ -551,8 +692,9 @@ class JobsService:
         job = await self._job(job_id, caller)
         if job.status != "succeeded":
             raise as_api_error(JobNotReady(f"job {job.id} is {job.status}; its audio is there once it has succeeded"))
-        return await file_response(self.store, job, audio_file_name(job), CONTENT_TYPES[job.response_format],
-                                   f"{job.id}.{job.response_format}")
+        return await file_response(
+            self.store, job, audio_file_name(job), CONTENT_TYPES[job.response_format], f"{job.id}.{job.response_format}"
+        )
 
     async def cancel(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
         """Stop a queued or running job and keep it, ``cancelled`` (its rows leave the engine at
@@ -563,36 +705,57 @@ class JobsService:
                 await asyncio.wait_for(self.runner.cancel.remote(job.id, True), RUNNER_CALL_S)
             except Exception as exc:  # noqa: BLE001 - the runner is restarting: the caller may retry
                 log.warning("jobs: cancel of %s not delivered (%s)", job.id, exc.__class__.__name__)
-                raise APIError(503, "the job runner is unavailable; retry shortly", type="server_error",
-                               code="job_runner_unavailable", headers={"Retry-After": "2"}) from None
+                raise APIError(
+                    503,
+                    "the job runner is unavailable; retry shortly",
+                    type="server_error",
+                    code="job_runner_unavailable",
+                    headers={"Retry-After": "2"},
+                ) from None
             job = await self._job(job_id, caller)
         return self.view(job, root)
 
     async def captions(self, job_id: str, caller: Caller) -> Response:
         """The captions of the finished file (a job made with ``captions``)."""
         job = await self._succeeded(job_id, caller, "captions", captioned=True)
-        return await file_response(self.store, job, captions_file_name(job), CAPTION_TYPES[job.captions],
-                                   f"{job.id}.{job.captions}")
+        return await file_response(
+            self.store, job, captions_file_name(job), CAPTION_TYPES[job.captions], f"{job.id}.{job.captions}"
+        )
 
     async def chapter_audio(self, job_id: str, chapter: int, caller: Caller) -> Response:
         """One chapter's file (a job made with ``chapters``), with Range requests."""
         job = await self._succeeded(job_id, caller, "chapters", chapter=chapter)
-        return await file_response(self.store, job, audio_file_name(job, chapter), CONTENT_TYPES[job.response_format],
-                                   f"{job.id}-{chapter}.{job.response_format}")
+        return await file_response(
+            self.store,
+            job,
+            audio_file_name(job, chapter),
+            CONTENT_TYPES[job.response_format],
+            f"{job.id}-{chapter}.{job.response_format}",
+        )
 
     async def chapter_captions(self, job_id: str, chapter: int, caller: Caller) -> Response:
         """One chapter's captions, timed on its own file (a job made with ``chapters`` and ``captions``)."""
         job = await self._succeeded(job_id, caller, "captions", chapter=chapter, captioned=True)
-        return await file_response(self.store, job, captions_file_name(job, chapter), CAPTION_TYPES[job.captions],
-                                   f"{job.id}-{chapter}.{job.captions}")
+        return await file_response(
+            self.store,
+            job,
+            captions_file_name(job, chapter),
+            CAPTION_TYPES[job.captions],
+            f"{job.id}-{chapter}.{job.captions}",
+        )
 
-    async def _succeeded(self, job_id: str, caller: Caller, what: str, chapter: Optional[int] = None,
-                         captioned: bool = False) -> StoredJob:
+    async def _succeeded(
+        self, job_id: str, caller: Caller, what: str, chapter: Optional[int] = None, captioned: bool = False
+    ) -> StoredJob:
         """The caller's job, when it has ``what`` (its chapter ``chapter``, its captions) and has succeeded."""
         job = await self._job(job_id, caller)
         if chapter is not None and not 0 <= chapter < len(job.chapter_titles):
-            raise as_api_error(UnknownJobError(f"job {job.id} has no chapter {chapter}"
-                                               + ("" if job.chapter_titles else " (it was made without chapters)")))
+            raise as_api_error(
+                UnknownJobError(
+                    f"job {job.id} has no chapter {chapter}"
+                    + ("" if job.chapter_titles else " (it was made without chapters)")
+                )
+            )
         if captioned and not job.captions:
             raise as_api_error(UnknownJobError(f"job {job.id} has no captions (it was made without captions)"))
         if job.status != "succeeded":
@@ -603,7 +766,11 @@ class JobsService:
         """Delete the job at once (its state first: the runner's next write of it fails), then
         have the runner cancel its running chunks, whose rows leave the engine at its next step."""
         self._check_caller(caller)
-        job = await self._store(self.store.delete, job_id, caller.owner, caller.admin) if JOB_ID_RE.fullmatch(job_id) else None
+        job = (
+            await self._store(self.store.delete, job_id, caller.owner, caller.admin)
+            if JOB_ID_RE.fullmatch(job_id)
+            else None
+        )
         if job is None:
             raise as_api_error(_not_found(job_id))
         if job.active:
@@ -611,13 +778,20 @@ class JobsService:
                 await asyncio.wait_for(self.runner.cancel.remote(job.id), RUNNER_CALL_S)
             except Exception as exc:  # noqa: BLE001 - it finds the job gone at its next write or scan
                 log.warning("jobs: cancel of %s not delivered (%s)", job.id, exc.__class__.__name__)
-        log.info(json.dumps({"event": "job_deleted", "id": job.id, "status": job.status, "owner": job.owner,
-                             "by": caller.owner}))
+        log.info(
+            json.dumps(
+                {"event": "job_deleted", "id": job.id, "status": job.status, "owner": job.owner, "by": caller.owner}
+            )
+        )
         return AudioJobDeleted(id=job.id)
 
     async def _job(self, job_id: str, caller: Caller) -> StoredJob:
         self._check_caller(caller)
-        job = await self._store(self.store.get, job_id, caller.owner, caller.admin) if JOB_ID_RE.fullmatch(job_id) else None
+        job = (
+            await self._store(self.store.get, job_id, caller.owner, caller.admin)
+            if JOB_ID_RE.fullmatch(job_id)
+            else None
+        )
         if job is None:
             raise as_api_error(_not_found(job_id))
         return job
@@ -634,29 +808,49 @@ class JobsService:
             eta = round((job.chars_total - job.chars_done) / rate, 1)
         elif job.status == "succeeded":
             eta = 0.0
-        progress = JobProgress(chunks_done=job.chunks_done, chunks_total=job.chunks_total,
-                               characters_done=job.chars_done, characters_total=job.chars_total,
-                               audio_seconds=round(job.audio_samples / SAMPLE_RATE, 3), eta_seconds=eta)
+        progress = JobProgress(
+            chunks_done=job.chunks_done,
+            chunks_total=job.chunks_total,
+            characters_done=job.chars_done,
+            characters_total=job.chars_total,
+            audio_seconds=round(job.audio_samples / SAMPLE_RATE, 3),
+            eta_seconds=eta,
+        )
         stamp = lambda t: int(t) if t is not None else None  # noqa: E731
         chapters = None
         if job.chapter_titles:
             done = job.status == "succeeded" and len(job.chapter_times) == len(job.chapter_titles)
-            chapters = [JobChapter(index=n, title=title, chunks_total=end - first,
-                                   chunks_done=sum(1 for k in range(first, end) if job.chunk_samples[k] >= 0),
-                                   start_seconds=job.chapter_times[n][0] if done else None,
-                                   duration_seconds=job.chapter_times[n][1] if done else None,
-                                   audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None,
-                                   captions_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/captions"
-                                   if done and job.captions else None)
-                        for n, (title, (first, end)) in enumerate(zip(job.chapter_titles, job.chapter_spans()))]
-        return AudioJob(id=job.id, status=job.status, created_at=int(job.created_at), started_at=stamp(job.started_at),
-                        finished_at=stamp(job.finished_at), expires_at=stamp(job.expires_at), model=job.model,
-                        voice=job.voice_name, response_format=job.response_format, progress=progress, bytes=job.bytes,
-                        error=JobFailure(**job.error) if job.error else None, owner=job.owner,
-                        audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None,
-                        captions_url=f"{root}{JOBS_PATH}/{job.id}/captions"
-                        if job.status == "succeeded" and job.captions else None,
-                        chapters=chapters)
+            chapters = [
+                JobChapter(
+                    index=n,
+                    title=title,
+                    chunks_total=end - first,
+                    chunks_done=sum(1 for k in range(first, end) if job.chunk_samples[k] >= 0),
+                    start_seconds=job.chapter_times[n][0] if done else None,
+                    duration_seconds=job.chapter_times[n][1] if done else None,
+                    audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None,
+                    captions_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/captions" if done and job.captions else None,
+                )
+                for n, (title, (first, end)) in enumerate(zip(job.chapter_titles, job.chapter_spans()))
+            ]
+        return AudioJob(
+            id=job.id,
+            status=job.status,
+            created_at=int(job.created_at),
+            started_at=stamp(job.started_at),
+            finished_at=stamp(job.finished_at),
+            expires_at=stamp(job.expires_at),
+            model=job.model,
+            voice=job.voice_name,
+            response_format=job.response_format,
+            progress=progress,
+            bytes=job.bytes,
+            error=JobFailure(**job.error) if job.error else None,
+            owner=job.owner,
+            audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None,
+            captions_url=f"{root}{JOBS_PATH}/{job.id}/captions" if job.status == "succeeded" and job.captions else None,
+            chapters=chapters,
+        )
 
     async def _request_of(self, request: Request) -> JobRequest:
         """The job's text and options from JSON, a text body (options in the query) or a form."""
@@ -670,8 +864,11 @@ class JobsService:
             return _validated({**params, "input": _text(await request.body(), "input")})
         if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
             return _validated(await self._form(request))
-        raise APIError(415, f"unsupported content type {ctype!r}: use application/json, text/plain or multipart/form-data",
-                       code="unsupported_media_type")
+        raise APIError(
+            415,
+            f"unsupported content type {ctype!r}: use application/json, text/plain or multipart/form-data",
+            code="unsupported_media_type",
+        )
 
     async def _form(self, request: Request) -> dict[str, Any]:
         form = await read_form(request, "jobs", len(_FORM_FIELDS), self.cfg.max_upload_bytes)

@@ -29,8 +29,12 @@ def _histogram() -> Optional[Callable[[float, str], None]]:
     try:
         from ray.util.metrics import Histogram
 
-        h = Histogram("tts_event_loop_stall_seconds", "How late an event loop's ticker woke (stalls over 5 ms).",
-                      boundaries=STALL_BUCKETS, tag_keys=("process",))
+        h = Histogram(
+            "tts_event_loop_stall_seconds",
+            "How late an event loop's ticker woke (stalls over 5 ms).",
+            boundaries=STALL_BUCKETS,
+            tag_keys=("process",),
+        )
         return lambda seconds, process: h.observe(seconds, tags={"process": process})
     except Exception:  # noqa: BLE001 - outside Ray (tests, other ASGI servers) there is no metric
         return None
@@ -39,8 +43,14 @@ def _histogram() -> Optional[Callable[[float, str], None]]:
 class LoopWatch:
     """Start with ``start()`` from the loop to watch (or ``ensure_started()`` from a request)."""
 
-    def __init__(self, process: str, interval_s: float = 0.02, warn_s: float = 0.1, warn_every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        process: str,
+        interval_s: float = 0.02,
+        warn_s: float = 0.1,
+        warn_every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.process = process
         self.interval_s = interval_s
         self.warn_s = warn_s
@@ -95,9 +105,14 @@ class LoopWatch:
             now = self.clock()
             if now - self._warned_at >= self.warn_every_s:
                 self._warned_at = now
-                log.warning("the %s's event loop stood still for %.0f ms (every request it holds waited; the process "
-                            "ran %.0f ms of it); longest so far %.0f ms", self.process, late_s * 1e3,
-                            min(late_s, cpu_s) * 1e3, self.longest_s * 1e3)
+                log.warning(
+                    "the %s's event loop stood still for %.0f ms (every request it holds waited; the process "
+                    "ran %.0f ms of it); longest so far %.0f ms",
+                    self.process,
+                    late_s * 1e3,
+                    min(late_s, cpu_s) * 1e3,
+                    self.longest_s * 1e3,
+                )
 
 
 class LoopWatchMiddleware:

@@ -39,7 +39,7 @@ class HttpPolicy:
     @staticmethod
     def path_of(scope: Scope) -> str:
         path, root = scope.get("path", ""), scope.get("root_path", "")
-        return path[len(root):] if root and path.startswith(root) else path
+        return path[len(root) :] if root and path.startswith(root) else path
 
     def limit_for(self, path: str) -> int:
         return self.route_max_bytes.get(path, self.max_bytes)
@@ -107,7 +107,9 @@ class GuardMiddleware:
         """Identify the caller (401 if it cannot be); the ``AUTH_HEADER`` value its answers carry."""
         auth = self.policy.auth
         if auth is None:
-            raise APIError(503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"})
+            raise APIError(
+                503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"}
+            )
         authorization = header(scope, b"authorization")
         if scope["type"] == "websocket" and authorization is None:
             return None  # the session's first message may carry the key (the session checks it)
@@ -130,8 +132,9 @@ class GuardMiddleware:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                raise APIError(408, f"the request body did not arrive within {self.policy.body_timeout_s:g} s",
-                               code="body_timeout") from None
+                raise APIError(
+                    408, f"the request body did not arrive within {self.policy.body_timeout_s:g} s", code="body_timeout"
+                ) from None
             if message["type"] == "http.request":
                 body = message.get("body", b"")
                 seen += len(body)

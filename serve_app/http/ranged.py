@@ -68,16 +68,22 @@ def _position(digits: str, size: int) -> int:
     """A byte position or count of the header; one of more than ``MAX_POSITION_DIGITS`` digits
     is past the end of any file and reads as at least ``size``, without int() reading it."""
     digits = digits.lstrip("0") or "0"
-    return int(digits) if len(digits) <= MAX_POSITION_DIGITS else max(size, 10 ** MAX_POSITION_DIGITS)
+    return int(digits) if len(digits) <= MAX_POSITION_DIGITS else max(size, 10**MAX_POSITION_DIGITS)
 
 
 class RangedResponse(Response):
     """``stat``: the file's size and version; ``read(start, length)``: a blocking ranged read
     (run in a worker thread)."""
 
-    def __init__(self, stat: FileStat, read: Callable[[int, int], bytes], media_type: str,
-                 filename: Optional[str] = None, headers: Optional[Mapping[str, str]] = None,
-                 content_disposition_type: str = "attachment"):
+    def __init__(
+        self,
+        stat: FileStat,
+        read: Callable[[int, int], bytes],
+        media_type: str,
+        filename: Optional[str] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        content_disposition_type: str = "attachment",
+    ):
         self.stat = stat
         self.read = read
         self.media_type = media_type
@@ -89,12 +95,17 @@ class RangedResponse(Response):
         self.headers.setdefault("etag", f'"{hashlib.md5(stat.tag.encode(), usedforsecurity=False).hexdigest()}"')
         if filename is not None:
             quoted = quote(filename)
-            self.headers.setdefault("content-disposition", f'{content_disposition_type}; filename="{filename}"'
-                                    if quoted == filename else f"{content_disposition_type}; filename*=utf-8''{quoted}")
+            self.headers.setdefault(
+                "content-disposition",
+                f'{content_disposition_type}; filename="{filename}"'
+                if quoted == filename
+                else f"{content_disposition_type}; filename*=utf-8''{quoted}",
+            )
 
     def _range_applies(self, if_range: Optional[str]) -> bool:
-        return if_range is None or (not if_range.startswith("W/")
-                                    and if_range in (self.headers["last-modified"], self.headers["etag"]))
+        return if_range is None or (
+            not if_range.startswith("W/") and if_range in (self.headers["last-modified"], self.headers["etag"])
+        )
 
     async def _pieces(self, start: int, end: int) -> AsyncIterator[bytes]:
         while start < end:
@@ -110,7 +121,11 @@ class RangedResponse(Response):
         size = self.stat.size
         start, end, status = 0, size, 200
         http_range = request_headers.get("range")
-        if http_range is not None and method in ("GET", "HEAD") and self._range_applies(request_headers.get("if-range")):
+        if (
+            http_range is not None
+            and method in ("GET", "HEAD")
+            and self._range_applies(request_headers.get("if-range"))
+        ):
             try:
                 wanted = _single_range(http_range, size)
             except _BadRange as exc:
@@ -125,7 +140,9 @@ class RangedResponse(Response):
         if status == 206:
             headers["content-range"] = f"bytes {start}-{end - 1}/{size}"
         body = self._pieces(start, end) if method != "HEAD" else _nothing()
-        await StreamingResponse(body, status_code=status, headers=headers, media_type=self.media_type)(scope, receive, send)
+        await StreamingResponse(body, status_code=status, headers=headers, media_type=self.media_type)(
+            scope, receive, send
+        )
 
 
 async def _nothing() -> AsyncIterator[bytes]:

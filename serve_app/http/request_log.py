@@ -41,8 +41,15 @@ class RequestRecord:
 
     @classmethod
     def start(cls, req: SpeechRequest, request_id: str, client: str, log_text: bool = False) -> "RequestRecord":
-        return cls(request_id, voice_label(req.voice), len(req.input), req.response_format, req.stream_format, client,
-                   text=req.input if log_text else None)
+        return cls(
+            request_id,
+            voice_label(req.voice),
+            len(req.input),
+            req.response_format,
+            req.stream_format,
+            client,
+            text=req.input if log_text else None,
+        )
 
     def first_byte(self) -> None:
         self.ttfb_s = time.perf_counter() - self.t0
@@ -59,4 +66,8 @@ class RequestRecord:
         line = {k: v for k, v in asdict(self).items() if k not in ("t0", "text")}
         log.info(json.dumps({"event": "speech", **line}, ensure_ascii=False))
         if self.text is not None:
-            log.debug(json.dumps({"event": "speech_text", "request_id": self.request_id, "text": self.text}, ensure_ascii=False))
+            log.debug(
+                json.dumps(
+                    {"event": "speech_text", "request_id": self.request_id, "text": self.text}, ensure_ascii=False
+                )
+            )

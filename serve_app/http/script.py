@@ -36,8 +36,9 @@ def styled(options: SynthesisOptions, *instructions: Optional[str]) -> tuple[Syn
     style = resolve_instructions(*instructions)
     if not any(instructions):
         return options, style
-    return options.model_copy(update={"prompt": style.merged_prompt(options.prompt),
-                                      "speed": style.apply_speed(options.speed)}), style
+    return options.model_copy(
+        update={"prompt": style.merged_prompt(options.prompt), "speed": style.apply_speed(options.speed)}
+    ), style
 
 
 def style_headers(styles: list[StyleResult]) -> dict[str, str]:
@@ -51,9 +52,16 @@ def style_headers(styles: list[StyleResult]) -> dict[str, str]:
     return out
 
 
-async def _ssml_parts(text: str, options: SynthesisOptions, voice: Voice, resolve, max_chars: int,
-                      speaker: Optional[str] = None, turn: Optional[int] = None,
-                      pause_before: float = 0.0) -> tuple[list[ScriptPart], list[Voice], tuple[str, ...]]:
+async def _ssml_parts(
+    text: str,
+    options: SynthesisOptions,
+    voice: Voice,
+    resolve,
+    max_chars: int,
+    speaker: Optional[str] = None,
+    turn: Optional[int] = None,
+    pause_before: float = 0.0,
+) -> tuple[list[ScriptPart], list[Voice], tuple[str, ...]]:
     doc = parse_ssml(text, lang=options.lang, max_chars=max_chars)
     parts: list[ScriptPart] = []
     voices: list[Voice] = []
@@ -70,16 +78,27 @@ async def _ssml_parts(text: str, options: SynthesisOptions, voice: Voice, resolv
                 named[piece.voice] = await resolve(piece.voice)
                 voices.append(named[piece.voice])
             v = named[piece.voice]
-        parts.append(ScriptPart(piece.text, v, speed=options.speed * piece.rate, prompt=options.prompt, span=piece.span,
-                                pause_before=pause, speaker=piece.voice or speaker, turn=turn))
+        parts.append(
+            ScriptPart(
+                piece.text,
+                v,
+                speed=options.speed * piece.rate,
+                prompt=options.prompt,
+                span=piece.span,
+                pause_before=pause,
+                speaker=piece.voice or speaker,
+                turn=turn,
+            )
+        )
         pause = 0.0
     if pause and parts:  # a break at the end: silence after the last part
         parts.append(ScriptPart("", voice, pause_before=pause, turn=turn))
     return parts, voices, doc.unsupported
 
 
-async def speech_script(req: Union[SpeechRequest, JobRequest], voice: Voice, voices: VoiceCatalog, caller: Caller,
-                        max_chars: int) -> Script:
+async def speech_script(
+    req: Union[SpeechRequest, JobRequest], voice: Voice, voices: VoiceCatalog, caller: Caller, max_chars: int
+) -> Script:
     """A speech request's (or a job's) script: its options with its instructions; parts when it is SSML."""
     options, style = styled(req.to_options(), req.instructions)
     script = Script(options, headers=style_headers([style]))
@@ -94,8 +113,9 @@ async def speech_script(req: Union[SpeechRequest, JobRequest], voice: Voice, voi
     return script
 
 
-async def dialogue_script(req: Union[DialogueRequest, JobRequest], voices: VoiceCatalog, caller: Caller,
-                          max_chars: int) -> Script:
+async def dialogue_script(
+    req: Union[DialogueRequest, JobRequest], voices: VoiceCatalog, caller: Caller, max_chars: int
+) -> Script:
     """A dialogue's script (a request's or a job's turns): every turn's parts in its own voice
     (and instructions), ``pause_s`` between turns, each segment naming its speaker and turn."""
     base = req.to_options()
@@ -115,14 +135,31 @@ async def dialogue_script(req: Union[DialogueRequest, JobRequest], voices: Voice
         pause = req.pause_s if i else 0.0
         if SpeechRequest(input=turn.input).is_ssml:
             more, named, odd = await _ssml_parts(
-                turn.input, options, voice, lambda name: voices.resolve(name, caller.owner, admin=caller.admin),
-                max_chars, speaker=turn.voice, turn=i, pause_before=pause)
+                turn.input,
+                options,
+                voice,
+                lambda name: voices.resolve(name, caller.owner, admin=caller.admin),
+                max_chars,
+                speaker=turn.voice,
+                turn=i,
+                pause_before=pause,
+            )
             parts += more
             used += named
             unsupported += odd
         else:
-            parts.append(ScriptPart(turn.input, voice, speed=options.speed, prompt=options.prompt, offset=0,
-                                    pause_before=pause, speaker=turn.voice, turn=i))
+            parts.append(
+                ScriptPart(
+                    turn.input,
+                    voice,
+                    speed=options.speed,
+                    prompt=options.prompt,
+                    offset=0,
+                    pause_before=pause,
+                    speaker=turn.voice,
+                    turn=i,
+                )
+            )
     script = Script(base, parts, used, style_headers(styles))
     if unsupported:
         script.headers["X-SSML-Unsupported"] = header_value(dict.fromkeys(unsupported))

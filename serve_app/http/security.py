@@ -66,9 +66,12 @@ class APIKeyAuth:
         self.settings = settings
         self._keys = load_api_keys(settings)
         if settings.auth == "required" and not self._keys:
-            where = " or ".join(filter(None, [f"${settings.api_keys_env}" if settings.api_keys_env else None,
-                                              settings.api_keys_file]))
-            raise RuntimeError(f"security.auth is 'required' but no API key was loaded (from {where or 'nowhere: set api_keys_env or api_keys_file'})")
+            where = " or ".join(
+                filter(None, [f"${settings.api_keys_env}" if settings.api_keys_env else None, settings.api_keys_file])
+            )
+            raise RuntimeError(
+                f"security.auth is 'required' but no API key was loaded (from {where or 'nowhere: set api_keys_env or api_keys_file'})"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -93,29 +96,45 @@ class APIKeyAuth:
             return Caller(**{**caller.__dict__, "id": f"ip:{address}"})
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         given = token.strip().encode()
         ok = False
         for key in self._keys:  # no early exit: time does not tell which key matched
             ok |= hmac.compare_digest(given, key)
         if not ok:
-            raise APIError(401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+            )
         return self._grants(hashlib.sha256(given).hexdigest()[:12])
 
 
 def check_priority(caller: Caller, priority: int) -> None:
     if priority > caller.max_priority:
-        raise APIError(403, f"priority {priority} is above what this key may ask for ({caller.max_priority})",
-                       type="permission_error", param="priority", code="priority_not_allowed")
+        raise APIError(
+            403,
+            f"priority {priority} is above what this key may ask for ({caller.max_priority})",
+            type="permission_error",
+            param="priority",
+            code="priority_not_allowed",
+        )
 
 
 # ------------------------------------------------------------------ stream slots
 
 
 def too_many_streams(limit: int) -> APIError:
-    return APIError(429, f"too many concurrent streams for this client (limit {limit})", type="rate_limit_error",
-                    code="too_many_streams", headers={"Retry-After": "1"})
+    return APIError(
+        429,
+        f"too many concurrent streams for this client (limit {limit})",
+        type="rate_limit_error",
+        code="too_many_streams",
+        headers={"Retry-After": "1"},
+    )
 
 
 class Slot:

@@ -51,8 +51,12 @@ def as_request(request: Union[SpeechRequest, dict], kind: type[SpeechRequest] = 
 
 def check_model(model: str) -> None:
     if model not in MODEL_IDS:
-        raise APIError(404, f"model {model!r} does not exist; use one of {', '.join(MODEL_IDS)}", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; use one of {', '.join(MODEL_IDS)}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 # The warm-up's own synthesis: no key, no slot, default priority.
@@ -75,11 +79,19 @@ async def audio_only(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield item
 
 
-
 class SpeechService:
-    def __init__(self, normalizer: Any, vocoder: Any, acoustic: Any, voices: VoiceCatalog, cache: CacheConfig,
-                 settings: IngressSettings, slots: StreamSlots, flow: FlowSettings = FlowSettings(),
-                 flow_board: Optional[str] = None):
+    def __init__(
+        self,
+        normalizer: Any,
+        vocoder: Any,
+        acoustic: Any,
+        voices: VoiceCatalog,
+        cache: CacheConfig,
+        settings: IngressSettings,
+        slots: StreamSlots,
+        flow: FlowSettings = FlowSettings(),
+        flow_board: Optional[str] = None,
+    ):
         self.slots = slots
         self.flow = flow
         self.flow_board = flow_board  # None: no back-pressure (no board to report to)
@@ -126,14 +138,23 @@ class SpeechService:
     def check_busy(self) -> None:
         limit = self.settings.busy_queue_rows
         if limit is not None and self._queue_rows >= limit:
-            raise APIError(429, "server busy: too many requests queued; retry shortly", type="rate_limit_error",
-                           code="busy", headers={"Retry-After": "2"})
+            raise APIError(
+                429,
+                "server busy: too many requests queued; retry shortly",
+                type="rate_limit_error",
+                code="busy",
+                headers={"Retry-After": "2"},
+            )
 
     def _check(self, req: SpeechRequest) -> None:
         check_model(req.model)
         if len(req.input) > self.settings.max_input_chars:
-            raise APIError(413, f"input is {len(req.input)} characters; the limit is {self.settings.max_input_chars}",
-                           param="input", code="input_too_long")
+            raise APIError(
+                413,
+                f"input is {len(req.input)} characters; the limit is {self.settings.max_input_chars}",
+                param="input",
+                code="input_too_long",
+            )
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -168,10 +189,15 @@ class SpeechService:
     def open_vocoder(self, plan: Plan, response_format: str) -> AckedStream:
         """The Vocoder's stream of ``plan``, reported as this replica takes its byte blocks."""
         ref = self.flow_ref()
-        return AckedStream(self.vocoder.options(stream=True).stream.remote(plan, response_format, ref), ref,
-                           counts=lambda item: isinstance(item, bytes))
+        return AckedStream(
+            self.vocoder.options(stream=True).stream.remote(plan, response_format, ref),
+            ref,
+            counts=lambda item: isinstance(item, bytes),
+        )
 
-    async def _open(self, req: SpeechRequest, voice: Voice, script: Script, client: str = "") -> tuple[Any, bytes, Plan]:
+    async def _open(
+        self, req: SpeechRequest, voice: Voice, script: Script, client: str = ""
+    ) -> tuple[Any, bytes, Plan]:
         """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
         gen = None
         try:
@@ -190,8 +216,9 @@ class SpeechService:
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
 
-    async def audio(self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "",
-                    timed: bool = False) -> Union[Hit, "SynthesisStream"]:
+    async def audio(
+        self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "", timed: bool = False
+    ) -> Union[Hit, "SynthesisStream"]:
         """The request's audio: the cached answer on a hit, else a stream of its bytes and of a
         ``SpeechSegment`` once each segment's audio is complete, which holds one of the caller's
         stream slots until it ends (a hit takes none: it is one quick answer). The caller's id goes
@@ -211,10 +238,18 @@ class SpeechService:
             # Built-in or custom (the voice store): an unknown voice fails here, before any work.
             voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
             script = await self.script(req, voice, caller)
-            key = request_key(req, voice, weights_id=self.weights_id, options=script.options,
-                              voices=[v.cache_id for v in script.voices],
-                              scope="" if self.cache_config.share_across_keys else caller.owner,
-                              ) if self.weights_id != "unknown" else None
+            key = (
+                request_key(
+                    req,
+                    voice,
+                    weights_id=self.weights_id,
+                    options=script.options,
+                    voices=[v.cache_id for v in script.voices],
+                    scope="" if self.cache_config.share_across_keys else caller.owner,
+                )
+                if self.weights_id != "unknown"
+                else None
+            )
             if key is not None and "no-store" in directives:
                 key = None
                 metrics.inc("tts_cache_total", result="bypass")
@@ -235,10 +270,13 @@ class SpeechService:
             self.check_busy()
             slot = await hold_slot(self.slots, caller)
             try:
-                gen, first, plan = await asyncio.wait_for(self._open(req, voice, script, caller.id), self.settings.request_timeout_s)
+                gen, first, plan = await asyncio.wait_for(
+                    self._open(req, voice, script, caller.id), self.settings.request_timeout_s
+                )
             except asyncio.TimeoutError:
-                raise APIError(504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error",
-                               code="timeout") from None
+                raise APIError(
+                    504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error", code="timeout"
+                ) from None
         except BaseException as exc:
             if slot is not None:
                 slot.release()
@@ -262,8 +300,9 @@ class SpeechService:
         timing = json.loads(stored)
         return Hit(audio, [SpeechSegment.model_validate(s) for s in timing["segments"]], timing["duration"])
 
-    async def _chain(self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str],
-                     plan: Plan) -> AsyncIterator[Union[bytes, SpeechSegment]]:
+    async def _chain(
+        self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan
+    ) -> AsyncIterator[Union[bytes, SpeechSegment]]:
         """Forward the stream within the deadline (marks as ``SpeechSegment``); record metrics and
         the log line; cache it with its segments."""
         status = "aborted"
@@ -295,7 +334,9 @@ class SpeechService:
                     break
                 except asyncio.TimeoutError:
                     status = "timeout"
-                    log.warning("request %s hit its %gs timeout mid-stream", rec.request_id, self.settings.request_timeout_s)
+                    log.warning(
+                        "request %s hit its %gs timeout mid-stream", rec.request_id, self.settings.request_timeout_s
+                    )
                     return
             status = "200"
             gen.close()
@@ -351,21 +392,32 @@ class SpeechService:
             out["X-Cache"] = rec.cache
         return out
 
-    async def timed(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
-                    cache_control: str = "") -> Response:
+    async def timed(
+        self,
+        req: Union[TimedSpeechRequest, DialogueRequest],
+        rec: RequestRecord,
+        caller: Caller,
+        cache_control: str = "",
+    ) -> Response:
         """The whole audio with where each segment lies in it, and captions on request (JSON)."""
         shell, audio_b64, headers = await self._timed_parts(req, rec, caller, cache_control)
         body = await asyncio.to_thread(with_audio, shell, audio_b64)
         return Response(body, media_type="application/json", headers=headers)
 
-    async def timed_answer(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
-                           cache_control: str = "") -> tuple[TimedSpeech, dict[str, str]]:
+    async def timed_answer(
+        self,
+        req: Union[TimedSpeechRequest, DialogueRequest],
+        rec: RequestRecord,
+        caller: Caller,
+        cache_control: str = "",
+    ) -> tuple[TimedSpeech, dict[str, str]]:
         """What ``timed`` answers, and its headers (the handle API returns the answer alone)."""
         shell, audio_b64, headers = await self._timed_parts(req, rec, caller, cache_control)
         return shell.model_copy(update={"audio": audio_b64.decode("ascii")}), headers
 
-    async def _timed_parts(self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller,
-                           cache_control: str) -> tuple[TimedSpeech, bytes, dict[str, str]]:
+    async def _timed_parts(
+        self, req: Union[TimedSpeechRequest, DialogueRequest], rec: RequestRecord, caller: Caller, cache_control: str
+    ) -> tuple[TimedSpeech, bytes, dict[str, str]]:
         """The answer without its audio, the audio as base64, the headers. A long answer is tens of
         megabytes: it is joined, encoded and captioned off the event loop, in pieces."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
@@ -379,12 +431,14 @@ class SpeechService:
                 async for item in audio:
                     (parts if isinstance(item, bytes) else segments).append(item)
             duration = rec.audio_s
-        shell, audio_b64 = await asyncio.to_thread(build_timed_answer, req, parts, segments, duration,
-                                                   not isinstance(audio, Hit))
+        shell, audio_b64 = await asyncio.to_thread(
+            build_timed_answer, req, parts, segments, duration, not isinstance(audio, Hit)
+        )
         return shell, audio_b64, headers
 
-    async def respond(self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str,
-                      flow_acks: bool = False) -> Response:
+    async def respond(
+        self, body: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str, flow_acks: bool = False
+    ) -> Response:
         """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (serving/flow.py)."""
@@ -422,5 +476,3 @@ def _edge_cacheable_voice(name: str) -> bool:
         return True
     except VoiceError:
         return False
-
-

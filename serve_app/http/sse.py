@@ -13,7 +13,9 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
 
 
-async def sse_stream(items: AsyncIterator[Any], usage: dict[str, Any], timestamps: bool = False) -> AsyncIterator[bytes]:
+async def sse_stream(
+    items: AsyncIterator[Any], usage: dict[str, Any], timestamps: bool = False
+) -> AsyncIterator[bytes]:
     """``speech.audio.delta`` events with base64 audio, with ``timestamps`` a ``speech.segment``
     event once each segment's audio is complete (between the deltas), then ``speech.audio.done``."""
     async for item in items:

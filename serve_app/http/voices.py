@@ -51,13 +51,34 @@ MAX_JSON_BYTES = 16 * 1024  # name + speaker string (at most MAX_SPEAKER_CHARS) 
 _FIELDS = ("name", "speaker", "seed", "audio", "transcript")
 
 # The create route reads its body itself (JSON or a form), so FastAPI cannot infer this schema.
-CREATE_VOICE_OPENAPI = {"requestBody": {"content": {
-    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "speaker": {"type": "string", "maxLength": MAX_SPEAKER_CHARS},
-        "seed": {"type": "integer"}}}},
-    "multipart/form-data": {"schema": {"type": "object", "required": ["name", "audio", "transcript"], "properties": {
-        "name": {"type": "string"}, "audio": {"type": "string", "format": "binary"}, "transcript": {"type": "string"}}}},
-}}}
+CREATE_VOICE_OPENAPI = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "speaker": {"type": "string", "maxLength": MAX_SPEAKER_CHARS},
+                        "seed": {"type": "integer"},
+                    },
+                }
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["name", "audio", "transcript"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "audio": {"type": "string", "format": "binary"},
+                        "transcript": {"type": "string"},
+                    },
+                }
+            },
+        }
+    }
+}
 
 
 def _bad(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
@@ -89,23 +110,31 @@ async def _fields(request: Request) -> dict[str, Any]:
         async for piece in request.stream():  # only a clip (multipart) may be large: JSON stops early
             raw += piece
             if len(raw) > MAX_JSON_BYTES:
-                raise APIError(413, f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
-                               code="body_too_large")
+                raise APIError(
+                    413,
+                    f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
+                    code="body_too_large",
+                )
         try:
             body = json.loads(raw or b"null")
         except ValueError:
             raise _bad("request body is not valid JSON", code="invalid_json") from None
         if not isinstance(body, dict):
-            raise _bad("send a JSON object: {\"name\", \"speaker\"} or {\"name\", \"seed\"}, or a multipart form with "
-                       "'name', 'audio' and 'transcript'")
+            raise _bad(
+                'send a JSON object: {"name", "speaker"} or {"name", "seed"}, or a multipart form with '
+                "'name', 'audio' and 'transcript'"
+            )
         unknown = sorted(set(body) - set(_FIELDS) - {"audio"})
         if unknown:
             raise _bad(f"unknown field {unknown[0]!r}", param=unknown[0])
         if "audio" in body:
             raise _bad("send a clip as a multipart form ('name', 'audio' file, 'transcript')", param="audio")
         return body
-    raise APIError(415, f"unsupported content type {ctype!r}: use application/json or multipart/form-data",
-                   code="unsupported_media_type")
+    raise APIError(
+        415,
+        f"unsupported content type {ctype!r}: use application/json or multipart/form-data",
+        code="unsupported_media_type",
+    )
 
 
 def _seed(value: Any) -> int:
@@ -146,14 +175,21 @@ class VoicesAPI:
         if len(sources) != 1:
             if not sources and "transcript" in fields:
                 raise _bad("a clip voice needs its 'audio' file", param="audio", code="missing_audio")
-            raise _bad("give exactly one of 'speaker' (a ChatTTS speaker string), 'seed', or 'audio' (a clip, "
-                       "with its 'transcript')", param=sources[1] if len(sources) > 1 else None,
-                       code="missing_required_parameter")
+            raise _bad(
+                "give exactly one of 'speaker' (a ChatTTS speaker string), 'seed', or 'audio' (a clip, "
+                "with its 'transcript')",
+                param=sources[1] if len(sources) > 1 else None,
+                code="missing_required_parameter",
+            )
         # Before any encoding; the store checks both again, atomically with the write. Names are
         # the caller's own (an admin's too): another key's voice of that name is no conflict.
         if await self.store.get_by_name(name, caller.owner) is not None:
-            raise APIError(409, f"a voice named {name!r} exists already; delete it first or pick another name",
-                           param="name", code="voice_exists")
+            raise APIError(
+                409,
+                f"a voice named {name!r} exists already; delete it first or pick another name",
+                param="name",
+                code="voice_exists",
+            )
         quota = self._quota(caller)
         await self.store.check_room(caller.owner, quota)
         source = sources[0]
@@ -168,8 +204,11 @@ class VoicesAPI:
             except VoiceError as exc:
                 raise _bad(f"invalid speaker: {exc}", param="speaker", code="invalid_speaker") from None
             if resolved.spk_emb is None:  # a built-in name or seed:<n>, not a speaker string
-                raise _bad("speaker must be a ChatTTS speaker string; for a seed send 'seed'", param="speaker",
-                           code="invalid_speaker")
+                raise _bad(
+                    "speaker must be a ChatTTS speaker string; for a seed send 'seed'",
+                    param="speaker",
+                    code="invalid_speaker",
+                )
             voice = stored_voice(name, "speaker", owner=caller.owner, speaker=speaker)
         elif source == "seed":
             seed = _seed(fields["seed"])
@@ -178,9 +217,16 @@ class VoicesAPI:
         else:
             transcript = clean_transcript(fields.get("transcript"), self.cfg.max_transcript_chars)
             clip = await self._remote(
-                self.encoder.encode_clip.remote(fields["audio"], self.cfg.min_clip_seconds, self.cfg.max_clip_seconds))
-            voice = stored_voice(name, "clip", owner=caller.owner, sample=clip.spk_smp, transcript=transcript,
-                                 clip_seconds=round(clip.seconds, 2))
+                self.encoder.encode_clip.remote(fields["audio"], self.cfg.min_clip_seconds, self.cfg.max_clip_seconds)
+            )
+            voice = stored_voice(
+                name,
+                "clip",
+                owner=caller.owner,
+                sample=clip.spk_smp,
+                transcript=transcript,
+                clip_seconds=round(clip.seconds, 2),
+            )
         await self.store.create(voice, quota)
         log.info(json.dumps({"event": "voice_created", "id": voice.id, "kind": voice.kind, "owner": voice.owner}))
         return voice.summary()
@@ -193,8 +239,14 @@ class VoicesAPI:
         seed = OPENAI_VOICES.get(voice_id.lower())
         if seed is not None:  # a built-in voice: its speaker string too, so it can be kept
             speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
-            return {"id": voice_id.lower(), "object": "voice", "name": voice_id.lower(), "kind": "builtin", "seed": seed,
-                    "speaker": speaker}
+            return {
+                "id": voice_id.lower(),
+                "object": "voice",
+                "name": voice_id.lower(),
+                "kind": "builtin",
+                "seed": seed,
+                "speaker": speaker,
+            }
         return (await self._stored(voice_id, caller)).detail()
 
     async def delete(self, voice_id: str, caller: Caller) -> dict[str, Any]:

@@ -21,8 +21,10 @@ _TYPES = {
 }
 _FILES: dict[str, bytes] = {name: files("serve_app.http").joinpath("static", name).read_bytes() for name in _TYPES}
 # Same origin only; media from blob: URLs (the streamed audio); the microphone stays opt-in.
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; media-src 'self' blob:; "
-        "connect-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; media-src 'self' blob:; "
+    "connect-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
 
 
 def page_response(name: str) -> Response:

@@ -7,7 +7,6 @@ from per-segment encoders. Plain Python (no Ray, no torch, no PyAV): the Ingress
 Serve handles, the unit tests over an in-process engine.
 """
 
-from .ogg import OggOpusJoiner
 from .messages import (
     NORMAL_CLOSURE,
     SessionLimits,
@@ -18,6 +17,7 @@ from .messages import (
     receive_message,
     send_error,
 )
+from .ogg import OggOpusJoiner
 from .session import RealtimeSession, serve_session
 
 __all__ = [

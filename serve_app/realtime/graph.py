@@ -51,9 +51,14 @@ class GraphBackend:
 
 def session_limits(settings: IngressSettings) -> SessionLimits:
     ws = settings.websocket
-    return SessionLimits(max_text_chars=settings.max_input_chars, max_message_bytes=settings.max_body_bytes,
-                         segment_timeout_s=settings.request_timeout_s, first_message_s=ws.first_message_s,
-                         idle_s=ws.idle_s, max_pending_cuts=ws.max_pending_cuts)
+    return SessionLimits(
+        max_text_chars=settings.max_input_chars,
+        max_message_bytes=settings.max_body_bytes,
+        segment_timeout_s=settings.request_timeout_s,
+        first_message_s=ws.first_message_s,
+        idle_s=ws.idle_s,
+        max_pending_cuts=ws.max_pending_cuts,
+    )
 
 
 class UnstartedSockets:
@@ -79,8 +84,14 @@ class UnstartedSockets:
             self._count[client] = n
 
 
-async def run_session(ws: Any, request_id: str, speech: SpeechService, identify: Callable[[Optional[str]], Caller],
-                      client: str, unstarted: UnstartedSockets) -> None:
+async def run_session(
+    ws: Any,
+    request_id: str,
+    speech: SpeechService,
+    identify: Callable[[Optional[str]], Caller],
+    client: str,
+    unstarted: UnstartedSockets,
+) -> None:
     """One socket from its handshake to its end, logged as one request record. ``identify`` gets
     the key a ``session.start`` may carry (for clients that cannot set the handshake's headers);
     ``client`` is who the handshake says it is (key id, or address)."""
@@ -111,8 +122,12 @@ async def run_session(ws: Any, request_id: str, speech: SpeechService, identify:
         speech.check_busy()
         slots.append(await hold_slot(speech.slots, caller))
         rec.voice, rec.format = voice_label(start.voice), start.response_format
-        return SessionCreated(id=request_id, response_format=start.response_format, sample_rate=format_sample_rate(start.response_format),
-                              weights=speech.weights_kind)
+        return SessionCreated(
+            id=request_id,
+            response_format=start.response_format,
+            sample_rate=format_sample_rate(start.response_format),
+            weights=speech.weights_kind,
+        )
 
     try:
         _, stats = await serve_session(ws, backend, admit, session_limits(speech.settings))

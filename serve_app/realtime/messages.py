@@ -58,7 +58,9 @@ class SessionLimits:
 
     max_text_chars: int = _INGRESS.max_input_chars  # text ahead of the audio: buffered, or cut and not yet sent
     max_message_bytes: int = _INGRESS.max_body_bytes
-    segment_timeout_s: float = _INGRESS.request_timeout_s  # a segment's audio must be complete this long after it starts
+    segment_timeout_s: float = (
+        _INGRESS.request_timeout_s
+    )  # a segment's audio must be complete this long after it starts
     max_chars: int = SegmentLimits().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
     first_message_s: float = _INGRESS.websocket.first_message_s  # session.start must come this soon
     idle_s: float = _INGRESS.websocket.idle_s  # nothing to speak and no message this long: closed
@@ -106,8 +108,12 @@ def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[Ba
         raise APIError(400, 'a message must be a JSON object with a "type"', code="invalid_message")
     model = CLIENT_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
     if model is None:
-        raise APIError(400, f"unknown message type {str(obj.get('type'))[:40]!r}; expected one of "
-                       f"{', '.join(CLIENT_MESSAGES)}", param="type", code="unknown_type")
+        raise APIError(
+            400,
+            f"unknown message type {str(obj.get('type'))[:40]!r}; expected one of {', '.join(CLIENT_MESSAGES)}",
+            param="type",
+            code="unknown_type",
+        )
     try:
         return model.model_validate(obj)
     except ValidationError as exc:

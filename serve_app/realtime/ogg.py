@@ -90,7 +90,7 @@ class OggOpusJoiner:
             lacing_end = _HEADER.size + self._buf[26]
             if len(self._buf) < lacing_end:
                 break
-            lacing = bytes(self._buf[_HEADER.size:lacing_end])
+            lacing = bytes(self._buf[_HEADER.size : lacing_end])
             end = lacing_end + sum(lacing)
             if len(self._buf) < end:
                 break
@@ -113,7 +113,7 @@ class OggOpusJoiner:
         pos = 0
         for size in lacing:
             if len(self._packet_head) < 2:  # a packet's TOC, and its frame count byte
-                self._packet_head += body[pos:pos + 2 - len(self._packet_head)]
+                self._packet_head += body[pos : pos + 2 - len(self._packet_head)]
             pos += size
             if size < 255:  # the packet ends on this page
                 if self._packet_head:

@@ -70,7 +70,9 @@ from .ogg import OggOpusJoiner
 log = logging.getLogger("chattts_serve.realtime")
 
 
-MIN_PRIORITY = next(m.ge for m in SynthesisOptions.model_fields["priority"].metadata if getattr(m, "ge", None) is not None)
+MIN_PRIORITY = next(
+    m.ge for m in SynthesisOptions.model_fields["priority"].metadata if getattr(m, "ge", None) is not None
+)
 
 
 # ------------------------------------------------------------------ the session
@@ -117,8 +119,14 @@ class _Segment:
 class RealtimeSession:
     """One session after its ``session.start``: ``run()`` until done, an error or a disconnect."""
 
-    def __init__(self, backend: SpeechBackend, start: SessionStart, transport: Transport,
-                 limits: SessionLimits = SessionLimits(), on_first_audio: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        backend: SpeechBackend,
+        start: SessionStart,
+        transport: Transport,
+        limits: SessionLimits = SessionLimits(),
+        on_first_audio: Optional[Callable[[], None]] = None,
+    ):
         self.backend = backend
         self.transport = transport
         self.limits = limits
@@ -152,8 +160,12 @@ class RealtimeSession:
         self._buffer += text
         ahead = self._ahead_chars()
         if ahead > self.limits.max_text_chars:
-            raise APIError(413, f"{ahead} characters are waiting to be spoken; the limit is "
-                           f"{self.limits.max_text_chars}", param="text", code="input_too_long")
+            raise APIError(
+                413,
+                f"{ahead} characters are waiting to be spoken; the limit is {self.limits.max_text_chars}",
+                param="text",
+                code="input_too_long",
+            )
         complete, self._buffer = split_unfinished(self._buffer, self.limits.max_chars, self.clause_seconds)
         self._held += complete
         self._release()
@@ -211,8 +223,9 @@ class RealtimeSession:
         receive = asyncio.ensure_future(receive_message(self.transport, self.limits))
         while True:
             left = self._last_activity + self.limits.idle_s - time.perf_counter()
-            done, _ = await asyncio.wait({receive, self._outcome}, timeout=max(0.01, left),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {receive, self._outcome}, timeout=max(0.01, left), return_when=asyncio.FIRST_COMPLETED
+            )
             if done:
                 return receive
             if not self._idle():
@@ -277,8 +290,13 @@ class RealtimeSession:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _ahead_chars(self) -> int:
-        return (len(self._buffer) + len(self._held) + len(self._overflow) + sum(len(p.text) for p in self._pieces)
-                + sum(s.chars for s in self._segments))
+        return (
+            len(self._buffer)
+            + len(self._held)
+            + len(self._overflow)
+            + sum(len(p.text) for p in self._pieces)
+            + sum(s.chars for s in self._segments)
+        )
 
     def _add_piece(self, text: str) -> None:
         """Plan ``text`` (one TextNormalizer call); past ``max_pending_cuts`` calls in flight the
@@ -321,7 +339,9 @@ class RealtimeSession:
             # A segment behind audio still to be sent is needed later: it yields one priority
             # level (admission order only) to first audio, this session's or anyone's.
             priority = req.priority if not self._segments else max(MIN_PRIORITY, req.priority - 1)
-            one = Plan(plan.voice, [dataclasses.replace(req, seed=segment_seed(seed, index), priority=priority)], [text])
+            one = Plan(
+                plan.voice, [dataclasses.replace(req, seed=segment_seed(seed, index), priority=priority)], [text]
+            )
             seg = _Segment(index, text, chars if i == last else 0, time.perf_counter(), asyncio.Queue())
             after = self._segments[-1].started if self._segments else None
             seg.pump = asyncio.ensure_future(self._pump(seg, one, after))
@@ -349,8 +369,10 @@ class RealtimeSession:
                     tail = self._joiner.finish()
                     if tail:
                         await self.transport.send_bytes(tail)
-                    await send_event(self.transport, Done(segments=self.stats.segments,
-                                                           audio_seconds=round(self.stats.audio_seconds, 4)))
+                    await send_event(
+                        self.transport,
+                        Done(segments=self.stats.segments, audio_seconds=round(self.stats.audio_seconds, 4)),
+                    )
                     return
                 self._segment_added.clear()
                 await self._segment_added.wait()
@@ -367,8 +389,12 @@ class RealtimeSession:
             try:
                 item = await asyncio.wait_for(seg.queue.get(), max(0.001, seg.opened + timeout - time.perf_counter()))
             except asyncio.TimeoutError:
-                raise APIError(504, f"segment {seg.index} had no complete audio within {timeout:g}s",
-                               type="server_error", code="timeout") from None
+                raise APIError(
+                    504,
+                    f"segment {seg.index} had no complete audio within {timeout:g}s",
+                    type="server_error",
+                    code="timeout",
+                ) from None
             if item is _END:
                 break
             if isinstance(item, BaseException):
@@ -395,8 +421,15 @@ class RealtimeSession:
         start = self.stats.audio_seconds  # on the session's audio timeline: its segments back to back
         self.stats.segments += 1
         self.stats.audio_seconds += seg.audio_seconds
-        await send_event(self.transport, SegmentDone(index=seg.index, audio_seconds=round(seg.audio_seconds, 4),
-                                                      start=round(start, 6), end=round(self.stats.audio_seconds, 6)))
+        await send_event(
+            self.transport,
+            SegmentDone(
+                index=seg.index,
+                audio_seconds=round(seg.audio_seconds, 4),
+                start=round(start, 6),
+                end=round(self.stats.audio_seconds, 6),
+            ),
+        )
 
 
 async def serve_session(
@@ -414,8 +447,9 @@ async def serve_session(
         try:
             msg = await asyncio.wait_for(receive_message(transport, limits), limits.first_message_s)
         except asyncio.TimeoutError:
-            raise APIError(408, f"no session.start within {limits.first_message_s:g} s of the handshake",
-                           code="timeout") from None
+            raise APIError(
+                408, f"no session.start within {limits.first_message_s:g} s of the handshake", code="timeout"
+            ) from None
         if msg is None:
             return None, SessionStats(status="client_disconnect")
         if not isinstance(msg, SessionStart):

@@ -41,9 +41,21 @@ def build_app(args: Optional[dict] = None) -> Application:
     a = AppArgs.model_validate(args or {})
     model = _pin_weights_source(a.model)
     vocoder_model = model.model_copy(update={"device": a.vocoder_device, "dtype": "float32"})
-    acoustic = Acoustic.bind(model=model.model_dump(), acoustic=acoustic_heard_through(a.acoustic, a.vocoder).model_dump())
-    vocoder = Vocoder.bind(acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump(), flow=a.flow.model_dump())
+    acoustic = Acoustic.bind(
+        model=model.model_dump(), acoustic=acoustic_heard_through(a.acoustic, a.vocoder).model_dump()
+    )
+    vocoder = Vocoder.bind(
+        acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump(), flow=a.flow.model_dump()
+    )
     normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
-    return Ingress.bind(normalizer, vocoder, acoustic, settings=a.ingress.model_dump(), cache=a.cache.model_dump(),
-                        voices=a.voices.model_dump(), flow=a.flow.model_dump(), jobs=a.jobs.model_dump(),
-                        segments=a.segments.model_dump())
+    return Ingress.bind(
+        normalizer,
+        vocoder,
+        acoustic,
+        settings=a.ingress.model_dump(),
+        cache=a.cache.model_dump(),
+        voices=a.voices.model_dump(),
+        flow=a.flow.model_dump(),
+        jobs=a.jobs.model_dump(),
+        segments=a.segments.model_dump(),
+    )

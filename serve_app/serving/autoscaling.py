@@ -113,8 +113,12 @@ class EngineQueuePolicy:
         tags = {"deployment": ctx.deployment_name, "application": ctx.app_name or ""}
         desired, rows = self._metrics()
         desired.set(d.replicas, tags=tags)
-        for kind, value in (("running", d.running_rows), ("waiting", d.waiting_rows),
-                            ("handle_queued", d.queued_requests), ("target_per_replica", d.rows_per_replica)):
+        for kind, value in (
+            ("running", d.running_rows),
+            ("waiting", d.waiting_rows),
+            ("handle_queued", d.queued_requests),
+            ("target_per_replica", d.rows_per_replica),
+        ):
             rows.set(value, tags={**tags, "kind": kind})
         low, high = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
         bounded = min(max(d.replicas, low), high)
@@ -126,9 +130,20 @@ class EngineQueuePolicy:
                 "autoscale %s: rows running %.1f + waiting %.1f + handle-queued requests %.1f over %d reporting "
                 "replica(s), %.1f rows per replica (target_fill %.2f) -> desired %d (bounded %d, bounds [%d, %d]); "
                 "target %d, running %d; Serve applies upscale_delay_s %gs / downscale_delay_s %gs",
-                ctx.deployment_name, d.running_rows, d.waiting_rows, d.queued_requests, d.reporting,
-                d.rows_per_replica, self.target_fill, d.replicas, bounded, low, high,
-                ctx.target_num_replicas, ctx.current_num_replicas, ctx.config.upscale_delay_s,
+                ctx.deployment_name,
+                d.running_rows,
+                d.waiting_rows,
+                d.queued_requests,
+                d.reporting,
+                d.rows_per_replica,
+                self.target_fill,
+                d.replicas,
+                bounded,
+                low,
+                high,
+                ctx.target_num_replicas,
+                ctx.current_num_replicas,
+                ctx.config.upscale_delay_s,
                 ctx.config.downscale_delay_s,
             )
 
@@ -138,9 +153,16 @@ class EngineQueuePolicy:
             from ray.util.metrics import Gauge
 
             self._gauges = (
-                Gauge(DESIRED_METRIC, description="Acoustic replicas the engine-queue policy wants, before Serve's delays and bounds.",
-                      tag_keys=("deployment", "application")),
-                Gauge(ROWS_METRIC, description="The engine-queue policy's inputs: rows running, waiting, requests queued in handles, target rows per replica.",
-                      tag_keys=("deployment", "application", "kind")),
+                Gauge(
+                    DESIRED_METRIC,
+                    description="Acoustic replicas the engine-queue policy wants, before Serve's delays and bounds.",
+                    tag_keys=("deployment", "application"),
+                ),
+                Gauge(
+                    ROWS_METRIC,
+                    description="The engine-queue policy's inputs: rows running, waiting, requests queued in handles, "
+                    "target rows per replica.",
+                    tag_keys=("deployment", "application", "kind"),
+                ),
             )
         return self._gauges

@@ -222,10 +222,13 @@ class FlowCredit:
         t0 = time.monotonic()
         try:
             while self.taken < need:
-                known, taken = await asyncio.wait_for(self._board.wait.remote(ref.stream, need, POLL_S),
-                                                      POLL_S + CALL_TIMEOUT_S)
+                known, taken = await asyncio.wait_for(
+                    self._board.wait.remote(ref.stream, need, POLL_S), POLL_S + CALL_TIMEOUT_S
+                )
                 if not known:
-                    _Warn.once_a_while("flow board does not know stream %s (restarted?): sending without a window", ref.stream)
+                    _Warn.once_a_while(
+                        "flow board does not know stream %s (restarted?): sending without a window", ref.stream
+                    )
                     self.ref = None
                     return
                 self.taken = max(self.taken, taken)
@@ -236,6 +239,7 @@ class FlowCredit:
             self.ref = None
         finally:
             self.waited_s += time.monotonic() - t0
+
 
 class FlowAcks:
     """The consumer's side of one edge: ``took()`` after taking each item. Registers the stream at

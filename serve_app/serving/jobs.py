@@ -64,8 +64,14 @@ def job_runner(app_name: str, settings: JobsSettings, normalizer: Any, vocoder: 
     import ray
 
     actor = ray.remote(JobRunner).options(
-        name=runner_name(app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, num_cpus=settings.runner_num_cpus, max_concurrency=1000)
+        name=runner_name(app_name),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        num_cpus=settings.runner_num_cpus,
+        max_concurrency=1000,
+    )
     return actor.remote(settings.model_dump(), normalizer, vocoder)
 
 
@@ -121,7 +127,8 @@ class _Job:
         if pcm > limit:
             raise ReservationExceeded(
                 f"the job's audio passed its reservation at chunk {k}: {pcm} bytes of PCM, {limit} reserved "
-                "(its normalised plan with jobs.reservation_headroom)")
+                "(its normalised plan with jobs.reservation_headroom)"
+            )
 
     @property
     def complete(self) -> bool:
@@ -210,11 +217,18 @@ class JobRunner:
         return active.job
 
     async def info(self) -> dict[str, Any]:
-        return {"root": store_location(self.settings), "settings": self.settings.model_dump(),
-                "acoustic_replicas": self.acoustic_replicas, "parallel_chunks": self.parallel_chunks,
-                "running_chunks": len(self._running), "chunks_done": self.chunks_done,
-                "chunks_retried": self.chunks_retried, "started_at": self.started_at, "resumed": dict(self.resumed),
-                "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()}}
+        return {
+            "root": store_location(self.settings),
+            "settings": self.settings.model_dump(),
+            "acoustic_replicas": self.acoustic_replicas,
+            "parallel_chunks": self.parallel_chunks,
+            "running_chunks": len(self._running),
+            "chunks_done": self.chunks_done,
+            "chunks_retried": self.chunks_retried,
+            "started_at": self.started_at,
+            "resumed": dict(self.resumed),
+            "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()},
+        }
 
     # ------------------------------------------------------------------ the loop
 
@@ -256,7 +270,9 @@ class JobRunner:
             from ray import serve
 
             dep = serve.status().applications[app].deployments["Acoustic"]
-            running = sum(n for state, n in dep.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+            running = sum(
+                n for state, n in dep.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING"
+            )
         except Exception as exc:  # noqa: BLE001 - no app (yet), or the controller is busy: next scan
             log.debug("jobs: Acoustic replicas of %r unknown (%s)", app, exc.__class__.__name__)
             return
@@ -279,7 +295,7 @@ class JobRunner:
             self.jobs[job.id] = active
             if done:
                 self.resumed[job.id] = len(done)
-                log.info("jobs: %s resumed at %d of %d chunks", job.id, len(done), len(chunks))
+                log.info("jobs: %s resumed at %d of %d chunks", job.id, len(done), len(active.chunks))
             if active.complete:
                 self._spawn(self._finish(active))
         for job_id, active in list(self.jobs.items()):
@@ -351,8 +367,9 @@ class JobRunner:
                     busy = _is(exc, EngineOverloaded)  # a full queue is no failure: wait for room
                     tries += 0 if busy else 1
                     if tries > self.settings.max_chunk_retries:
-                        await self._fail(active, "chunk_failed",
-                                         f"chunk {k} failed {tries} times; the last time: {_reason(exc)}")
+                        await self._fail(
+                            active, "chunk_failed", f"chunk {k} failed {tries} times; the last time: {_reason(exc)}"
+                        )
                         return
                     job.retries += 1
                     self.chunks_retried += 1
@@ -430,8 +447,12 @@ class JobRunner:
             job.bytes = job.input_bytes + size
             await self._save(active)
             await asyncio.to_thread(self.store.remove_chunks, job)
-            log.info("jobs: %s succeeded: %d chunks, %.1f s of audio", job.id, len(active.chunks),
-                     job.audio_samples / SAMPLE_RATE)
+            log.info(
+                "jobs: %s succeeded: %d chunks, %.1f s of audio",
+                job.id,
+                len(active.chunks),
+                job.audio_samples / SAMPLE_RATE,
+            )
         except JobGone:
             pass
         except Exception as exc:  # noqa: BLE001
@@ -443,7 +464,7 @@ class JobRunner:
     async def _fail(self, active: _Job, code: str, message: str) -> None:
         job = active.job
         log.warning("jobs: %s failed: %s", job.id, message)
-        for k, task in list(active.tasks.items()):
+        for task in list(active.tasks.values()):
             if task is not asyncio.current_task():
                 task.cancel()
         now = time.time()
@@ -511,8 +532,9 @@ def _pauses(chunks: list[JobChunk], first: int, end: int, trailing_pause: bool) 
     return pauses
 
 
-def _encoded(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int,
-             trailing_pause: bool = True) -> Iterator[bytes]:
+def _encoded(
+    store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int, trailing_pause: bool = True
+) -> Iterator[bytes]:
     """A file's bytes from chunks [first, end), chunk by chunk (one chunk's PCM in memory at a
     time): in order with their pauses (the last one's only with ``trailing_pause``), through one
     encoder. A WAV's header carries its true size at once (the length is known), so the file is

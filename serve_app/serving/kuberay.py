@@ -230,8 +230,12 @@ def _env(serve: dict, ray_cpus: float) -> list[dict]:
     """Every Ray container's env, plus the API keys from their Secret where an Ingress can run."""
     env = [dict(e) for e in ENV]
     if hosts_ingress(serve, ray_cpus):
-        env.append({"name": api_keys_env(serve),
-                    "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}}})
+        env.append(
+            {
+                "name": api_keys_env(serve),
+                "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}},
+            }
+        )
     return env
 
 
@@ -249,15 +253,22 @@ def worker_bounds(serve: dict) -> dict[str, tuple[int, int]]:
     ``max_replicas_per_node``; the CPU group holds what the GPU pods do not."""
     need = gpu_node_cpus(serve)
     if need > GPU_POD["cpu"]:
-        raise ValueError(f"a GPU pod has {GPU_POD['cpu']} CPUs; its Acoustic replicas and the CPU stages' "
-                         f"max_replicas_per_node need {need:g}")
+        raise ValueError(
+            f"a GPU pod has {GPU_POD['cpu']} CPUs; its Acoustic replicas and the CPU stages' "
+            f"max_replicas_per_node need {need:g}"
+        )
     acoustic = _deployments(serve)["Acoustic"]["autoscaling_config"]
     per_gpu_pod = acoustic_per_gpu_node(serve)
     gpu = (math.ceil(acoustic["min_replicas"] / per_gpu_pod), math.ceil(acoustic["max_replicas"] / per_gpu_pod))
 
     def cpu_pods(bound: str, gpu_pods: int) -> int:
-        return max(math.ceil(max(0, d["autoscaling_config"][bound] - gpu_pods * d["max_replicas_per_node"])
-                             / d["max_replicas_per_node"]) for d in cpu_stages(serve).values())
+        return max(
+            math.ceil(
+                max(0, d["autoscaling_config"][bound] - gpu_pods * d["max_replicas_per_node"])
+                / d["max_replicas_per_node"]
+            )
+            for d in cpu_stages(serve).values()
+        )
 
     cpu = (max(1, cpu_pods("min_replicas", gpu[0])), cpu_pods("max_replicas", gpu[1]))
     return {"gpu": gpu, "cpu": cpu}
@@ -275,24 +286,37 @@ def _policy(name: str, pods: dict, ingress: list[dict]) -> dict:
 def network_policies(serve_port: int) -> list[dict]:
     """Who may open a connection to the Ray pods and to the Redis pods. Egress stays open (the
     weights download, Redis, DNS, the autoscaler's calls to the API server)."""
+
     def tcp(*ports: int) -> list[dict]:
         return [{"protocol": "TCP", "port": p} for p in ports]
 
     ray_pods = {"podSelector": {"matchLabels": dict(POD_LABELS)}}
-    ray = _policy(NAME, POD_LABELS, [
-        # Ray pods among themselves: GCS, raylets, object managers, workers, the dashboard agents.
-        {"from": [ray_pods]},
-        # The KubeRay operator deploys serveConfigV2 and reads Serve's status through the dashboard.
-        {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(KUBERAY_OPERATOR_LABELS)}}],
-         "ports": tcp(DASHBOARD_PORT)},
-        # Prometheus scrapes every pod's metrics port (the PodMonitor).
-        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}},
-                   "podSelector": {"matchLabels": dict(PROMETHEUS_LABELS)}}],
-         "ports": tcp(METRICS_PORT)},
-        # The API, from whatever fronts the serve Service (an Ingress controller, a Gateway, other
-        # pods): its API keys guard it. Narrow `from` to the Ingress controller's namespace if you can.
-        {"ports": tcp(serve_port)},
-    ])
+    ray = _policy(
+        NAME,
+        POD_LABELS,
+        [
+            # Ray pods among themselves: GCS, raylets, object managers, workers, the dashboard agents.
+            {"from": [ray_pods]},
+            # The KubeRay operator deploys serveConfigV2 and reads Serve's status through the dashboard.
+            {
+                "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(KUBERAY_OPERATOR_LABELS)}}],
+                "ports": tcp(DASHBOARD_PORT),
+            },
+            # Prometheus scrapes every pod's metrics port (the PodMonitor).
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}},
+                        "podSelector": {"matchLabels": dict(PROMETHEUS_LABELS)},
+                    }
+                ],
+                "ports": tcp(METRICS_PORT),
+            },
+            # The API, from whatever fronts the serve Service (an Ingress controller, a Gateway, other
+            # pods): its API keys guard it. Narrow `from` to the Ingress controller's namespace if you can.
+            {"ports": tcp(serve_port)},
+        ],
+    )
     redis = _policy(REDIS_SERVICE, REDIS_LABELS, [{"from": [ray_pods], "ports": tcp(REDIS_PORT)}])
     return [ray, redis]
 
@@ -303,9 +327,13 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
     serve_port = int(serve.get("http_options", {}).get("port", 8000))
     metrics = {"metrics-export-port": str(METRICS_PORT)}
     metrics_port = {"containerPort": METRICS_PORT, "name": "metrics"}
-    head_ports = [{"containerPort": GCS_PORT, "name": "gcs"}, {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
-                  {"containerPort": CLIENT_PORT, "name": "client"}, {"containerPort": serve_port, "name": "serve"},
-                  metrics_port]
+    head_ports = [
+        {"containerPort": GCS_PORT, "name": "gcs"},
+        {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+        {"containerPort": CLIENT_PORT, "name": "client"},
+        {"containerPort": serve_port, "name": "serve"},
+        metrics_port,
+    ]
     worker_ports = [{"containerPort": serve_port, "name": "serve"}, metrics_port]
     head_start = {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics}
 
@@ -345,8 +373,9 @@ def manifests(path: Path = GPU_CONFIG) -> list[dict]:
                     # The dashboard listens on the pod IP for the operator; the NetworkPolicy and
                     # the token keep everyone else out.
                     "rayStartParams": head_start,
-                    "template": _template(_container("ray-head", HEAD_POD, head_ports,
-                                                     _env(serve, float(head_start["num-cpus"])))),
+                    "template": _template(
+                        _container("ray-head", HEAD_POD, head_ports, _env(serve, float(head_start["num-cpus"])))
+                    ),
                 },
                 "workerGroupSpecs": [group("gpu", GPU_POD, gpu=True), group("cpu", cpu_pod(serve), gpu=False)],
             },

@@ -17,9 +17,19 @@ RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
 # name -> (kind, description, tag keys, buckets)
 METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
     "tts_requests_total": ("counter", "Speech requests by final status and format.", ("status", "format"), None),
-    "tts_request_duration_seconds": ("histogram", "Request latency, first byte of the body to the last audio byte.", ("format",), LATENCY_BUCKETS),
+    "tts_request_duration_seconds": (
+        "histogram",
+        "Request latency, first byte of the body to the last audio byte.",
+        ("format",),
+        LATENCY_BUCKETS,
+    ),
     "tts_ttfb_seconds": ("histogram", "Time to the first audio byte.", ("format",), LATENCY_BUCKETS),
-    "tts_stage_seconds": ("histogram", "Time spent per stage (normalise, queue, decode, vocode, encode).", ("stage",), STAGE_BUCKETS),
+    "tts_stage_seconds": (
+        "histogram",
+        "Time spent per stage (normalise, queue, decode, vocode, encode).",
+        ("stage",),
+        STAGE_BUCKETS,
+    ),
     "tts_batch_rows": ("histogram", "Rows in the running batch at each decode step.", (), ROW_BUCKETS),
     "tts_queue_rows": ("gauge", "Segment rows waiting for a decode slot.", (), None),
     "tts_running_rows": ("gauge", "Segment rows in the running decode batch.", (), None),

@@ -107,8 +107,9 @@ class SharedSlots:
         self.local = LocalSlots()
         self.lease_s = lease_s
         actor = ray.remote(num_cpus=0, max_restarts=-1)(SlotCounter)
-        self._actor = actor.options(name=name, namespace="chattts_serve", lifetime="detached",
-                                    get_if_exists=True).remote(lease_s)
+        self._actor = actor.options(
+            name=name, namespace="chattts_serve", lifetime="detached", get_if_exists=True
+        ).remote(lease_s)
         self._held: dict[str, str] = {}  # token -> client, this replica's slots
         self._releases: asyncio.Queue[str] = asyncio.Queue()
         loop = asyncio.get_event_loop()

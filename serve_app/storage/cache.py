@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from cachetools import Cache, TLRUCache
 
-
 from ..engine.types import Voice
 from ..engine.voices import effective_seed
 from ..settings import CacheConfig
@@ -70,8 +69,16 @@ def _canon(value: Any) -> Any:
     return value
 
 
-def request_key(req: Any, voice: Voice, *, weights_id: str, version: int = KEY_VERSION,
-                options: Any = None, voices: Sequence[str] = (), scope: str = "") -> str:
+def request_key(
+    req: Any,
+    voice: Voice,
+    *,
+    weights_id: str,
+    version: int = KEY_VERSION,
+    options: Any = None,
+    voices: Sequence[str] = (),
+    scope: str = "",
+) -> str:
     """``chattts:v<version>:<sha256 hex>`` of everything that determines a request's audio bytes.
 
     ``req``: a validated request model (``SpeechRequest`` and its kin): every field but
@@ -146,8 +153,6 @@ class NullCache(AudioCache):
 
     def stats(self) -> dict[str, Any]:
         return {"backend": "none", "hits": 0, "misses": self.misses, "errors": 0, "entries": 0, "bytes": 0}
-
-
 
 
 def _entry_bytes(entry: tuple[bytes, float]) -> int:
@@ -346,7 +351,10 @@ class RedisCache(AudioCache):
         if self._open_until == 0.0:  # log once per outage, not once per request
             log.warning(
                 "redis cache %s failed (%s: %s); skipping redis for %.1fs",
-                op, type(exc).__name__, exc, self.backoff_s,
+                op,
+                type(exc).__name__,
+                exc,
+                self.backoff_s,
             )
         self._open_until = self._clock() + self.backoff_s
 

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, AsyncIterator, Optional, Sequence
 if TYPE_CHECKING:
     from ..engine.config import EngineConfig
 
-FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw", "alaw")  # engine/audio.py's AUDIO_FORMATS (kept light here)
+FORMATS = (
+    "mp3",
+    "opus",
+    "aac",
+    "flac",
+    "wav",
+    "pcm",
+    "ulaw",
+    "alaw",
+)  # engine/audio.py's AUDIO_FORMATS (kept light here)
 STREAM_FORMATS = ("pcm", "opus", "mp3", "ulaw", "alaw")  # one stream for text that arrives over time (the WebSocket)
 
 
@@ -33,7 +42,9 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
     from ..engine.config import AcousticConfig, EngineConfig, ModelConfig, WeightsConfig
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
-    return EngineConfig(model=ModelConfig(weights=weights, device=args.device), acoustic=AcousticConfig(listener_margin_s=None))
+    return EngineConfig(
+        model=ModelConfig(weights=weights, device=args.device), acoustic=AcousticConfig(listener_margin_s=None)
+    )
 
 
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
@@ -75,7 +86,10 @@ def _say_remote(args: argparse.Namespace, fmt: str) -> int:
         info = client.speak_to_file(
             args.text, args.output, voice=args.voice, response_format=fmt, speed=args.speed, seed=args.seed
         )
-    print(f"wrote {args.output}: {info.bytes} bytes, first byte after {info.ttfb_s:.3f} s, total {info.total_s:.3f} s", file=sys.stderr)
+    print(
+        f"wrote {args.output}: {info.bytes} bytes, first byte after {info.ttfb_s:.3f} s, total {info.total_s:.3f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -110,8 +124,15 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
         out = sys.stdout.buffer if args.output == "-" else open(args.output, "wb")
         try:
             async with AsyncSpeechClient(args.url, api_key=args.api_key) as client:
-                async for data in client.stream_text(_stdin_lines(), voice=args.voice, response_format=fmt, on_event=on_event,
-                                                     speed=args.speed, seed=args.seed, lang=args.lang):
+                async for data in client.stream_text(
+                    _stdin_lines(),
+                    voice=args.voice,
+                    response_format=fmt,
+                    on_event=on_event,
+                    speed=args.speed,
+                    seed=args.seed,
+                    lang=args.lang,
+                ):
                     out.write(data)
                     out.flush()  # a player reading the pipe gets each frame at once
         finally:
@@ -119,8 +140,10 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
                 out.close()
 
     asyncio.run(run())
-    print(f"wrote {args.output}: {done.get('audio_seconds', 0):.2f} s of audio ({fmt}), {done.get('segments', 0)} segment(s)",
-          file=sys.stderr)
+    print(
+        f"wrote {args.output}: {done.get('audio_seconds', 0):.2f} s of audio ({fmt}), {done.get('segments', 0)} segment(s)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -145,9 +168,23 @@ def _batch(args: argparse.Namespace) -> int:
 
 
 # ``batch`` flags that map one to one onto BatchConfig fields (their defaults live there).
-BATCH_OPTIONS = ("input_format", "default_format", "address", "num_cpus", "device", "dtype", "quantize",
-                 "acoustic_actors", "num_gpus", "acoustic_cpus", "acoustic_threads", "max_rows", "rows_per_call",
-                 "vocoders", "vocoder_cpus")
+BATCH_OPTIONS = (
+    "input_format",
+    "default_format",
+    "address",
+    "num_cpus",
+    "device",
+    "dtype",
+    "quantize",
+    "acoustic_actors",
+    "num_gpus",
+    "acoustic_cpus",
+    "acoustic_threads",
+    "max_rows",
+    "rows_per_call",
+    "vocoders",
+    "vocoder_cpus",
+)
 
 
 def _weights_build(args: argparse.Namespace) -> int:
@@ -197,51 +234,92 @@ def build_parser() -> argparse.ArgumentParser:
     say = sub.add_parser("say", help="synthesise TEXT (or lines from stdin, --stdin) to a file")
     say.add_argument("text", nargs="?")
     say.add_argument("-o", "--output", required=True, help="the file, or - for stdout")
-    say.add_argument("--stdin", action="store_true",
-                     help="speak lines as they arrive on stdin (needs --url; pcm, opus or mp3)")
+    say.add_argument(
+        "--stdin", action="store_true", help="speak lines as they arrive on stdin (needs --url; pcm, opus or mp3)"
+    )
     say.add_argument("--voice", default="alloy", help="OpenAI voice name, seed:<n> or a ChatTTS speaker string")
     say.add_argument("--seed", type=int, default=None)
     say.add_argument("--speed", type=float, default=1.0)
     say.add_argument("--lang", choices=("zh", "en"), default=None)
     say.add_argument("--format", choices=FORMATS, default=None, help="default: from the file suffix")
-    say.add_argument("--weights", choices=("auto", "huggingface", "local", "random", "random-tiny"), default=None,
-                     help="weights source (in-process only; CHATTTS_WEIGHTS overrides)")
+    say.add_argument(
+        "--weights",
+        choices=("auto", "huggingface", "local", "random", "random-tiny"),
+        default=None,
+        help="weights source (in-process only; CHATTTS_WEIGHTS overrides)",
+    )
     say.add_argument("--weights-path", default=None, help="asset directory for --weights local")
     say.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
     say.add_argument("--url", default=None, help="speak through a running server instead of in-process")
     say.add_argument("--api-key", default=None)
 
     batch = sub.add_parser(
-        "batch", help="synthesise every row of a JSONL/CSV/Parquet file on Ray (resumable): audio files, a manifest",
+        "batch",
+        help="synthesise every row of a JSONL/CSV/Parquet file on Ray (resumable): audio files, a manifest",
         description="Each row (id, text, and optionally voice, seed, speed, response_format and the other request "
         "options) becomes OUT/audio/<id>.<format> and a row of OUT/manifest.parquet; rows that cannot be "
         "synthesised go to OUT/errors.jsonl. Run it again with the same OUT to finish an interrupted run: rows "
         "already written are skipped. Voices: built-in names, seed:<n>, ChatTTS speaker strings (not a service's "
-        "stored voices). Exit status 3 when some rows failed.")
+        "stored voices). Exit status 3 when some rows failed.",
+    )
     batch.add_argument("input", help="JSONL, CSV or Parquet: a file, directory or glob (every node must read it)")
     batch.add_argument("--out", required=True, help="output directory on this machine")
-    batch.add_argument("--input-format", choices=("jsonl", "csv", "parquet"), default=None, help="default: from the suffix")
-    batch.add_argument("--format", dest="default_format", choices=FORMATS, default=None,
-                       help="response_format of rows that set none (default wav)")
-    batch.add_argument("--address", default=None,
-                       help="Ray cluster to join (auto, ray://host:10001); default RAY_ADDRESS, else a local Ray")
+    batch.add_argument(
+        "--input-format", choices=("jsonl", "csv", "parquet"), default=None, help="default: from the suffix"
+    )
+    batch.add_argument(
+        "--format",
+        dest="default_format",
+        choices=FORMATS,
+        default=None,
+        help="response_format of rows that set none (default wav)",
+    )
+    batch.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join (auto, ray://host:10001); default RAY_ADDRESS, else a local Ray",
+    )
     batch.add_argument("--num-cpus", type=float, default=None, help="CPUs of the local Ray (default: all cores)")
-    batch.add_argument("--weights", choices=("auto", "huggingface", "local", "random", "random-tiny"), default=None,
-                       help="weights source, as model.weights.source (CHATTTS_WEIGHTS overrides)")
+    batch.add_argument(
+        "--weights",
+        choices=("auto", "huggingface", "local", "random", "random-tiny"),
+        default=None,
+        help="weights source, as model.weights.source (CHATTTS_WEIGHTS overrides)",
+    )
     batch.add_argument("--weights-path", default=None, help="asset directory for --weights local (on every node)")
     batch.add_argument("--device", default=None, choices=("auto", "cpu", "cuda", "mps"))
-    batch.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
-                       help="GPT dtype (default bfloat16 on a GPU, float32 on CPU)")
-    batch.add_argument("--quantize", default=None, choices=("auto", "none", "int8"),
-                       help="int8 GPT layers on CPU (auto: int8 on CPU); none decodes each row the same in any batch")
-    batch.add_argument("--acoustic-actors", type=int, default=None,
-                       help="GPT actors (default: one per --num-gpus share of every GPU, else one per node)")
-    batch.add_argument("--num-gpus", type=float, default=None, help="GPU share per acoustic actor (default 0.5 with GPUs)")
+    batch.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "float16", "bfloat16"),
+        help="GPT dtype (default bfloat16 on a GPU, float32 on CPU)",
+    )
+    batch.add_argument(
+        "--quantize",
+        default=None,
+        choices=("auto", "none", "int8"),
+        help="int8 GPT layers on CPU (auto: int8 on CPU); none decodes each row the same in any batch",
+    )
+    batch.add_argument(
+        "--acoustic-actors",
+        type=int,
+        default=None,
+        help="GPT actors (default: one per --num-gpus share of every GPU, else one per node)",
+    )
+    batch.add_argument(
+        "--num-gpus", type=float, default=None, help="GPU share per acoustic actor (default 0.5 with GPUs)"
+    )
     batch.add_argument("--acoustic-cpus", type=float, default=None, help="Ray CPUs per acoustic actor (default 1)")
     batch.add_argument("--acoustic-threads", type=int, default=None, help="torch threads per acoustic actor")
-    batch.add_argument("--max-rows", type=int, default=None, help="segments decoded together per actor (default 16 CPU, 64 GPU)")
-    batch.add_argument("--rows-per-call", type=int, default=None,
-                       help="rows per group, decoded together (default 2 x --max-rows); keep it across runs of one --out")
+    batch.add_argument(
+        "--max-rows", type=int, default=None, help="segments decoded together per actor (default 16 CPU, 64 GPU)"
+    )
+    batch.add_argument(
+        "--rows-per-call",
+        type=int,
+        default=None,
+        help="rows per group, decoded together (default 2 x --max-rows); keep it across runs of one --out",
+    )
     batch.add_argument("--vocoders", type=int, default=None, help="vocoder actors at most (default: one per spare CPU)")
     batch.add_argument("--vocoder-cpus", type=float, default=None, help="Ray CPUs per vocoder actor (default 0.5)")
     batch.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars")
@@ -272,7 +350,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.stdin:
             fmt = args.format or ("pcm" if args.output == "-" else _format_for(args.output, None))
             if args.text is not None or not args.url or fmt not in STREAM_FORMATS:
-                build_parser().error(f"say --stdin needs --url, no TEXT, and a format of {', '.join(STREAM_FORMATS)} (got {fmt})")
+                build_parser().error(
+                    f"say --stdin needs --url, no TEXT, and a format of {', '.join(STREAM_FORMATS)} (got {fmt})"
+                )
             return _say_stdin(args, fmt)
         if args.text is None:
             build_parser().error("say needs TEXT (or --stdin)")

@@ -95,7 +95,12 @@ class _FileSink:
 
 
 class SpeechClient:
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: Optional[str] = None, timeout: httpx.Timeout = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: Optional[str] = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    ):
         self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout)
 
     def __enter__(self) -> "SpeechClient":
@@ -109,7 +114,9 @@ class SpeechClient:
 
     def stream(self, text: str, voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> Iterator[bytes]:
         """Audio bytes as the server sends them. Extra fields: speed, seed, temperature, ..."""
-        with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
+        with self._http.stream(
+            "POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)
+        ) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, resp.read())
             yield from resp.iter_bytes()
@@ -118,9 +125,13 @@ class SpeechClient:
         """The whole file (a WAV with its true length)."""
         return with_true_length(b"".join(self.stream(text, voice, response_format, **extra)))
 
-    def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
+    def speak_to_file(
+        self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any
+    ) -> SpeechResult:
         sink = _FileSink(path)
-        with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
+        with self._http.stream(
+            "POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)
+        ) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, resp.read())
             with sink:
@@ -203,7 +214,12 @@ class SpeechSession:
 
 
 class AsyncSpeechClient:
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: Optional[str] = None, timeout: httpx.Timeout = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: Optional[str] = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    ):
         self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout)
         self._ws_url = base_url.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1) + WS_PATH
         self._api_key = api_key
@@ -217,8 +233,12 @@ class AsyncSpeechClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(self, text: str, voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> AsyncIterator[bytes]:
-        async with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
+    async def stream(
+        self, text: str, voice: str = "alloy", response_format: str = "mp3", **extra: Any
+    ) -> AsyncIterator[bytes]:
+        async with self._http.stream(
+            "POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)
+        ) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, await resp.aread())
             async for data in resp.aiter_bytes():
@@ -228,9 +248,13 @@ class AsyncSpeechClient:
         """The whole file (a WAV with its true length)."""
         return with_true_length(b"".join([b async for b in self.stream(text, voice, response_format, **extra)]))
 
-    async def speak_to_file(self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any) -> SpeechResult:
+    async def speak_to_file(
+        self, text: str, path: Union[str, Path], voice: str = "alloy", response_format: str = "mp3", **extra: Any
+    ) -> SpeechResult:
         sink = _FileSink(path)
-        async with self._http.stream("POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)) as resp:
+        async with self._http.stream(
+            "POST", "/v1/audio/speech", json=_payload(text, voice, response_format, **extra)
+        ) as resp:
             if resp.status_code >= 400:
                 _raise_for(resp, await resp.aread())
             with sink:
@@ -245,14 +269,21 @@ class AsyncSpeechClient:
         start.update({k: v for k, v in options.items() if v is not None})
         return _SessionContext(self._ws_url, _headers(self._api_key), start)
 
-    async def stream_text(self, texts: AsyncIterable[str], voice: str = "alloy", response_format: str = "pcm",
-                          on_event: Optional[Callable[[dict[str, Any]], None]] = None, **options: Any) -> AsyncIterator[bytes]:
+    async def stream_text(
+        self,
+        texts: AsyncIterable[str],
+        voice: str = "alloy",
+        response_format: str = "pcm",
+        on_event: Optional[Callable[[dict[str, Any]], None]] = None,
+        **options: Any,
+    ) -> AsyncIterator[bytes]:
         """Audio bytes for text that is still being written (an LLM's deltas): each sentence is
         spoken as soon as it is complete, in order. ``pcm`` is s16le 24 kHz mono; ``opus`` (Ogg)
         and ``mp3`` are one stream for the whole text. ``on_event`` sees the JSON events."""
         from websockets.exceptions import ConnectionClosed
 
         async with self.session(voice, response_format, **options) as s:
+
             async def write() -> None:
                 try:
                     async for text in texts:

@@ -21,14 +21,22 @@ from typing import Iterator
 import httpx
 import pytest
 import websockets
-
-from serve_app.http.security import key_id
-from support.app import (APP_NAME, acoustic_stats, ingress_log_lines, ingress_settings, replica_pids, rss_mb, wait_idle,
-                         wait_ready)
+from support.app import (
+    APP_NAME,
+    acoustic_stats,
+    ingress_log_lines,
+    ingress_settings,
+    replica_pids,
+    rss_mb,
+    wait_idle,
+    wait_ready,
+)
 from support.hostile import ima_adpcm_wav, speaker_bombs
 from support.http import assert_openai_error
 from support.report import report
 from support.waiting import wait_until
+
+from serve_app.http.security import key_id
 
 POLITE, ATTACKER, ADMIN = "polite-key-of-the-tests", "attacker-key-of-the-tests", "admin-key-of-the-tests"
 ATTACKER_STREAMS = 2
@@ -49,9 +57,21 @@ def keyed(app_url, tmp_path_factory) -> Iterator[str]:
     and short deadlines, for this module only."""
     path = tmp_path_factory.mktemp("abuse") / "keys"
     path.write_text(f"{POLITE}\n{ATTACKER}\n{ADMIN}\n")
-    security = {"api_keys_env": None, "api_keys_file": str(path), "max_streams_per_key": 8,
-                "keys": {key_id(ATTACKER): {"max_streams": ATTACKER_STREAMS}, key_id(ADMIN): {"max_priority": 5, "admin": True}}}
-    websocket = {"first_message_s": FIRST_MESSAGE_S, "idle_s": 3.0, "max_unstarted_per_client": 4, "max_pending_cuts": 4}
+    security = {
+        "api_keys_env": None,
+        "api_keys_file": str(path),
+        "max_streams_per_key": 8,
+        "keys": {
+            key_id(ATTACKER): {"max_streams": ATTACKER_STREAMS},
+            key_id(ADMIN): {"max_priority": 5, "admin": True},
+        },
+    }
+    websocket = {
+        "first_message_s": FIRST_MESSAGE_S,
+        "idle_s": 3.0,
+        "max_unstarted_per_client": 4,
+        "max_pending_cuts": 4,
+    }
     with ingress_settings(security=security, body_timeout_s=BODY_TIMEOUT_S, websocket=websocket):
         yield app_url
 
@@ -162,7 +182,10 @@ def test_the_key_is_checked_before_the_body_and_a_slow_body_gets_408(keyed, poli
         assert status == 401 and took < 2, (status, took)
         s.close()
         # With a key, a body that never comes: 408 at the deadline, whatever the proxy would allow.
-        sockets = [_raw_request(port, head.format(auth=f"Authorization: Bearer {ATTACKER}\r\n") + '{"input": "') for _ in range(20)]
+        sockets = [
+            _raw_request(port, head.format(auth=f"Authorization: Bearer {ATTACKER}\r\n") + '{"input": "')
+            for _ in range(20)
+        ]
         polite.served("20 slow bodies")
         for s in sockets:
             status, took = _status(s, BODY_TIMEOUT_S + 20)
@@ -179,8 +202,12 @@ def test_costly_requests_are_refused_before_the_work(keyed, polite):
     assert time.perf_counter() - t0 < 10
     high = httpx.post(keyed + "/v1/audio/speech", json={"input": "你好", "priority": 10}, headers=auth, timeout=60)
     assert assert_openai_error(high, 403, "priority_not_allowed")["param"] == "priority"
-    admin = httpx.post(keyed + "/v1/audio/speech", json={"input": "你好", "priority": 5, "response_format": "pcm"},
-                       headers=_auth(ADMIN), timeout=60)
+    admin = httpx.post(
+        keyed + "/v1/audio/speech",
+        json={"input": "你好", "priority": 5, "response_format": "pcm"},
+        headers=_auth(ADMIN),
+        timeout=60,
+    )
     assert admin.status_code == 200  # a key granted priority 5 may ask for it
     # 4096 digits: the number rules read them digit by digit in linear time (an answer, not a hang).
     t0 = time.perf_counter()
@@ -194,11 +221,17 @@ def test_one_keys_answers_never_answer_another_key(keyed, polite):
     is not another key's SSML answer, and a hit never tells one key what another asked for."""
     ssml = "<speak>缓存<break time='300ms'/>隔离测试</speak>"
     body = {"input": ssml, "response_format": "pcm", "seed": 4242}
-    first = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60)
-    again = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60)
+    first = httpx.post(
+        keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60
+    )
+    again = httpx.post(
+        keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(ATTACKER), timeout=60
+    )
     assert (first.status_code, first.headers["x-cache"], again.headers["x-cache"]) == (200, "miss", "hit")
     # The same text by another key: its own miss (before: a hit with the attacker's audio).
-    polite_text = httpx.post(keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(POLITE), timeout=60)
+    polite_text = httpx.post(
+        keyed + "/v1/audio/speech", json={**body, "input_format": "text"}, headers=_auth(POLITE), timeout=60
+    )
     assert polite_text.status_code == 200 and polite_text.headers["x-cache"] == "miss"
     as_ssml = httpx.post(keyed + "/v1/audio/speech", json=body, headers=_auth(POLITE), timeout=60)
     assert as_ssml.status_code == 200 and as_ssml.headers["x-cache"] == "miss"
@@ -227,10 +260,22 @@ async def test_streams_past_a_keys_limit_are_429_and_slots_never_leak(keyed, pol
         await asyncio.to_thread(wait_idle, 30)
         # ...leave no slot behind: the application's counter is back to none (each slot goes back
         # as its stream notices its client has gone), the key's two streams open, a third is refused.
-        await asyncio.to_thread(lambda: wait_until(lambda: _held(key_id(ATTACKER)), 15, 0.1, until=lambda n: n == 0,
-                                                   what="the attacker's stream slots back"))
-        held = [await client.send(client.build_request("POST", "/v1/audio/speech", json={**body, "seed": 100 + i},
-                                                       headers=auth), stream=True) for i in range(ATTACKER_STREAMS)]
+        await asyncio.to_thread(
+            lambda: wait_until(
+                lambda: _held(key_id(ATTACKER)),
+                15,
+                0.1,
+                until=lambda n: n == 0,
+                what="the attacker's stream slots back",
+            )
+        )
+        held = [
+            await client.send(
+                client.build_request("POST", "/v1/audio/speech", json={**body, "seed": 100 + i}, headers=auth),
+                stream=True,
+            )
+            for i in range(ATTACKER_STREAMS)
+        ]
         try:
             assert [r.status_code for r in held] == [200] * ATTACKER_STREAMS
             third = await client.post("/v1/audio/speech", json={**body, "seed": 200}, headers=auth)
@@ -247,18 +292,27 @@ def test_a_client_that_leaves_stops_its_work_whatever_its_headers_say(keyed):
     """``x-request-disconnect-disabled: ?1`` tells Serve's proxy not to cancel the request when
     the client leaves; the speech stream watches for that itself. ~5 minutes of speech: its rows
     would decode for far longer than the bound below if they were left running."""
+    from support.app import app_args
+
     from serve_app.engine.planner import Planner
     from serve_app.engine.types import SynthesisOptions
 
-    from support.app import app_args
-
     text = LONG_TEXT * 8
     segments = len(Planner(app_args().segments).plan(text, SynthesisOptions(voice="alloy")).segments)
-    headers = {**_auth(ATTACKER), "x-request-disconnect-disabled": "?1", "x-request-timeout-seconds": "0",
-               "Cache-Control": "no-store"}
+    headers = {
+        **_auth(ATTACKER),
+        "x-request-disconnect-disabled": "?1",
+        "x-request-timeout-seconds": "0",
+        "Cache-Control": "no-store",
+    }
     admitted0 = wait_idle(30)["rows_admitted"]
-    with httpx.stream("POST", keyed + "/v1/audio/speech", json={"input": text, "response_format": "pcm", "seed": 7},
-                      headers=headers, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        keyed + "/v1/audio/speech",
+        json={"input": text, "response_format": "pcm", "seed": 7},
+        headers=headers,
+        timeout=60,
+    ) as r:
         assert r.status_code == 200
         # Read on (a client that stalls is another case) until its rows are seen decoding.
         got = 0
@@ -270,17 +324,23 @@ def test_a_client_that_leaves_stops_its_work_whatever_its_headers_say(keyed):
     t0 = time.perf_counter()
     admitted = wait_idle(5)["rows_admitted"] - admitted0
     assert admitted < segments, f"all {segments} segments were decoded after the client left"
-    report("abuse: rows freed after a client with disconnect-disabled left",
-           f"{time.perf_counter() - t0:.2f} s; {admitted} of its {segments} segments had started")
+    report(
+        "abuse: rows freed after a client with disconnect-disabled left",
+        f"{time.perf_counter() - t0:.2f} s; {admitted} of its {segments} segments had started",
+    )
 
 
 def test_a_client_cannot_lift_the_request_deadline(keyed):
     """``x-request-timeout-seconds: 0`` turns off the proxy's timeout, not the service's."""
     with ingress_settings(request_timeout_s=1.0):
         t0 = time.perf_counter()
-        with httpx.stream("POST", keyed + "/v1/audio/speech", timeout=60,
-                          json={"input": LONG_TEXT * 2, "response_format": "pcm", "seed": 8},
-                          headers={**_auth(ATTACKER), "x-request-timeout-seconds": "0", "Cache-Control": "no-store"}) as r:
+        with httpx.stream(
+            "POST",
+            keyed + "/v1/audio/speech",
+            timeout=60,
+            json={"input": LONG_TEXT * 2, "response_format": "pcm", "seed": 8},
+            headers={**_auth(ATTACKER), "x-request-timeout-seconds": "0", "Cache-Control": "no-store"},
+        ) as r:
             got = sum(len(c) for c in r.iter_raw())
         took = time.perf_counter() - t0
     full = 2 * 24000 * 80  # ~80 s of audio at 24 kHz s16
@@ -292,7 +352,9 @@ def test_a_client_cannot_lift_the_request_deadline(keyed):
 def test_deeply_nested_json_is_a_400_not_a_500(keyed, route):
     doc = "[" * 20000 + "]" * 20000
     path = "/v1/audio/speech" if route == "speech" else "/v1/audio/voices"
-    r = httpx.post(keyed + path, content=doc, headers={**_auth(ATTACKER), "Content-Type": "application/json"}, timeout=30)
+    r = httpx.post(
+        keyed + path, content=doc, headers={**_auth(ATTACKER), "Content-Type": "application/json"}, timeout=30
+    )
     assert_openai_error(r, 400, "invalid_json")
 
 
@@ -301,14 +363,22 @@ def test_speaker_bombs_and_inflating_clips_are_refused_and_memory_holds(keyed, p
     with memory_held("speaker bombs and an inflating clip"):
         t0 = time.perf_counter()
         for _ in range(20):
-            r = httpx.post(keyed + "/v1/audio/speech", json={"input": "你好", "voice": bomb}, headers=_auth(ATTACKER), timeout=30)
+            r = httpx.post(
+                keyed + "/v1/audio/speech", json={"input": "你好", "voice": bomb}, headers=_auth(ATTACKER), timeout=30
+            )
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_voice", r.text[:200]
         assert time.perf_counter() - t0 < 10
-        made = httpx.post(keyed + "/v1/audio/voices", json={"name": "bomb", "speaker": bomb}, headers=_auth(ATTACKER), timeout=30)
+        made = httpx.post(
+            keyed + "/v1/audio/voices", json={"name": "bomb", "speaker": bomb}, headers=_auth(ATTACKER), timeout=30
+        )
         assert made.status_code == 400 and made.json()["error"]["code"] == "invalid_speaker"
-        clip = httpx.post(keyed + "/v1/audio/voices", headers=_auth(ATTACKER), timeout=60,
-                          data={"name": "inflated", "transcript": "你好，这是参考音频。"},
-                          files={"audio": ("x.wav", ima_adpcm_wav(10), "audio/wav")})
+        clip = httpx.post(
+            keyed + "/v1/audio/voices",
+            headers=_auth(ATTACKER),
+            timeout=60,
+            data={"name": "inflated", "transcript": "你好，这是参考音频。"},
+            files={"audio": ("x.wav", ima_adpcm_wav(10), "audio/wav")},
+        )
         assert_openai_error(clip, 400, "invalid_audio")
         polite.served("speaker bombs and clips")
 
@@ -378,7 +448,9 @@ async def test_a_flush_flood_costs_a_few_planning_calls(keyed, polite):
                 event = json.loads(message)
                 if event["type"] in ("error", "done"):
                     break
-        assert event["type"] == "error" and event["error"]["code"] == "invalid_value" and event["error"]["param"] == "text"
+        assert (
+            event["type"] == "error" and event["error"]["code"] == "invalid_value" and event["error"]["param"] == "text"
+        )
     # A flood that ends politely: few segments (cuts joined while 4 are being planned), all spoken.
     async with websockets.connect(_ws(keyed), additional_headers=_auth(ATTACKER), max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.start", "response_format": "pcm"}))
@@ -407,11 +479,23 @@ def _fuzz_messages(rng: random.Random) -> list:
         if roll < 0.1:
             out.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64))))
         elif roll < 0.2:
-            out.append(rng.choice(["{", "not json", "[" * 5000, '{"type": "text.append", "text": "x"', "\udcff".encode("utf-8", "surrogatepass").decode("utf-8", "replace")]))
+            out.append(
+                rng.choice(
+                    [
+                        "{",
+                        "not json",
+                        "[" * 5000,
+                        '{"type": "text.append", "text": "x"',
+                        "\udcff".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+                    ]
+                )
+            )
         else:
             msg = {"type": rng.choice(kinds)}
-            for field in rng.sample(["text", "voice", "response_format", "speed", "seed", "priority", "api_key", "model", "extra"],
-                                    rng.randint(0, 3)):
+            for field in rng.sample(
+                ["text", "voice", "response_format", "speed", "seed", "priority", "api_key", "model", "extra"],
+                rng.randint(0, 3),
+            ):
                 msg[field] = rng.choice(values)
             out.append(json.dumps(msg))
     return out
@@ -432,7 +516,9 @@ async def test_a_websocket_message_fuzzer_never_breaks_a_session_or_the_server(k
                     if isinstance(message, str):
                         event = json.loads(message)
                         if event["type"] == "error":
-                            assert event["error"]["type"] != "server_error" or event["error"]["code"] == "timeout", event
+                            assert event["error"]["type"] != "server_error" or event["error"]["code"] == "timeout", (
+                                event
+                            )
         except websockets.ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd else None
             assert code in (1000, 4400, 4401, 4403, 4404, 4408, 4413, 4429), code
@@ -457,8 +543,9 @@ def _lone_ingress(name: str, replicas: int, settings: dict):
 
     stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
     ingress = Ingress.options(num_replicas=replicas, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
-    return ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"), settings=settings,
-                        voices={"backend": "memory"})
+    return ingress.bind(
+        stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"), settings=settings, voices={"backend": "memory"}
+    )
 
 
 def test_an_ingress_that_requires_keys_and_has_none_never_serves(keyed):
@@ -485,8 +572,13 @@ def test_a_keys_stream_limit_holds_across_two_ingress_replicas(keyed, tmp_path):
 
     keys = tmp_path / "keys"
     keys.write_text(f"{ATTACKER}\n")
-    settings = {"security": {"api_keys_env": None, "api_keys_file": str(keys),
-                             "keys": {key_id(ATTACKER): {"max_streams": ATTACKER_STREAMS}}}}
+    settings = {
+        "security": {
+            "api_keys_env": None,
+            "api_keys_file": str(keys),
+            "keys": {key_id(ATTACKER): {"max_streams": ATTACKER_STREAMS}},
+        }
+    }
     serve.run(_lone_ingress("twoingress", 2, settings), name="twoingress", route_prefix="/twoingress", blocking=False)
     base = keyed + "/twoingress"
     try:
@@ -499,8 +591,12 @@ def test_a_keys_stream_limit_holds_across_two_ingress_replicas(keyed, tmp_path):
         with httpx.Client(base_url=base, timeout=120) as client:
             try:
                 for i in range(6):  # held open one after another: Serve routes each to the less busy replica
-                    r = client.send(client.build_request("POST", "/v1/audio/speech", json={**body, "seed": 300 + i},
-                                                         headers=headers), stream=True)
+                    r = client.send(
+                        client.build_request(
+                            "POST", "/v1/audio/speech", json={**body, "seed": 300 + i}, headers=headers
+                        ),
+                        stream=True,
+                    )
                     statuses.append(r.status_code)
                     opened.append(r)
             finally:

@@ -14,11 +14,11 @@ import httpx
 import psutil
 import pytest
 from ray import serve
-
-from bench.lib.corpus import expected_pcm_bytes
-from support.app import APP_NAME, SERVE_APP_ARGS, replica_pids, wait_idle
+from support.app import APP_NAME, SERVE_APP_ARGS, wait_idle
 from support.report import report
 from support.waiting import wait_until_async
+
+from bench.lib.corpus import expected_pcm_bytes
 
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(240)]
 
@@ -52,8 +52,12 @@ def _rss_mb(pids: list[int]) -> float:
 
 async def _ttfb(client: httpx.AsyncClient, url: str, text: str) -> float:
     t0 = time.perf_counter()
-    async with client.stream("POST", url + "/v1/audio/speech", json={"input": text, "response_format": "pcm"},
-                             headers={"Cache-Control": "no-store"}) as r:
+    async with client.stream(
+        "POST",
+        url + "/v1/audio/speech",
+        json={"input": text, "response_format": "pcm"},
+        headers={"Cache-Control": "no-store"},
+    ) as r:
         assert r.status_code == 200
         took = None
         async for _ in r.aiter_raw():
@@ -73,9 +77,12 @@ async def test_a_client_that_stops_reading_parks_its_rows_and_gets_everything_af
         before = await acoustic_stats()
         rss0 = _rss_mb(proxy)
         got = 0
-        async with client.stream("POST", app_url + "/v1/audio/speech",
-                                 json={"input": LONG_TEXT, "response_format": "pcm"},
-                                 headers={"Cache-Control": "no-store"}) as r:
+        async with client.stream(
+            "POST",
+            app_url + "/v1/audio/speech",
+            json={"input": LONG_TEXT, "response_format": "pcm"},
+            headers={"Cache-Control": "no-store"},
+        ) as r:
             assert r.status_code == 200
             chunks = r.aiter_raw()
             while got < 64 * 1024:
@@ -92,11 +99,15 @@ async def test_a_client_that_stops_reading_parks_its_rows_and_gets_everything_af
         after = await acoustic_stats()
     decoded_while_paused = paused["row_steps"] - before["row_steps"]
     decoded_in_all = after["row_steps"] - before["row_steps"]
-    report("backpressure: slow reader, decode stopped after / row-steps decoded before it did",
-           f"{stopped_after:.1f} s; {decoded_while_paused} of {decoded_in_all} row-steps ({paused['parked_rows']} rows parked, "
-           f"{paused['waiting_rows']} waiting); proxy RSS +{rss_paused - rss0:.1f} MiB (answer {expected / 2**20:.1f} MiB)")
-    report("backpressure: polite first audio alone / beside the parked stream",
-           f"{sorted(alone)[1] * 1000:.0f} / {sorted(beside)[1] * 1000:.0f} ms")
+    report(
+        "backpressure: slow reader, decode stopped after / row-steps decoded before it did",
+        f"{stopped_after:.1f} s; {decoded_while_paused} of {decoded_in_all} row-steps ({paused['parked_rows']} rows parked, "
+        f"{paused['waiting_rows']} waiting); proxy RSS +{rss_paused - rss0:.1f} MiB (answer {expected / 2**20:.1f} MiB)",
+    )
+    report(
+        "backpressure: polite first audio alone / beside the parked stream",
+        f"{sorted(alone)[1] * 1000:.0f} / {sorted(beside)[1] * 1000:.0f} ms",
+    )
     assert got == expected  # nothing lost
     assert decoded_while_paused < 0.6 * decoded_in_all  # it stopped well before the request's end
     assert rss_paused - rss0 < 0.25 * expected / 2**20  # the proxy did not take the answer in
@@ -115,7 +126,8 @@ def slow_vocoder(app_url):
     acoustic = serve.get_deployment_handle("Acoustic", app_name=APP_NAME)
     model = {**args["model"], "dtype": "float32"}
     app = SlowVocoder.options(ray_actor_options={"num_cpus": 0.1}).bind(
-        acoustic, model=model, vocoder=args.get("vocoder", {}), flow=args.get("flow", {}), delay_s=0.05)
+        acoustic, model=model, vocoder=args.get("vocoder", {}), flow=args.get("flow", {}), delay_s=0.05
+    )
     serve.run(app, name=name, route_prefix=None, blocking=False)
     handle = serve.get_app_handle(name)
     try:
@@ -147,9 +159,11 @@ async def test_a_slow_vocoder_parks_the_rows_it_cannot_keep_up_with(app_url, slo
                 beside.append(await _ttfb(client, app_url, POLITE_TEXT))  # through the app's own Vocoder
     after = await acoustic_stats()
     polite = sorted(beside)[len(beside) // 2] if beside else None
-    report("backpressure: slowed Vocoder, rows parked / resumed; polite first audio alone / meanwhile",
-           f"{after['rows_parked'] - before['rows_parked']} / {after['rows_resumed'] - before['rows_resumed']}; "
-           f"{alone * 1000:.0f} / {(polite or 0) * 1000:.0f} ms")
+    report(
+        "backpressure: slowed Vocoder, rows parked / resumed; polite first audio alone / meanwhile",
+        f"{after['rows_parked'] - before['rows_parked']} / {after['rows_resumed'] - before['rows_resumed']}; "
+        f"{alone * 1000:.0f} / {(polite or 0) * 1000:.0f} ms",
+    )
     assert got == expected  # nothing lost
     assert saw_parked >= 1 and after["rows_parked"] > before["rows_parked"]
     assert polite is not None and polite < max(3 * alone, 0.5)

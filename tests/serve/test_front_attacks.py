@@ -14,14 +14,14 @@ import time
 
 import httpx
 import pytest
+from support.configs import chattts_app, load
+from support.report import report
+from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
 from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import FrontGuardSettings
-from support.configs import chattts_app, load
-from support.report import report
-from support.serve_run import ServeRun
 
 pytestmark = pytest.mark.serve
 
@@ -37,9 +37,12 @@ def keyed_run(chattts_cache_dir, tmp_path_factory):
     config = load("cpu")
     config["http_options"].update(host="127.0.0.1", port=free_port())
     chattts_app(config)["args"]["jobs"] = {"path": str(tmp_path_factory.mktemp("attack-jobs"))}
-    env = {HOOK_ENV: IMPORT_PATH, "CHATTTS_API_KEYS": f"{POLITE_KEY},{OTHER_KEY}",
-           "CHATTTS_FRONT_GUARD": GUARD.model_dump_json(),
-           "CHATTTS_EDGE_CACHE": json.dumps({"body_timeout_s": EDGE_BODY_TIMEOUT_S})}
+    env = {
+        HOOK_ENV: IMPORT_PATH,
+        "CHATTTS_API_KEYS": f"{POLITE_KEY},{OTHER_KEY}",
+        "CHATTTS_FRONT_GUARD": GUARD.model_dump_json(),
+        "CHATTTS_EDGE_CACHE": json.dumps({"body_timeout_s": EDGE_BODY_TIMEOUT_S}),
+    }
     run = ServeRun(config, tmp_path_factory.mktemp("serve-run-attacks"), chattts_cache_dir, env).start()
     try:
         yield run.wait_ready()
@@ -56,8 +59,12 @@ class Polite:
 
     def _once(self) -> float:
         t0 = time.perf_counter()
-        r = httpx.post(self.url + "/v1/audio/speech", json={**SPEECH, "seed": 11}, headers={**self.headers, "Cache-Control": "no-store"},
-                       timeout=60)
+        r = httpx.post(
+            self.url + "/v1/audio/speech",
+            json={**SPEECH, "seed": 11},
+            headers={**self.headers, "Cache-Control": "no-store"},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text[:300]
         assert AUTH_HEADER not in r.headers  # the guard takes the Ingress's mark off
         return time.perf_counter() - t0
@@ -71,8 +78,10 @@ class Polite:
 
     def check(self, took: list[float], what: str) -> None:
         assert max(took) < self.bound_s(), f"{what}: polite client took {took}, unloaded {self.unloaded_s:.2f} s"
-        report(f"front attacks: polite client during {what}",
-               f"{max(took):.2f} s worst of {len(took)} (unloaded {self.unloaded_s:.2f} s, bound {self.bound_s():.2f} s)")
+        report(
+            f"front attacks: polite client during {what}",
+            f"{max(took):.2f} s worst of {len(took)} (unloaded {self.unloaded_s:.2f} s, bound {self.bound_s():.2f} s)",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +99,9 @@ def test_made_up_keys_seen_on_a_public_page_still_share_their_address_budget(key
 
     async def attack():
         running = asyncio.Event()
-        async with httpx.AsyncClient(base_url=keyed_run.url, timeout=120, limits=httpx.Limits(max_connections=250)) as client:
+        async with httpx.AsyncClient(
+            base_url=keyed_run.url, timeout=120, limits=httpx.Limits(max_connections=250)
+        ) as client:
             for key in keys:
                 assert (await client.get("/healthz", headers={**address, "Authorization": key})).status_code == 200
 
@@ -100,7 +111,9 @@ def test_made_up_keys_seen_on_a_public_page_still_share_their_address_budget(key
                 return r.status_code, r.json()["error"]["code"]
 
             t0 = time.perf_counter()
-            answers, took = await asyncio.gather(asyncio.gather(*(one(k) for k in keys for _ in range(20))), polite.during(running))
+            answers, took = await asyncio.gather(
+                asyncio.gather(*(one(k) for k in keys for _ in range(20))), polite.during(running)
+            )
             return answers, took, time.perf_counter() - t0
 
     answers, took, elapsed = asyncio.run(attack())
@@ -110,8 +123,10 @@ def test_made_up_keys_seen_on_a_public_page_still_share_their_address_budget(key
     allowance = GUARD.address_refusal_burst + GUARD.address_refusals_per_s * elapsed
     assert reached <= allowance, (reached, allowance)
     polite.check(took, "1000 made-up-key requests")
-    report("front attacks: 50 made-up keys seen on /healthz, 1000 requests",
-           f"{reached} reached the service as 401 (allowance {allowance:.0f} in {elapsed:.1f} s; before: 1000), the rest 429")
+    report(
+        "front attacks: 50 made-up keys seen on /healthz, 1000 requests",
+        f"{reached} reached the service as 401 (allowance {allowance:.0f} in {elapsed:.1f} s; before: 1000), the rest 429",
+    )
 
 
 @pytest.mark.timeout(420)
@@ -124,7 +139,9 @@ def test_a_flood_of_unknown_credentials_never_evicts_a_served_key(keyed_run, pol
 
     async def attack():
         running = asyncio.Event()
-        async with httpx.AsyncClient(base_url=keyed_run.url, timeout=120, limits=httpx.Limits(max_connections=250)) as client:
+        async with httpx.AsyncClient(
+            base_url=keyed_run.url, timeout=120, limits=httpx.Limits(max_connections=250)
+        ) as client:
             assert (await client.get("/v1/models", headers=served)).status_code == 200  # served
 
             async def one(i):
@@ -132,8 +149,9 @@ def test_a_flood_of_unknown_credentials_never_evicts_a_served_key(keyed_run, pol
                 running.set()
                 return r.status_code
 
-            statuses, took = await asyncio.gather(asyncio.gather(*(one(i) for i in range(4 * GUARD.max_clients))),
-                                                  polite.during(running))
+            statuses, took = await asyncio.gather(
+                asyncio.gather(*(one(i) for i in range(4 * GUARD.max_clients))), polite.during(running)
+            )
             after = [(await client.get(path, headers=served)).status_code for path in ("/v1/models", "/v1/voices")]
             return statuses, took, after
 
@@ -141,17 +159,21 @@ def test_a_flood_of_unknown_credentials_never_evicts_a_served_key(keyed_run, pol
     assert set(statuses) <= {401, 429} and statuses.count(401) <= GUARD.address_refusal_burst + 60
     assert after == [200, 200], after
     polite.check(took, f"{len(statuses)} unknown credentials")
-    report("front attacks: a served key after a churn of unknown credentials",
-           f"{len(statuses)} unknown credentials ({statuses.count(401)} 401, {statuses.count(429)} 429) through a table of "
-           f"{GUARD.max_clients}: the served key still 200 on {len(after)} paths (before: 429)")
+    report(
+        "front attacks: a served key after a churn of unknown credentials",
+        f"{len(statuses)} unknown credentials ({statuses.count(401)} 401, {statuses.count(429)} 429) through a table of "
+        f"{GUARD.max_clients}: the served key still 200 on {len(after)} paths (before: 429)",
+    )
 
 
 async def _slow_sender(port: int, authorization: str | None, address: str) -> tuple[float, bytes]:
     """A speech POST that declares 1000 bytes and sends one byte a second: (seconds to the answer,
     the answer), or the time it gave up."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
-            f"X-Forwarded-For: {address}\r\n" + (f"Authorization: {authorization}\r\n" if authorization else "") + "\r\n")
+    head = (
+        f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+        f"X-Forwarded-For: {address}\r\n" + (f"Authorization: {authorization}\r\n" if authorization else "") + "\r\n"
+    )
     t0 = time.perf_counter()
     writer.write(head.encode() + b"{")
     await writer.drain()
@@ -198,8 +220,10 @@ def test_slow_bodies_are_answered_408_within_the_deadline_and_keyless_ones_are_n
 
         async def all_senders():
             running.set()
-            return await asyncio.gather(*(_slow_sender(port, f"Bearer slow-{i}", "198.51.100.3") for i in range(20)),
-                                        *(_slow_sender(port, None, "198.51.100.4") for _ in range(10)))
+            return await asyncio.gather(
+                *(_slow_sender(port, f"Bearer slow-{i}", "198.51.100.3") for i in range(20)),
+                *(_slow_sender(port, None, "198.51.100.4") for _ in range(10)),
+            )
 
         return await asyncio.gather(all_senders(), polite.during(running))
 
@@ -209,12 +233,17 @@ def test_slow_bodies_are_answered_408_within_the_deadline_and_keyless_ones_are_n
         assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer, answer[:300]
         assert EDGE_BODY_TIMEOUT_S - 0.2 <= seconds < EDGE_BODY_TIMEOUT_S + 3, seconds
     for seconds, answer in keyless:
-        assert answer.startswith(b"HTTP/1.1 401") and b"invalid_api_key" in answer and seconds < 3, (seconds, answer[:300])
+        assert answer.startswith(b"HTTP/1.1 401") and b"invalid_api_key" in answer and seconds < 3, (
+            seconds,
+            answer[:300],
+        )
     polite.check(took, "30 slow bodies")
-    report("front attacks: slow bodies",
-           f"20 with made-up keys 408 after {min(s for s, _ in keyed):.1f}-{max(s for s, _ in keyed):.1f} s "
-           f"(deadline {EDGE_BODY_TIMEOUT_S:g} s; before: held while they sent), 10 without a key 401 in "
-           f"{max(s for s, _ in keyless):.2f} s, unread")
+    report(
+        "front attacks: slow bodies",
+        f"20 with made-up keys 408 after {min(s for s, _ in keyed):.1f}-{max(s for s, _ in keyed):.1f} s "
+        f"(deadline {EDGE_BODY_TIMEOUT_S:g} s; before: held while they sent), 10 without a key 401 in "
+        f"{max(s for s, _ in keyless):.2f} s, unread",
+    )
 
 
 def _healthz_s(url: str) -> float:
@@ -250,8 +279,9 @@ def test_the_new_surfaces_answer_their_costliest_inputs_clearly(keyed_run, polit
             date = '<speak><say-as interpret-as="date" format="ymd">' + "9" * 4000 + "-01-01</say-as></speak>"
             got["say-as digits"] = (await asyncio.to_thread(post, "/v1/audio/speech", {"input": date})).json()
             turns = [{"voice": "alloy", "input": "你好。", "instructions": "cheerful " * 100}]  # joined: over 4,096
-            instructed = await asyncio.to_thread(post, "/v1/audio/dialogue", {"turns": turns, "instructions": "slowly " * 585,
-                                                                              "response_format": "pcm"})
+            instructed = await asyncio.to_thread(
+                post, "/v1/audio/dialogue", {"turns": turns, "instructions": "slowly " * 585, "response_format": "pcm"}
+            )
             got["instructions"] = instructed.status_code
 
         async def prompt_health() -> list[float]:
@@ -281,8 +311,15 @@ def test_the_new_surfaces_answer_their_costliest_inputs_clearly(keyed_run, polit
     ssml = "<speak>缓存<break time='300ms'/>隔离</speak>"
     first = post("/v1/audio/speech", {"input": ssml, "input_format": "text", "response_format": "pcm", "seed": 5})
     assert (first.status_code, first.headers["x-cache"]) == (200, "miss")
-    mine = httpx.post(url + "/v1/audio/speech", json={"input": ssml, "response_format": "pcm", "seed": 5},
-                      headers=polite.headers, timeout=120)
+    mine = httpx.post(
+        url + "/v1/audio/speech",
+        json={"input": ssml, "response_format": "pcm", "seed": 5},
+        headers=polite.headers,
+        timeout=120,
+    )
     assert mine.status_code == 200 and mine.headers["x-cache"] == "miss" and mine.content != first.content
-    report("front attacks: new surfaces", f"dot job {status}; silence dialogue 413; say-as digits 400; "
-           f"instructions 200; /healthz worst {max(health) * 1000:.0f} ms over {len(health)} probes")
+    report(
+        "front attacks: new surfaces",
+        f"dot job {status}; silence dialogue 413; say-as digits 400; "
+        f"instructions 200; /healthz worst {max(health) * 1000:.0f} ms over {len(health)} probes",
+    )

@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 import srt
 import webvtt
+from support.app import APP_NAME, acoustic_stats, app_args, replica_actor_name, wait_idle, wait_ready
+from support.engine import expected_samples
+from support.http import assert_openai_error
+from support.report import report
+from support.waiting import wait_until
 
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from serve_app.http.security import key_id
 from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import cut_text, owner_tag
-from support.app import APP_NAME, acoustic_stats, app_args, replica_actor_name, wait_idle, wait_ready
-from support.engine import expected_samples
-from support.http import assert_openai_error
-from support.report import report
-from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,15 +73,34 @@ def _jobs_app(tmp: Path, **changes: Any) -> Any:
 
     from deployments.ingress import Ingress
 
-    security = {"api_keys_env": None, "api_keys_file": str(tmp / "keys"), "max_streams_per_key": 0,
-                "keys": {key_id(KEYS["root"]): {"admin": True}}}
-    jobs = {"path": str(tmp / "store"), "chunk_chars": CHUNK_CHARS, "paragraph_pause_s": PAUSE_S,
-            "max_active_jobs_per_key": 2, "max_bytes_per_key": MAX_BYTES, "max_input_chars": MAX_INPUT,
-            "rescan_s": 1.0, "retry_backoff_s": 0.5, "max_chunk_retries": 20, **changes}
+    security = {
+        "api_keys_env": None,
+        "api_keys_file": str(tmp / "keys"),
+        "max_streams_per_key": 0,
+        "keys": {key_id(KEYS["root"]): {"admin": True}},
+    }
+    jobs = {
+        "path": str(tmp / "store"),
+        "chunk_chars": CHUNK_CHARS,
+        "paragraph_pause_s": PAUSE_S,
+        "max_active_jobs_per_key": 2,
+        "max_bytes_per_key": MAX_BYTES,
+        "max_input_chars": MAX_INPUT,
+        "rescan_s": 1.0,
+        "retry_backoff_s": 0.5,
+        "max_chunk_retries": 20,
+        **changes,
+    }
     stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
     ingress = Ingress.options(num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
-    return ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"),
-                        settings={"warmup": False, "security": security}, voices={"backend": "memory"}, jobs=jobs)
+    return ingress.bind(
+        stage("TextNormalizer"),
+        stage("Vocoder"),
+        stage("Acoustic"),
+        settings={"warmup": False, "security": security},
+        voices={"backend": "memory"},
+        jobs=jobs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +160,13 @@ def wait_done(url: str, job_id: str, timeout_s: float = 120, seen: list | None =
             seen.append(job)
         return job
 
-    job = wait_until(probe, timeout_s, 0.1, until=lambda j: j is not None and j["status"] not in ("queued", "running"),
-                     what=f"job {job_id} finished")
+    job = wait_until(
+        probe,
+        timeout_s,
+        0.1,
+        until=lambda j: j is not None and j["status"] not in ("queued", "running"),
+        what=f"job {job_id} finished",
+    )
     assert job["status"] == "succeeded", job
     return job
 
@@ -159,7 +183,9 @@ def close_to(a: np.ndarray, b: np.ndarray, what: str) -> None:
     """Same length; within 2 LSB (rows decoded beside other rows: module docstring)."""
     assert len(a) == len(b), (what, len(a), len(b))
     diff = np.abs(a - b)
-    report(f"jobs: {what}", f"{int((diff > 0).sum())} of {len(a)} samples differ, at most {int(diff.max(initial=0))} LSB")
+    report(
+        f"jobs: {what}", f"{int((diff > 0).sum())} of {len(a)} samples differ, at most {int(diff.max(initial=0))} LSB"
+    )
     assert diff.max(initial=0) <= 2, (what, int(diff.max()))
 
 
@@ -197,10 +223,17 @@ def test_a_job_succeeds_with_the_right_length_and_every_chunk_as_a_request_speak
     whole = pcm(book_job["audio"])
     assert len(whole) == sum(lengths) + 2 * pause  # random weights: exact to the sample
     done = book_job["job"]
-    assert done["progress"] == {"chunks_done": 4, "chunks_total": 4, "characters_done": sum(len(c.text) for c in parts),
-                                "characters_total": sum(len(c.text) for c in parts),
-                                "audio_seconds": round(sum(lengths) / 24000, 3), "eta_seconds": 0.0}
-    assert done["audio_url"].endswith(f"/{JOBS_APP}{JOBS}/{done['id']}/audio") and done["expires_at"] > done["finished_at"]
+    assert done["progress"] == {
+        "chunks_done": 4,
+        "chunks_total": 4,
+        "characters_done": sum(len(c.text) for c in parts),
+        "characters_total": sum(len(c.text) for c in parts),
+        "audio_seconds": round(sum(lengths) / 24000, 3),
+        "eta_seconds": 0.0,
+    }
+    assert (
+        done["audio_url"].endswith(f"/{JOBS_APP}{JOBS}/{done['id']}/audio") and done["expires_at"] > done["finished_at"]
+    )
     assert done["bytes"] >= len(book_job["audio"]) and done["voice"] == "nova" and done["error"] is None
     info = runner_info()  # the runner counted the app's one Acoustic replica: two chunks at once
     assert info["acoustic_replicas"] == 1 and info["parallel_chunks"] == 2, info
@@ -208,12 +241,14 @@ def test_a_job_succeeds_with_the_right_length_and_every_chunk_as_a_request_speak
     at = 0
     with httpx.Client(base_url=jobs_url, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=120) as http:
         for k, (c, n) in enumerate(zip(parts, lengths)):
-            r = http.post("/v1/audio/speech", json={"input": c.text, "voice": "nova", "seed": c.seed, "response_format": "pcm"})
+            r = http.post(
+                "/v1/audio/speech", json={"input": c.text, "voice": "nova", "seed": c.seed, "response_format": "pcm"}
+            )
             assert r.status_code == 200, r.text[:200]
-            close_to(whole[at:at + n], pcm(r.content), f"chunk {k} of the job against its own request")
+            close_to(whole[at : at + n], pcm(r.content), f"chunk {k} of the job against its own request")
             at += n
             if c.pause_after:
-                assert not whole[at:at + pause].any()  # the paragraph's silence
+                assert not whole[at : at + pause].any()  # the paragraph's silence
                 at += pause
 
 
@@ -224,8 +259,11 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
     """``chapters``: the chapter list (titles, then where each starts and lasts) and each
     chapter's own file, which is the whole file's span for it; a chapter that is not there is 404."""
     job = submit(jobs_url, text=CHAPTERED, chapters=True, seed=11, captions="srt")
-    assert [(c["index"], c["title"], c["chunks_done"], c["audio_url"]) for c in job["chapters"]] == \
-        [(0, "第一章 山", 0, None), (1, "第二章 庙", 0, None), (2, None, 0, None)]
+    assert [(c["index"], c["title"], c["chunks_done"], c["audio_url"]) for c in job["chapters"]] == [
+        (0, "第一章 山", 0, None),
+        (1, "第二章 庙", 0, None),
+        (2, None, 0, None),
+    ]
     done = wait_done(jobs_url, job["id"])
     whole_cues = captions(jobs_url, done["captions_url"])
     assert len(whole_cues) >= done["progress"]["chunks_total"]  # a chunk has a segment or more
@@ -233,26 +271,40 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
     pause = round(JobsSettings().chapter_pause_s * 24000)  # the jobs app leaves it at its default
     at = 0
     for c in done["chapters"]:
-        assert c["chunks_done"] == c["chunks_total"] and c["audio_url"].endswith(f"/{job['id']}/chapters/{c['index']}/audio")
+        assert c["chunks_done"] == c["chunks_total"] and c["audio_url"].endswith(
+            f"/{job['id']}/chapters/{c['index']}/audio"
+        )
         r = httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/{c['index']}/audio", headers=auth("alice"), timeout=30)
         assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
         own = pcm(r.content)
         assert round(c["start_seconds"] * 24000) == at and round(c["duration_seconds"] * 24000) == len(own)
-        assert np.array_equal(whole[at:at + len(own)], own)
+        assert np.array_equal(whole[at : at + len(own)], own)
         # Its captions are the whole file's for its span, timed on its own file.
         own_cues = captions(jobs_url, c["captions_url"])
         moved = [(start + at / 24000, end + at / 24000, text) for start, end, text in own_cues]
         span = [cue for cue in whole_cues if at / 24000 - 0.001 <= cue[0] < (at + len(own)) / 24000 - 0.001]
-        assert [t for *_, t in moved] == [t for *_, t in span] and own_cues and own_cues[-1][1] <= len(own) / 24000 + 0.0005
+        assert (
+            [t for *_, t in moved] == [t for *_, t in span]
+            and own_cues
+            and own_cues[-1][1] <= len(own) / 24000 + 0.0005
+        )
         assert all(abs(a[0] - b[0]) <= 0.002 and abs(a[1] - b[1]) <= 0.002 for a, b in zip(moved, span))
         at += len(own) + pause
-        assert not whole[at - pause:at].any()
+        assert not whole[at - pause : at].any()
     assert at - pause == len(whole)
-    assert whole_cues[-1][1] <= len(whole) / 24000 + 0.0005 and all(a[1] <= b[0] for a, b in zip(whole_cues, whole_cues[1:]))
-    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/3/audio", headers=auth("alice"), timeout=30),
-                        404, "job_not_found")
-    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/0/audio", headers=auth("bob"), timeout=30),
-                        404, "job_not_found")  # another key's job reads as a missing one
+    assert whole_cues[-1][1] <= len(whole) / 24000 + 0.0005 and all(
+        a[1] <= b[0] for a, b in zip(whole_cues, whole_cues[1:])
+    )
+    assert_openai_error(
+        httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/3/audio", headers=auth("alice"), timeout=30),
+        404,
+        "job_not_found",
+    )
+    assert_openai_error(
+        httpx.get(f"{jobs_url}{JOBS}/{job['id']}/chapters/0/audio", headers=auth("bob"), timeout=30),
+        404,
+        "job_not_found",
+    )  # another key's job reads as a missing one
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
 
@@ -262,15 +314,22 @@ def test_ssml_and_dialogue_jobs_speak_their_scripts_as_the_speech_api_does(jobs_
     length is its text's), with the SSML break's silence in it, and the dialogue's captions name
     each turn's speaker where its turn lies (its last turn in a chunk of its own, after the pause)."""
     ssml = '<speak>你好，<break time="700ms"/>欢迎。<voice name="echo">换个声音。</voice></speak>'
-    turns = [{"voice": "alloy", "input": "Welcome."}, {"voice": "echo", "input": "谢谢你。"},
-             {"voice": "alloy", "input": "Let's go."}]  # chunks of at most CHUNK_CHARS: the first two turns, then the last
+    turns = [
+        {"voice": "alloy", "input": "Welcome."},
+        {"voice": "echo", "input": "谢谢你。"},
+        {"voice": "alloy", "input": "Let's go."},
+    ]  # chunks of at most CHUNK_CHARS: the first two turns, then the last
     a = submit(jobs_url, text=ssml, seed=5)
     b = submit(jobs_url, text="", turns=turns, pause_s=0.5, seed=5, captions="vtt")
     assert (a["voice"], b["voice"], b["progress"]["chunks_total"]) == ("nova", "alloy+echo", 2)
     options = {"voice": "nova", "seed": 5, "response_format": "pcm"}
-    direct = [httpx.post(url, json=body, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=60)
-              for url, body in [(jobs_url + "/v1/audio/speech", {"input": ssml, **options}),
-                                (jobs_url + "/v1/audio/dialogue", {"turns": turns, "pause_s": 0.5, **options})]]
+    direct = [
+        httpx.post(url, json=body, headers={**auth("alice"), "Cache-Control": "no-store"}, timeout=60)
+        for url, body in [
+            (jobs_url + "/v1/audio/speech", {"input": ssml, **options}),
+            (jobs_url + "/v1/audio/dialogue", {"turns": turns, "pause_s": 0.5, **options}),
+        ]
+    ]
     assert [r.status_code for r in direct] == [200, 200], [r.text[:200] for r in direct]
     ssml_job, dialogue_job = (wait_done(jobs_url, j["id"]) for j in (a, b))
     ssml_pcm, dialogue_pcm = (pcm(audio(jobs_url, j["id"]).content) for j in (a, b))
@@ -280,7 +339,9 @@ def test_ssml_and_dialogue_jobs_speak_their_scripts_as_the_speech_api_does(jobs_
     r = httpx.get(httpx.URL(jobs_url).join(dialogue_job["captions_url"]), headers=auth("alice"), timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/vtt")
     cues = webvtt.from_buffer(io.StringIO(r.text))
-    assert [c.voice for c in cues] == ["alloy", "echo", "alloy"] and [c.text for c in cues] == [t["input"] for t in turns]
+    assert [c.voice for c in cues] == ["alloy", "echo", "alloy"] and [c.text for c in cues] == [
+        t["input"] for t in turns
+    ]
     seconds = lambda t: sum(float(x) * f for x, f in zip(t.split(":"), (3600, 60, 1)))  # noqa: E731
     assert seconds(cues[2].start) >= seconds(cues[1].end) + 0.5 - 0.002
     for job in (a, b):
@@ -328,8 +389,9 @@ def test_the_audio_answers_range_requests(jobs_url, book_job):
     head = httpx.head(f"{jobs_url}{JOBS}/{job_id}/audio", headers=auth("alice"), timeout=30)
     assert head.status_code == 200 and head.headers["content-length"] == str(size) and not head.content
     assert book_job["job"]["captions_url"] is None  # made without captions: there are none
-    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job_id}/captions", headers=auth("alice"), timeout=30),
-                        404, "job_not_found")
+    assert_openai_error(
+        httpx.get(f"{jobs_url}{JOBS}/{job_id}/captions", headers=auth("alice"), timeout=30), 404, "job_not_found"
+    )
 
 
 # ------------------------------------------------------------------ owners and quotas
@@ -366,17 +428,20 @@ def test_quotas_and_checks_come_before_anything_is_queued(jobs_url):
         assert r.headers["retry-after"]
         made.append(("bob", submit(jobs_url, "bob", text="鲍勃的工作。")["id"]))  # bob's own quota
         big = "很" * 2000  # ~30 MB reserved by its plan: past bob's 8 MiB
-        assert_openai_error(httpx.post(jobs_url + JOBS, json={"input": big}, headers=auth("bob"), timeout=30), 409,
-                            "job_quota_exceeded")
-        cases = [({"input": "x" * (MAX_INPUT + 1)}, 413, "input_too_long"),
-                 ({"input": "<speak>你好</spek>"}, 400, "invalid_ssml"),
-                 ({"input": "<speak>你好</speak>", "chapters": True}, 400, "invalid_value"),
-                 ({"turns": [{"voice": "no-such-voice", "input": "你好"}]}, 404, "voice_not_found"),
-                 ({"input": "你好", "turns": [{"input": "你好"}]}, 400, "invalid_value"),
-                 ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
-                 ({"input": "你好", "stream_format": "sse"}, 400, "invalid_value"),
-                 ({"input": "。。。！！"}, 400, "empty_input"),
-                 ({"input": "你好", "model": "tts-9"}, 404, "model_not_found")]
+        assert_openai_error(
+            httpx.post(jobs_url + JOBS, json={"input": big}, headers=auth("bob"), timeout=30), 409, "job_quota_exceeded"
+        )
+        cases = [
+            ({"input": "x" * (MAX_INPUT + 1)}, 413, "input_too_long"),
+            ({"input": "<speak>你好</spek>"}, 400, "invalid_ssml"),
+            ({"input": "<speak>你好</speak>", "chapters": True}, 400, "invalid_value"),
+            ({"turns": [{"voice": "no-such-voice", "input": "你好"}]}, 404, "voice_not_found"),
+            ({"input": "你好", "turns": [{"input": "你好"}]}, 400, "invalid_value"),
+            ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
+            ({"input": "你好", "stream_format": "sse"}, 400, "invalid_value"),
+            ({"input": "。。。！！"}, 400, "empty_input"),
+            ({"input": "你好", "model": "tts-9"}, 404, "model_not_found"),
+        ]
         for body, code, name in cases:
             assert_openai_error(httpx.post(jobs_url + JOBS, json=body, headers=auth("bob"), timeout=30), code, name)
         after = {j["id"] for j in httpx.get(jobs_url + JOBS, headers=auth("bob"), timeout=30).json()["data"]}
@@ -395,24 +460,41 @@ def test_a_text_file_or_a_plain_body_makes_a_job_with_its_options(jobs_url):
     text = "第一段。\n\n第二段。"
     made = []
     # Malformed bodies first: with its active jobs at the limit a key gets the 429 before its body is read.
-    bad = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
-                     timeout=30)
+    bad = httpx.post(
+        jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"}, timeout=30
+    )
     assert_openai_error(bad, 400, "invalid_text")
-    assert_openai_error(httpx.post(jobs_url + JOBS, files={"file": ("a.txt", b"x")}, data={"loudness": "-16"},
-                                   headers=auth("bob"), timeout=30), 400)
+    assert_openai_error(
+        httpx.post(
+            jobs_url + JOBS, files={"file": ("a.txt", b"x")}, data={"loudness": "-16"}, headers=auth("bob"), timeout=30
+        ),
+        400,
+    )
     try:
-        r = httpx.post(jobs_url + JOBS, files={"file": ("book.txt", text.encode(), "text/plain")},
-                       data={"voice": "echo", "response_format": "wav", "speed": "1.5"}, headers=auth("bob"), timeout=30)
+        r = httpx.post(
+            jobs_url + JOBS,
+            files={"file": ("book.txt", text.encode(), "text/plain")},
+            data={"voice": "echo", "response_format": "wav", "speed": "1.5"},
+            headers=auth("bob"),
+            timeout=30,
+        )
         assert r.status_code == 202, r.text[:300]
         made.append(r.json())
-        r = httpx.post(jobs_url + JOBS + "?voice=onyx&response_format=mp3", content=text.encode(),
-                       headers={**auth("bob"), "Content-Type": "text/plain; charset=utf-8"}, timeout=30)
+        r = httpx.post(
+            jobs_url + JOBS + "?voice=onyx&response_format=mp3",
+            content=text.encode(),
+            headers={**auth("bob"), "Content-Type": "text/plain; charset=utf-8"},
+            timeout=30,
+        )
         assert r.status_code == 202, r.text[:300]
         made.append(r.json())
-        assert [(j["voice"], j["response_format"], j["progress"]["chunks_total"]) for j in made] == \
-            [("echo", "wav", 2), ("onyx", "mp3", 2)]
-        r = httpx.post(jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"},
-                       timeout=30)
+        assert [(j["voice"], j["response_format"], j["progress"]["chunks_total"]) for j in made] == [
+            ("echo", "wav", 2),
+            ("onyx", "mp3", 2),
+        ]
+        r = httpx.post(
+            jobs_url + JOBS, content=b"\xff\xfe\x00", headers={**auth("bob"), "Content-Type": "text/plain"}, timeout=30
+        )
         assert_openai_error(r, 429, "too_many_jobs")  # now: refused before the body is read
     finally:
         for job in made:
@@ -438,7 +520,9 @@ def test_cancel_frees_its_rows_at_once_and_deletes_its_files(jobs_url):
     report("jobs: DELETE answered / no rows left", f"{answered * 1000:.0f} ms / {freed * 1000:.0f} ms")
     assert freed < 3.0
     assert not folder.exists()
-    assert_openai_error(httpx.get(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30), 404, "job_not_found")
+    assert_openai_error(
+        httpx.get(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30), 404, "job_not_found"
+    )
     assert job["id"] not in runner_info()["jobs"]
 
 
@@ -459,8 +543,9 @@ def test_a_cancelled_job_stops_at_once_and_stays_cancelled(jobs_url):
     assert job["id"] not in runner_info()["jobs"]
     again = httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("alice"), timeout=30)
     assert again.status_code == 200 and again.json()["status"] == "cancelled"  # as it is
-    assert_openai_error(httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("bob"), timeout=30),
-                        404, "job_not_found")
+    assert_openai_error(
+        httpx.post(f"{jobs_url}{JOBS}/{job['id']}/cancel", headers=auth("bob"), timeout=30), 404, "job_not_found"
+    )
     assert httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30).status_code == 200
 
 
@@ -470,10 +555,15 @@ def test_a_cancelled_job_stops_at_once_and_stays_cancelled(jobs_url):
 def _mid_job(url: str, job_id: str) -> dict:
     """Wait until at least one chunk is stored and another one is decoding (its rows in the
     engine: a chunk task also plans, vocodes and stores, when no Acoustic stream is open)."""
+
     def probe():
         info = runner_info()["jobs"].get(job_id)
-        return (info is not None and bool(info["running"]) and status(url, job_id)["progress"]["chunks_done"] >= 1
-                and acoustic_stats()["running_rows"] > 0)
+        return (
+            info is not None
+            and bool(info["running"])
+            and status(url, job_id)["progress"]["chunks_done"] >= 1
+            and acoustic_stats()["running_rows"] > 0
+        )
 
     wait_until(probe, 120, 0.05, what="the job part way, a chunk running")
     return status(url, job_id)
@@ -510,22 +600,33 @@ def test_a_job_finishes_after_its_acoustic_replica_runner_and_ingress_are_killed
     # killed. Tiny weights decode a chunk in about a second: its rows may have ended in the
     # moment between the probe and the kill, and then no chunk was cut (reported).
     try:
-        retried = wait_until(lambda: runner_info()["chunks_retried"] - first["chunks_retried"], 10, 0.05,
-                             until=lambda n: n > 0, what="the runner trying a cut chunk again")
+        retried = wait_until(
+            lambda: runner_info()["chunks_retried"] - first["chunks_retried"],
+            10,
+            0.05,
+            until=lambda n: n > 0,
+            what="the runner trying a cut chunk again",
+        )
     except AssertionError:
         retried = 0
     ingress = _replica(JOBS_APP, "Ingress")
     ray.kill(_runner(), no_restart=False)  # as if its process died: Ray restarts it
     ray.kill(ray.get_actor(ingress, namespace="serve"), no_restart=True)
     done = wait_done(jobs_url, job["id"], timeout_s=240)
-    report(f"jobs: Acoustic, runner and Ingress killed at chunk {at['progress']['chunks_done']} of 4 -> succeeded",
-           f"{time.monotonic() - t_kill:.1f} s; chunks cut by the Acoustic kill and tried again: {retried}")
+    report(
+        f"jobs: Acoustic, runner and Ingress killed at chunk {at['progress']['chunks_done']} of 4 -> succeeded",
+        f"{time.monotonic() - t_kill:.1f} s; chunks cut by the Acoustic kill and tried again: {retried}",
+    )
     info = runner_info()
     assert info["started_at"] > first["started_at"]  # a new runner process took the job up
     resumed = info["resumed"][job["id"]]
     assert 1 <= resumed < 4 and info["chunks_done"] == 4 - resumed, (resumed, info["chunks_done"])  # none twice
     assert _replica(JOBS_APP, "Ingress") != ingress
-    close_to(pcm(audio(jobs_url, job["id"]).content), pcm(book_job["audio"]), "after the kills, against the uninterrupted run")
+    close_to(
+        pcm(audio(jobs_url, job["id"]).content),
+        pcm(book_job["audio"]),
+        "after the kills, against the uninterrupted run",
+    )
     assert done["progress"] == book_job["job"]["progress"]
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
@@ -544,11 +645,20 @@ def test_a_job_finishes_across_a_serve_deploy_of_a_new_version(jobs_url, jobs_tm
     serve.run(_jobs_app(jobs_tmp, retry_backoff_s=0.6), name=JOBS_APP, route_prefix=f"/{JOBS_APP}", blocking=False)
     done = wait_done(jobs_url, job["id"], timeout_s=120)
     report("jobs: serve deploy of a new version mid-job -> succeeded", f"{time.monotonic() - t0:.1f} s")
-    wait_until(lambda: _replicas(JOBS_APP, "Ingress"), 60, 0.2, until=lambda names: len(names) == 1 and ingress not in names,
-               what="the new version's Ingress replica alone")
+    wait_until(
+        lambda: _replicas(JOBS_APP, "Ingress"),
+        60,
+        0.2,
+        until=lambda names: len(names) == 1 and ingress not in names,
+        what="the new version's Ingress replica alone",
+    )
     info = runner_info()
     assert info["started_at"] == first["started_at"] and info["chunks_done"] - first["chunks_done"] == 4  # none twice
-    close_to(pcm(audio(jobs_url, job["id"]).content), pcm(book_job["audio"]), "across a deploy, against the uninterrupted run")
+    close_to(
+        pcm(audio(jobs_url, job["id"]).content),
+        pcm(book_job["audio"]),
+        "across a deploy, against the uninterrupted run",
+    )
     assert done["progress"] == book_job["job"]["progress"]
     httpx.delete(f"{jobs_url}{JOBS}/{job['id']}", headers=auth("alice"), timeout=30)
 
@@ -557,6 +667,10 @@ def test_the_session_app_without_keys_refuses_jobs(app_url):
     # No keys and auth optional: every caller would be the one owner "anonymous" and see, fetch and
     # delete the others' jobs (before: 200 and the list). Refused unless jobs.allow_anonymous.
     missing = f"{app_url}{JOBS}/job_{uuid.uuid4().hex[:24]}"
-    for r in (httpx.get(app_url + JOBS, timeout=30), httpx.get(missing, timeout=30), httpx.delete(missing, timeout=30),
-              httpx.post(app_url + JOBS, json={"input": "你好。"}, timeout=30)):
+    for r in (
+        httpx.get(app_url + JOBS, timeout=30),
+        httpx.get(missing, timeout=30),
+        httpx.delete(missing, timeout=30),
+        httpx.post(app_url + JOBS, json={"input": "你好。"}, timeout=30),
+    ):
         assert_openai_error(r, 403, "jobs_need_api_key")

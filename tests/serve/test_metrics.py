@@ -69,22 +69,35 @@ def scraped(app_url, ray_session):
         assert c.post("/v1/audio/speech", json=body).headers["x-cache"] == "hit"
         assert c.post("/v1/audio/speech", json={"input": "hi", "voice": "nope"}).status_code == 404
         for i in range(3):
-            assert c.post("/v1/audio/speech", json={"input": f"第{i}句。{text}", "response_format": "mp3"}).status_code == 200
+            assert (
+                c.post("/v1/audio/speech", json={"input": f"第{i}句。{text}", "response_format": "mp3"}).status_code
+                == 200
+            )
     deadline = time.monotonic() + 60
     samples: dict = {}
-    needed = ["ray_tts_requests_total", "ray_tts_cache_total", "ray_tts_batch_rows_bucket", "ray_tts_rtf_bucket",
-              "ray_tts_stage_seconds_bucket", "ray_tts_queue_rows", "ray_tts_audio_seconds_total"]
+    needed = [
+        "ray_tts_requests_total",
+        "ray_tts_cache_total",
+        "ray_tts_batch_rows_bucket",
+        "ray_tts_rtf_bucket",
+        "ray_tts_stage_seconds_bucket",
+        "ray_tts_queue_rows",
+        "ray_tts_audio_seconds_total",
+    ]
     while time.monotonic() < deadline:
         samples = _scrape(ray_session["metrics_url"])
         # Each replica exports on its own timer, and Serve's replica gauges come with its first
         # health checks: wait for every sample the tests below count on.
-        if (all(n in samples for n in needed)
-                and _defined_names() <= _base_names(samples) and _dashboard_names() <= set(samples)
-                and _total(samples, "ray_tts_cache_total", result="hit") >= 1
-                and _total(samples, "ray_tts_requests_total", status="404") >= 1
-                and _total(samples, "ray_tts_requests_total", status="200", format="mp3") >= 3
-                and _total(samples, "ray_tts_ttfb_seconds_count") >= 2
-                and _total(samples, "ray_tts_rtf_count") >= 1):
+        if (
+            all(n in samples for n in needed)
+            and _defined_names() <= _base_names(samples)
+            and _dashboard_names() <= set(samples)
+            and _total(samples, "ray_tts_cache_total", result="hit") >= 1
+            and _total(samples, "ray_tts_requests_total", status="404") >= 1
+            and _total(samples, "ray_tts_requests_total", status="200", format="mp3") >= 3
+            and _total(samples, "ray_tts_ttfb_seconds_count") >= 2
+            and _total(samples, "ray_tts_rtf_count") >= 1
+        ):
             break
         time.sleep(0.5)
     return samples

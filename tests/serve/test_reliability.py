@@ -15,17 +15,27 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
-from serve_app.engine.planner import Planner
-from serve_app.engine.types import SynthesisOptions
-from support.app import (acoustic_config, acoustic_stats, app_args, ingress_log_lines, ingress_settings, replica_actor_name,
-                         replica_pids, rss_mb, session_logs, wait_idle)
+from support.app import (
+    acoustic_config,
+    acoustic_stats,
+    app_args,
+    ingress_log_lines,
+    ingress_settings,
+    replica_actor_name,
+    replica_pids,
+    rss_mb,
+    session_logs,
+    wait_idle,
+)
 from support.engine import expected_samples
 from support.http import is_error_body as _is_error_body
 from support.http import is_error_head as _is_error_head
 from support.http import speech_body as _speech
 from support.report import report
 from support.waiting import wait_until, wait_until_async
+
+from serve_app.engine.planner import Planner
+from serve_app.engine.types import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -74,7 +84,9 @@ async def test_busy_switch_answers_429(app_url):
                 assert r.status_code in (400, 429), r.text
                 return r.status_code == 429
 
-            await wait_until_async(refused_as_busy, 30, until=lambda busy: not busy, what="the ingress seeing an idle queue")
+            await wait_until_async(
+                refused_as_busy, 30, until=lambda busy: not busy, what="the ingress seeing an idle queue"
+            )
             first = [asyncio.create_task(client.post("/v1/audio/speech", json=_speech(BUSY_TEXT))) for _ in range(3)]
             await wait_until_async(refused_as_busy, 60, what="the ingress seeing the queue fill")
             probe = await client.post("/v1/audio/speech", json=_speech("忙吗？"))
@@ -92,7 +104,9 @@ def test_request_timeout_ends_a_request(app_url):
         assert _is_error_body(r) and r.json()["error"]["code"] == "timeout"
     else:  # shorter than the whole answer (random weights: its length is known, see support.engine)
         assert r.status_code == 200
-        assert len(r.content) < 44 + 2 * expected_samples(Planner(app_args().segments).plan(LONG_TEXT, SynthesisOptions()))
+        assert len(r.content) < 44 + 2 * expected_samples(
+            Planner(app_args().segments).plan(LONG_TEXT, SynthesisOptions())
+        )
 
 
 # --------------------------------------------------------------------------- cancellation
@@ -183,7 +197,7 @@ def test_huge_declared_body_is_refused_without_reading_it(app_url):
     with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
         sock.sendall(
             b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100000000\r\n\r\n{\"input\": \""
+            b'Content-Length: 100000000\r\n\r\n{"input": "'
         )
         data = b""
         while b'"error"' not in data:  # headers and body may come in separate packets
@@ -198,7 +212,9 @@ def test_huge_declared_body_is_refused_without_reading_it(app_url):
 def test_prompt_only_accepts_control_tags(app_url):
     r = httpx.post(app_url + "/v1/audio/speech", json=_speech("你好", prompt="[spk_emb]"), timeout=30)
     assert r.status_code == 400 and _is_error_body(r)
-    ok = httpx.post(app_url + "/v1/audio/speech", json=_speech("你好", prompt="[oral_2][laugh_0][break_6]"), timeout=120)
+    ok = httpx.post(
+        app_url + "/v1/audio/speech", json=_speech("你好", prompt="[oral_2][laugh_0][break_6]"), timeout=120
+    )
     assert ok.status_code == 200
 
 
@@ -219,8 +235,7 @@ def test_fuzz_openapi_schema(app_url):
     per_operation: dict[str, int] = {}
     failures: list[str] = []
 
-    @settings(max_examples=FUZZ_CASES, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=FUZZ_CASES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     def check(case):
         seen["cases"] += 1
         name = f"{case.method} {case.operation.path}"
@@ -243,11 +258,18 @@ def test_fuzz_openapi_schema(app_url):
     # Jobs the fuzzer made would go on speaking beside the later tests: cancel them all.
     for job in httpx.get(app_url + "/v1/audio/jobs", timeout=30).json().get("data", []):
         httpx.delete(app_url + f"/v1/audio/jobs/{job['id']}", timeout=30)
-    report("fuzz: schemathesis cases", f"{seen['cases']} ({', '.join(f'{k}: {v}' for k, v in sorted(per_operation.items()))})")
+    report(
+        "fuzz: schemathesis cases",
+        f"{seen['cases']} ({', '.join(f'{k}: {v}' for k, v in sorted(per_operation.items()))})",
+    )
     assert not failures, failures[:10]
     voices = [op for op in per_operation if "/v1/audio/voices" in op]
-    assert {"POST /v1/audio/voices", "GET /v1/audio/voices", "GET /v1/audio/voices/{voice_id}",
-            "DELETE /v1/audio/voices/{voice_id}"} <= set(voices), per_operation
+    assert {
+        "POST /v1/audio/voices",
+        "GET /v1/audio/voices",
+        "GET /v1/audio/voices/{voice_id}",
+        "DELETE /v1/audio/voices/{voice_id}",
+    } <= set(voices), per_operation
 
 
 # --------------------------------------------------------------------------- security and logs
@@ -287,7 +309,12 @@ def test_cors_off_by_default_and_configurable(app_url):
     pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
     off = httpx.options(app_url + "/v1/audio/speech", headers=pre, timeout=30)
     assert "access-control-allow-origin" not in off.headers
-    security = {"api_keys_env": None, "api_keys_file": None, "max_streams_per_key": 0, "cors_origins": ["https://app.example"]}
+    security = {
+        "api_keys_env": None,
+        "api_keys_file": None,
+        "max_streams_per_key": 0,
+        "cors_origins": ["https://app.example"],
+    }
     with ingress_settings(security=security):
         on = httpx.options(app_url + "/v1/audio/speech", headers=pre, timeout=30)
     assert on.headers.get("access-control-allow-origin") == "https://app.example"
@@ -295,12 +322,17 @@ def test_cors_off_by_default_and_configurable(app_url):
 
 def test_one_json_log_line_per_request_without_text(app_url, ray_session):
     secret = f"私密文本{uuid.uuid4().hex[:6]}"
-    r = httpx.post(app_url + "/v1/audio/speech", json=_speech(secret), headers={"X-Request-Id": "log-test-" + uuid.uuid4().hex[:8]}, timeout=120)
+    r = httpx.post(
+        app_url + "/v1/audio/speech",
+        json=_speech(secret),
+        headers={"X-Request-Id": "log-test-" + uuid.uuid4().hex[:8]},
+        timeout=120,
+    )
     assert r.status_code == 200
     rid = r.headers["x-request-id"]
 
     def speech_lines() -> list[dict]:
-        return [json.loads(line[line.index("{"):]) for line in ingress_log_lines(rid) if '"event": "speech"' in line]
+        return [json.loads(line[line.index("{") :]) for line in ingress_log_lines(rid) if '"event": "speech"' in line]
 
     lines = wait_until(speech_lines, 20, 0.5, what=f"the speech log line of {rid}")
     assert len(lines) == 1, lines
@@ -341,7 +373,7 @@ async def test_killed_replica_fails_only_its_requests_and_is_replaced(app_url, s
         ray.kill(actor, no_restart=True)
         results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)  # none may hang
     # In-flight requests on the killed replica fail cleanly (5xx body or a cut stream).
-    for status, n, err in results:
+    for status, _n, err in results:
         assert err is not None or status is not None
 
     def answers_with_audio() -> bool:

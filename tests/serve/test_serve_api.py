@@ -19,13 +19,6 @@ import time
 import httpx
 import openai
 import pytest
-
-# The format -> content-type contract itself is asserted in test_audio.
-from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
-from serve_app.engine.audio import CONTENT_TYPES
-from serve_app.engine.pacing import SAMPLES_PER_TOKEN
-from serve_app.engine.pipeline import SynthesisOptions
-from serve_app.engine.wav import with_true_length
 from support.app import APP_NAME, acoustic_stats, app_args, wait_idle
 from support.audio import SR, assert_duration, read_wav
 from support.cli import cli_command
@@ -34,18 +27,40 @@ from support.http import assert_openai_error, speech
 from support.report import report
 from support.waiting import wait_until
 
+# The format -> content-type contract itself is asserted in test_audio.
+from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
+from serve_app.engine.audio import CONTENT_TYPES
+from serve_app.engine.pacing import SAMPLES_PER_TOKEN
+from serve_app.engine.pipeline import SynthesisOptions
+from serve_app.engine.wav import with_true_length
+
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
 
 SHORT_TEXT = "你好，世界。今天天气不错。"
 # ~11 s of audio in one request (three sentences).
-LONG_TEXT = "今天天气很好，我们一起去公园散步吧。" "公园里有很多花，红的黄的都很漂亮。" "走累了我们就坐在湖边休息一会儿。"
+LONG_TEXT = "今天天气很好，我们一起去公园散步吧。公园里有很多花，红的黄的都很漂亮。走累了我们就坐在湖边休息一会儿。"
 # Twenty sentences: several segments of ~25 s each, far longer than the disconnect test waits.
 _SENTENCES = [
-    "春天来了，山上的花都开了。", "小河里的水哗哗地流着。", "孩子们在田野里放风筝。", "老人坐在门口晒太阳。",
-    "远处传来悠扬的笛声。", "燕子从南方飞回来了。", "农民伯伯开始播种了。", "柳树发出了嫩绿的新芽。",
-    "蜜蜂在花丛中忙着采蜜。", "天空中飘着几朵白云。", "小狗在院子里追着蝴蝶。", "妈妈在厨房里做着午饭。",
-    "爷爷在书房里写着毛笔字。", "奶奶在阳台上浇花。", "哥哥在操场上踢足球。", "姐姐在房间里弹钢琴。",
-    "弟弟在客厅里搭积木。", "妹妹在门口跳绳。", "爸爸在车库里修自行车。", "一家人过着幸福的生活。",
+    "春天来了，山上的花都开了。",
+    "小河里的水哗哗地流着。",
+    "孩子们在田野里放风筝。",
+    "老人坐在门口晒太阳。",
+    "远处传来悠扬的笛声。",
+    "燕子从南方飞回来了。",
+    "农民伯伯开始播种了。",
+    "柳树发出了嫩绿的新芽。",
+    "蜜蜂在花丛中忙着采蜜。",
+    "天空中飘着几朵白云。",
+    "小狗在院子里追着蝴蝶。",
+    "妈妈在厨房里做着午饭。",
+    "爷爷在书房里写着毛笔字。",
+    "奶奶在阳台上浇花。",
+    "哥哥在操场上踢足球。",
+    "姐姐在房间里弹钢琴。",
+    "弟弟在客厅里搭积木。",
+    "妹妹在门口跳绳。",
+    "爸爸在车库里修自行车。",
+    "一家人过着幸福的生活。",
 ]
 DISCONNECT_TEXT = "".join(_SENTENCES)
 
@@ -169,7 +184,7 @@ def _parse_sse(raw: bytes) -> list[dict]:
             continue
         lines = block.split("\n")
         assert all(line.startswith("data: ") for line in lines), block[:200]
-        events.append(json.loads("".join(line[len("data: "):] for line in lines)))
+        events.append(json.loads("".join(line[len("data: ") :] for line in lines)))
     return events
 
 
@@ -223,9 +238,14 @@ def test_same_seed_same_bytes_other_seed_differs(app_url):
     again = speech(app_url, **body)
     assert again.headers.get("x-cache") == "hit"
     assert again.content == with_true_length(a.content)
+
     # Cache-Control from the client: no-cache synthesises afresh (same bytes: deterministic) and
     # stores; no-store neither looks up nor stores.
-    post = lambda b, cc: httpx.post(app_url + "/v1/audio/speech", json={"model": "chattts", **b}, headers={"Cache-Control": cc}, timeout=120)  # noqa: E731
+    def post(b: dict, cc: str) -> httpx.Response:
+        return httpx.post(
+            app_url + "/v1/audio/speech", json={"model": "chattts", **b}, headers={"Cache-Control": cc}, timeout=120
+        )
+
     fresh = post(body, "no-cache")
     assert fresh.headers.get("x-cache") == "miss" and fresh.content == a.content
     other = {**body, "seed": 44}
@@ -313,7 +333,9 @@ def test_chunked_body_over_limit_is_413(app_url):
             yield b"a" * 1024
         yield b'"}'
 
-    r = httpx.post(app_url + "/v1/audio/speech", content=body(), headers={"content-type": "application/json"}, timeout=30)
+    r = httpx.post(
+        app_url + "/v1/audio/speech", content=body(), headers={"content-type": "application/json"}, timeout=30
+    )
     assert_openai_error(r, 413, "body_too_large")
 
 
@@ -348,7 +370,10 @@ async def test_concurrent_requests_are_batched(app_url):
     admissions = after["admissions"] - before["admissions"]
     steps = after["steps"] - before["steps"]
     mean_rows = (after["row_steps"] - before["row_steps"]) / steps
-    report("8 concurrent requests", f"{rows} rows in {admissions} admissions, {steps} steps, mean {mean_rows:.2f} rows/step, max_rows {after['max_rows']}")
+    report(
+        "8 concurrent requests",
+        f"{rows} rows in {admissions} admissions, {steps} steps, mean {mean_rows:.2f} rows/step, max_rows {after['max_rows']}",
+    )
     assert rows == 8  # one segment each
     assert admissions < 8, f"{admissions} admissions for 8 requests: no batching"
     assert after["max_rows"] >= 2
@@ -367,14 +392,20 @@ def test_client_disconnect_cancels_generation(app_url, planner):
 
     client = httpx.Client(timeout=60)
     t0 = time.monotonic()
-    with client.stream("POST", app_url + "/v1/audio/speech", json={"input": DISCONNECT_TEXT, "response_format": "pcm"}) as r:
+    with client.stream(
+        "POST", app_url + "/v1/audio/speech", json={"input": DISCONNECT_TEXT, "response_format": "pcm"}
+    ) as r:
         assert r.status_code == 200
         body = r.iter_raw()  # keep a reference: a dropped httpx iterator closes the connection
         assert next(body)
         # While the client stays connected (not even reading), decoding goes on.
         connected = acoustic_stats()
-        during = wait_until(acoustic_stats, 10, until=lambda s: s["steps"] > connected["steps"],
-                            what="decode steps while the client is connected")
+        during = wait_until(
+            acoustic_stats,
+            10,
+            until=lambda s: s["steps"] > connected["steps"],
+            what="decode steps while the client is connected",
+        )
         assert during["running_rows"] >= 1, during
         body.close()  # hang up with the rest of the response unread
     client.close()
@@ -388,7 +419,7 @@ def test_client_disconnect_cancels_generation(app_url, planner):
     time.sleep(0.5)
     idle = acoustic_stats()
     assert idle["steps"] == after["steps"], (after["steps"], idle["steps"])
-    tokens_done = (after["row_steps"] - before["row_steps"])
+    tokens_done = after["row_steps"] - before["row_steps"]
     report(
         "client disconnect",
         f"rows stopped {stop_s:.2f} s after close ({closed - t0:.2f} s into the request); "
@@ -430,7 +461,9 @@ async def test_speech_client_async(app_url, planner, tmp_path):
     async with AsyncSpeechClient(app_url) as client:
         info = await client.speak_to_file("异步客户端。", out, voice="shimmer", response_format="mp3")
         assert info.bytes == out.stat().st_size > 0
-        await asyncio.to_thread(assert_duration, out.read_bytes(), "mp3", expected_samples(planner, "异步客户端。", "shimmer"))
+        await asyncio.to_thread(
+            assert_duration, out.read_bytes(), "mp3", expected_samples(planner, "异步客户端。", "shimmer")
+        )
         with pytest.raises(SpeechError) as excinfo:
             await client.speech("你好", voice="no-such-voice")
         assert excinfo.value.status == 404
@@ -460,8 +493,12 @@ def test_cli_say_stdin_speaks_lines_as_they_arrive(app_url, planner, tmp_path):
     plans = [planner.plan(line, SynthesisOptions(voice="nova")) for line in lines]
     expected = sum(plan_samples(plan) for plan in plans)
     out = tmp_path / "lines.pcm"
-    proc = subprocess.Popen([*cli_command(), "say", "--stdin", "--url", app_url, "--voice", "nova", "-o", str(out)],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cli_command(), "say", "--stdin", "--url", app_url, "--voice", "nova", "-o", str(out)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         proc.stdin.write(lines[0] + "\n")
         proc.stdin.flush()
@@ -483,13 +520,16 @@ def test_cli_say_cuts_text_into_the_segments_the_server_does(app_url):
     from serve_app.engine.planner import Planner
     from serve_app.tools.cli import build_parser, engine_config
 
-    text = ("今天我们来聊一聊语音合成服务的部署，从单机到集群，再到自动扩缩容。它需要低延迟，也需要高吞吐量，"
-            "还需要在异常输入面前保持稳定。Then we speak some English too: it costs $12.50, and the meeting is at 10:30.")
+    text = (
+        "今天我们来聊一聊语音合成服务的部署，从单机到集群，再到自动扩缩容。它需要低延迟，也需要高吞吐量，"
+        "还需要在异常输入面前保持稳定。Then we speak some English too: it costs $12.50, and the meeting is at 10:30."
+    )
     opts = SynthesisOptions(voice="nova", seed=5)
     local = Planner(engine_config(build_parser().parse_args(["say", text, "-o", "x.wav"])).segments).plan(text, opts)
     normalizer = serve.get_deployment_handle("TextNormalizer", app_name=APP_NAME)
     served = normalizer.plan.remote(text, opts).result(timeout_s=60)
     assert len(local.segments) >= 3  # max_seconds cuts it (characters alone would not)
     assert served.texts == local.texts
-    assert [(r.max_new_tokens, r.target_tokens, r.seed) for r in served.segments] == \
-        [(r.max_new_tokens, r.target_tokens, r.seed) for r in local.segments]
+    assert [(r.max_new_tokens, r.target_tokens, r.seed) for r in served.segments] == [
+        (r.max_new_tokens, r.target_tokens, r.seed) for r in local.segments
+    ]

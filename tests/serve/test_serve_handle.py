@@ -8,11 +8,11 @@ import wave
 
 import pytest
 from ray import serve
+from support.app import APP_NAME
+from support.audio import SR, read_wav
 
 from serve_app.errors import APIError
 from serve_app.protocol import SpeechRequest
-from support.app import APP_NAME
-from support.audio import SR, read_wav
 
 
 def wav_samples(data: bytes) -> int:

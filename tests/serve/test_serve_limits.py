@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from support.app import acoustic_stats
 
 
@@ -43,8 +42,9 @@ def test_long_input_at_normal_speed_is_accepted(app_url, speed):
     """The caps leave a full max_input_chars of prose alone (only its first bytes are read)."""
     text = ("我们的系统会把长文本切成几个片段，分别生成语音。" * 180)[:4096]
     payload = {"model": "tts-1", "voice": "alloy", "response_format": "pcm", "input": text, "speed": speed}
-    with httpx.stream("POST", app_url + "/v1/audio/speech", json=payload, headers={"Cache-Control": "no-store"},
-                      timeout=120) as r:
+    with httpx.stream(
+        "POST", app_url + "/v1/audio/speech", json=payload, headers={"Cache-Control": "no-store"}, timeout=120
+    ) as r:
         assert r.status_code == 200
         first = next(r.iter_bytes())
         assert first

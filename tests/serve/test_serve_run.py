@@ -9,16 +9,16 @@ import time
 import httpx
 import pytest
 import websockets
-
-from bench.lib.procs import free_port
-from serve_app.engine.wav import with_true_length
-from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
-from serve_app.settings import FrontGuardSettings
 from support.audio import read_wav
 from support.configs import chattts_app, load
 from support.engine import expected_samples
 from support.report import report
 from support.serve_run import ServeRun
+
+from bench.lib.procs import free_port
+from serve_app.engine.wav import with_true_length
+from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
+from serve_app.settings import FrontGuardSettings
 
 pytestmark = pytest.mark.serve
 
@@ -50,8 +50,9 @@ def serve_runs(chattts_cache_dir, tmp_path_factory):
     for name, env in FRONT_DOORS.items():
         config = load("cpu")
         config["http_options"].update(host="127.0.0.1", port=free_port())
-        runs[name] = ServeRun(config, tmp_path_factory.mktemp(f"serve-run-{name}"), chattts_cache_dir,
-                              {**env, **GUARD_ENV}).start()
+        runs[name] = ServeRun(
+            config, tmp_path_factory.mktemp(f"serve-run-{name}"), chattts_cache_dir, {**env, **GUARD_ENV}
+        ).start()
     yield runs
     for run in runs.values():
         run.stop()
@@ -75,6 +76,7 @@ def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_
         answered_400 = 0
 
         async with httpx.AsyncClient(base_url=run.url, timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+
             async def one():
                 nonlocal answered_400
                 r = await client.post("/v1/audio/speech", json=bad, headers=flood)
@@ -87,8 +89,11 @@ def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_
             async def handshake():
                 await asyncio.wait_for(spent.wait(), 30)  # on a slow box the burst takes more than a second
                 try:
-                    async with websockets.connect(run.url.replace("http", "ws") + "/v1/audio/speech/stream",
-                                                  additional_headers=flood, open_timeout=30):
+                    async with websockets.connect(
+                        run.url.replace("http", "ws") + "/v1/audio/speech/stream",
+                        additional_headers=flood,
+                        open_timeout=30,
+                    ):
                         return None
                 except websockets.InvalidStatus as exc:
                     return exc.response.status_code
@@ -108,8 +113,11 @@ def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_
     assert min(held) >= GUARD_TARPIT_S - 0.1, f"answered before the tarpit ended: {min(held):.2f} s"
     assert polite_status == 200 and polite_at - t0 < min(held), (polite_at - t0, min(held))
     assert ws_status in (403, 429), ws_status  # a refused handshake (429 where the server can say so)
-    report(f"front guard ({front_door}): 60 bad requests at once", f"{burst} reached the service, {60 - burst} held "
-           f"{min(held):.1f}-{max(held):.1f} s and answered 429; another client served in {polite_at - t0 - 1.0:.2f} s meanwhile")
+    report(
+        f"front guard ({front_door}): 60 bad requests at once",
+        f"{burst} reached the service, {60 - burst} held "
+        f"{min(held):.1f}-{max(held):.1f} s and answered 429; another client served in {polite_at - t0 - 1.0:.2f} s meanwhile",
+    )
 
 
 @pytest.mark.timeout(420)
@@ -125,17 +133,23 @@ def test_a_client_cannot_pick_its_address_through_the_haproxy_front_door(serve_r
 
     async def attack():
         async with httpx.AsyncClient(base_url=run.url, timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+
             async def one(i):
-                r = await client.post("/v1/audio/speech", json=bad,
-                                      headers={"Authorization": "Bearer xff-client", "X-Forwarded-For": f"203.0.113.{i}"})
+                r = await client.post(
+                    "/v1/audio/speech",
+                    json=bad,
+                    headers={"Authorization": "Bearer xff-client", "X-Forwarded-For": f"203.0.113.{i}"},
+                )
                 return r.status_code
 
             return await asyncio.gather(*(one(i) for i in range(60)))
 
     statuses = asyncio.run(attack())
     assert statuses.count(400) <= burst and statuses.count(429) == 60 - statuses.count(400), statuses
-    report("front guard (haproxy): 60 bad requests naming 60 addresses",
-           f"{statuses.count(400)} reached the service (one client's burst: {burst}; before: 60), {statuses.count(429)} answered 429")
+    report(
+        "front guard (haproxy): 60 bad requests naming 60 addresses",
+        f"{statuses.count(400)} reached the service (one client's burst: {burst}; before: 60), {statuses.count(429)} answered 429",
+    )
 
 
 @pytest.mark.timeout(420)
@@ -148,8 +162,10 @@ def test_serve_run_default_config(serve_runs, front_door):
     Ingress replicas' own HTTP servers) streams and answers cache hits too. Then Ctrl-C."""
     run = serve_runs[front_door].wait_ready()
     url = run.url
-    report(f"`serve run config/serve.yaml` ({front_door}) start-up to /readyz 200",
-           f"{run.startup_s:.1f} s (own Ray, random-tiny weights, beside the other front door's)")
+    report(
+        f"`serve run config/serve.yaml` ({front_door}) start-up to /readyz 200",
+        f"{run.startup_s:.1f} s (own Ray, random-tiny weights, beside the other front door's)",
+    )
     t1 = time.perf_counter()
     r = httpx.post(url + "/v1/audio/speech", json=README_BODY, timeout=120)
     first_request_s = time.perf_counter() - t1
@@ -159,7 +175,10 @@ def test_serve_run_default_config(serve_runs, front_door):
     pcm = read_wav(r.content)
     # Random weights: exactly the planned tokens (512 samples each, less half a token).
     assert len(pcm) == _expected_samples(load("cpu"), README_BODY["input"]), f"{len(pcm)} samples"
-    report(f"`serve run` ({front_door}): README curl request", f"{first_request_s:.2f} s, {len(pcm) / 24000:.2f} s of audio")
+    report(
+        f"`serve run` ({front_door}): README curl request",
+        f"{first_request_s:.2f} s, {len(pcm) / 24000:.2f} s of audio",
+    )
     # Streamed in pieces, and a repeated seeded request is a cache hit, through this front door.
     body = {**README_BODY, "seed": 5}
     with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as resp:
@@ -181,8 +200,10 @@ def test_serve_run_default_config(serve_runs, front_door):
         assert fresh.headers.get("x-cache") == "miss" and "x-edge-cache" not in fresh.headers
     assert len(hits["ingress"]) == 1 and len(hits["edge"]) == 19, {k: len(v) for k, v in hits.items()}
     p50 = {k: 1000 * sorted(v)[len(v) // 2] for k, v in hits.items()}
-    report(f"`serve run` ({front_door}): cache hit from the Ingress / from the edge cache",
-           f"{p50['ingress']:.1f} / {p50['edge']:.1f} ms p50 ({len(again.content)} bytes)")
+    report(
+        f"`serve run` ({front_door}): cache hit from the Ingress / from the edge cache",
+        f"{p50['ingress']:.1f} / {p50['edge']:.1f} ms p50 ({len(again.content)} bytes)",
+    )
     assert run.processes(), "no processes found for the serve run subprocess"
     run.stop_in_background()  # Ctrl-C: the next test checks how it ended
 
@@ -194,6 +215,9 @@ def test_serve_run_ends_everything_it_started_on_ctrl_c(serve_runs, front_door):
     their environment): nothing had to be killed."""
     run = serve_runs[front_door]
     run.stop()
-    report(f"`serve run` ({front_door}) shutdown", f"{run.stop_s:.1f} s, exit code {run.returncode}; killed by the test: {run.killed or 'none'}")
+    report(
+        f"`serve run` ({front_door}) shutdown",
+        f"{run.stop_s:.1f} s, exit code {run.returncode}; killed by the test: {run.killed or 'none'}",
+    )
     assert not run.remaining, f"processes of the serve run subprocess survive SIGKILL: {run.remaining}"
     assert not run.killed, f"serve run left processes behind after Ctrl-C: {run.killed}"

@@ -13,10 +13,10 @@ from typing import AsyncIterator
 
 import httpx
 import pytest
-
-from serve_app.settings import SecuritySettings
 from support.app import ingress_settings
 from support.ws import Served, assert_same_audio, deltas, http_pcm
+
+from serve_app.settings import SecuritySettings
 
 TEXT = "".join(Served.sentences)
 LONG = "".join(Served.long_sentences)
@@ -31,7 +31,9 @@ def served(app_url) -> Served:
 
 
 async def test_custom_voice_by_id_or_name(app_url, served):
-    r = await asyncio.to_thread(httpx.post, app_url + "/v1/audio/voices", json={"name": "ws-narrator", "seed": 4321}, timeout=60)
+    r = await asyncio.to_thread(
+        httpx.post, app_url + "/v1/audio/voices", json={"name": "ws-narrator", "seed": 4321}, timeout=60
+    )
     assert r.status_code in (200, 201), r.text[:300]
     voice_id = r.json()["id"]
     try:
@@ -50,10 +52,14 @@ async def test_custom_voice_by_id_or_name(app_url, served):
 # ---------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("start, code, error_code", [
-    ({"type": "session.start", "voice": "nobody"}, 4404, "voice_not_found"),
-    ({"type": "session.start", "model": "whisper-1"}, 4404, "model_not_found"),
-], ids=["unknown voice", "unknown model"])
+@pytest.mark.parametrize(
+    "start, code, error_code",
+    [
+        ({"type": "session.start", "voice": "nobody"}, 4404, "voice_not_found"),
+        ({"type": "session.start", "model": "whisper-1"}, 4404, "model_not_found"),
+    ],
+    ids=["unknown voice", "unknown model"],
+)
 async def test_admission_errors_get_an_error_event_and_a_clean_close(served, start, code, error_code):
     async with served.connect() as s:
         await s.send_raw(json.dumps(start))
@@ -70,7 +76,12 @@ async def test_admission_errors_get_an_error_event_and_a_clean_close(served, sta
 async def test_api_keys_and_stream_limit(served, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("sk-ws-one\n")
-    security = {**SecuritySettings().model_dump(), "api_keys_env": None, "api_keys_file": str(keys), "max_streams_per_key": 1}
+    security = {
+        **SecuritySettings().model_dump(),
+        "api_keys_env": None,
+        "api_keys_file": str(keys),
+        "max_streams_per_key": 1,
+    }
     with ingress_settings(security=security):
         async with served.session() as s:  # no key
             assert await s.closed() == 4401
@@ -108,7 +119,9 @@ async def test_python_client_stream_text_and_session(app_url):
     async with AsyncSpeechClient(app_url) as client:
         audio = b"".join([b async for b in client.stream_text(llm(), voice="sage", seed=5, on_event=events.append)])
         assert_same_audio(audio, reference)
-        assert [e["type"] for e in events][-1] == "done" and len([e for e in events if e["type"] == "segment.done"]) == 2
+        assert [e["type"] for e in events][-1] == "done" and len(
+            [e for e in events if e["type"] == "segment.done"]
+        ) == 2
 
         with pytest.raises(SpeechError) as info:
             async for _ in client.stream_text(llm(), voice="nobody"):
@@ -131,7 +144,9 @@ async def test_python_client_stream_text_and_session(app_url):
             while not isinstance(await items.__anext__(), bytes):
                 pass
             await s.cancel()
-            while (event := await items.__anext__()) is not None and not (isinstance(event, dict) and event["type"] == "cancelled"):
+            while (event := await items.__anext__()) is not None and not (
+                isinstance(event, dict) and event["type"] == "cancelled"
+            ):
                 pass
             await s.append("After the cancel.")
             await s.close()

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import srt
 import webvtt
-
 from support.audio import decode_av
 
 pytestmark = pytest.mark.serve
@@ -24,21 +23,28 @@ SR = 24000
 
 
 def _events(raw: bytes) -> list[dict]:
-    return [json.loads(block[len("data: "):]) for block in raw.decode().split("\n\n") if block]
+    return [json.loads(block[len("data: ") :]) for block in raw.decode().split("\n\n") if block]
 
 
 def _sse(url: str, **body) -> list[dict]:
     with httpx.Client(timeout=120) as client:
-        with client.stream("POST", url + "/v1/audio/speech",
-                           json={"input": TEXT, "seed": 11, "stream_format": "sse", "timestamps": True, **body},
-                           headers={"Cache-Control": "no-store"}) as r:
+        with client.stream(
+            "POST",
+            url + "/v1/audio/speech",
+            json={"input": TEXT, "seed": 11, "stream_format": "sse", "timestamps": True, **body},
+            headers={"Cache-Control": "no-store"},
+        ) as r:
             assert r.status_code == 200, r.read()[:300]
             return _events(r.read())
 
 
 def _timed(url: str, headers: dict | None = None, **body) -> httpx.Response:
-    r = httpx.post(url + "/v1/audio/speech/with-timestamps", json={"input": TEXT, "seed": 11, **body},
-                   headers=headers or {}, timeout=120)
+    r = httpx.post(
+        url + "/v1/audio/speech/with-timestamps",
+        json={"input": TEXT, "seed": 11, **body},
+        headers=headers or {},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text[:300]
     return r
 
@@ -52,7 +58,7 @@ def _check_segments(segments: list[dict], audio_s: float, padding_s: float = 0.0
         assert a["end"] == b["start"] and a["end"] > a["start"]  # back to back: no pause was asked for
     assert -1 / rate - 1 / SR <= audio_s - segments[-1]["end"] <= padding_s + 1 / SR, (segments[-1]["end"], audio_s)
     for s in segments:  # each segment names the input's own text it speaks
-        assert TEXT[s["input_start"]:s["input_end"]] == s["text"]
+        assert TEXT[s["input_start"] : s["input_end"]] == s["text"]
 
 
 def test_sse_segment_events_come_between_the_deltas_and_meet_the_audio_length(app_url):
@@ -87,7 +93,8 @@ def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_
     assert fresh["segments"] == cached["segments"] == sse_segments  # same seed, every path
     # The handle API answers the same (a DeploymentHandle caller: TimedSpeech itself).
     handled = chattts_handle.synthesize_with_timestamps.remote(
-        {"input": TEXT, "seed": 11, "response_format": "wav", "captions": "srt"}).result(timeout_s=120)
+        {"input": TEXT, "seed": 11, "response_format": "wav", "captions": "srt"}
+    ).result(timeout_s=120)
     assert [seg.model_dump() for seg in handled.segments] == fresh["segments"]
     assert handled.captions == fresh["captions"] and base64.b64decode(handled.audio) == wav
     # Captions: parsed by maintained libraries, one cue at least per segment, times inside the audio.
@@ -122,8 +129,9 @@ async def test_websocket_segments_sit_on_the_session_timeline(app_url):
 
     events: list[dict] = []
     async with AsyncSpeechClient(app_url) as client:
-        audio = b"".join([b async for b in client.stream_text(iter_text(), seed=3, response_format="pcm",
-                                                             on_event=events.append)])
+        audio = b"".join(
+            [b async for b in client.stream_text(iter_text(), seed=3, response_format="pcm", on_event=events.append)]
+        )
     done = [e for e in events if e.get("type") == "segment.done"]
     assert len(done) >= 2
     assert done[0]["start"] == 0.0 and all(a["end"] == b["start"] for a, b in zip(done, done[1:]))
@@ -146,10 +154,13 @@ def test_telephony_volume_and_loudness_on_the_answer(app_url):
 
     body = {"input": TEXT, "seed": 11, "response_format": "pcm"}
     plain = httpx.post(app_url + "/v1/audio/speech", json=body, headers={"Cache-Control": "no-store"}, timeout=120)
-    quieter = httpx.post(app_url + "/v1/audio/speech", json={**body, "volume": -6.0}, headers={"Cache-Control": "no-store"},
-                         timeout=120)
+    quieter = httpx.post(
+        app_url + "/v1/audio/speech", json={**body, "volume": -6.0}, headers={"Cache-Control": "no-store"}, timeout=120
+    )
     a, b = (np.frombuffer(r.content, "<i2").astype(np.float64) for r in (plain, quieter))
-    assert len(a) == len(b) and np.sqrt(np.mean(b**2)) / np.sqrt(np.mean(a**2)) == pytest.approx(10 ** (-6 / 20), rel=0.01)
+    assert len(a) == len(b) and np.sqrt(np.mean(b**2)) / np.sqrt(np.mean(a**2)) == pytest.approx(
+        10 ** (-6 / 20), rel=0.01
+    )
     # A loudness target for the whole answer (EBU R128, measured by pyloudnorm), same length.
     for target in (-16.0, -26.0):
         r = httpx.post(app_url + "/v1/audio/speech", json={**body, "loudness": target}, timeout=120)

@@ -56,8 +56,13 @@ async def test_each_key_owns_its_voices_and_an_admin_key_sees_all(app_url, tmp_p
     keys = tmp_path / "keys.txt"
     keys.write_text("".join(k + "\n" for k in KEYS.values()))
     kid = {who: key_id(k) for who, k in KEYS.items()}
-    security = {"api_keys_env": None, "api_keys_file": str(keys), "max_streams_per_key": 0, "cors_origins": [],
-                "keys": {kid["root"]: {"admin": True}, kid["alice"]: {"max_voices": 1}}}
+    security = {
+        "api_keys_env": None,
+        "api_keys_file": str(keys),
+        "max_streams_per_key": 0,
+        "cors_origins": [],
+        "keys": {kid["root"]: {"admin": True}, kid["alice"]: {"max_voices": 1}},
+    }
     name = f"owned-{uuid.uuid4().hex[:8]}"
     with ingress_settings(security=security), httpx.Client(base_url=app_url, timeout=60) as http:
         mine = http.post(VOICES, json={"name": name, "seed": 3}, headers=auth("alice"))
@@ -78,10 +83,14 @@ async def test_each_key_owns_its_voices_and_an_admin_key_sees_all(app_url, tmp_p
                 foreign = error_of(http.request(method, f"{VOICES}/{mine['id']}", headers=auth("bob")), 404)
                 absent = error_of(http.request(method, f"{VOICES}/{missing}", headers=auth("bob")), 404)
                 assert foreign["message"].replace(mine["id"], "ID") == absent["message"].replace(missing, "ID")
-                assert {k: v for k, v in foreign.items() if k != "message"} == \
-                       {k: v for k, v in absent.items() if k != "message"}
+                assert {k: v for k, v in foreign.items() if k != "message"} == {
+                    k: v for k, v in absent.items() if k != "message"
+                }
             speech = {"model": "chattts", "input": "你好。", "voice": {"id": mine["id"]}, "response_format": "wav"}
-            assert error_of(http.post("/v1/audio/speech", json=speech, headers=auth("bob")), 404)["code"] == "voice_not_found"
+            assert (
+                error_of(http.post("/v1/audio/speech", json=speech, headers=auth("bob")), 404)["code"]
+                == "voice_not_found"
+            )
             event, code = await ws_start(app_url, {"voice": {"id": mine["id"]}, "api_key": KEYS["bob"]})
             assert code == 4404 and event["error"]["code"] == "voice_not_found"
             # By name, bob's own voice (not alice's) speaks; alice's is still hers.

@@ -9,13 +9,13 @@ import uuid
 import httpx
 import numpy as np
 import pytest
-
-from serve_app.engine.wav import with_true_length
 from support.app import ingress_settings
 from support.audio import read_wav
 from support.clips import TRANSCRIPT, encode, speechlike
 from support.http import assert_openai_error as error_of
 from support.report import report
+
+from serve_app.engine.wav import with_true_length
 
 VOICES = "/v1/audio/voices"
 
@@ -36,11 +36,13 @@ def pcm_of(resp: httpx.Response) -> np.ndarray:
     return pcm
 
 
-def create_clip_voice(app_url: str, name: str, data: bytes, transcript: str | None = TRANSCRIPT,
-                      filename: str = "clip.wav") -> httpx.Response:
+def create_clip_voice(
+    app_url: str, name: str, data: bytes, transcript: str | None = TRANSCRIPT, filename: str = "clip.wav"
+) -> httpx.Response:
     form = {"name": name} if transcript is None else {"name": name, "transcript": transcript}
-    return httpx.post(app_url + VOICES, data=form, files={"audio": (filename, data, "application/octet-stream")},
-                      timeout=180)
+    return httpx.post(
+        app_url + VOICES, data=form, files={"audio": (filename, data, "application/octet-stream")}, timeout=180
+    )
 
 
 def custom_ids(app_url: str) -> set[str]:
@@ -90,7 +92,9 @@ def test_a_clip_becomes_a_voice_and_speaks(app_url):
     assert np.array_equal(pcm_of(speech(app_url, voice["name"], seed=5)), mine)
 
 
-@pytest.mark.parametrize("case", ["undecodable", "too_short", "too_long", "silent", "no_transcript", "no_audio", "too_big"])
+@pytest.mark.parametrize(
+    "case", ["undecodable", "too_short", "too_long", "silent", "no_transcript", "no_audio", "too_big"]
+)
 def test_bad_clips_are_refused_with_the_reason_and_nothing_is_stored(app_url, case):
     before = custom_ids(app_url)
     name = unique("bad")
@@ -100,14 +104,21 @@ def test_bad_clips_are_refused_with_the_reason_and_nothing_is_stored(app_url, ca
     elif case == "too_big":  # over the upload limit (8 MiB in config/serve.yaml's default)
         r = create_clip_voice(app_url, name, b"\0" * (9 * 1024 * 1024))
     else:
-        data = {"undecodable": b"definitely not audio" * 50, "too_short": encode(speechlike(1.0), "wav"),
-                "too_long": encode(speechlike(31.0), "ogg"), "silent": encode(np.zeros(72000, np.float32), "wav"),
-                "no_transcript": wav}[case]
+        data = {
+            "undecodable": b"definitely not audio" * 50,
+            "too_short": encode(speechlike(1.0), "wav"),
+            "too_long": encode(speechlike(31.0), "ogg"),
+            "silent": encode(np.zeros(72000, np.float32), "wav"),
+            "no_transcript": wav,
+        }[case]
         r = create_clip_voice(app_url, name, data, transcript=None if case == "no_transcript" else TRANSCRIPT)
     status, code, words = {
-        "undecodable": (400, "invalid_audio", "could not decode"), "too_short": (400, "invalid_audio", "1.0 s"),
-        "too_long": (400, "invalid_audio", "longer than 30 s"), "silent": (400, "invalid_audio", "silent"),
-        "no_transcript": (400, "missing_transcript", "transcript"), "no_audio": (400, "missing_audio", "audio"),
+        "undecodable": (400, "invalid_audio", "could not decode"),
+        "too_short": (400, "invalid_audio", "1.0 s"),
+        "too_long": (400, "invalid_audio", "longer than 30 s"),
+        "silent": (400, "invalid_audio", "silent"),
+        "no_transcript": (400, "missing_transcript", "transcript"),
+        "no_audio": (400, "missing_audio", "audio"),
         "too_big": (413, "body_too_large", "exceeds"),
     }[case]
     err = error_of(r, status)
@@ -119,13 +130,26 @@ def test_bad_clips_are_refused_with_the_reason_and_nothing_is_stored(app_url, ca
 def test_names_ids_and_deletion(app_url):
     name = unique("dup")
     first = httpx.post(app_url + VOICES, json={"name": name, "seed": 1}, timeout=60).json()
-    assert error_of(httpx.post(app_url + VOICES, json={"name": name.upper(), "seed": 2}, timeout=60), 409)["code"] == "voice_exists"
+    assert (
+        error_of(httpx.post(app_url + VOICES, json={"name": name.upper(), "seed": 2}, timeout=60), 409)["code"]
+        == "voice_exists"
+    )
     assert error_of(httpx.post(app_url + VOICES, json={"name": "alloy", "seed": 2}, timeout=60), 400)["param"] == "name"
-    assert error_of(httpx.post(app_url + VOICES, json={"name": unique("x"), "seed": 1, "speaker": "y" * 40}, timeout=60), 400)
-    assert error_of(httpx.post(app_url + VOICES, json={"name": unique("x"), "speaker": "not a speaker" * 5}, timeout=60),
-                    400)["param"] == "speaker"
-    assert error_of(httpx.post(app_url + VOICES, content=b"{", headers={"content-type": "application/json"}, timeout=60),
-                    400)["code"] == "invalid_json"
+    assert error_of(
+        httpx.post(app_url + VOICES, json={"name": unique("x"), "seed": 1, "speaker": "y" * 40}, timeout=60), 400
+    )
+    assert (
+        error_of(
+            httpx.post(app_url + VOICES, json={"name": unique("x"), "speaker": "not a speaker" * 5}, timeout=60), 400
+        )["param"]
+        == "speaker"
+    )
+    assert (
+        error_of(
+            httpx.post(app_url + VOICES, content=b"{", headers={"content-type": "application/json"}, timeout=60), 400
+        )["code"]
+        == "invalid_json"
+    )
     assert error_of(httpx.delete(app_url + f"{VOICES}/alloy", timeout=30), 400)["code"] == "builtin_voice"
     r = httpx.delete(app_url + f"{VOICES}/{first['id']}", timeout=30)
     assert r.status_code == 200 and r.json() == {"id": first["id"], "object": "voice.deleted", "deleted": True}
@@ -157,9 +181,12 @@ def test_voices_need_the_api_key_when_keys_are_on(app_url, tmp_path):
     security = {"api_keys_env": None, "api_keys_file": str(keys), "max_streams_per_key": 0, "cors_origins": []}
     good = {"Authorization": "Bearer sk-voice"}
     with ingress_settings(security=security):
-        calls = [httpx.get(app_url + VOICES, timeout=30), httpx.get(app_url + f"{VOICES}/alloy", timeout=30),
-                 httpx.post(app_url + VOICES, json={"name": unique("k"), "seed": 3}, timeout=30),
-                 httpx.delete(app_url + f"{VOICES}/voice_" + "0" * 24, timeout=30)]
+        calls = [
+            httpx.get(app_url + VOICES, timeout=30),
+            httpx.get(app_url + f"{VOICES}/alloy", timeout=30),
+            httpx.post(app_url + VOICES, json={"name": unique("k"), "seed": 3}, timeout=30),
+            httpx.delete(app_url + f"{VOICES}/voice_" + "0" * 24, timeout=30),
+        ]
         listed = httpx.get(app_url + VOICES, headers=good, timeout=30)
         page = httpx.get(app_url + "/ui/", timeout=30)
     for r in calls:

@@ -85,7 +85,11 @@ def test_speech_never_holds_the_loop(app_url, stall):
         _post(app_url, "/v1/audio/speech", {"input": text, "input_format": "text", "response_format": "pcm"})
     for text in SSML.values():
         _post(app_url, "/v1/audio/speech", {"input": text, "response_format": "pcm"})
-    _post(app_url, "/v1/audio/speech", {"input": "你好。", "instructions": _fill("cheerful, ", 4096), "response_format": "pcm"})
+    _post(
+        app_url,
+        "/v1/audio/speech",
+        {"input": "你好。", "instructions": _fill("cheerful, ", 4096), "response_format": "pcm"},
+    )
     assert stall() < MAX_STALL_MS
 
 

@@ -17,13 +17,13 @@ import json
 import time
 
 import pytest
+from support.audio import SR, decode_av
+from support.report import report
+from support.ws import Served, assert_same_audio, deltas, ogg_pages
 
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.planner import segment_seed
 from serve_app.realtime import SessionLimits
-from support.audio import SR, decode_av
-from support.report import report
-from support.ws import Served, assert_same_audio, deltas, ogg_pages
 
 # An unfinished sentence after the complete ones: never cut (no sentence end, no clause mark).
 UNFINISHED = " And one more sentence here"
@@ -68,7 +68,11 @@ async def test_deltas_give_the_same_audio_as_one_request(ws):
     assert_same_audio(bytes(s.audio), reference)
     if ws.in_process:
         # Per-segment seeds as HTTP gives them; a segment behind unsent audio yields a priority level.
-        assert [r.seed for r in ws.backend.opened] == [r.seed for r in plan.segments] == [segment_seed(1234, i) for i in range(n)]
+        assert (
+            [r.seed for r in ws.backend.opened]
+            == [r.seed for r in plan.segments]
+            == [segment_seed(1234, i) for i in range(n)]
+        )
         assert [r.priority for r in ws.backend.opened] == [0] + [-1] * (n - 1)
         # The first sentence was spoken at once; the next two, behind its audio, were packed into
         # one cut (under clause_seconds of speech), which the planner split as HTTP does.
@@ -98,8 +102,10 @@ async def test_first_audio_arrives_before_the_next_text_is_sent(ws):
         assert await s.closed() == 1000
     assert [e["text"] for e in s.of("segment.start")] == [first.strip(), second.strip()]
     assert [e["index"] for e in s.of("segment.done")] == [0, 1]
-    report(f"ws ({ws.name}): first audio after the first sentence's last delta",
-           f"{1000 * (first_audio - sent):.0f} ms ({1000 * (sent - t0):.0f} ms to send it)")
+    report(
+        f"ws ({ws.name}): first audio after the first sentence's last delta",
+        f"{1000 * (first_audio - sent):.0f} ms ({1000 * (sent - t0):.0f} ms to send it)",
+    )
 
 
 @pytest.mark.parametrize("fmt", ["opus", "mp3"])
@@ -156,8 +162,10 @@ async def test_cancel_stops_audio_and_frees_the_rows(ws):
     if ws.in_process:
         _, stats = await s.result()
         assert stats.segments == 1 and stats.cancelled_segments == n
-    report(f"ws ({ws.name}): cancel", f"acknowledged after {1000 * (acked - t_cancel):.0f} ms, rows freed after "
-           f"{1000 * (freed - t_cancel):.0f} ms")
+    report(
+        f"ws ({ws.name}): cancel",
+        f"acknowledged after {1000 * (acked - t_cancel):.0f} ms, rows freed after {1000 * (freed - t_cancel):.0f} ms",
+    )
 
 
 async def test_disconnect_cancels_the_rows(ws):
@@ -183,7 +191,11 @@ BAD = {
     "text before options": ([{"type": "text.append", "text": "hi"}], 4400, "session_not_started"),
     "unknown type": ([{"type": "session.start"}, {"type": "speak", "text": "hi"}], 4400, "unknown_type"),
     "bad option": ([{"type": "session.start", "speed": 9}], 4400, "invalid_value"),
-    "oversized text": ([{"type": "session.start"}, {"type": "text.append", "text": "好" * 5000}], 4413, "input_too_long"),
+    "oversized text": (
+        [{"type": "session.start"}, {"type": "text.append", "text": "好" * 5000}],
+        4413,
+        "input_too_long",
+    ),
     "binary frame": ([{"type": "session.start"}, b"\x00\x01"], 4400, "invalid_message"),
 }
 

@@ -168,7 +168,8 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     # own tests): the streams' back-pressure then reaches the client's socket.
     # The edge cache is off too: tests count what the Ingress answers (test_serve_run.py runs it).
     from serve_app.http.edge_cache import ENV as EDGE_ENV
-    from serve_app.http.front_guard import ENV as GUARD_ENV, HOOK_ENV, IMPORT_PATH
+    from serve_app.http.front_guard import ENV as GUARD_ENV
+    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
 
     init_env.setenv(HOOK_ENV, IMPORT_PATH)
     init_env.setenv(GUARD_ENV, '{"enabled": false}')
@@ -181,8 +182,9 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     try:
         # "local": a new cluster even where `ray start` left one to join (never someone else's).
         # The node's Prometheus endpoint on a known port, for the metrics tests.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 _metrics_export_port=metrics_port)
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
+        )
     finally:
         init_env.undo()
 
@@ -263,8 +265,13 @@ def acoustic_stats() -> dict[str, Any]:
 
 def wait_idle(timeout_s: float = 30) -> dict[str, Any]:
     """The Acoustic counters once no row runs or waits (polled every 50 ms)."""
-    return wait_until(acoustic_stats, timeout_s, 0.05, until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
-                      what="no rows left in the decode loop")
+    return wait_until(
+        acoustic_stats,
+        timeout_s,
+        0.05,
+        until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
+        what="no rows left in the decode loop",
+    )
 
 
 def _deployment(name: str):
@@ -321,8 +328,12 @@ def session_logs() -> Path:
 
 def ingress_log_lines(contains: str) -> list[str]:
     """Lines of this session's Ingress replicas' logs (every app's) that contain ``contains``."""
-    return [line for f in session_logs().rglob("*Ingress*") for line in f.read_text(errors="replace").splitlines()
-            if contains in line]
+    return [
+        line
+        for f in session_logs().rglob("*Ingress*")
+        for line in f.read_text(errors="replace").splitlines()
+        if contains in line
+    ]
 
 
 def live_actors() -> list[dict]:

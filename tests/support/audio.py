@@ -10,8 +10,16 @@ import numpy as np
 from serve_app.engine.audio import SAMPLE_RATE
 
 SR = SAMPLE_RATE  # 24 kHz mono everywhere except Opus, which always decodes at 48 kHz
-DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le",
-            "ulaw": "mulaw", "alaw": "alaw"}
+DEMUXERS = {
+    "mp3": "mp3",
+    "opus": "ogg",
+    "aac": "aac",
+    "flac": "flac",
+    "wav": "wav",
+    "pcm": "s16le",
+    "ulaw": "mulaw",
+    "alaw": "alaw",
+}
 RAW_RATES = {"pcm": SR, "ulaw": 8000, "alaw": 8000}  # headerless formats: the demuxer is told the rate
 LOSSY = ("mp3", "opus", "aac")
 

@@ -23,8 +23,13 @@ def speechlike(seconds: float, sr: int = SR, f0: float = 140.0, seed: int = 0) -
 
 
 # PyAV container format and codec per file kind.
-_CODECS = {"wav": ("wav", "pcm_s16le"), "mp3": ("mp3", "libmp3lame"), "flac": ("flac", "flac"),
-           "ogg": ("ogg", "libopus"), "m4a": ("ipod", "aac")}
+_CODECS = {
+    "wav": ("wav", "pcm_s16le"),
+    "mp3": ("mp3", "libmp3lame"),
+    "flac": ("flac", "flac"),
+    "ogg": ("ogg", "libopus"),
+    "m4a": ("ipod", "aac"),
+}
 
 
 def encode(pcm: np.ndarray, kind: str, rate: int = SR, channels: int = 1) -> bytes:
@@ -55,6 +60,7 @@ def encode(pcm: np.ndarray, kind: str, rate: int = SR, channels: int = 1) -> byt
         for packet in stream.encode(None):
             out.mux(packet)
     return buf.getvalue()
+
 
 # What the reference clips of the voice tests say (their transcript).
 TRANSCRIPT = "这是一段参考音频，用来克隆声音。"

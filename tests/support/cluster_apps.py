@@ -24,8 +24,11 @@ class Caller:
         handle = serve.get_app_handle("chattts")
         whole = await handle.synthesize.remote(body)
         pieces = [p async for p in handle.options(stream=True).stream.remote(body)]
-        return {"whole": base64.b64encode(whole).decode(), "stream_pieces": len(pieces),
-                "stream": base64.b64encode(b"".join(pieces)).decode()}
+        return {
+            "whole": base64.b64encode(whole).decode(),
+            "stream_pieces": len(pieces),
+            "stream": base64.b64encode(b"".join(pieces)).decode(),
+        }
 
     @api.get("/acoustic")
     async def acoustic(self) -> dict:

@@ -120,8 +120,9 @@ def expected_samples(plan) -> int:
     """Samples of a whole answer for ``plan`` (random weights): each segment decodes its target
     tokens (capped at its maximum), ``512 * T - 256`` samples each (the centred ISTFT lacks half
     a token at the end)."""
-    return sum(min(r.target_tokens, r.max_new_tokens) * SAMPLES_PER_TOKEN - SAMPLES_PER_TOKEN // 2
-               for r in plan.segments)
+    return sum(
+        min(r.target_tokens, r.max_new_tokens) * SAMPLES_PER_TOKEN - SAMPLES_PER_TOKEN // 2 for r in plan.segments
+    )
 
 
 def drain(stream: RowStream) -> tuple[list[HiddenChunk], torch.Tensor]:
@@ -151,5 +152,7 @@ def streamed_vs_one_shot(vocoder: Vocoder, chunks: list[HiddenChunk]) -> dict:
     assert len(y) == len(ref)
     edges = np.cumsum([c.hidden.shape[0] for c in chunks])[:-1] * SAMPLES_PER_TOKEN
     half = SAMPLES_PER_TOKEN // 2
-    worst_edge = max((float(np.abs(ref[e - half : e + half] - y[e - half : e + half]).max()) for e in edges), default=0.0)
+    worst_edge = max(
+        (float(np.abs(ref[e - half : e + half] - y[e - half : e + half]).max()) for e in edges), default=0.0
+    )
     return {"snr_db": snr_db(ref, y), "worst_edge": worst_edge, "peak": float(np.abs(ref).max()), "samples": len(ref)}

@@ -48,8 +48,19 @@ def ima_adpcm_wav(rate: int, channels: int = 1, block_align: int = 2048, blocks:
     spb = (block_align - 4 * channels) * 2 // channels + 1
     fmt = struct.pack("<HHIIHHHH", 0x11, channels, rate, max(1, rate * block_align // spb), block_align, 4, 2, spb)
     rng = np.random.default_rng(0)
-    data = b"".join(b"\0\0\0\0" * channels + rng.integers(0, 256, block_align - 4 * channels, np.uint8).tobytes()
-                    for _ in range(blocks))
-    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, spb * blocks)
-            + b"data" + struct.pack("<I", len(data)) + data)
+    data = b"".join(
+        b"\0\0\0\0" * channels + rng.integers(0, 256, block_align - 4 * channels, np.uint8).tobytes()
+        for _ in range(blocks)
+    )
+    body = (
+        b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"fact"
+        + struct.pack("<II", 4, spb * blocks)
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
+    )
     return b"RIFF" + struct.pack("<I", len(body)) + body

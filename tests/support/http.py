@@ -13,8 +13,13 @@ def speech_body(text: str, **extra) -> dict:
     """A ``/v1/audio/speech`` body (wav) with a fresh seed unless one is given: a synthesis, not
     a cache replay of another test's request."""
     seed = extra.pop("seed", None)
-    return {"model": "chattts", "input": text, "response_format": "wav",
-            "seed": uuid.uuid4().int % 10**9 if seed is None else seed, **extra}
+    return {
+        "model": "chattts",
+        "input": text,
+        "response_format": "wav",
+        "seed": uuid.uuid4().int % 10**9 if seed is None else seed,
+        **extra,
+    }
 
 
 def speech(url: str, timeout: float = 120, headers: dict | None = None, **body) -> httpx.Response:
@@ -29,7 +34,12 @@ def is_error_body(resp: httpx.Response) -> bool:
         err = resp.json()["error"]
     except (ValueError, KeyError, TypeError):
         return False
-    return isinstance(err, dict) and isinstance(err.get("message"), str) and bool(err["message"]) and ERROR_KEYS <= set(err)
+    return (
+        isinstance(err, dict)
+        and isinstance(err.get("message"), str)
+        and bool(err["message"])
+        and ERROR_KEYS <= set(err)
+    )
 
 
 def is_error_head(resp: httpx.Response) -> bool:

@@ -20,8 +20,10 @@ import pytest
 from bench.lib.procs import ManagedProcess, free_port
 from support.waiting import wait_until
 
-needs_moto = pytest.mark.skipif(importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None,
-                                reason="moto[server] and s3fs not installed (pip install -e '.[test]')")
+needs_moto = pytest.mark.skipif(
+    importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None,
+    reason="moto[server] and s3fs not installed (pip install -e '.[test]')",
+)
 
 _SERVE = """
 import sys
@@ -37,10 +39,15 @@ class MotoS3:
     def __init__(self, port: int, workdir: Path):
         self.port = port
         self.endpoint = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-        self.process = ManagedProcess("moto-s3", [sys.executable, "-c", _SERVE, str(port)], workdir / "moto.log",
-                                      env=env, cwd=workdir)
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        self.process = ManagedProcess(
+            "moto-s3", [sys.executable, "-c", _SERVE, str(port)], workdir / "moto.log", env=env, cwd=workdir
+        )
         self.fs = self._fs()
         wait_until(self._answers, timeout_s=30, interval_s=0.1, what="moto's S3 answering")
 

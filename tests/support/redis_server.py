@@ -17,7 +17,9 @@ from bench.lib.procs import ManagedProcess, free_port
 from support.waiting import wait_until
 
 REDIS_SERVER = shutil.which("redis-server")
-needs_redis = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server binary not found (apt-get install redis-server)")
+needs_redis = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server binary not found (apt-get install redis-server)"
+)
 
 
 class RedisServer:
@@ -31,9 +33,22 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{port}/0"
 
     def start(self) -> None:
-        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir)]
-        self.process = ManagedProcess("redis-server", argv, self.workdir / "redis.log", env=dict(os.environ), cwd=self.workdir)
+        argv = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+        ]
+        self.process = ManagedProcess(
+            "redis-server", argv, self.workdir / "redis.log", env=dict(os.environ), cwd=self.workdir
+        )
         wait_until(self._answers_ping, timeout_s=10, interval_s=0.02, what="redis-server answering PING")
 
     def _answers_ping(self) -> bool:

@@ -45,8 +45,14 @@ class ServeRun:
         self.ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must fit
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         self.env.pop("CHATTTS_WEIGHTS_PATH", None)
-        self.env.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=self.ray_tmp, CHATTTS_WEIGHTS="random-tiny",
-                        CHATTTS_SERVE_CACHE=str(weights_cache), PYTHONUNBUFFERED="1", **(env or {}))
+        self.env.update(
+            RAY_AUTH_MODE="disabled",
+            RAY_TMPDIR=self.ray_tmp,
+            CHATTTS_WEIGHTS="random-tiny",
+            CHATTTS_SERVE_CACHE=str(weights_cache),
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
         self.process: Optional[ManagedProcess] = None
         self.startup_s = 0.0
         self.stop_s = 0.0
@@ -62,8 +68,14 @@ class ServeRun:
     def start(self) -> "ServeRun":
         """Start ``serve run`` and watch for /readyz 200 (returns at once; ``wait_ready`` waits)."""
         t0 = time.monotonic()
-        self.process = ManagedProcess("serve run", [str(Path(sys.executable).with_name("serve")), "run", str(self.cfg_path)],
-                                      self.log_path, env=self.env, cwd=REPO_ROOT, marker=self.marker)
+        self.process = ManagedProcess(
+            "serve run",
+            [str(Path(sys.executable).with_name("serve")), "run", str(self.cfg_path)],
+            self.log_path,
+            env=self.env,
+            cwd=REPO_ROOT,
+            marker=self.marker,
+        )
 
         def watch() -> None:
             try:

@@ -37,7 +37,7 @@ def deltas(text: str, seed: int = 0) -> list[str]:
     out, pos = [], 0
     while pos < len(text):
         n = rng.randint(1, 6)
-        out.append(text[pos:pos + n])
+        out.append(text[pos : pos + n])
         pos += n
     return out
 
@@ -58,13 +58,15 @@ def ogg_pages(data: bytes) -> list[dict]:
     """The Ogg pages of ``data`` (each CRC checked): flags, granule, serial, sequence, body."""
     pages, pos = [], 0
     while pos < len(data):
-        assert data[pos:pos + 4] == b"OggS"
+        assert data[pos : pos + 4] == b"OggS"
         _, _, flags, granule, serial, seq, crc, n = struct.unpack_from("<4sBBqIIIB", data, pos)
-        end = pos + 27 + n + sum(data[pos + 27:pos + 27 + n])
+        end = pos + 27 + n + sum(data[pos + 27 : pos + 27 + n])
         page = bytearray(data[pos:end])
         page[22:26] = b"\0\0\0\0"
         assert ogg_crc(bytes(page)) == crc, f"bad CRC on page {seq}"
-        pages.append({"flags": flags, "granule": granule, "serial": serial, "seq": seq, "body": data[pos + 27 + n:end]})
+        pages.append(
+            {"flags": flags, "granule": granule, "serial": serial, "seq": seq, "body": data[pos + 27 + n : end]}
+        )
         pos = end
     return pages
 
@@ -295,12 +297,22 @@ class Backend:
         raise NotImplementedError
 
     async def rows_at_least(self, n: int) -> dict:
-        return await wait_until_async(self.stats, 60, self.poll_s, until=lambda s: s["running_rows"] + s["waiting_rows"] >= n,
-                                      what=f"{n} rows decoding")
+        return await wait_until_async(
+            self.stats,
+            60,
+            self.poll_s,
+            until=lambda s: s["running_rows"] + s["waiting_rows"] >= n,
+            what=f"{n} rows decoding",
+        )
 
     async def idle(self, timeout_s: float = 30) -> dict:
-        return await wait_until_async(self.stats, timeout_s, self.poll_s,
-                                      until=lambda s: s["running_rows"] + s["waiting_rows"] == 0, what="the engine idle")
+        return await wait_until_async(
+            self.stats,
+            timeout_s,
+            self.poll_s,
+            until=lambda s: s["running_rows"] + s["waiting_rows"] == 0,
+            what="the engine idle",
+        )
 
 
 class InProcess(Backend):
@@ -311,7 +323,11 @@ class InProcess(Backend):
     name = "in-process"
     in_process = True
     poll_s = 0.005
-    sentences = ["The quick brown fox jumps high.", " Seven small birds sing today.", " A warm wind moves the tall trees."]
+    sentences = [
+        "The quick brown fox jumps high.",
+        " Seven small birds sing today.",
+        " A warm wind moves the tall trees.",
+    ]
     long_sentences = sentences
 
     def __init__(self, model) -> None:
@@ -353,9 +369,13 @@ class InProcess(Backend):
 
     async def stats(self) -> dict:
         e = self.engine
-        return {"running_rows": e.running_rows, "waiting_rows": e.waiting_rows, "steps": e.stats.steps,
-                "rows_cancelled": e.stats.rows_cancelled, "rows_finished": e.stats.rows_finished}
-
+        return {
+            "running_rows": e.running_rows,
+            "waiting_rows": e.waiting_rows,
+            "steps": e.stats.steps,
+            "rows_cancelled": e.stats.rows_cancelled,
+            "rows_finished": e.stats.rows_finished,
+        }
 
 
 class Served(Backend):
@@ -364,11 +384,15 @@ class Served(Backend):
 
     name = "serve"
     poll_s = 0.02
-    sentences = ["The quick brown fox jumps over the lazy dog near the quiet river.",
-                 " Seven small birds were singing their songs in the tall green trees."]
+    sentences = [
+        "The quick brown fox jumps over the lazy dog near the quiet river.",
+        " Seven small birds were singing their songs in the tall green trees.",
+    ]
     # Long sentences: rows still decoding while the first ones play.
-    long_sentences = [f" Sentence {w} is a long line of words that keeps the decoder busy for a while."
-                      for w in ("one", "two", "three", "four")]
+    long_sentences = [
+        f" Sentence {w} is a long line of words that keeps the decoder busy for a while."
+        for w in ("one", "two", "three", "four")
+    ]
 
     def __init__(self, app_url: str) -> None:
         self.app_url = app_url
@@ -403,13 +427,16 @@ class Served(Backend):
         return await asyncio.to_thread(acoustic_stats)
 
 
-
 def http_pcm(app_url: str, text: str, **body: Any) -> bytes:
     """One HTTP request's pcm, synthesised afresh (``no-store``: no cache lookup)."""
     import httpx
 
-    r = httpx.post(app_url + "/v1/audio/speech", json={"model": "chattts", "input": text, "response_format": "pcm", **body},
-                   headers={"Cache-Control": "no-store"}, timeout=180)
+    r = httpx.post(
+        app_url + "/v1/audio/speech",
+        json={"model": "chattts", "input": text, "response_format": "pcm", **body},
+        headers={"Cache-Control": "no-store"},
+        timeout=180,
+    )
     assert r.status_code == 200, r.text[:300]
     return r.content
 

@@ -24,6 +24,9 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
+from support.audio import assert_duration
+from support.cli import cli_command
+from support.engine import expected_samples
 
 from bench.lib.procs import MARKER_ENV, kill_marked
 from serve_app.batch.config import BatchRow
@@ -32,9 +35,6 @@ from serve_app.batch.rows import ERROR, TODO, Group, Item, audio_stem, check_row
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.planner import Planner
 from serve_app.engine.voices import OPENAI_VOICES
-from support.audio import assert_duration
-from support.cli import cli_command
-from support.engine import expected_samples
 
 GOOD = [
     {"id": "zh-1", "text": "你好，欢迎使用语音合成服务。"},
@@ -42,7 +42,11 @@ GOOD = [
     {"id": 3, "text": "今天天气很好，我们一起去公园散步吧。", "speed": 1.5, "response_format": "mp3"},
     {"id": "seeded", "text": "The quick brown fox jumps over the lazy dog.", "voice": "seed:42", "speaker": "ann"},
     # Two segments (over segments.max_seconds); an id that is not a plain file name.
-    {"id": "two parts/1", "text": "今天天气很好，我们一起去公园散步吧。请在下一个路口向左转，然后直走两百米。", "temperature": 0.5},
+    {
+        "id": "two parts/1",
+        "text": "今天天气很好，我们一起去公园散步吧。请在下一个路口向左转，然后直走两百米。",
+        "temperature": 0.5,
+    },
     {"id": "flac-1", "text": "会议改到明天下午三点，请大家准时参加。", "response_format": "flac", "voice": "nova"},
 ]
 # (row, what its reason says); lines of JSONL, a str is written as it is.
@@ -59,15 +63,22 @@ BAD = [
     ({"id": "twice", "text": "two"}, "duplicate_id"),
 ]
 # The seed each good row decodes with: its own, else its voice's.
-SEEDS = {"zh-1": OPENAI_VOICES["alloy"], "en-1": 7, "3": OPENAI_VOICES["alloy"], "seeded": 42,
-         "two parts/1": OPENAI_VOICES["alloy"], "flac-1": OPENAI_VOICES["nova"]}
+SEEDS = {
+    "zh-1": OPENAI_VOICES["alloy"],
+    "en-1": 7,
+    "3": OPENAI_VOICES["alloy"],
+    "seeded": 42,
+    "two parts/1": OPENAI_VOICES["alloy"],
+    "flac-1": OPENAI_VOICES["nova"],
+}
 COMMON = ("--num-cpus", "2", "--rows-per-call", "4")
 
 
 def batch_env(marker: str) -> dict[str, str]:
     env = dict(os.environ)  # CHATTTS_SERVE_CACHE: the session's weights (support.engine)
-    env.update({"CHATTTS_WEIGHTS": "random-tiny", "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1",
-                MARKER_ENV: marker})
+    env.update(
+        {"CHATTTS_WEIGHTS": "random-tiny", "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", MARKER_ENV: marker}
+    )
     env.pop("CHATTTS_WEIGHTS_PATH", None)
     env.pop("RAY_ADDRESS", None)  # a local Ray of its own, never another one
     return env
@@ -76,8 +87,13 @@ def batch_env(marker: str) -> dict[str, str]:
 def run_batch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     marker = uuid.uuid4().hex
     try:
-        return subprocess.run([*cli_command(), "batch", *args, *COMMON], capture_output=True, text=True,
-                              timeout=timeout, env=batch_env(marker))
+        return subprocess.run(
+            [*cli_command(), "batch", *args, *COMMON],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=batch_env(marker),
+        )
     finally:
         kill_marked(marker)  # anything of its Ray left behind (nothing, normally)
 
@@ -89,12 +105,23 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 def expected(row: dict) -> dict:
     """What the manifest must say of a good row, from the planner alone."""
-    opts = BatchRow.model_validate({**{k: v for k, v in row.items() if k in BatchRow.model_fields}, "id": str(row["id"])})
+    opts = BatchRow.model_validate(
+        {**{k: v for k, v in row.items() if k in BatchRow.model_fields}, "id": str(row["id"])}
+    )
     plan = Planner().plan(opts.text, opts.options())
     fmt = opts.response_format
-    return {"id": opts.id, "path": f"audio/{audio_stem(opts.id)}.{fmt}", "format": fmt, "samples": expected_samples(plan),
-            "seed": SEEDS[opts.id], "voice": opts.voice, "speed": opts.speed, "text": opts.text,
-            "normalized_text": " ".join(plan.texts), "segments": len(plan.segments)}
+    return {
+        "id": opts.id,
+        "path": f"audio/{audio_stem(opts.id)}.{fmt}",
+        "format": fmt,
+        "samples": expected_samples(plan),
+        "seed": SEEDS[opts.id],
+        "voice": opts.voice,
+        "speed": opts.speed,
+        "text": opts.text,
+        "normalized_text": " ".join(plan.texts),
+        "segments": len(plan.segments),
+    }
 
 
 def manifest(out: Path) -> dict[str, dict]:
@@ -177,8 +204,13 @@ def test_a_killed_run_resumes_and_writes_each_row_once(reference, tmp_path):
     marker = uuid.uuid4().hex
     log = tmp_path / "first.log"
     with open(log, "wb") as sink:
-        first = subprocess.Popen([*cli_command(), "batch", *args, *COMMON], env=batch_env(marker),
-                                 start_new_session=True, stdout=sink, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(
+            [*cli_command(), "batch", *args, *COMMON],
+            env=batch_env(marker),
+            start_new_session=True,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     journal_path = out / ".batch" / "journal.jsonl"
     try:
         deadline = time.monotonic() + 180
@@ -202,8 +234,10 @@ def test_a_killed_run_resumes_and_writes_each_row_once(reference, tmp_path):
 
     second = run_batch(*args)
     assert second.returncode == 3, second.stderr[-4000:]
-    assert (f"batch: {len(rows)} rows: {len(todo)} written, {len(committed)} skipped (done before), 2 failed"
-            in second.stderr), second.stderr[-3000:]
+    assert (
+        f"batch: {len(rows)} rows: {len(todo)} written, {len(committed)} skipped (done before), 2 failed"
+        in second.stderr
+    ), second.stderr[-3000:]
     # Each row committed once over both runs; the first run's files untouched by the second.
     assert collections.Counter(r["id"] for r in journal(out) if "path" in r) == collections.Counter(good_ids)
     for rid, st in before.items():
@@ -225,16 +259,21 @@ def test_rows_are_checked_and_planned_alike_from_csv_parquet_and_jsonl(tmp_path)
     """No Ray: what the driver and the plan tasks make of CSV cells (text; empty: absent; other
     columns never read), Parquet's typed columns and JSONL lines."""
     src = tmp_path / "in.csv"
-    src.write_text("id,text,seed,speed,notes,voice\n"
-                   'a,"Hello, world.",7,,12,\n'
-                   "b,你好。,,1.5,not a number,echo\n"
-                   "c,hi,x,,3,\n"
-                   ",no id,,,,\n")
+    src.write_text(
+        "id,text,seed,speed,notes,voice\n"
+        'a,"Hello, world.",7,,12,\n'
+        "b,你好。,,1.5,not a number,echo\n"
+        "c,hi,x,,3,\n"
+        ",no id,,,,\n"
+    )
     table = pyarrow.csv.read_csv(src, convert_options=csv_options())
     checked = [check_row(raw, "wav") for raw in raw_rows(table, "csv")]
     assert [(r.id if r else None, reason) for r, reason, _ in checked][:2] == [("a", None), ("b", None)]
     a, b = checked[0][0], checked[1][0]
-    assert (a.seed, a.voice, a.speed, a.response_format) == (7, "alloy", 1.0, "wav") and (b.seed, b.speed) == (None, 1.5)
+    assert (a.seed, a.voice, a.speed, a.response_format) == (7, "alloy", 1.0, "wav") and (b.seed, b.speed) == (
+        None,
+        1.5,
+    )
     assert checked[2][1].startswith("invalid_value: seed") and checked[3][1] == "invalid_value: id: Field required"
     # Parquet: integer ids, unknown columns reported; JSONL: a line per row, bad lines kept as reasons.
     typed = pa.Table.from_pylist([{"id": 1, "text": "one", "extra": 1.5}, {"id": 2, "text": "。", "extra": None}])
@@ -249,7 +288,9 @@ def test_rows_are_checked_and_planned_alike_from_csv_parquet_and_jsonl(tmp_path)
     out = plan_groups(pa.table({"group": pa.array([pickle.dumps(group)], pa.large_binary())}), limits)
     planned = pickle.loads(out.column("group")[0].as_py()).planned
     assert [(p["id"], p["status"], p.get("name"), p["permanent"]) for p in planned] == [
-        ("1", TODO, "1.flac", False), ("2", ERROR, None, True)]
+        ("1", TODO, "1.flac", False),
+        ("2", ERROR, None, True),
+    ]
     assert planned[1]["reason"].startswith("empty_input") and planned[0]["seed"] == OPENAI_VOICES["alloy"]
 
 
@@ -262,8 +303,20 @@ def test_file_names_and_recovery(tmp_path):
     out = tmp_path / "out"
     with OutputDir(out) as d:
         d.recover()
-        row = {"name": "a.wav", "audio": b"x" * 10, "id": "a", "format": "wav", "seconds": 1.0, "seed": 1, "voice": "alloy",
-               "speed": 1.0, "text": "t", "normalized_text": "t", "segments_count": 1, "weights": "random:w"}
+        row = {
+            "name": "a.wav",
+            "audio": b"x" * 10,
+            "id": "a",
+            "format": "wav",
+            "seconds": 1.0,
+            "seed": 1,
+            "voice": "alloy",
+            "speed": 1.0,
+            "text": "t",
+            "normalized_text": "t",
+            "segments_count": 1,
+            "weights": "random:w",
+        }
         d.commit(row)
         d.commit({**row, "name": "b.wav", "id": "b"})
         d.error("f", "empty_input: nothing to speak", key="k1")  # refused for what it holds: remembered

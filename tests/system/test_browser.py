@@ -21,7 +21,6 @@ import av
 import pytest
 import srt
 import webvtt
-
 from support.app import app_args, ingress_settings
 from support.clips import encode, speechlike
 from support.report import report
@@ -32,9 +31,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 API_KEY = "sk-page-test"
 # About a minute of speech: the response streams for seconds, so playback can start long before it ends.
-LONG_TEXT = "".join(
-    f"这是第{n}句话，用来测试网页在音频还在生成的时候就开始播放。" for n in "一二三四五六七八九十"
-) + "Hello from the browser test, this sentence is here to make the stream last a little longer."
+LONG_TEXT = (
+    "".join(f"这是第{n}句话，用来测试网页在音频还在生成的时候就开始播放。" for n in "一二三四五六七八九十")
+    + "Hello from the browser test, this sentence is here to make the stream last a little longer."
+)
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if not Path(CHROMIUM).exists():
@@ -54,10 +54,14 @@ def server(app_url, tmp_path_factory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator["sync_api.Browser"]:
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--autoplay-policy=no-user-gesture-required",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        ])
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--autoplay-policy=no-user-gesture-required",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+            ],
+        )
         yield b
         b.close()
 
@@ -96,7 +100,9 @@ def speak(pg, text: str | None, fmt: str = "mp3", timeout_s: float = 240) -> dic
 
 
 def wait_response(pg, timeout_s: float = 240) -> dict:
-    wait_js(pg, "window.ttsTimeline && (window.ttsTimeline.responseEnd !== null || window.ttsTimeline.error)", timeout_s)
+    wait_js(
+        pg, "window.ttsTimeline && (window.ttsTimeline.responseEnd !== null || window.ttsTimeline.error)", timeout_s
+    )
     return pg.evaluate("window.ttsTimeline")
 
 
@@ -137,12 +143,17 @@ def test_audio_plays_before_the_response_has_finished(page):
         seconds = sum(frame.samples for frame in f.decode(audio=0)) / 24000
     assert abs(seconds - page.evaluate("window.ttsTimeline.audioSeconds")) < 0.2
     wait_js(page, "document.querySelector('#stat-rtf').textContent !== '–'")
-    print(f"\ntimeline: first byte {t['firstByte'] - t['start']:.0f} ms, first audio {t['firstAudio'] - t['start']:.0f} ms, "
-          f"first clock tick {playing[0][0] - t['start']:.0f} ms at {playing[0][1]:.2f} s, response end "
-          f"{t['responseEnd'] - t['start']:.0f} ms, {t['chunks']} chunks")
+    print(
+        f"\ntimeline: first byte {t['firstByte'] - t['start']:.0f} ms, first audio {t['firstAudio'] - t['start']:.0f} ms, "
+        f"first clock tick {playing[0][0] - t['start']:.0f} ms at {playing[0][1]:.2f} s, response end "
+        f"{t['responseEnd'] - t['start']:.0f} ms, {t['chunks']} chunks"
+    )
     ttfa, total = t["firstAudio"] - t["start"], t["responseEnd"] - t["start"]
-    report("browser: first audio (mp3 via MSE), tiny weights", f"{ttfa:.0f} ms after the click; response ended at "
-           f"{total:.0f} ms; first byte {t['firstByte'] - t['start']:.0f} ms; RTF {page.inner_text('#stat-rtf')}")
+    report(
+        "browser: first audio (mp3 via MSE), tiny weights",
+        f"{ttfa:.0f} ms after the click; response ended at "
+        f"{total:.0f} ms; first byte {t['firstByte'] - t['start']:.0f} ms; RTF {page.inner_text('#stat-rtf')}",
+    )
 
 
 def test_pcm_streams_through_web_audio(page):
@@ -152,8 +163,10 @@ def test_pcm_streams_through_web_audio(page):
     # The audio graph's clock had played samples while later chunks were still arriving.
     assert [when for when, played in t["plays"] if played > 0 and when < t["responseEnd"]], t["plays"]
     assert abs(t["audioSeconds"] * 24000 * 2 - t["bytes"]) <= 2
-    report("browser: first audio (pcm via Web Audio), tiny weights",
-           f"{t['firstAudio'] - t['start']:.0f} ms after the click (first byte {t['firstByte'] - t['start']:.0f} ms)")
+    report(
+        "browser: first audio (pcm via Web Audio), tiny weights",
+        f"{t['firstAudio'] - t['start']:.0f} ms after the click (first byte {t['firstByte'] - t['start']:.0f} ms)",
+    )
 
 
 def test_a_voice_made_from_an_uploaded_clip_is_used(page, tmp_path):
@@ -195,8 +208,12 @@ def test_a_voice_recorded_with_the_microphone(page):
     page.fill("#voice-name", name)
     page.fill("#voice-transcript", "滴，滴，滴。")
     page.click("#create-voice")
-    wait_js(page, "document.querySelector('#voice-status').textContent.includes('Created') || "
-                  "!document.querySelector('#error').hidden", 120)
+    wait_js(
+        page,
+        "document.querySelector('#voice-status').textContent.includes('Created') || "
+        "!document.querySelector('#error').hidden",
+        120,
+    )
     assert page.is_hidden("#error"), page.inner_text("#error")
     assert "clip, 3" in page.locator("#voice-list li", has_text=name).inner_text()
 
@@ -213,9 +230,11 @@ def test_errors_are_shown_readably(page):
 
 
 def caption_lines(pg) -> list[dict]:
-    return pg.evaluate("[...document.querySelectorAll('#captions li')].map(li => ({index: Number(li.dataset.index), "
-                       "when: li.querySelector('.when').textContent, who: (li.querySelector('.who') || {}).textContent, "
-                       "say: li.querySelector('.say').textContent}))")
+    return pg.evaluate(
+        "[...document.querySelectorAll('#captions li')].map(li => ({index: Number(li.dataset.index), "
+        "when: li.querySelector('.when').textContent, who: (li.querySelector('.who') || {}).textContent, "
+        "say: li.querySelector('.say').textContent}))"
+    )
 
 
 def vtt_seconds(stamp: str) -> float:
@@ -266,12 +285,16 @@ def test_captions_stream_in_and_follow_the_audio(page, tmp_path):
     cues = list(webvtt.from_string(files["vtt"]))
     assert [c.text for c in cues] == [s["text"] for s in segments]
     assert [(vtt_seconds(c.start), vtt_seconds(c.end)) for c in cues] == [
-        pytest.approx((s["start"], s["end"]), abs=1e-3) for s in segments]
+        pytest.approx((s["start"], s["end"]), abs=1e-3) for s in segments
+    ]
     subs = list(srt.parse(files["srt"]))
     assert [c.content for c in subs] == [c.text for c in cues]
     assert subs[-1].end.total_seconds() == pytest.approx(segments[-1]["end"], abs=1e-3)
-    report("browser: captions (wav, Web Audio)", f"first line {t['segmentArrivals'][0] - t['start']:.0f} ms after the "
-           f"click, response end {t['responseEnd'] - t['start']:.0f} ms, {len(segments)} lines")
+    report(
+        "browser: captions (wav, Web Audio)",
+        f"first line {t['segmentArrivals'][0] - t['start']:.0f} ms after the "
+        f"click, response end {t['responseEnd'] - t['start']:.0f} ms, {len(segments)} lines",
+    )
 
 
 def test_the_ssml_example_plays_with_its_segments(page):
@@ -323,7 +346,9 @@ def test_a_dialogue_of_two_voices_plays_with_speakers_on_its_captions(page):
     t = speak(page, None, "pcm")
     assert t["error"] is None, t["error"]
     assert [(x["voice"], x["input"]) for x in sent[-1]["turns"]] == [
-        ("alloy", "Hello, welcome to the show."), ("echo", "谢谢，很高兴来到这里。")]
+        ("alloy", "Hello, welcome to the show."),
+        ("echo", "谢谢，很高兴来到这里。"),
+    ]
     segments = t["segments"]
     assert {s["turn"]: s["speaker"] for s in segments} == {0: "alloy", 1: "echo"}
     first_of_1 = next(i for i, s in enumerate(segments) if s["turn"] == 1)

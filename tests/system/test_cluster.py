@@ -3,9 +3,9 @@ declare the GPU node shape config/serve.gpu.yaml is sized for, 8 CPUs and one GP
 the Serve config derived from config/serve.gpu.yaml (tiny random weights on the CPU, small bounds,
 delays of seconds), deployed with ``serve deploy``.
 
-One cluster for the whole module (the last test adds a CPU-only node, as a CPU group would). It is a separate Ray made of ``ray start`` processes with its
-own ports and temp dir, driven only through HTTP, Serve's REST API and the ``serve`` CLI: this
-process never calls ``ray.init``, so the session's local Ray of the other Serve tests
+One cluster for the whole module (the last test adds a CPU-only node, as a CPU group would). It is a
+separate Ray made of ``ray start`` processes with its own ports and temp dir, driven only through
+HTTP, Serve's REST API and the ``serve`` CLI: this process never calls ``ray.init``, so the session's local Ray of the other Serve tests
 (support.app.ray_session) can run before, after or beside it, and neither can attach to the
 other. Marker ``cluster`` (deselect with ``-m "not cluster"``).
 
@@ -27,6 +27,9 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from support.audio import snr_db
+from support.report import report
+from support.waiting import wait_until, wait_until_async
 
 from bench.lib.cluster import LocalCluster, cluster_config, write_config
 from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
@@ -36,10 +39,6 @@ from bench.lib.procs import free_port, wait_for
 from bench.lib.serve import GPU_CONFIG, get_path, set_path
 from serve_app.engine.wav import with_true_length
 from serve_app.serving.kuberay import GPU_POD, cpu_pod
-from support.audio import snr_db
-from support.report import report
-from support.waiting import wait_until, wait_until_async
-
 
 FAILOVER_BOUNDS = (2, 2)
 
@@ -80,7 +79,8 @@ class App:
             apps = self.cluster.serve_details().get("applications") or {}
             return {"chattts", "caller"} <= set(apps) and all(
                 a["status"] == "RUNNING" and all(d["status"] == "HEALTHY" for d in a["deployments"].values())
-                for a in apps.values())
+                for a in apps.values()
+            )
 
         wait_for(settled, 300, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY")
         return time.monotonic() - t0
@@ -94,7 +94,7 @@ class App:
         for f in (self.cluster.session_logs() / "serve").glob("replica_chattts_Acoustic_*.log"):
             for line in f.read_text(errors="replace").splitlines():
                 if "Acoustic placement {" in line:
-                    p = json.loads(line[line.index("{"):])
+                    p = json.loads(line[line.index("{") :])
                     out[p["replica"]] = p
         return out
 
@@ -119,8 +119,11 @@ def app(request, chattts_cache_dir) -> App:
 
 
 def _gpu_nodes(cluster: LocalCluster, alive: bool = False) -> set[str]:
-    return {n["node_id"] for n in cluster.list_nodes()
-            if n["resources_total"].get("GPU", 0) >= 1 and (not alive or n["state"] == "ALIVE")}
+    return {
+        n["node_id"]
+        for n in cluster.list_nodes()
+        if n["resources_total"].get("GPU", 0) >= 1 and (not alive or n["state"] == "ALIVE")
+    }
 
 
 def test_handle_call_from_another_serve_application(app):
@@ -148,6 +151,7 @@ def _wait_acoustic(app: App, n: int, timeout_s: float, what: str) -> list[dict]:
     Stopping ones are let be: a replica that never got a node (its GPU share was not free) and is
     then scaled down stays STOPPING for ``graceful_shutdown_timeout_s`` - Serve queues its graceful
     shutdown call on an actor that never started and waits out the timeout (docs/operations.md)."""
+
     def probe() -> list[dict]:
         live = app.acoustic(states=None)
         running = [r for r in live if r["state"] == "RUNNING"]
@@ -188,8 +192,12 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # Scaled within the configured delays (plus a push interval and the look-back to see the load).
     slack = auto["upscale_delay_s"] + auto["look_back_period_s"] + auto["metrics_interval_s"] + 5
     assert decided_s <= slack, f"target raised {decided_s:.1f} s after the step (allowed {slack:g} s)"
-    report("cluster: load step -> Acoustic target raised / 3 replicas running", f"{decided_s:.1f} s / {running_s:.1f} s")
-    report("cluster: load fall -> back to 1 replica", f"{down_s:.1f} s (downscale_delay_s {auto['downscale_delay_s']:g})")
+    report(
+        "cluster: load step -> Acoustic target raised / 3 replicas running", f"{decided_s:.1f} s / {running_s:.1f} s"
+    )
+    report(
+        "cluster: load fall -> back to 1 replica", f"{down_s:.1f} s (downscale_delay_s {auto['downscale_delay_s']:g})"
+    )
 
     # Placement: only on GPU nodes; 3 replicas on 2 GPUs, so two share one node's GPU (0.5 each).
     gpu_nodes = _gpu_nodes(cluster)
@@ -199,14 +207,24 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     shared = [placements[r["replica_id"]] for r in peak if per_node[r["node_id"]] == 2]
     assert [p["gpu_ids"] for p in shared] == [["0"], ["0"]], shared
     assert all(placements[r["replica_id"]]["node_id"] == r["node_id"] for r in peak)
-    report("cluster: replica -> node -> GPU ids at the peak", "; ".join(
-        f"{r['replica_id']} -> {r['node_id'][:8]} -> {placements[r['replica_id']]['gpu_ids']}" for r in peak))
+    report(
+        "cluster: replica -> node -> GPU ids at the peak",
+        "; ".join(f"{r['replica_id']} -> {r['node_id'][:8]} -> {placements[r['replica_id']]['gpu_ids']}" for r in peak),
+    )
 
     # The decision is visible: the controller's gauge on the head node and its Serve log.
-    desired = [float(m.group(1)) for m in re.finditer(r'ray_tts_autoscale_desired_replicas\{[^}]*deployment="Acoustic"[^}]*\} (\S+)', metrics)]
+    desired = [
+        float(m.group(1))
+        for m in re.finditer(r'ray_tts_autoscale_desired_replicas\{[^}]*deployment="Acoustic"[^}]*\} (\S+)', metrics)
+    ]
     assert desired and max(desired) >= 2, metrics[-2000:]
     dashboard = json.loads((REPO / "deploy" / "grafana" / "chattts-serve.json").read_text())
-    panel_names = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"\b(ray_tts_autoscale_[a-z_]+)", t["expr"])}
+    panel_names = {
+        m
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"\b(ray_tts_autoscale_[a-z_]+)", t["expr"])
+    }
     assert panel_names and all(f"{m}{{" in metrics for m in panel_names), panel_names  # the dashboard's names are real
     logs = "".join(f.read_text(errors="replace") for f in (cluster.session_logs() / "serve").glob("controller_*.log"))
     assert re.search(r"autoscale Acoustic: .* -> desired [23] ", logs)
@@ -214,11 +232,17 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # Nothing lost: every request 200 with all its audio, and a removed replica drained open streams.
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and len(load.records) >= 10, bad
-    drained = [f.name for f in (cluster.session_logs() / "serve").glob("replica_chattts_Acoustic_*.log")
-               if re.search(r"to shut down: [1-9]\d* ongoing requests", f.read_text(errors="replace"))]
+    drained = [
+        f.name
+        for f in (cluster.session_logs() / "serve").glob("replica_chattts_Acoustic_*.log")
+        if re.search(r"to shut down: [1-9]\d* ongoing requests", f.read_text(errors="replace"))
+    ]
     # Whether a removed replica still had a stream open when told to stop depends on timing (the
     # load's requests are short); when one did, the completeness check above covers its drain.
-    report("cluster: step load requests", f"{len(load.records)}, all complete; replicas drained with open streams: {len(drained)}")
+    report(
+        "cluster: step load requests",
+        f"{len(load.records)}, all complete; replicas drained with open streams: {len(drained)}",
+    )
 
 
 async def test_killed_gpu_node_fails_only_its_streams_and_replicas_come_back(app):
@@ -254,7 +278,9 @@ async def test_killed_gpu_node_fails_only_its_streams_and_replicas_come_back(app
         async def served_since_back() -> int:  # keep sending once they are back
             return sum(1 for r in load.records if r.t_send >= t_back and r.t_end is not None)
 
-        await wait_until_async(served_since_back, 60, 0.2, until=lambda n: n >= 4, what="4 requests answered after the replicas came back")
+        await wait_until_async(
+            served_since_back, 60, 0.2, until=lambda n: n >= 4, what="4 requests answered after the replicas came back"
+        )
         await load.stop()
 
     open_at_kill = [r for r in load.records if r.t_send < t_kill0 and (r.t_end is None or r.t_end > t_kill0)]
@@ -267,26 +293,36 @@ async def test_killed_gpu_node_fails_only_its_streams_and_replicas_come_back(app
     for status, body in load.error_bodies:
         assert status >= 500 and {"message", "type", "code"} <= set(json.loads(body)["error"]), (status, body)
     afterwards = [r for r in load.records if r.t_send >= t_kill]
-    assert afterwards and all(complete(r, expected) for r in afterwards), [(r.status, r.error) for r in afterwards if not complete(r, expected)]
+    assert afterwards and all(complete(r, expected) for r in afterwards), [
+        (r.status, r.error) for r in afterwards if not complete(r, expected)
+    ]
     # The lost replicas came back on the surviving GPU node, sharing its GPU.
     placements = app.placements()
     assert not lost & {r["replica_id"] for r in after}
     assert {r["node_id"] for r in after} <= _gpu_nodes(cluster) - {victim.node_id}
     assert all(placements[r["replica_id"]]["gpu_ids"] == ["0"] for r in after)
-    report("cluster: GPU node killed", f"{len(lost)} of {len(before)} Acoustic replicas on it; "
-           f"{len(failed)} of {len(open_at_kill)} streams open at the kill cut "
-           f"({sorted({r.error or r.status for r in failed}, key=str)}), {len(afterwards)} requests sent afterwards all complete; "
-           f"replicas back on the other node {back_s:.1f} s after the kill")
+    report(
+        "cluster: GPU node killed",
+        f"{len(lost)} of {len(before)} Acoustic replicas on it; "
+        f"{len(failed)} of {len(open_at_kill)} streams open at the kill cut "
+        f"({sorted({r.error or r.status for r in failed}, key=str)}), {len(afterwards)} requests sent afterwards all complete; "
+        f"replicas back on the other node {back_s:.1f} s after the kill",
+    )
 
 
 def test_serve_deploy_of_a_user_config_change_restarts_nothing(app):
     """An Acoustic user_config change through ``serve deploy`` reconfigures the running replicas in
     place: the same replica ids, actors and processes before and after, and the new value live."""
+
     def replicas() -> dict[str, tuple]:
         apps = app.cluster.serve_details()["applications"]
-        return {f"{name}/{d}/{r['replica_id']}": (r.get("actor_id"), r.get("actor_name"), r.get("pid"))
-                for name, a in apps.items() for d, dep in a["deployments"].items() for r in dep["replicas"]
-                if r["state"] == "RUNNING"}  # not one left STOPPING by the last test (see _wait_acoustic)
+        return {
+            f"{name}/{d}/{r['replica_id']}": (r.get("actor_id"), r.get("actor_name"), r.get("pid"))
+            for name, a in apps.items()
+            for d, dep in a["deployments"].items()
+            for r in dep["replicas"]
+            if r["state"] == "RUNNING"
+        }  # not one left STOPPING by the last test (see _wait_acoustic)
 
     cfg = app.config(acoustic_bounds=FAILOVER_BOUNDS)  # as the last test left it: only user_config changes
     _wait_acoustic(app, 2, 120, "the 2 Acoustic replicas of the last test, settled")
@@ -341,19 +377,29 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         """node -> CPU-stage replicas of the new version RUNNING there. The old Vocoder replica
         stays on the head: Serve replaces an outdated replica once the new ones reach the target,
         which this one never does."""
-        return {n: collections.Counter(r["node_id"] for r in cluster.replicas(n) if r["replica_id"] not in old)
-                for n in CPU_STAGES}
+        return {
+            n: collections.Counter(r["node_id"] for r in cluster.replicas(n) if r["replica_id"] not in old)
+            for n in CPU_STAGES
+        }
 
     def placed_on(workers: set[str]):
         """Every CPU stage up, and the Vocoder at its per-node bound on each of ``workers`` (it asked for more)."""
-        return lambda running: all(running[n] for n in CPU_STAGES) and all(
-            running["Vocoder"][node] == per_node["Vocoder"] for node in workers)
+        return lambda running: (
+            all(running[n] for n in CPU_STAGES)
+            and all(running["Vocoder"][node] == per_node["Vocoder"] for node in workers)
+        )
 
     def unplaced() -> int:
         return sum(1 for r in cluster.replicas("Vocoder", states=None) if not r.get("node_id"))
 
-    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed_on(gpu_nodes),
-                            what="GPU nodes only: the CPU stages placed, the Vocoder at its bound on each GPU node")
+    await asyncio.to_thread(
+        wait_until,
+        running_per_node,
+        300,
+        2.0,
+        until=placed_on(gpu_nodes),
+        what="GPU nodes only: the CPU stages placed, the Vocoder at its bound on each GPU node",
+    )
     waiting = await asyncio.to_thread(unplaced)
     assert waiting >= per_node["Vocoder"] + 1, waiting  # the bounds left them nowhere to go
     placed_s = time.monotonic() - t0
@@ -362,12 +408,20 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     cpu_cpus = cpu_pod(shipped)["cpu"]
     cpu_node = cluster.add_worker(cpus=cpu_cpus, gpus=0).node_id  # in this thread, as above
     workers = gpu_nodes | {cpu_node}
-    await asyncio.to_thread(wait_until, running_per_node, 300, 2.0, until=placed_on(workers),
-                            what="with a CPU group: the Vocoder at its bound on the CPU node too")
+    await asyncio.to_thread(
+        wait_until,
+        running_per_node,
+        300,
+        2.0,
+        until=placed_on(workers),
+        what="with a CPU group: the Vocoder at its bound on the CPU node too",
+    )
     left = await asyncio.to_thread(unplaced)
     assert left == waiting - per_node["Vocoder"] and left >= 1, (waiting, left)  # still asks for more
     await asyncio.to_thread(_wait_acoustic, app, 2, 240, "2 Acoustic replicas (min_replicas)")
-    await asyncio.to_thread(wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 1.0, "/readyz 200")
+    await asyncio.to_thread(
+        wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 1.0, "/readyz 200"
+    )
     cpu_group_s = time.monotonic() - t0 - placed_s
 
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, get_path(cfg, SEGMENTS))
@@ -395,12 +449,17 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         assert total <= nodes[node]["resources_total"]["CPU"], (node, held)
         assert held["Vocoder"] == per_node["Vocoder"], (node, held)
         kind = "CPU node" if node == cpu_node else "GPU node"
-        layout.append(f"{kind} {node[:8]}: {per_gpu_node[node]} Acoustic + " + ", ".join(f"{held[n]} {n}" for n in CPU_STAGES)
-                      + f" = {total:g} of {nodes[node]['resources_total']['CPU']:g} CPUs")
+        layout.append(
+            f"{kind} {node[:8]}: {per_gpu_node[node]} Acoustic + "
+            + ", ".join(f"{held[n]} {n}" for n in CPU_STAGES)
+            + f" = {total:g} of {nodes[node]['resources_total']['CPU']:g} CPUs"
+        )
     assert sum(1 for r in reps["Vocoder"] if not r.get("node_id")) >= 1, reps["Vocoder"]
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and load.records, bad
-    report("cluster: CPU stages as shipped, Vocoder forced to 8: GPU nodes only / + a CPU node / 2 -> 4 Acoustic running",
-           f"placed in {placed_s:.1f} s ({waiting} without a node) / {cpu_group_s:.1f} s ({left} without a node)"
-           f" / {running_s:.1f} s after the load")
+    report(
+        "cluster: CPU stages as shipped, Vocoder forced to 8: GPU nodes only / + a CPU node / 2 -> 4 Acoustic running",
+        f"placed in {placed_s:.1f} s ({waiting} without a node) / {cpu_group_s:.1f} s ({left} without a node)"
+        f" / {running_s:.1f} s after the load",
+    )
     report("cluster: per node at the peak", "; ".join(layout))

@@ -27,13 +27,13 @@ import sys
 import pytest
 import torch
 import torch.nn.utils.parametrize as P
+from support.engine import drain, fixed_chunks, seg, streamed_vs_one_shot
 
 from bench.lib.procs import REPO_ROOT as REPO
 from serve_app.engine.acoustic import KV_HEADROOM, AcousticEngine
 from serve_app.engine.config import ModelConfig
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.weights.loading import load_model
-from support.engine import drain, fixed_chunks, seg, streamed_vs_one_shot
 
 CUDA = torch.cuda.is_available()
 _no_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -80,8 +80,14 @@ def model_on(tiny_weights_config):
 
     def get(device: str, dtype: str):
         if (device, dtype) not in loaded:
-            cfg = ModelConfig(weights=tiny_weights_config, device=device, dtype=dtype, torch_threads=1,
-                              cpu_dual_layout=False, quantize="none")  # the dtype itself (int8: test_quant.py)
+            cfg = ModelConfig(
+                weights=tiny_weights_config,
+                device=device,
+                dtype=dtype,
+                torch_threads=1,
+                cpu_dual_layout=False,
+                quantize="none",
+            )  # the dtype itself (int8: test_quant.py)
             loaded[device, dtype] = load_model(cfg)
         return loaded[device, dtype]
 
@@ -149,11 +155,17 @@ def test_same_tokens_as_cpu_float32(device, dtype, model_on, tiny_model, spk, re
         worst_logits, worst_hidden = max(worst_logits, d_logits), max(worst_hidden, d_hidden)
     # Rows decode in one batch: the comparison must cover decode steps, not only the prefill.
     assert sum(compared) >= 2 * len(ROWS), compared
-    for key, value in (("same_tokens", same_tokens), ("compared_tokens", compared),
-                       ("max_logit_diff", float(f"{worst_logits:.3g}")), ("max_hidden_diff", float(f"{worst_hidden:.3g}"))):
+    for key, value in (
+        ("same_tokens", same_tokens),
+        ("compared_tokens", compared),
+        ("max_logit_diff", float(f"{worst_logits:.3g}")),
+        ("max_hidden_diff", float(f"{worst_hidden:.3g}")),
+    ):
         record_property(key, value)
-    print(f"\n{device}/{dtype}: same tokens per row {same_tokens} of {TOKENS}; compared {compared}; "
-          f"max |logits diff| {worst_logits:.2e}, max |hidden diff| {worst_hidden:.2e}")
+    print(
+        f"\n{device}/{dtype}: same tokens per row {same_tokens} of {TOKENS}; compared {compared}; "
+        f"max |logits diff| {worst_logits:.2e}, max |hidden diff| {worst_hidden:.2e}"
+    )
 
 
 @pytest.mark.gpu
@@ -172,8 +184,10 @@ def test_streamed_audio_matches_one_shot(device, dtype, model_on, spk, record_pr
     assert r["samples"] == 512 * 240 - 256
     for key in ("snr_db", "worst_edge", "peak"):
         record_property(key, float(f"{r[key]:.4g}"))
-    print(f"\n{device}/{dtype}: streamed vs one-shot SNR {r['snr_db']:.1f} dB, worst error near a chunk edge "
-          f"{r['worst_edge']:.2e} (peak {r['peak']:.3f})")
+    print(
+        f"\n{device}/{dtype}: streamed vs one-shot SNR {r['snr_db']:.1f} dB, worst error near a chunk edge "
+        f"{r['worst_edge']:.2e} (peak {r['peak']:.3f})"
+    )
     assert r["peak"] > 0
     assert r["snr_db"] >= 30.0
     assert r["worst_edge"] <= 0.03 * r["peak"]
@@ -230,7 +244,9 @@ def test_cancel_and_retire_free_kv_memory(device, dtype, model_on, spk, record_p
         steps += 1
     one = used()
     assert engine.running_rows == 1 and engine.stats.rows_cancelled == 3
-    assert base < one <= base + (four - base) / 2, f"3 of 4 rows cancelled, KV {one - base} of {four - base} bytes after {steps} steps"
+    assert base < one <= base + (four - base) / 2, (
+        f"3 of 4 rows cancelled, KV {one - base} of {four - base} bytes after {steps} steps"
+    )
     streams[3].cancel()
     engine.run_until_idle()
     assert kv_bytes(engine) == 0 and base <= used() <= base + slack, used() - base
@@ -257,12 +273,21 @@ def test_gpu_check_dry_run(tmp_path):
     variant is the same code with another config (bench/test_gpu_plan.py). Starts Ray (a system test)."""
     out = tmp_path / "gpu"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "bench", "gpu", "--dry-run", "--steps", "tests,ceiling,serve_2x0.5",
-                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "gpu", "--dry-run", "--steps", "tests,ceiling,serve_2x0.5", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert {k: s["status"] for k, s in report["steps"].items()} == {
-        "tests": "ok", "ceiling": "ok", "serve_2x0.5": "ok"}, report["steps"]
+        "tests": "ok",
+        "ceiling": "ok",
+        "serve_2x0.5": "ok",
+    }, report["steps"]
     tests = report["tests"]
     assert tests["summary"]["failed"] == tests["summary"]["errors"] == 0
     assert tests["summary"]["passed"] >= 2  # the CPU pairs of the test the dry run selects

@@ -37,9 +37,19 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
     base.update(HOME=str(home), RAY_TMPDIR=ray_tmp, **{MARKER_ENV: marker})
     gcs, dash = free_port(), free_port()
     ray = str(Path(sys.executable).with_name("ray"))
-    start = [ray, "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}", "--num-cpus=1",
-             "--include-dashboard=true", "--disable-usage-stats"]
+    start = [
+        ray,
+        "start",
+        "--head",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        "--num-cpus=1",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+    ]
     refused = subprocess.run(start, env={**base, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "no authentication token was found" in refused.stderr, refused.stderr[-2000:]
     assert not (home / ".ray" / "auth_token").exists()  # ray start makes none up
@@ -48,7 +58,9 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
     env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     log = tmp_path / "head.log"
     with open(log, "wb") as out:
-        head = subprocess.Popen([*start, "--block"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        head = subprocess.Popen(
+            [*start, "--block"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{dash}"
     try:
         deadline = time.monotonic() + 180
@@ -65,19 +77,36 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
         assert httpx.put(url + "/api/serve/applications/", json={"applications": []}, timeout=10).status_code == 401
         assert httpx.get(url + "/api/jobs/", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 403
         assert httpx.get(url + "/api/jobs/", headers=bearer, timeout=10).status_code == 200
-        assert httpx.get(url + "/api/jobs/", headers={"x-ray-authorization": f"Bearer {token}"},
-                         timeout=10).status_code == 200  # the header the KubeRay operator sends
+        assert (
+            httpx.get(url + "/api/jobs/", headers={"x-ray-authorization": f"Bearer {token}"}, timeout=10).status_code
+            == 200
+        )  # the header the KubeRay operator sends
         driver = f"import ray; ray.init(address='127.0.0.1:{gcs}', log_to_driver=False); print(ray.cluster_resources()['CPU'])"
         ok = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
         assert ok.returncode == 0 and ok.stdout.strip().endswith("1.0"), ok.stderr[-2000:]
         # A refused driver retries its GCS lookup once a second, RAY_NUM_REDIS_GET_RETRIES (20) times.
-        wrong = subprocess.run([sys.executable, "-c", driver], env={**env, "RAY_AUTH_TOKEN": "f" * 64,
-                                                                   "RAY_NUM_REDIS_GET_RETRIES": "3"},
-                               capture_output=True, text=True, timeout=120)
+        wrong = subprocess.run(
+            [sys.executable, "-c", driver],
+            env={**env, "RAY_AUTH_TOKEN": "f" * 64, "RAY_NUM_REDIS_GET_RETRIES": "3"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert wrong.returncode != 0
-        node = subprocess.run([ray, "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
-                               f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
-                              env={**env, "RAY_AUTH_TOKEN": "f" * 64}, capture_output=True, text=True, timeout=120)
+        node = subprocess.run(
+            [
+                ray,
+                "start",
+                f"--address=127.0.0.1:{gcs}",
+                "--num-cpus=1",
+                f"--dashboard-agent-listen-port={free_port()}",
+                "--disable-usage-stats",
+            ],
+            env={**env, "RAY_AUTH_TOKEN": "f" * 64},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert node.returncode != 0 and "InvalidAuthToken" in node.stderr, node.stderr[-2000:]
         nodes = httpx.get(url + "/api/v0/nodes", headers=bearer, timeout=10).json()["data"]["result"]["result"]
         assert sum(n["state"] == "ALIVE" for n in nodes) == 1

@@ -29,7 +29,6 @@ import time
 
 import httpx
 import pytest
-
 from support.app import app_args, replica_pids, rss_mb
 from support.http import speech_body
 from support.report import report
@@ -106,11 +105,19 @@ async def test_soak_mixed_requests_no_errors_flat_memory(app_url):
     first, last = samples[0], samples[-1]
     growth = {k: (last[k] - first[k]) / first[k] for k in first}
     report("soak: warm-up requests / seconds / cache hits", f"{warm} / {warm_s:.0f} / {warm_hits}")
-    report("soak: requests / errors / cache hits / seconds", f"{SOAK_REQUESTS} / {len(soak.errors)} / {soak.hits - warm_hits} / {elapsed:.0f}")
-    report("soak: RSS growth after warm-up", ", ".join(f"{k} {100 * g:+.1f}% ({last[k]:.0f} MB)" for k, g in growth.items()))
+    report(
+        "soak: requests / errors / cache hits / seconds",
+        f"{SOAK_REQUESTS} / {len(soak.errors)} / {soak.hits - warm_hits} / {elapsed:.0f}",
+    )
+    report(
+        "soak: RSS growth after warm-up",
+        ", ".join(f"{k} {100 * g:+.1f}% ({last[k]:.0f} MB)" for k, g in growth.items()),
+    )
     report("soak: RSS per sample (MB)", "; ".join(f"{k} " + " ".join(f"{s[k]:.0f}" for s in samples) for k in first))
-    report("soak: smallest per-request leak it fails on",
-           ", ".join(f"{k} {MAX_GROWTH * first[k] * 1024 / SOAK_REQUESTS:.0f} KB" for k in first))
+    report(
+        "soak: smallest per-request leak it fails on",
+        ", ".join(f"{k} {MAX_GROWTH * first[k] * 1024 / SOAK_REQUESTS:.0f} KB" for k in first),
+    )
     assert not soak.errors, soak.errors[:10]
     assert soak.hits - warm_hits > 0, "no cache hit among the measured requests"
     assert all(g < MAX_GROWTH for g in growth.values()), growth

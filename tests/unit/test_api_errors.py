@@ -9,8 +9,8 @@ import pytest
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from serve_app.errors import as_api_error
 from serve_app.engine.errors import EmptyInputError, EngineOverloaded, InvalidClipError, UnknownVoiceError
+from serve_app.errors import as_api_error
 
 
 def test_a_full_stage_queue_is_503_with_retry_after():
@@ -18,12 +18,15 @@ def test_a_full_stage_queue_is_503_with_retry_after():
     assert (err.status, err.code, err.headers.get("Retry-After")) == (503, "overloaded", "1")
 
 
-@pytest.mark.parametrize("exc, status, code", [
-    (UnknownVoiceError("unknown voice 'zz'"), 404, "voice_not_found"),
-    (InvalidClipError("the clip is silent"), 400, "invalid_audio"),
-    (EmptyInputError("input is empty after normalisation"), 400, "empty_input"),
-    (EngineOverloaded("queue full"), 503, "overloaded"),
-])
+@pytest.mark.parametrize(
+    "exc, status, code",
+    [
+        (UnknownVoiceError("unknown voice 'zz'"), 404, "voice_not_found"),
+        (InvalidClipError("the clip is silent"), 400, "invalid_audio"),
+        (EmptyInputError("input is empty after normalisation"), 400, "empty_input"),
+        (EngineOverloaded("queue full"), 503, "overloaded"),
+    ],
+)
 @pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "ray-wrapped"])
 def test_known_errors_keep_their_status_through_ray(exc, status, code, wrapped):
     raised = RayTaskError("plan", "Traceback ...", exc) if wrapped else exc
@@ -33,7 +36,9 @@ def test_known_errors_keep_their_status_through_ray(exc, status, code, wrapped):
 
 def test_anything_else_is_a_logged_500_without_the_traceback(caplog):
     with caplog.at_level(logging.ERROR, logger="ray.serve"):
-        err = as_api_error(RuntimeError("CUDA error: secret internals"), "voice encoding failed", "voice_encoding_failed")
+        err = as_api_error(
+            RuntimeError("CUDA error: secret internals"), "voice encoding failed", "voice_encoding_failed"
+        )
     assert (err.status, err.type, err.code) == (500, "server_error", "voice_encoding_failed")
     assert "secret" not in err.message and err.message == "voice encoding failed"
     assert any(r.exc_info and "secret internals" in str(r.exc_info[1]) for r in caplog.records)

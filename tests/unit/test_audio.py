@@ -53,8 +53,16 @@ EXTRA_SAMPLES = {"mp3": (1152, 1152 + 576), "aac": (1024, 2048), "opus": (0, 0)}
 MIN_SNR_DB = 20.0
 AMP_RANGE = (0.45, 0.52)
 
-DEMUXERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "s16le",
-            "ulaw": "mulaw", "alaw": "alaw"}
+DEMUXERS = {
+    "mp3": "mp3",
+    "opus": "ogg",
+    "aac": "aac",
+    "flac": "flac",
+    "wav": "wav",
+    "pcm": "s16le",
+    "ulaw": "mulaw",
+    "alaw": "alaw",
+}
 RAW_RATES = {"pcm": SR, "ulaw": 8000, "alaw": 8000}  # headerless: the demuxer is told the rate
 
 
@@ -246,10 +254,25 @@ def test_formats_and_content_types() -> None:
 
 def test_format_rates() -> None:
     assert {f: format_sample_rate(f) for f in AUDIO_FORMATS} == {
-        "mp3": SR, "opus": SR, "aac": SR, "flac": SR, "wav": SR, "pcm": SR, "ulaw": 8000, "alaw": 8000}
+        "mp3": SR,
+        "opus": SR,
+        "aac": SR,
+        "flac": SR,
+        "wav": SR,
+        "pcm": SR,
+        "ulaw": 8000,
+        "alaw": 8000,
+    }
     assert {f: format_bytes_per_second(f) for f in AUDIO_FORMATS} == {
-        "mp3": None, "opus": None, "aac": None, "flac": None, "wav": 2 * SR, "pcm": 2 * SR,
-        "ulaw": 8000, "alaw": 8000}
+        "mp3": None,
+        "opus": None,
+        "aac": None,
+        "flac": None,
+        "wav": 2 * SR,
+        "pcm": 2 * SR,
+        "ulaw": 8000,
+        "alaw": 8000,
+    }
     for fn in (format_sample_rate, format_bytes_per_second):
         with pytest.raises(ValueError, match="unknown audio format"):
             fn("ogg")

@@ -17,6 +17,7 @@ from ray.serve._private.autoscaling_state import _resolve_policy_callable
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
+from support.configs import CONFIGS, chattts_app, deployments, load
 
 from bench.lib.procs import REPO_ROOT as REPO
 from serve_app.serving.autoscaling import (
@@ -28,7 +29,6 @@ from serve_app.serving.autoscaling import (
     desired_replicas,
     engine_stats,
 )
-from support.configs import CONFIGS, chattts_app, deployments, load
 
 POLICY = "serve_app.serving.autoscaling:EngineQueuePolicy"
 DEP = DeploymentID(name="Acoustic", app_name="chattts")
@@ -38,25 +38,45 @@ def replica(i: int) -> ReplicaID:
     return ReplicaID(unique_id=f"r{i}", deployment_id=DEP)
 
 
-def context(rows: list[tuple[float, float, float]], *, target: int | None = None, queued: float = 0.0,
-            config: AutoscalingConfig | None = None, state: dict | None = None) -> AutoscalingContext:
+def context(
+    rows: list[tuple[float, float, float]],
+    *,
+    target: int | None = None,
+    queued: float = 0.0,
+    config: AutoscalingConfig | None = None,
+    state: dict | None = None,
+) -> AutoscalingContext:
     """A context as the controller builds it: ``rows`` = (running, waiting, max_rows) per reporting replica."""
     config = config or AutoscalingConfig(min_replicas=1, max_replicas=8)
     reps = [replica(i) for i in range(len(rows))]
-    metrics = {
-        RUNNING_ROWS: {r: run for r, (run, _, _) in zip(reps, rows)},
-        WAITING_ROWS: {r: wait for r, (_, wait, _) in zip(reps, rows)},
-        MAX_ROWS: {r: m for r, (_, _, m) in zip(reps, rows)},
-    } if rows else {}
+    metrics = (
+        {
+            RUNNING_ROWS: {r: run for r, (run, _, _) in zip(reps, rows)},
+            WAITING_ROWS: {r: wait for r, (_, wait, _) in zip(reps, rows)},
+            MAX_ROWS: {r: m for r, (_, _, m) in zip(reps, rows)},
+        }
+        if rows
+        else {}
+    )
     n = len(rows) or 1
     return AutoscalingContext(
-        deployment_id=DEP, deployment_name=DEP.name, app_name=DEP.app_name,
-        current_num_replicas=n, target_num_replicas=target if target is not None else n,
-        running_replicas=reps, total_num_requests=0.0, total_queued_requests=queued,
-        aggregated_metrics=metrics, raw_metrics=None,
-        capacity_adjusted_min_replicas=config.min_replicas, capacity_adjusted_max_replicas=config.max_replicas,
-        policy_state=dict(state or {}), last_scale_up_time=None, last_scale_down_time=None,
-        current_time=None, config=config,
+        deployment_id=DEP,
+        deployment_name=DEP.name,
+        app_name=DEP.app_name,
+        current_num_replicas=n,
+        target_num_replicas=target if target is not None else n,
+        running_replicas=reps,
+        total_num_requests=0.0,
+        total_queued_requests=queued,
+        aggregated_metrics=metrics,
+        raw_metrics=None,
+        capacity_adjusted_min_replicas=config.min_replicas,
+        capacity_adjusted_max_replicas=config.max_replicas,
+        policy_state=dict(state or {}),
+        last_scale_up_time=None,
+        last_scale_down_time=None,
+        current_time=None,
+        config=config,
     )
 
 
@@ -88,15 +108,15 @@ def test_engine_stats_are_what_the_policy_reads():
 @pytest.mark.parametrize(
     "rows, queued, fill, want",
     [
-        ([(16, 20, 16)], 0, 0.75, 3),          # 36 rows / 12 per replica
-        ([(12, 0, 16)], 0, 0.75, 1),           # exactly one replica's share: not two
+        ([(16, 20, 16)], 0, 0.75, 3),  # 36 rows / 12 per replica
+        ([(12, 0, 16)], 0, 0.75, 1),  # exactly one replica's share: not two
         ([(12, 0, 16), (12, 0, 16)], 0, 0.75, 2),
         ([(12, 1, 16), (12, 0, 16)], 0, 0.75, 3),  # one row over two shares
         ([(2, 0, 16), (1, 0, 16), (0, 0, 16)], 0, 0.75, 1),  # idle replicas: back to one
-        ([(0, 0, 16)], 0, 0.75, 0),            # nothing at all: Serve's min_replicas bound decides
-        ([(16, 0, 16)], 13, 0.75, 3),          # requests queued in handles count one row each
-        ([(2, 1, 2)], 0, 0.25, 3),             # a share below one row counts as one row
-        ([(32, 64, 32)], 0, 2.0, 2),           # fill above 1 tolerates a queue
+        ([(0, 0, 16)], 0, 0.75, 0),  # nothing at all: Serve's min_replicas bound decides
+        ([(16, 0, 16)], 13, 0.75, 3),  # requests queued in handles count one row each
+        ([(2, 1, 2)], 0, 0.25, 3),  # a share below one row counts as one row
+        ([(32, 64, 32)], 0, 2.0, 2),  # fill above 1 tolerates a queue
     ],
 )
 def test_desired_replicas_is_rows_over_target_fill(rows, queued, fill, want):

@@ -14,8 +14,20 @@ from serve_app.batch.job import BatchSummary, checked_groups
 from serve_app.batch.output import ForeignOutput, OutputDir
 from serve_app.batch.rows import audio_stem
 
-ROW = {"name": "a.wav", "audio": b"x" * 10, "id": "a", "format": "wav", "seconds": 1.0, "seed": 1, "voice": "alloy",
-       "speed": 1.0, "text": "t", "normalized_text": "t", "segments_count": 1, "weights": "random:w"}
+ROW = {
+    "name": "a.wav",
+    "audio": b"x" * 10,
+    "id": "a",
+    "format": "wav",
+    "seconds": 1.0,
+    "seed": 1,
+    "voice": "alloy",
+    "speed": 1.0,
+    "text": "t",
+    "normalized_text": "t",
+    "segments_count": 1,
+    "weights": "random:w",
+}
 USERS = {"take1.wav": b"my recording", "song.mp3": b"my song", "notes.txt": b"notes", "b.flac": b"mine too"}
 
 
@@ -81,8 +93,15 @@ def test_a_rerun_removes_only_what_it_wrote(tmp_path):
     with OutputDir(out) as d:
         assert set(d.recover()) == {"a"}
         assert d.removed == 3
-    assert sorted(p.name for p in audio.iterdir()) == [".hidden.part", "a.wav", "c.wav", "notes.txt", "song.mp3",
-                                                        "sub", "take1.wav"]
+    assert sorted(p.name for p in audio.iterdir()) == [
+        ".hidden.part",
+        "a.wav",
+        "c.wav",
+        "notes.txt",
+        "song.mp3",
+        "sub",
+        "take1.wav",
+    ]
     assert (audio / "take1.wav").read_bytes() == USERS["take1.wav"]
 
 
@@ -97,7 +116,7 @@ class _Rows:
 
 
 def test_ids_that_differ_only_in_case_are_refused_like_duplicates(tmp_path):
-    """"Utt1" and "utt1" are two files on Linux and one on macOS or Windows: there each row's
+    """ "Utt1" and "utt1" are two files on Linux and one on macOS or Windows: there each row's
     audio would silently be the other's. Neither is synthesised, as for a duplicate id; ids
     whose names differ otherwise (hashed names keep their case apart) are kept."""
     rows = [{"id": i, "text": "hello"} for i in ("Utt1", "utt1", "UTT2", "spk 1", "SPK 1", "utt3")]

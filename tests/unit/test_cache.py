@@ -16,8 +16,13 @@ import time
 
 import numpy as np
 import pytest
+from support.redis_server import needs_redis
+from support.waiting import wait_until_async
 
-from bench.lib.procs import REPO_ROOT as REPO, free_port
+from bench.lib.procs import REPO_ROOT as REPO
+from bench.lib.procs import free_port
+from serve_app.engine.voices import VoiceResolver, encode_speaker
+from serve_app.protocol import SpeechRequest
 from serve_app.settings import CacheConfig
 from serve_app.storage.cache import (
     MemoryCache,
@@ -26,10 +31,6 @@ from serve_app.storage.cache import (
     make_cache,
     request_key,
 )
-from serve_app.engine.voices import VoiceResolver, encode_speaker
-from serve_app.protocol import SpeechRequest
-from support.redis_server import needs_redis
-from support.waiting import wait_until_async
 
 # A valid ChatTTS speaker string (768 float16 values), made without torch.
 SPEAKER = encode_speaker(np.linspace(-1, 1, 768))
@@ -76,7 +77,12 @@ def test_key_same_in_another_process():
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(BASE), WEIGHTS], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, json.dumps(BASE), WEIGHTS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == key()
@@ -111,9 +117,12 @@ DIALOGUE_CHANGES = {
 def _models():
     from serve_app.protocol import DialogueRequest, TimedSpeechRequest
 
-    return [(SpeechRequest, BASE, CHANGES), (TimedSpeechRequest, BASE, CHANGES),
-            # A dialogue's input is its turns written canonically (the model sets it): keyed through them.
-            (DialogueRequest, {**BASE, **DIALOGUE}, {**CHANGES, **DIALOGUE_CHANGES, "input": None})]
+    return [
+        (SpeechRequest, BASE, CHANGES),
+        (TimedSpeechRequest, BASE, CHANGES),
+        # A dialogue's input is its turns written canonically (the model sets it): keyed through them.
+        (DialogueRequest, {**BASE, **DIALOGUE}, {**CHANGES, **DIALOGUE_CHANGES, "input": None}),
+    ]
 
 
 @pytest.mark.parametrize("model, base, changes", _models(), ids=lambda m: getattr(m, "__name__", ""))
@@ -409,6 +418,7 @@ async def test_redis_hung_server_times_out_then_breaker_skips(redis_server):
     finally:
         redis_server.resume()
     # None (skipped) while the breaker is open, then one call probes the server.
-    await wait_until_async(lambda: c.get("k"), 0.5 + 3, 0.05, until=lambda v: v == b"v",
-                           what=lambda: f"recovery, stats {c.stats()}")
+    await wait_until_async(
+        lambda: c.get("k"), 0.5 + 3, 0.05, until=lambda v: v == b"v", what=lambda: f"recovery, stats {c.stats()}"
+    )
     await c.close()

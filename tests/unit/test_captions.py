@@ -23,23 +23,38 @@ from serve_app.engine.captions import (
 )
 from serve_app.engine.pacing import expected_seconds
 
-EN_LONG = ("This one is a much longer segment that goes on and on, with several clauses, some commas; and it "
-           "certainly does not fit into a single cue of two lines at forty-two characters each. It has a second "
-           "sentence too, which is also rather long and needs a cue of its own.")
-ZH_LONG = ("今天天气很好，我们一起去公园散步吧。公园里有很多花，红的、黄的、紫的，非常漂亮！"
-           "小朋友们在草地上跑来跑去，老人们坐在长椅上聊天，一切都是那么美好。")
-MIXED = ("我们用Python写代码，用ChatTTS合成语音，it's great. 然后把字幕放进视频里，"
-         "再用ffmpeg把视频和音频合在一起。最后上传到网站上给大家看。")
+EN_LONG = (
+    "This one is a much longer segment that goes on and on, with several clauses, some commas; and it "
+    "certainly does not fit into a single cue of two lines at forty-two characters each. It has a second "
+    "sentence too, which is also rather long and needs a cue of its own."
+)
+ZH_LONG = (
+    "今天天气很好，我们一起去公园散步吧。公园里有很多花，红的、黄的、紫的，非常漂亮！"
+    "小朋友们在草地上跑来跑去，老人们坐在长椅上聊天，一切都是那么美好。"
+)
+MIXED = (
+    "我们用Python写代码，用ChatTTS合成语音，it's great. 然后把字幕放进视频里，"
+    "再用ffmpeg把视频和音频合在一起。最后上传到网站上给大家看。"
+)
 
 
 def read_srt(text: str) -> list[tuple[int, int, str]]:
-    return [(int(s.start.total_seconds() * 1000 + 0.5), int(s.end.total_seconds() * 1000 + 0.5), s.content)
-            for s in srt.parse(text)]
+    return [
+        (int(s.start.total_seconds() * 1000 + 0.5), int(s.end.total_seconds() * 1000 + 0.5), s.content)
+        for s in srt.parse(text)
+    ]
 
 
 def read_vtt(text: str) -> list[tuple[int, int, str, str | None]]:
-    return [(c.start_time.in_milliseconds(), c.end_time.in_milliseconds(), html.unescape(c.text),
-             html.unescape(c.voice) if c.voice else None) for c in webvtt.from_string(text).captions]
+    return [
+        (
+            c.start_time.in_milliseconds(),
+            c.end_time.in_milliseconds(),
+            html.unescape(c.text),
+            html.unescape(c.voice) if c.voice else None,
+        )
+        for c in webvtt.from_string(text).captions
+    ]
 
 
 def columns(line: str) -> int:
@@ -104,8 +119,12 @@ def test_cue_times_divide_a_segment_by_expected_speaking_time():
 
 
 def test_segment_boundaries_stay_exact_and_cues_follow_audio_order():
-    items = [TimedText(0.0, 1.2, "First."), TimedText(1.2, 9.7, EN_LONG), TimedText(9.7, 15.0, ZH_LONG),
-             TimedText(15.5, 16.25, "Last one.")]
+    items = [
+        TimedText(0.0, 1.2, "First."),
+        TimedText(1.2, 9.7, EN_LONG),
+        TimedText(9.7, 15.0, ZH_LONG),
+        TimedText(15.5, 16.25, "Last one."),
+    ]
     cues = build_cues(items)
     check_well_formed(cues)
     starts = {c.start_ms for c in cues}
@@ -122,12 +141,15 @@ def test_segment_boundaries_stay_exact_and_cues_follow_audio_order():
 
 
 def test_sentences_are_cue_boundaries_when_they_fit():
-    text = ("The first sentence is about forty or fifty characters long. "
-            "The second one is about as long as the first one was.")
+    text = (
+        "The first sentence is about forty or fifty characters long. "
+        "The second one is about as long as the first one was."
+    )
     cues = build_cues([(0, 8, text, None)])
     assert ["".join(" ".join(c.lines)) for c in cues] == [
         "The first sentence is about forty or fifty characters long.",
-        "The second one is about as long as the first one was."]
+        "The second one is about as long as the first one was.",
+    ]
 
 
 def test_a_line_breaks_after_punctuation_when_both_lines_fit():
@@ -214,10 +236,15 @@ def test_markup_in_text_and_names_is_escaped_in_webvtt():
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("ms, srt_ts, vtt_ts", [
-    (0, "00:00:00,000", "00:00:00.000"), (1250, "00:00:01,250", "00:00:01.250"),
-    (3_723_456, "01:02:03,456", "01:02:03.456"), (100 * 3_600_000 + 1, "100:00:00,001", "100:00:00.001"),
-])
+@pytest.mark.parametrize(
+    "ms, srt_ts, vtt_ts",
+    [
+        (0, "00:00:00,000", "00:00:00.000"),
+        (1250, "00:00:01,250", "00:00:01.250"),
+        (3_723_456, "01:02:03,456", "01:02:03.456"),
+        (100 * 3_600_000 + 1, "100:00:00,001", "100:00:00.001"),
+    ],
+)
 def test_timestamps(ms, srt_ts, vtt_ts):
     assert format_timestamp(ms) == srt_ts and format_timestamp(ms, ".") == vtt_ts
 
@@ -227,13 +254,16 @@ def test_times_round_to_the_millisecond_without_overlap():
     assert [(c.start_ms, c.end_ms) for c in cues] == [(0, 1250), (1250, 2001)]
 
 
-@pytest.mark.parametrize("items, says", [
-    ([(2.0, 3.0, "b", None), (0.0, 1.0, "a", None)], "audio order"),
-    ([(0.0, 2.0, "a", None), (1.5, 3.0, "b", None)], "without overlap"),
-    ([(2.0, 1.0, "a", None)], "ends before it starts"),
-    ([(float("nan"), 1.0, "a", None)], "finite"),
-    ([(-1.0, 1.0, "a", None)], "not negative"),
-])
+@pytest.mark.parametrize(
+    "items, says",
+    [
+        ([(2.0, 3.0, "b", None), (0.0, 1.0, "a", None)], "audio order"),
+        ([(0.0, 2.0, "a", None), (1.5, 3.0, "b", None)], "without overlap"),
+        ([(2.0, 1.0, "a", None)], "ends before it starts"),
+        ([(float("nan"), 1.0, "a", None)], "finite"),
+        ([(-1.0, 1.0, "a", None)], "not negative"),
+    ],
+)
 def test_bad_items_are_refused(items, says):
     with pytest.raises(ValueError, match=says):
         build_cues(items)
@@ -259,8 +289,8 @@ def test_a_full_request_is_quick():
     assert len(webvtt.from_string(out).captions) == len(build_cues(items))
 
 
-
-
 def test_items_may_be_three_or_four_tuples():
     assert build_cues([(0, 1, "One."), (1, 2, "Two.", "B")]) == [
-        Cue(0, 1000, ("One.",), None), Cue(1000, 2000, ("Two.",), "B")]
+        Cue(0, 1000, ("One.",), None),
+        Cue(1000, 2000, ("Two.",), "B"),
+    ]

@@ -20,7 +20,7 @@ def _reference_cut(text: str) -> list[str]:
     out, start = [], 0
     for m in _REFERENCE.finditer(text):
         if m.end() > start:
-            out.append(text[start:m.end()])
+            out.append(text[start : m.end()])
             start = m.end()
     if start < len(text):
         out.append(text[start:])

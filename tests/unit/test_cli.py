@@ -13,14 +13,14 @@ from pathlib import Path
 import av
 import pytest
 import soundfile as sf
+from support.audio import SR
+from support.cli import cli_command
+from support.engine import expected_samples
 
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
 from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
 from serve_app.engine.weights.random_weights import MANIFEST
 from serve_app.tools.cli import _format_for, build_parser
-from support.audio import SR
-from support.cli import cli_command
-from support.engine import expected_samples
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
@@ -47,8 +47,10 @@ def say_runs(tmp_path_factory, tiny_model) -> dict[str, tuple[Path, subprocess.C
     thread: together they take the time of one). After the session's weights exist (tiny_model)."""
     d = tmp_path_factory.mktemp("say")
     outs = {"wav": d / "x.wav", "mp3": d / "x.mp3"}
-    procs = {"wav": start_cli("say", TEXT, "-o", str(outs["wav"]), "--weights", "random-tiny"),
-             "mp3": start_cli("say", TEXT, "-o", str(outs["mp3"]), "--weights", "random-tiny", "--format", "mp3")}
+    procs = {
+        "wav": start_cli("say", TEXT, "-o", str(outs["wav"]), "--weights", "random-tiny"),
+        "mp3": start_cli("say", TEXT, "-o", str(outs["mp3"]), "--weights", "random-tiny", "--format", "mp3"),
+    }
     return {k: (outs[k], finish(p)) for k, p in procs.items()}
 
 
@@ -74,8 +76,10 @@ def test_say_writes_a_24khz_mono_wav(say_runs, text_samples, tiny_model, tiny_we
     assert trees == [tiny_model.weights.root]
     # Same text + voice + seed in another process: the same audio as in-process synthesis with
     # the same defaults (int8 GPT layers on CPU: the session's float32 model is not the CLI's).
-    cfg = EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1),
-                       acoustic=AcousticConfig(listener_margin_s=None))
+    cfg = EngineConfig(
+        model=ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1),
+        acoustic=AcousticConfig(listener_margin_s=None),
+    )
     synth = Synthesizer(cfg)
     try:
         local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
@@ -103,8 +107,10 @@ def test_say_mp3(say_runs, text_samples):
 def test_weights_build_prints_the_path(tmp_path, tiny_model):
     d = tmp_path / "weights"
     # Both at once: a build into --dir, and one without it (CHATTTS_SERVE_CACHE: the session's tree).
-    procs = [start_cli("weights", "build", "--source", "random-tiny", "--dir", str(d)),
-             start_cli("weights", "build", "--source", "random-tiny")]
+    procs = [
+        start_cli("weights", "build", "--source", "random-tiny", "--dir", str(d)),
+        start_cli("weights", "build", "--source", "random-tiny"),
+    ]
     proc, cached = (finish(p, 120) for p in procs)
     assert proc.returncode == 0, proc.stderr
     path = Path(proc.stdout.strip().splitlines()[-1])
@@ -132,8 +138,12 @@ def test_format_from_suffix_and_flags():
 def test_say_stdin_needs_a_server_and_a_stream_format():
     from serve_app.tools.cli import main
 
-    for argv in (["say", "--stdin", "-o", "x.pcm"], ["say", "--stdin", "-o", "x.wav", "--url", "http://h"],
-                 ["say", "hi", "--stdin", "-o", "x.pcm", "--url", "http://h"], ["say", "-o", "x.wav"]):
+    for argv in (
+        ["say", "--stdin", "-o", "x.pcm"],
+        ["say", "--stdin", "-o", "x.wav", "--url", "http://h"],
+        ["say", "hi", "--stdin", "-o", "x.pcm", "--url", "http://h"],
+        ["say", "-o", "x.wav"],
+    ):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2, argv

@@ -7,7 +7,6 @@ import copy
 
 import pytest
 from ray.serve.schema import ServeDeploySchema
-
 from support.app import walk_graph
 from support.configs import CONFIGS, chattts_app, deployments, load
 
@@ -87,7 +86,9 @@ def test_config_is_the_one_source_of_deployment_numbers(name):
         cfg = cls._deployment_config
         assert cfg.autoscaling_config is None, cls.name
         set_in_code = set(cfg.user_configured_option_names)
-        assert not {"max_ongoing_requests", "max_queued_requests", "num_replicas", "ray_actor_options"} & set_in_code, cls.name
+        assert not {"max_ongoing_requests", "max_queued_requests", "num_replicas", "ray_actor_options"} & set_in_code, (
+            cls.name
+        )
     for dep_name, dep in deployments(load(name)).items():
         assert "max_ongoing_requests" in dep and "autoscaling_config" in dep, dep_name
         assert "num_cpus" in dep.get("ray_actor_options", {}), dep_name

@@ -6,8 +6,8 @@ breaks and pauses) and ``max_request_seconds`` of expected audio (speech and sil
 
 from __future__ import annotations
 
-
 import pytest
+from support.configs import REPO
 
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.errors import ClientQueueFull, RefineBusy, RequestTooLarge
@@ -15,7 +15,6 @@ from serve_app.engine.pacing import TOKENS_PER_SECOND
 from serve_app.engine.planner import Planner, plan_seconds, plan_silence
 from serve_app.engine.types import ScriptPart, SynthesisOptions, Voice
 from serve_app.errors import as_api_error, to_api_error
-from support.configs import REPO
 
 N = 4096  # ingress.max_input_chars
 
@@ -71,8 +70,11 @@ def test_speed_quarter_on_long_input_is_413_naming_the_limit_and_the_figure(plan
 def test_too_many_segments_is_413_naming_the_limit_and_the_figure() -> None:
     planner = Planner(SegmentLimits(max_segments=10))
     text = "第一句话。" * 40 + "最后。"
-    with pytest.raises(RequestTooLarge, match=r"input makes \d+ segments after normalisation; the limit is 10 "
-                                              r"\(segments.max_segments\)"):
+    with pytest.raises(
+        RequestTooLarge,
+        match=r"input makes \d+ segments after normalisation; the limit is 10 "
+        r"\(segments.max_segments\)",
+    ):
         planner.plan(text, SynthesisOptions())
     short = Planner(SegmentLimits(max_segments=10)).plan("第一句话。", SynthesisOptions())
     assert len(short.segments) == 1
@@ -85,8 +87,10 @@ def test_plan_texts_is_capped_too(planner: Planner) -> None:
         capped.plan_texts(["一。", "二。", "三。", "四。"], SynthesisOptions())
 
 
-@pytest.mark.parametrize("unit", ["7", "77,777,777 ", "777%", "$7 ", "7/8 ", "a[laugh]", "我[break_6]", "我[uv_break]",
-                                  "[laugh][laugh]a", "77th "])
+@pytest.mark.parametrize(
+    "unit",
+    ["7", "77,777,777 ", "777%", "$7 ", "7/8 ", "a[laugh]", "我[break_6]", "我[uv_break]", "[laugh][laugh]a", "77th "],
+)
 @pytest.mark.parametrize("speed", [1.0, 0.25])
 def test_every_plan_is_within_the_caps_or_refused(planner: Planner, unit: str, speed: float) -> None:
     """Floods of number readings and tags, at the slowest speed: a plan is within both caps, or
@@ -103,14 +107,20 @@ def _breaks_script(turns: int, breaks: int, seconds: float) -> list[ScriptPart]:
     """A dialogue's parts as the Ingress makes them: every turn ``breaks`` SSML breaks of
     ``seconds``, each before a one-character piece (a turn's SSML parsed on its own)."""
     voice = Voice(name="alloy", seed=2)
-    return [ScriptPart("嗯", voice, pause_before=seconds, speaker="alloy", turn=t) for t in range(turns) for _ in range(breaks)]
+    return [
+        ScriptPart("嗯", voice, pause_before=seconds, speaker="alloy", turn=t)
+        for t in range(turns)
+        for _ in range(breaks)
+    ]
 
 
 def test_silence_is_counted_for_the_whole_script_not_per_turn(planner: Planner) -> None:
     """13 turns of twelve 10 s breaks (each turn within SSML's own 120 s) were 1,560 s of
     silence with a 200: the script's silence is one budget, whatever the turns."""
     parts = _breaks_script(13, 12, 10.0)
-    with pytest.raises(RequestTooLarge, match=r"1560 s of silence .* the limit is 480 s \(segments.max_silence_seconds\)"):
+    with pytest.raises(
+        RequestTooLarge, match=r"1560 s of silence .* the limit is 480 s \(segments.max_silence_seconds\)"
+    ):
         planner.plan_script(parts, SynthesisOptions())
     ok = planner.plan_script(_breaks_script(4, 12, 10.0), SynthesisOptions())  # 480 s: at the limit
     assert plan_silence(ok) == pytest.approx(480.0)
@@ -135,11 +145,14 @@ def test_the_client_is_stamped_on_every_segment(planner: Planner) -> None:
     assert {s.client for s in replanned.segments} == {"key:abc"}
 
 
-@pytest.mark.parametrize("exc, status, code", [
-    (RequestTooLarge("input makes 600 segments after normalisation; the limit is 512"), 413, "request_too_large"),
-    (ClientQueueFull("too many rows queued for client ip:1.2.3.4"), 429, "too_many_queued_rows"),
-    (RefineBusy("refine_text could not start within 30 s"), 503, "refine_busy"),
-])
+@pytest.mark.parametrize(
+    "exc, status, code",
+    [
+        (RequestTooLarge("input makes 600 segments after normalisation; the limit is 512"), 413, "request_too_large"),
+        (ClientQueueFull("too many rows queued for client ip:1.2.3.4"), 429, "too_many_queued_rows"),
+        (RefineBusy("refine_text could not start within 30 s"), 503, "refine_busy"),
+    ],
+)
 @pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "ray-wrapped"])
 def test_the_new_errors_keep_their_status_through_ray(exc, status, code, wrapped):
     from ray.exceptions import RayTaskError

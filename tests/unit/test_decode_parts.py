@@ -9,6 +9,8 @@ import random
 
 import pytest
 import torch
+from support.engine import fixed_chunks, seg
+from support.report import report
 from transformers import LlamaConfig
 
 from serve_app.engine.acoustic import AcousticEngine, EngineError
@@ -21,11 +23,11 @@ from serve_app.engine.decode.scheduler import AGING_SECONDS, Scheduler, prompt_l
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.errors import EngineOverloaded
 from serve_app.engine.types import SegmentRequest
-from support.engine import fixed_chunks, seg
-from support.report import report
 
 
-def make_row(seq: int, priority: int = 0, max_new: int = 10, text: str = "abc", submitted_at: float = 0.0, after=None) -> Row:
+def make_row(
+    seq: int, priority: int = 0, max_new: int = 10, text: str = "abc", submitted_at: float = 0.0, after=None
+) -> Row:
     req = SegmentRequest(text=text, spk_emb=None, seed=seq, max_new_tokens=max_new, priority=priority)
     stream = RowStream(seq, None)
     stream.submitted_at = submitted_at
@@ -112,7 +114,9 @@ H, D, LAYERS = 2, 3, 2
 
 @pytest.fixture
 def batch() -> BatchState:
-    cfg = LlamaConfig(num_hidden_layers=LAYERS, hidden_size=H * D, num_attention_heads=H, intermediate_size=8, vocab_size=8)
+    cfg = LlamaConfig(
+        num_hidden_layers=LAYERS, hidden_size=H * D, num_attention_heads=H, intermediate_size=8, vocab_size=8
+    )
     return BatchState(cfg, torch.device("cpu"))
 
 
@@ -139,7 +143,7 @@ class Model:
                 rid = row.stream.row_id
                 self.kv[rid][layer] = torch.cat([self.kv[rid][layer], k[i]], 1)
         assert mask.shape == (len(batch.rows), batch.width + 1)
-        batch.close_step([l.kbuf for l in cache.layers], [l.vbuf for l in cache.layers])
+        batch.close_step([layer.kbuf for layer in cache.layers], [layer.vbuf for layer in cache.layers])
 
     def check(self, batch: BatchState) -> None:
         if not batch.rows:
@@ -172,8 +176,15 @@ def test_lean_forward_reads_and_writes_each_layers_own_kv():
     from serve_app.engine.decode.forward import DecodeForward
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
-                      intermediate_size=32, vocab_size=8, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        vocab_size=8,
+        max_position_embeddings=64,
+    )
     cfg._attn_implementation = "sdpa"
     gpt = LlamaModel(cfg).eval()
     lean = DecodeForward(gpt, SimpleNamespace(emb_code=[torch.nn.Embedding(5, 16) for _ in range(4)]))
@@ -183,8 +194,14 @@ def test_lean_forward_reads_and_writes_each_layers_own_kv():
             cache = DynamicCache(config=cfg)
             gpt(inputs_embeds=torch.randn(1, n, 16), past_key_values=cache, use_cache=True)
             refs.append(cache)
-            prefilled.append(Prefilled(make_row(i), [l.keys.clone() for l in cache.layers],
-                                       [l.values.clone() for l in cache.layers], torch.zeros(1)))
+            prefilled.append(
+                Prefilled(
+                    make_row(i),
+                    [layer.keys.clone() for layer in cache.layers],
+                    [layer.values.clone() for layer in cache.layers],
+                    torch.zeros(1),
+                )
+            )
         batch = BatchState(cfg, torch.device("cpu"))
         batch.merge(prefilled)
         for _ in range(KV_HEADROOM + 2):  # past a re-growth of the buffers
@@ -377,7 +394,9 @@ def reference_probs(logits: torch.Tensor, req: SegmentRequest, history: list, ge
     transformers' warpers, one row at a time): the oracle of the batched pass."""
     from ChatTTS.model import gen_logits
 
-    warpers, processors = gen_logits(num_code=eos, top_P=req.top_p, top_K=req.top_k, repetition_penalty=req.repetition_penalty)
+    warpers, processors = gen_logits(
+        num_code=eos, top_P=req.top_p, top_K=req.top_k, repetition_penalty=req.repetition_penalty
+    )
     lg = logits / req.temperature
     if history:
         hist = torch.stack(history[-16:], 1)  # (4, n)
@@ -411,19 +430,46 @@ def test_batched_sampling_matches_chattts_per_row_distribution(tiny_model):
     logits = sampler.logits(hidden)
     assert logits.shape == (6, 4, eos + 1) and logits.dtype == torch.float32
     logits[1, :, eos] = 50.0  # end-of-speech would win: masked for this young row
-    params = [(0.3, 0.7, 20, 1.05, 1), (1.0, 0.9, 50, 1.05, 3), (0.7, 0.3, 2, 1.3, 1),
-              (2.0, 1.0, 625, 1.0, 1), (0.05, 0.5, 1, 1.05, 1), (1.0, 0.95, 100, 1.2, 40)]
-    reqs = [SegmentRequest(text="x", spk_emb=None, seed=i, max_new_tokens=100, min_new_tokens=m, temperature=t,
-                           top_p=p, top_k=k, repetition_penalty=pen) for i, (t, p, k, pen, m) in enumerate(params)]
+    params = [
+        (0.3, 0.7, 20, 1.05, 1),
+        (1.0, 0.9, 50, 1.05, 3),
+        (0.7, 0.3, 2, 1.3, 1),
+        (2.0, 1.0, 625, 1.0, 1),
+        (0.05, 0.5, 1, 1.05, 1),
+        (1.0, 0.95, 100, 1.2, 40),
+    ]
+    reqs = [
+        SegmentRequest(
+            text="x",
+            spk_emb=None,
+            seed=i,
+            max_new_tokens=100,
+            min_new_tokens=m,
+            temperature=t,
+            top_p=p,
+            top_k=k,
+            repetition_penalty=pen,
+        )
+        for i, (t, p, k, pen, m) in enumerate(params)
+    ]
     # Histories of 0, 2, 16 and 25 tokens (the window keeps the last 16), drawn from the logits'
     # likely codes so the penalty bites.
     lens = [0, 2, 16, 25, 5, 9]
     histories = [[logits[i].topk(4, -1).indices[:, j % 4] for j in range(n)] for i, n in enumerate(lens)]
     state = sampling_state(reqs, histories)
     got: list = []
-    sampler.draw(logits.clone(), temperature=state.temperature, top_p=state.top_p, top_k=state.top_k,
-                 penalty=state.penalty, history=state.history, filled=state.generated.clamp(max=16),
-                 eos_masked=state.generated < state.min_new, u=torch.rand(6, 4), probs_out=got)
+    sampler.draw(
+        logits.clone(),
+        temperature=state.temperature,
+        top_p=state.top_p,
+        top_k=state.top_k,
+        penalty=state.penalty,
+        history=state.history,
+        filled=state.generated.clamp(max=16),
+        eos_masked=state.generated < state.min_new,
+        u=torch.rand(6, 4),
+        probs_out=got,
+    )
     for i, req in enumerate(reqs):
         want = reference_probs(logits[i].clone(), req, histories[i], lens[i], eos)
         assert torch.allclose(got[0][i], want, atol=1e-6), f"row {i}"
@@ -458,9 +504,18 @@ def test_draws_depend_on_the_rows_seed_and_index_only(tiny_model):
     row_logits = sampler.logits(hidden[:1]).expand(n, -1, -1)
     one = lambda v: torch.full((n,), v)  # noqa: E731
     probs: list = []
-    tokens, ok = sampler.draw(row_logits, temperature=one(1.0), top_p=one(1.0), top_k=one(5).long(), penalty=one(1.0),
-                              history=torch.zeros(n, 4, 16, dtype=torch.long), filled=one(0).long(),
-                              eos_masked=one(0).bool(), u=u, probs_out=probs)
+    tokens, ok = sampler.draw(
+        row_logits,
+        temperature=one(1.0),
+        top_p=one(1.0),
+        top_k=one(5).long(),
+        penalty=one(1.0),
+        history=torch.zeros(n, 4, 16, dtype=torch.long),
+        filled=one(0).long(),
+        eos_masked=one(0).bool(),
+        u=u,
+        probs_out=probs,
+    )
     freq = torch.zeros(4, eos + 1).scatter_add_(1, tokens.T, torch.ones(4, n)) / n
     assert float((freq - probs[0][0]).abs().max()) < 0.03
     assert int((freq > 0).sum(-1).max()) <= 5
@@ -468,10 +523,17 @@ def test_draws_depend_on_the_rows_seed_and_index_only(tiny_model):
     # Probabilities that are not finite fail that row only.
     bad = sampler.logits(hidden[:2])
     bad[0, 0, 0] = float("nan")
-    _, ok = sampler.draw(bad, temperature=torch.ones(2), top_p=torch.ones(2), top_k=torch.full((2,), 5),
-                         penalty=torch.ones(2), history=torch.zeros(2, 4, 16, dtype=torch.long),
-                         filled=torch.zeros(2, dtype=torch.long), eos_masked=torch.zeros(2, dtype=torch.bool),
-                         u=torch.rand(2, 4))
+    _, ok = sampler.draw(
+        bad,
+        temperature=torch.ones(2),
+        top_p=torch.ones(2),
+        top_k=torch.full((2,), 5),
+        penalty=torch.ones(2),
+        history=torch.zeros(2, 4, 16, dtype=torch.long),
+        filled=torch.zeros(2, dtype=torch.long),
+        eos_masked=torch.zeros(2, dtype=torch.bool),
+        u=torch.rand(2, 4),
+    )
     assert ok.tolist() == [False, True]
 
 
@@ -547,10 +609,19 @@ def test_buckets_cover_max_rows():
 def static_workload(engine: AcousticEngine, spk: str) -> list[list]:
     """Rows join a running batch, leave in another order (one cancelled), one runs longer than
     the others: (chunk index, start, final, reason, hidden) per chunk per row."""
-    texts = ["你好，欢迎使用语音合成服务。", "hello world", "今天天气很好，我们出去走走吧，顺便买点东西回来。", "一二三", "abc def", "好"]
+    texts = [
+        "你好，欢迎使用语音合成服务。",
+        "hello world",
+        "今天天气很好，我们出去走走吧，顺便买点东西回来。",
+        "一二三",
+        "abc def",
+        "好",
+    ]
     lengths = [140, 40, 25, 60, 33, 12]
-    reqs = [SegmentRequest(text=t, spk_emb=spk, seed=i, max_new_tokens=n, target_tokens=n, temperature=0.3 + 0.1 * i)
-            for i, (t, n) in enumerate(zip(texts, lengths))]
+    reqs = [
+        SegmentRequest(text=t, spk_emb=spk, seed=i, max_new_tokens=n, target_tokens=n, temperature=0.3 + 0.1 * i)
+        for i, (t, n) in enumerate(zip(texts, lengths))
+    ]
     streams = [engine.submit(r) for r in reqs[:3]]
     for _ in range(6):
         engine.step()
@@ -613,7 +684,9 @@ def cuda_model(tiny_weights_config):
     from serve_app.engine.config import ModelConfig
     from serve_app.engine.weights.loading import load_model
 
-    return lambda dtype: load_model(ModelConfig(weights=tiny_weights_config, device="cuda", dtype=dtype, torch_threads=1))
+    return lambda dtype: load_model(
+        ModelConfig(weights=tiny_weights_config, device="cuda", dtype=dtype, torch_threads=1)
+    )
 
 
 @pytest.mark.gpu
@@ -673,8 +746,9 @@ def listening_row(first_chunk_at: float, tokens_sent: int, pending: int) -> Row:
 def test_a_chunk_goes_early_only_when_a_listener_would_run_dry():
     """The listener started at the first chunk (t=0) and has heard tokens_sent - lag tokens' worth;
     the full chunk (24) would be ready after (24 - pending) more steps."""
-    cfg = AcousticConfig(first_chunk_tokens=12, chunk_tokens=24, listener_margin_s=0.1, min_early_chunk_tokens=8,
-                         listener_lag_tokens=4)
+    cfg = AcousticConfig(
+        first_chunk_tokens=12, chunk_tokens=24, listener_margin_s=0.1, min_early_chunk_tokens=8, listener_lag_tokens=4
+    )
     fast = 0.010  # steps at ~2x real time; the first chunk's 12 - 4 tokens: 171 ms to hear
     # 8 pending at t=80 ms: the full chunk comes at 80 + 16 x 10 = 240 ms, past 171 - 100: send now.
     assert listening_row(0.0, 12, 8).chunk_ready(cfg, now=0.080, step_s=fast)
@@ -698,7 +772,9 @@ def test_a_chunk_goes_early_only_when_a_listener_would_run_dry():
     assert not done.chunk_ready(cfg, now=5.0, step_s=fast)
 
 
-def _listen(engine: AcousticEngine, req: SegmentRequest, pause_s: float) -> tuple[torch.Tensor, list[tuple[float, int]], float]:
+def _listen(
+    engine: AcousticEngine, req: SegmentRequest, pause_s: float
+) -> tuple[torch.Tensor, list[tuple[float, int]], float]:
     """Decode one row, ``pause_s`` between steps (a slower engine); (hidden states, (time, tokens
     sent) at every send, the engine's pace)."""
     import time
@@ -751,5 +827,8 @@ def test_early_chunks_keep_a_listener_fed_and_change_no_token(tiny_model, spk):
     assert any(n < 24 for n in sizes[1:-1]), sizes  # some went early
     assert _listener_gap(s_fixed, 4) > 0.02  # the 12 -> 24 schedule: dry after the first chunk (0.1-0.2 s here)
     assert _listener_gap(s_fed, 4) < 0.02, (sizes, _listener_gap(s_fed, 4))
-    report("engine: listener gap with chunks 12 then 24 / with early chunks", f"{_listener_gap(s_fixed, 4):.3f} s / "
-           f"{_listener_gap(s_fed, 4):.3f} s at {1000 * pace:.1f} ms per step; chunk sizes {sizes}")
+    report(
+        "engine: listener gap with chunks 12 then 24 / with early chunks",
+        f"{_listener_gap(s_fixed, 4):.3f} s / "
+        f"{_listener_gap(s_fed, 4):.3f} s at {1000 * pace:.1f} ms per step; chunk sizes {sizes}",
+    )

@@ -4,11 +4,10 @@ without a key loaded refuses to start."""
 
 from __future__ import annotations
 
-
 import pytest
+from support.configs import chattts_app, load
 
 from serve_app.http.security import APIKeyAuth, key_id
-from support.configs import chattts_app, load
 from serve_app.settings import AppArgs, SecuritySettings
 
 UNSET = "CHATTTS_TEST_KEYS_NEVER_SET"

@@ -35,7 +35,9 @@ def _app(calls: list):
         headers[AUTH_HEADER] = "key" if request.headers.get("authorization") else "open"  # as the Ingress with keys off
         return Response(b"audio:" + body * 100, media_type="audio/wav", headers={**headers, "x-request-id": "app"})
 
-    return Starlette(routes=[Route("/v1/audio/speech", speech, methods=["POST"]), Route("/other", speech, methods=["POST"])])
+    return Starlette(
+        routes=[Route("/v1/audio/speech", speech, methods=["POST"]), Route("/other", speech, methods=["POST"])]
+    )
 
 
 def _client(settings: EdgeCacheSettings = EdgeCacheSettings(), clock=None, key: str = "Bearer k1"):
@@ -125,8 +127,14 @@ def _trickle(*chunks: bytes, gap_s: float):
 
 
 async def _call(mw: EdgeCacheMiddleware, receive, authorization: bytes | None = b"Bearer k1") -> list[dict]:
-    scope = {"type": "http", "method": "POST", "path": "/v1/audio/speech", "headers":
-             [(b"authorization", authorization)] if authorization else [], "client": ("10.0.0.1", 1), "query_string": b""}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/audio/speech",
+        "headers": [(b"authorization", authorization)] if authorization else [],
+        "client": ("10.0.0.1", 1),
+        "query_string": b"",
+    }
     sent: list[dict] = []
 
     async def send(message):
@@ -139,6 +147,7 @@ async def _call(mw: EdgeCacheMiddleware, receive, authorization: bytes | None = 
 def test_a_body_that_trickles_past_the_deadline_is_408_before_any_app_call():
     """A byte now and then holds the socket at most ``body_timeout_s`` (before: as long as the
     sender liked, with no answer the front guard could count)."""
+
     async def run():
         calls: list = []
         mw = EdgeCacheMiddleware(_app(calls), settings=EdgeCacheSettings(body_timeout_s=0.3))
@@ -160,6 +169,7 @@ def test_a_request_without_a_key_is_never_read_until_the_ingress_says_keys_are_o
     """Without a credential the body is not the edge's to wait for: the request goes on unread
     (the Ingress answers 401 from its headers when keys are on). Once an answer says keys are off
     (``AUTH_HEADER: open``), keyless requests are looked up; a 401 turns that off again."""
+
     async def run():
         seen: list[str] = []
 

@@ -18,6 +18,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from support.audio import SR, decode_av, snr_db
+from support.engine import (
+    HIDDEN,
+    decode_alone,
+    drain,
+    expected_samples,
+    fixed_chunks,
+    seg,
+    stream_decode,
+    streamed_vs_one_shot,
+)
 
 from serve_app.engine.acoustic import (
     AcousticEngine,
@@ -34,7 +45,7 @@ from serve_app.engine.pacing import (
     max_new_tokens,
     speed_tag_level,
 )
-from serve_app.engine.pipeline import EmptyInputError, Synthesizer, SynthesisOptions
+from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions, Synthesizer
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import (
     OPENAI_VOICES,
@@ -45,10 +56,7 @@ from serve_app.engine.voices import (
     encode_speaker,
     speaker_from_seed,
 )
-
 from serve_app.engine.wav import with_true_length
-from support.audio import SR, decode_av, snr_db
-from support.engine import HIDDEN, decode_alone, drain, expected_samples, fixed_chunks, seg, stream_decode, streamed_vs_one_shot
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
@@ -234,7 +242,11 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
 
     # Rows longer than the headroom, of different lengths (the batch is filtered mid-flight); the
     # middle row ends first, so the last row moves into its slot.
-    reqs = [seg(spk, 2 * acoustic.KV_HEADROOM + 20, seed=1), seg(spk, 30, seed=3), seg(spk, 90, seed=2, text="hello world")]
+    reqs = [
+        seg(spk, 2 * acoustic.KV_HEADROOM + 20, seed=1),
+        seg(spk, 30, seed=3),
+        seg(spk, 90, seed=2, text="hello world"),
+    ]
 
     def run(layer_cls=None) -> list[torch.Tensor]:
         eng = make_engine()
@@ -295,8 +307,10 @@ def test_lean_decode_forward_matches_transformers_forward(make_engine, speaker):
     forward computes: same tokens and hidden states for a staggered, padded batch (rows of
     different prompt lengths joining mid-flight, the KV buffers growing past their headroom)."""
     voices = SpeakerSampler(speaker)
-    reqs = [seg(voices.from_seed(7 + i), 30 + 25 * i, seed=50 + i, text=t)
-            for i, t in enumerate(["你好，欢迎使用。", "hello world, a longer prompt than the first one", "abc"])]
+    reqs = [
+        seg(voices.from_seed(7 + i), 30 + 25 * i, seed=50 + i, text=t)
+        for i, t in enumerate(["你好，欢迎使用。", "hello world, a longer prompt than the first one", "abc"])
+    ]
 
     def run(lean: bool) -> list[torch.Tensor]:
         engine = make_engine()
@@ -367,8 +381,10 @@ def test_seeded_rows_same_alone_and_in_a_staggered_batch(engine, tiny_model, spe
         max_diff = max(max_diff, float((a - b).abs().max()))
         exact += bool(torch.equal(a, b))
         close += bool(torch.allclose(a, b, atol=1e-4, rtol=0))
-    print(f"\nalone vs batched: {exact}/{len(reqs)} rows bit-identical, {close}/{len(reqs)} within atol 1e-4, "
-          f"max |diff| {max_diff:.2e}; steps alone {steps_alone}, batched {engine.stats.steps - steps_alone}")
+    print(
+        f"\nalone vs batched: {exact}/{len(reqs)} rows bit-identical, {close}/{len(reqs)} within atol 1e-4, "
+        f"max |diff| {max_diff:.2e}; steps alone {steps_alone}, batched {engine.stats.steps - steps_alone}"
+    )
     assert close == len(reqs), f"only {close}/{len(reqs)} rows match (max diff {max_diff})"
     # Decoding the same request alone again is bit-identical.
     assert torch.equal(decode_alone(engine, reqs[2]), alone[2])
@@ -640,8 +656,10 @@ def test_streamed_vocoder_matches_one_shot_decode(tiny_model, long_utterance):
     # Around every chunk edge too (no click where windows meet).
     r = streamed_vs_one_shot(Vocoder(tiny_model), long_utterance)  # default VocoderConfig
     assert r["samples"] == 512 * 600 - 256
-    print(f"\nvocoder streamed vs one-shot: SNR {r['snr_db']:.1f} dB over {r['samples'] / SR:.1f} s "
-          f"(peak {r['peak']:.3f}, worst error near a chunk edge {r['worst_edge']:.2e})")
+    print(
+        f"\nvocoder streamed vs one-shot: SNR {r['snr_db']:.1f} dB over {r['samples'] / SR:.1f} s "
+        f"(peak {r['peak']:.3f}, worst error near a chunk edge {r['worst_edge']:.2e})"
+    )
     assert r["snr_db"] >= 30.0
     assert r["worst_edge"] <= 0.03 * r["peak"]
 
@@ -672,8 +690,10 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
 @pytest.fixture(scope="module")
 def synth(tiny_model, tiny_weights_config):
     # Fixed chunk sizes: two syntheses of one request are then byte-identical (docs/architecture.md).
-    s = Synthesizer(EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=fixed_chunks()),
-                    model=tiny_model)
+    s = Synthesizer(
+        EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=fixed_chunks()),
+        model=tiny_model,
+    )
     yield s
     s.close()
 

@@ -5,19 +5,17 @@ chunk's latency is measured by ``python -m bench fairness``."""
 
 from __future__ import annotations
 
-
 import pytest
+from support.engine import drain, seg
 
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.scheduler import AGING_SECONDS, PRESENCE_SECONDS, Scheduler, prompt_len_estimate
-from serve_app.engine.types import INTERNAL_CLIENT
 from serve_app.engine.decode.streams import RowStream
 from serve_app.engine.errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
-from serve_app.engine.types import SegmentRequest
+from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest
 from serve_app.engine.voices import OPENAI_VOICES, SpeakerSampler
 from serve_app.errors import to_api_error
-from support.engine import drain, seg
 
 # ============================================================================== scheduler alone
 
@@ -53,7 +51,9 @@ def running(*owners: str) -> list[Row]:
 def test_round_robin_between_a_heavy_and_a_light_client():
     """200 rows of A queued first, then one of B: B's row is the second admitted, not the 201st."""
     s = queue(*[row("A") for _ in range(200)], row("B"))
-    assert clients(s.pop_admissible([], AcousticConfig(max_rows=4, max_running_rows_per_client=None), now=0.0)) == "ABAA"
+    assert (
+        clients(s.pop_admissible([], AcousticConfig(max_rows=4, max_running_rows_per_client=None), now=0.0)) == "ABAA"
+    )
     assert s.waiting_for("A") == 197 and s.waiting_for("B") == 0
 
 
@@ -180,8 +180,12 @@ def test_per_client_queue_cap_refuses_only_that_client():
     s.push_all([(r, r.stream.row_id) for r in (row("B"), row("B"))], max_queued=100, max_per_client=4)
     assert s.waiting_for("B") == 2
     api = to_api_error(err.value)
-    assert (api.status, api.code, api.type, api.headers.get("Retry-After")) == (429, "too_many_queued_rows",
-                                                                                "rate_limit_error", "2")
+    assert (api.status, api.code, api.type, api.headers.get("Retry-After")) == (
+        429,
+        "too_many_queued_rows",
+        "rate_limit_error",
+        "2",
+    )
     # A request that can never fit is 413, not 429.
     with pytest.raises(RequestTooLarge, match="5 segments; at most 4 .*max_queued_rows_per_client"):
         s.push_all([(r, r.stream.row_id) for r in [row("C") for _ in range(5)]], max_queued=100, max_per_client=4)

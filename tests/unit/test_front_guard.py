@@ -60,12 +60,20 @@ async def service(scope, receive, send) -> None:
 
 
 def _guard(clock: Clock, **settings) -> FrontGuard:
-    s = {"tarpit_s": 0.0, "refusal_burst": 3, "refusals_per_s": 1.0, "address_refusal_burst": 5,
-         "address_refusals_per_s": 1.0, **settings}
+    s = {
+        "tarpit_s": 0.0,
+        "refusal_burst": 3,
+        "refusals_per_s": 1.0,
+        "address_refusal_burst": 5,
+        "address_refusals_per_s": 1.0,
+        **settings,
+    }
     return FrontGuard(service, FrontGuardSettings(**s), clock=clock)
 
 
-async def _get(guard: FrontGuard, key: str | None = None, address: str = "10.0.0.1", path: str = "/ok") -> httpx.Response:
+async def _get(
+    guard: FrontGuard, key: str | None = None, address: str = "10.0.0.1", path: str = "/ok"
+) -> httpx.Response:
     transport = httpx.ASGITransport(app=guard, client=(address, 5000))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         return await client.get(path, headers={"Authorization": key} if key else {})
@@ -149,7 +157,10 @@ def test_a_served_client_refused_lately_pays_up_front():
         assert await _statuses(guard, 4, key=GOOD) == [200] * 4  # trusted: no tokens move
         assert guard.clients.get(("10.0.0.1", _fp(GOOD))).tokens == 3
         assert (await _get(guard, key=GOOD, path="/bad")).status_code == 400  # 2 tokens left
-        got = sorted((await asyncio.gather(*(_get(guard, key=GOOD, path="/bad") for _ in range(10)))), key=lambda r: r.status_code)
+        got = sorted(
+            (await asyncio.gather(*(_get(guard, key=GOOD, path="/bad") for _ in range(10)))),
+            key=lambda r: r.status_code,
+        )
         assert [r.status_code for r in got] == [400] * 2 + [429] * 8
         clock.now += 2.0
         assert await _statuses(guard, 2, key=GOOD) == [200, 200]  # paid up front, given back
@@ -166,6 +177,7 @@ def test_the_tarpit_holds_a_refused_request_and_is_bounded_per_address():
         t0 = time.perf_counter()
         r = await _get(guard, key="Bearer wrong")
         assert r.status_code == 429 and time.perf_counter() - t0 >= 0.3
+
         # Past the bound, refused requests are answered at once.
         async def timed():
             t = time.perf_counter()
@@ -184,8 +196,13 @@ def test_websocket_handshakes_and_session_close_codes_teach_the_guard():
     guard = _guard(clock, address_refusal_burst=100)
 
     async def handshake(key: str | None, path: str = "/ws/1000", extensions=None) -> list[dict]:
-        scope = {"type": "websocket", "path": path, "headers": [(b"authorization", key.encode())] if key else [],
-                 "client": ("10.0.0.1", 5000), "extensions": extensions or {}}
+        scope = {
+            "type": "websocket",
+            "path": path,
+            "headers": [(b"authorization", key.encode())] if key else [],
+            "client": ("10.0.0.1", 5000),
+            "extensions": extensions or {},
+        }
         sent: list[dict] = []
 
         async def receive():
@@ -250,6 +267,7 @@ def test_public_pages_never_make_a_credential_served():
 def test_a_keys_off_answer_or_a_marked_public_page_makes_no_one_served():
     """Only the value ``key`` counts: with keys off the Ingress marks ``open`` (the caller is its
     address), and a credential is not an identity."""
+
     async def open_service(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(AUTH_HEADER.encode(), b"open")]})
         await send({"type": "http.response.body", "body": b"{}"})
@@ -294,7 +312,6 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", json.dumps({"tarpit_s": 0.5, "refusal_burst": 7}))
     assert settings_from_env().refusal_burst == 7
     from serve_app.http.flow_acks import FlowAcksMiddleware
-
     from serve_app.http.loop_watch import LoopWatchMiddleware
 
     # Ray wraps in list order, the last outermost: the proxy's loop watch, the client's end of
@@ -306,7 +323,10 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", '{"tarpit_s": -1}')
     with pytest.raises(ValueError):
         settings_from_env()
-    assert (HOOK_ENV, IMPORT_PATH) == ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "serve_app.http.front_guard:middlewares")
+    assert (HOOK_ENV, IMPORT_PATH) == (
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH",
+        "serve_app.http.front_guard:middlewares",
+    )
 
 
 # ---------------------------------------------------------------- the HAProxy front door's client address
@@ -340,7 +360,7 @@ def test_the_front_door_config_drops_what_a_client_sent_and_sets_its_own_address
     patched = front_door.patch_config(HAPROXY_CFG)
     lines = patched.splitlines()
     at = lines.index("    bind 127.0.0.1:18082", lines.index("frontend http_frontend"))
-    assert [line.strip() for line in lines[at + 2: at + 2 + len(front_door.RULES)]] == list(front_door.RULES)
+    assert [line.strip() for line in lines[at + 2 : at + 2 + len(front_door.RULES)]] == list(front_door.RULES)
     assert "set-header X-Forwarded-For %[src]" in lines[at + 5] and patched.count(front_door.MARK) == 1
     assert front_door.patch_config(patched) == patched  # a reload of an already patched file
     assert front_door.patch_config("frontend other\n    bind :1\n") == "frontend other\n    bind :1\n"
@@ -388,6 +408,9 @@ def test_forwarded_for_is_believed_only_from_the_front_door(tmp_path, monkeypatc
     async def app(scope, receive, send):
         seen.append(scope["client"][0])
 
-    asyncio.run(ProxyHeadersMiddleware(app, trusted_hosts="")(
-        {"type": "http", "client": ("127.0.0.1", 1), "headers": [(b"x-forwarded-for", b"6.6.6.6")]}, None, None))
+    asyncio.run(
+        ProxyHeadersMiddleware(app, trusted_hosts="")(
+            {"type": "http", "client": ("127.0.0.1", 1), "headers": [(b"x-forwarded-for", b"6.6.6.6")]}, None, None
+        )
+    )
     assert seen == ["127.0.0.1"]

@@ -48,10 +48,20 @@ def _policy(keys: str = KEY, body_timeout_s: float = 0.3, monkeypatch=None) -> H
 async def _call(app, path: str, headers: dict[str, str], chunks: list, method: str = "POST", stall: bool = False):
     """One HTTP request through the ASGI app: ``chunks`` are the body's pieces; ``stall`` never
     sends the rest. Returns (status, json body, seconds, body pieces the app asked for)."""
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()], "client": ("10.0.0.9", 5000),
-             "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("10.0.0.9", 5000),
+        "server": ("testserver", 80),
+    }
     pieces = list(chunks)
     asked = 0
     sent: list[dict] = []
@@ -87,13 +97,15 @@ async def test_the_key_is_checked_before_any_body_byte_is_read(monkeypatch):
 
 async def test_a_slow_body_gets_408_within_the_deadline(monkeypatch):
     app = _app(_policy(body_timeout_s=0.3, monkeypatch=monkeypatch))
-    status, body, took, _ = await _call(app, "/v1/echo", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-                                        [b'{"a": '], stall=True)
+    status, body, took, _ = await _call(
+        app, "/v1/echo", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}, [b'{"a": '], stall=True
+    )
     assert status == 408 and body["error"]["code"] == "body_timeout"
     assert 0.3 <= took < 2.0
     # A body in time passes, and the route sees the caller the guard identified.
-    status, body, _, _ = await _call(app, "/v1/echo", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-                                     [b'{"a": ', b"1}"])
+    status, body, _, _ = await _call(
+        app, "/v1/echo", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}, [b'{"a": ', b"1}"]
+    )
     assert status == 200 and body == {"bytes": 8, "caller": key_id(KEY)}
 
 
@@ -102,7 +114,9 @@ async def test_oversized_bodies_are_413_declared_or_streamed(monkeypatch):
     auth = {"Authorization": f"Bearer {KEY}"}
     status, body, _, asked = await _call(app, "/v1/echo", {**auth, "Content-Length": "5000"}, [b"x" * 10], stall=True)
     assert status == 413 and asked == 0  # refused on the declared length alone
-    status, body, _, _ = await _call(app, "/v1/echo", {**auth, "Content-Type": "text/plain"}, [b"x" * 3000, b"x" * 3000])
+    status, body, _, _ = await _call(
+        app, "/v1/echo", {**auth, "Content-Type": "text/plain"}, [b"x" * 3000, b"x" * 3000]
+    )
     assert status == 413 and body["error"]["code"] == "body_too_large"
 
 
@@ -111,16 +125,25 @@ async def test_json_nesting_is_bounded_before_any_parser(monkeypatch, depth, sta
     app = _app(_policy(monkeypatch=monkeypatch))
     app_policy = app.user_middleware  # noqa: F841  (the app keeps the policy's limits)
     doc = "[" * depth + "]" * depth
-    pieces = [doc.encode()[i:i + 1000] for i in range(0, min(len(doc), 4000), 1000)] if depth < 1000 else [doc.encode()[:4000]]
-    got, body, _, _ = await _call(app, "/v1/echo", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}, pieces,
-                                  stall=depth >= 1000)
+    pieces = (
+        [doc.encode()[i : i + 1000] for i in range(0, min(len(doc), 4000), 1000)]
+        if depth < 1000
+        else [doc.encode()[:4000]]
+    )
+    got, body, _, _ = await _call(
+        app,
+        "/v1/echo",
+        {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        pieces,
+        stall=depth >= 1000,
+    )
     assert got == status, body
     if status == 400:
         assert body["error"]["code"] == "invalid_json" and "nests deeper" in body["error"]["message"]
 
 
 def test_json_depth_guard_reads_strings_and_escapes_across_pieces():
-    doc = json.dumps({"a": ["]]]]\\\"[[[[", {"b": "\\"}], "c": "{" * 100}).encode()
+    doc = json.dumps({"a": [']]]]\\"[[[[', {"b": "\\"}], "c": "{" * 100}).encode()
     for cut in range(len(doc)):  # any split of the body into two pieces
         g = JsonDepthGuard(3)
         g.feed(doc[:cut])
@@ -139,8 +162,13 @@ def test_auth_required_fails_closed_and_grants_are_per_key(monkeypatch):
     anonymous = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_NO_KEYS")).identify(None, "10.1.2.3")
     assert (anonymous.id, anonymous.owner, anonymous.max_priority) == ("ip:10.1.2.3", "anonymous", 0)
     monkeypatch.setenv("GUARD_TWO_KEYS", "k-plain,k-vip")
-    auth = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_TWO_KEYS", max_streams_per_key=3,
-                                       keys={key_id("k-vip"): KeyGrants(max_priority=5, max_streams=10, admin=True)}))
+    auth = APIKeyAuth(
+        SecuritySettings(
+            api_keys_env="GUARD_TWO_KEYS",
+            max_streams_per_key=3,
+            keys={key_id("k-vip"): KeyGrants(max_priority=5, max_streams=10, admin=True)},
+        )
+    )
     plain, vip = auth.identify("Bearer k-plain", "a"), auth.identify("Bearer k-vip", "a")
     assert (plain.max_priority, plain.max_streams, plain.admin) == (0, 3, False)
     assert (vip.max_priority, vip.max_streams, vip.admin, vip.owner) == (5, 10, True, key_id("k-vip"))
@@ -152,7 +180,9 @@ def test_auth_required_fails_closed_and_grants_are_per_key(monkeypatch):
 
 async def test_local_slots_hold_the_limit_and_never_leak_on_cancel(monkeypatch):
     monkeypatch.setenv("GUARD_KEYS", KEY)
-    caller = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_KEYS", max_streams_per_key=2)).identify(f"Bearer {KEY}", "a")
+    caller = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_KEYS", max_streams_per_key=2)).identify(
+        f"Bearer {KEY}", "a"
+    )
     slots = LocalSlots()
     a, b = await hold_slot(slots, caller), await hold_slot(slots, caller)
     with pytest.raises(APIError) as err:

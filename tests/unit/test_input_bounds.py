@@ -26,9 +26,9 @@ import numpy as np
 import pybase16384 as b14
 import pytest
 from pydantic import ValidationError
-
 from support.clips import encode, speechlike
 from support.hostile import CHATTTS, MiB, ima_adpcm_wav, raw_lzma, speaker_bombs, speaker_vec
+
 from serve_app.engine.clips import MAX_PACKETS_PER_SECOND, ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidVoiceError, UnknownVoiceError
 from serve_app.engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
@@ -69,8 +69,18 @@ def _bounded(fn, *args, cwd: str | None = None) -> dict:
                 error, message = type(exc).__name__, str(exc)
             seconds, wall = time.process_time() - c0, time.perf_counter() - t0
             growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-            os.write(w, json.dumps({"error": error, "message": message[:500], "seconds": seconds,
-                                    "wall_seconds": wall, "growth_mb": growth}).encode())
+            os.write(
+                w,
+                json.dumps(
+                    {
+                        "error": error,
+                        "message": message[:500],
+                        "seconds": seconds,
+                        "wall_seconds": wall,
+                        "growth_mb": growth,
+                    }
+                ).encode(),
+            )
         finally:
             os._exit(0)
     os.close(w)
@@ -90,6 +100,7 @@ def _refused(result: dict, error: str, match: str) -> None:
 
 
 # ------------------------------------------------------------------ speaker strings
+
 
 def _uncompressed_chunks(data: bytes) -> bytes:
     """A raw LZMA2 stream of one-byte uncompressed chunks (4 bytes each): valid, and the
@@ -153,15 +164,18 @@ def _truncations() -> list[str]:
     return [s[:n] for n in (32, 100, len(s) // 2, len(s) - 2, len(s) - 1)]
 
 
-@pytest.mark.parametrize("value", [
-    *_truncations(),
-    "hello, this is plain ASCII text and no base16384 at all",
-    "😀" * 200,
-    "\ud800" * 40,  # a lone surrogate: not encodable
-    "㴁" * 200,  # base16384's length markers only
-    "\x00" * 64,
-    "".join(chr(0x4E00 + (i * 7919) % 0x4000) for i in range(840)),  # base16384 characters, random bytes
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        *_truncations(),
+        "hello, this is plain ASCII text and no base16384 at all",
+        "😀" * 200,
+        "\ud800" * 40,  # a lone surrogate: not encodable
+        "㴁" * 200,  # base16384's length markers only
+        "\x00" * 64,
+        "".join(chr(0x4E00 + (i * 7919) % 0x4000) for i in range(840)),  # base16384 characters, random bytes
+    ],
+)
 def test_garbage_and_truncated_speaker_strings_are_invalid_voices(value):
     with pytest.raises(InvalidVoiceError, match="speaker string") as err:
         VoiceResolver().resolve(value)
@@ -180,9 +194,12 @@ def test_every_schema_bounds_the_voice_string():
     ok = "x" * MAX_SPEAKER_CHARS
     long = ok + "x"
     assert SynthesisOptions(voice=ok).voice == ok
-    for make in (lambda v: SynthesisOptions(voice=v), lambda v: SpeechRequest(input="hi", voice=v),
-                 lambda v: SessionStart(type="session.start", voice=v),
-                 lambda v: SpeechRequest(input="hi", voice={"id": v[:65]})):
+    for make in (
+        lambda v: SynthesisOptions(voice=v),
+        lambda v: SpeechRequest(input="hi", voice=v),
+        lambda v: SessionStart(type="session.start", voice=v),
+        lambda v: SpeechRequest(input="hi", voice={"id": v[:65]}),
+    ):
         with pytest.raises(ValidationError):
             make(long)
 
@@ -195,8 +212,13 @@ def _json_request(body: dict):
     async def receive():
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/audio/voices", "query_string": b"",
-             "headers": [(b"content-type", b"application/json")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/audio/voices",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+    }
     return Request(scope, receive)
 
 
@@ -285,8 +307,15 @@ def _utf8_number(n: int) -> bytes:
     return chr(n).encode("utf-8", "surrogatepass")
 
 
-def constant_flac(rate: int, frames: int, block: int = 65535, channels: int = 1, frame_rate: int | None = None,
-                  first: int = 0, value: int = 3000) -> bytes:
+def constant_flac(
+    rate: int,
+    frames: int,
+    block: int = 65535,
+    channels: int = 1,
+    frame_rate: int | None = None,
+    first: int = 0,
+    value: int = 3000,
+) -> bytes:
     """FLAC frames of ``block`` samples, each channel a CONSTANT subframe (a few bytes a frame).
     STREAMINFO says ``rate``; each frame header says ``frame_rate`` (16-bit Hz) if given, else
     'as STREAMINFO'. ``first``: the first frame's number (to append frames to another file)."""
@@ -369,32 +398,61 @@ _LIMITS = ClipLimits(2.0, 30.0)
 _SHORT = ClipLimits(2.0, 5.0)  # where a budget scales with the limit: smaller, faster files
 
 
-@pytest.mark.parametrize("name,make,limits,match", [
-    ("PCM WAV at 1 Hz", lambda: pcm_wav(1, 1, 2048), _LIMITS, "sampled at 1 Hz"),
-    ("PCM WAV at 384 kHz", lambda: pcm_wav(384000, 1, 4096), _LIMITS, "sampled at 384000 Hz"),
-    ("PCM WAV of 9 channels", lambda: pcm_wav(8000, 9, 24000), _LIMITS, "9 channels"),
-    ("PCM WAV of 64 channels", lambda: pcm_wav(8000, 64, 8000), _LIMITS, "64 channels"),
-    ("PCM WAV of 600 channels", lambda: pcm_wav(8000, 600, 100), _LIMITS, "channels"),
-    ("FLAC at 1 Hz, 65535-sample frames (68 bytes; 6 GB at 24 kHz)", lambda: constant_flac(1, 2), _LIMITS,
-     "sampled at 1 Hz"),
-    ("FLAC at 655350 Hz", lambda: constant_flac(655350, 2, block=4096), _LIMITS, "655350 Hz"),
-    ("FLAC whose frames change to 1 Hz after the header's rate",
-     lambda: constant_flac(44100, 3, block=4096) + constant_flac(44100, 4, block=4096, frame_rate=1, first=3),
-     _LIMITS, "changes to 1 Hz"),
-    ("FLAC of 8 channels at 96 kHz (a few hundred bytes)", lambda: constant_flac(96000, 12, channels=8), _SHORT,
-     "too much audio data"),
-    ("one-sample packets", lambda: tiny_packets(int(1.5 * MAX_PACKETS_PER_SECOND) + 500), ClipLimits(0.5, 1.0),
-     "packets"),
-    ("a 2-minute FLAC", lambda: constant_flac(44100, 81), _LIMITS, "longer than 30 s"),
-    ("a streamed WAV of 60 s (no declared length)", lambda: pcm_wav(8000, 1, 8000 * 60, data_size=0xFFFFFFFF),
-     _LIMITS, "longer than 30 s"),
-    ("a WAV declaring 1 s but holding 60 s", lambda: pcm_wav(8000, 1, 8000 * 60, data_size=16000), _LIMITS,
-     None),
-    ("an ffconcat script naming a local file", lambda: b"ffconcat version 1.0\nfile 'clip.wav'\n", _LIMITS,
-     "could not decode"),
-    ("an HLS playlist", lambda: b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:3,\nclip.wav\n#EXT-X-ENDLIST\n",
-     _LIMITS, "could not decode"),
-])
+@pytest.mark.parametrize(
+    "name,make,limits,match",
+    [
+        ("PCM WAV at 1 Hz", lambda: pcm_wav(1, 1, 2048), _LIMITS, "sampled at 1 Hz"),
+        ("PCM WAV at 384 kHz", lambda: pcm_wav(384000, 1, 4096), _LIMITS, "sampled at 384000 Hz"),
+        ("PCM WAV of 9 channels", lambda: pcm_wav(8000, 9, 24000), _LIMITS, "9 channels"),
+        ("PCM WAV of 64 channels", lambda: pcm_wav(8000, 64, 8000), _LIMITS, "64 channels"),
+        ("PCM WAV of 600 channels", lambda: pcm_wav(8000, 600, 100), _LIMITS, "channels"),
+        (
+            "FLAC at 1 Hz, 65535-sample frames (68 bytes; 6 GB at 24 kHz)",
+            lambda: constant_flac(1, 2),
+            _LIMITS,
+            "sampled at 1 Hz",
+        ),
+        ("FLAC at 655350 Hz", lambda: constant_flac(655350, 2, block=4096), _LIMITS, "655350 Hz"),
+        (
+            "FLAC whose frames change to 1 Hz after the header's rate",
+            lambda: constant_flac(44100, 3, block=4096) + constant_flac(44100, 4, block=4096, frame_rate=1, first=3),
+            _LIMITS,
+            "changes to 1 Hz",
+        ),
+        (
+            "FLAC of 8 channels at 96 kHz (a few hundred bytes)",
+            lambda: constant_flac(96000, 12, channels=8),
+            _SHORT,
+            "too much audio data",
+        ),
+        (
+            "one-sample packets",
+            lambda: tiny_packets(int(1.5 * MAX_PACKETS_PER_SECOND) + 500),
+            ClipLimits(0.5, 1.0),
+            "packets",
+        ),
+        ("a 2-minute FLAC", lambda: constant_flac(44100, 81), _LIMITS, "longer than 30 s"),
+        (
+            "a streamed WAV of 60 s (no declared length)",
+            lambda: pcm_wav(8000, 1, 8000 * 60, data_size=0xFFFFFFFF),
+            _LIMITS,
+            "longer than 30 s",
+        ),
+        ("a WAV declaring 1 s but holding 60 s", lambda: pcm_wav(8000, 1, 8000 * 60, data_size=16000), _LIMITS, None),
+        (
+            "an ffconcat script naming a local file",
+            lambda: b"ffconcat version 1.0\nfile 'clip.wav'\n",
+            _LIMITS,
+            "could not decode",
+        ),
+        (
+            "an HLS playlist",
+            lambda: b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:3,\nclip.wav\n#EXT-X-ENDLIST\n",
+            _LIMITS,
+            "could not decode",
+        ),
+    ],
+)
 def test_hostile_clips_are_refused_in_bounded_time_and_memory(name, make, limits, match, tmp_path):
     (tmp_path / "clip.wav").write_bytes(encode(speechlike(3.0), "wav"))  # what a concat script would read
     result = _bounded(decode_clip, make(), limits, cwd=str(tmp_path))

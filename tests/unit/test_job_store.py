@@ -65,9 +65,21 @@ BACKENDS = ["directory", "memory", "file", "s3", "redis+directory", "redis+memor
 
 def make_job(owner: str = "alice", n: int = 3, fmt: str = "pcm", reserved: int = 0, **extra) -> StoredJob:
     now = time.time()
-    return StoredJob(id=new_job_id(), owner=owner, voice_name="alloy", voice=VOICE, options={"seed": 7},
-                     response_format=fmt, created_at=now, updated_at=now, chunks_total=n, chunk_samples=[-1] * n,
-                     chars_total=10 * n, reserved_bytes=reserved, **extra)
+    return StoredJob(
+        id=new_job_id(),
+        owner=owner,
+        voice_name="alloy",
+        voice=VOICE,
+        options={"seed": 7},
+        response_format=fmt,
+        created_at=now,
+        updated_at=now,
+        chunks_total=n,
+        chunk_samples=[-1] * n,
+        chars_total=10 * n,
+        reserved_bytes=reserved,
+        **extra,
+    )
 
 
 def chunks_of(n: int, pause: float = 0.0):
@@ -88,7 +100,9 @@ def settings(request, tmp_path: Path) -> JobsSettings:
         request.addfinalizer(lambda: _forget_memory(url))
         return JobsSettings(backend="fsspec", url=url, **extra)
     s3 = request.getfixturevalue("moto_s3")
-    return JobsSettings(backend="fsspec", url=f"s3://{s3.new_bucket()}/jobs", storage_options=s3.storage_options(), **extra)
+    return JobsSettings(
+        backend="fsspec", url=f"s3://{s3.new_bucket()}/jobs", storage_options=s3.storage_options(), **extra
+    )
 
 
 def _forget_memory(url: str) -> None:
@@ -114,7 +128,7 @@ def files_of(store: JobStore, job: StoredJob) -> set[str]:
     assert isinstance(files, ObjectFiles)
     objects = files.objects
     prefix = objects._path(place.key())
-    return {p[len(prefix) + 1:] for p in objects.fs.find(prefix)}
+    return {p[len(prefix) + 1 :] for p in objects.fs.find(prefix)}
 
 
 def state_on_files(store: JobStore) -> set[str]:
@@ -169,11 +183,13 @@ def test_estimate_follows_speed():
 
 def test_a_script_is_packed_into_chunks_that_keep_its_parts_and_pauses():
     long = "这是一个很长的句子，" * 30 + "结束。"  # 301 characters, no sentence end before the last
-    parts = [JobPart(text="Hello there.", voice=0, speaker="alloy", turn=0, offset=0),
-             JobPart(text="你好。", voice=1, speaker="echo", turn=1, offset=0, pause_before=0.4),
-             JobPart(text="", voice=0, pause_before=1.0),  # an SSML break at the end of a turn
-             JobPart(text=long, voice=0, speaker="alloy", turn=2, offset=0, pause_before=0.4, speed=1.5),
-             JobPart(text="Bye.", voice=1, speaker="echo", turn=3, offset=0, pause_before=0.4)]
+    parts = [
+        JobPart(text="Hello there.", voice=0, speaker="alloy", turn=0, offset=0),
+        JobPart(text="你好。", voice=1, speaker="echo", turn=1, offset=0, pause_before=0.4),
+        JobPart(text="", voice=0, pause_before=1.0),  # an SSML break at the end of a turn
+        JobPart(text=long, voice=0, speaker="alloy", turn=2, offset=0, pause_before=0.4, speed=1.5),
+        JobPart(text="Bye.", voice=1, speaker="echo", turn=3, offset=0, pause_before=0.4),
+    ]
     chunks = cut_script(parts, 7, 120)
     assert [c.seed for c in chunks] == [chunk_seed(7, k) for k in range(len(chunks))]
     assert all(len(c.text) <= 120 and c.text == "".join(p.text for p in c.parts) for c in chunks)
@@ -186,11 +202,15 @@ def test_a_script_is_packed_into_chunks_that_keep_its_parts_and_pauses():
     assert [p.offset for p in pieces] == [0, len(pieces[0].text), len(pieces[0].text) + len(pieces[1].text)]
     assert [p.pause_before for p in pieces] == [0.4, 0.0, 0.0] and {p.speed for p in pieces} == {1.5}
     # The short turns and the break share the first chunk; the break stays where it was.
-    assert [(p.text, p.pause_before, p.speaker) for p in chunks[0].parts] == \
-        [("Hello there.", 0.0, "alloy"), ("你好。", 0.4, "echo"), ("", 1.0, None)]
+    assert [(p.text, p.pause_before, p.speaker) for p in chunks[0].parts] == [
+        ("Hello there.", 0.0, "alloy"),
+        ("你好。", 0.4, "echo"),
+        ("", 1.0, None),
+    ]
     assert sum(p.pause_before for p in flat) == pytest.approx(2.2)
-    assert estimated_pcm_bytes(chunks, 1.0) > estimated_pcm_bytes(cut_script([p.model_copy(update={"pause_before": 0.0})
-                                                                             for p in parts], 7, 120), 1.0)
+    assert estimated_pcm_bytes(chunks, 1.0) > estimated_pcm_bytes(
+        cut_script([p.model_copy(update={"pause_before": 0.0}) for p in parts], 7, 120), 1.0
+    )
 
 
 def test_a_job_request_is_one_of_text_ssml_or_turns():
@@ -200,9 +220,15 @@ def test_a_job_request_is_one_of_text_ssml_or_turns():
     assert JobRequest(input="<speak>Hi</speak>").is_ssml and JobRequest(input="Hi", input_format="ssml").is_ssml
     turns = JobRequest(turns=[{"voice": "alloy", "input": "Hi"}, {"voice": "echo", "input": "<speak>Yo</speak>"}])
     assert not turns.is_ssml and turns.script_chars == 2 + 17
-    for bad in [{"input": "Hi", "turns": [{"input": "Yo"}]}, {"input": "  "}, {}, {"turns": []},
-                {"input": "<speak>Hi</speak>", "chapters": True}, {"turns": [{"input": "Yo"}], "chapters": True},
-                {"input": "a\x00b"}]:
+    for bad in [
+        {"input": "Hi", "turns": [{"input": "Yo"}]},
+        {"input": "  "},
+        {},
+        {"turns": []},
+        {"input": "<speak>Hi</speak>", "chapters": True},
+        {"turns": [{"input": "Yo"}], "chapters": True},
+        {"input": "a\x00b"},
+    ]:
         with pytest.raises(ValidationError):
             JobRequest(**bad)
 
@@ -528,19 +554,37 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(store: JobStore
     assert np.array_equal(np.frombuffer(data, dtype="<i2"), expected)
 
 
-BOOK = ("A few words before it all begins.\n\n# Chapter One\n从前有一座山。\n\n山里有一座庙。\n"
-        "***\n第二章 庙里\n庙里有个老和尚。\n\n\n\nHe told a story.\nEpilogue\nThe end.")
+BOOK = (
+    "A few words before it all begins.\n\n# Chapter One\n从前有一座山。\n\n山里有一座庙。\n"
+    "***\n第二章 庙里\n庙里有个老和尚。\n\n\n\nHe told a story.\nEpilogue\nThe end."
+)
 
 
 def test_headings_are_the_lines_that_name_a_chapter_and_nothing_else():
-    for line, title in [("# Notes", "Notes"), ("## 2. Back home", "2. Back home"), ("第一章 山", "第一章 山"),
-                        ("第十二回", "第十二回"), ("序言", "序言"), ("Chapter 2: The River", "Chapter 2: The River"),
-                        ("CHAPTER XII. THE END", "CHAPTER XII. THE END"), ("Part One", "Part One"),
-                        ("Chapter 3 The Storm", "Chapter 3 The Storm"), ("Epilogue", "Epilogue")]:
+    for line, title in [
+        ("# Notes", "Notes"),
+        ("## 2. Back home", "2. Back home"),
+        ("第一章 山", "第一章 山"),
+        ("第十二回", "第十二回"),
+        ("序言", "序言"),
+        ("Chapter 2: The River", "Chapter 2: The River"),
+        ("CHAPTER XII. THE END", "CHAPTER XII. THE END"),
+        ("Part One", "Part One"),
+        ("Chapter 3 The Storm", "Chapter 3 The Storm"),
+        ("Epilogue", "Epilogue"),
+    ]:
         assert heading_title(line) == title, line
-    for line in ["Part of the problem is this.", "Chapter one ended badly.", "Introduction to physics is hard.",
-                 "第二部分是这样的。", "序言部分很长，我们慢慢读吧。", "Book mild", "#hashtag", "第一次见面",
-                 "Chapter 1 " + "x" * 100]:
+    for line in [
+        "Part of the problem is this.",
+        "Chapter one ended badly.",
+        "Introduction to physics is hard.",
+        "第二部分是这样的。",
+        "序言部分很长，我们慢慢读吧。",
+        "Book mild",
+        "#hashtag",
+        "第一次见面",
+        "Chapter 1 " + "x" * 100,
+    ]:
         assert heading_title(line) is None, line
 
 
@@ -563,8 +607,16 @@ def chaptered_book(store: JobStore, **extra) -> tuple[list, StoredJob]:
     """BOOK as a job made with chapters: its chunks and the stored job."""
     chapters = split_chapters(BOOK)
     chunks = cut_text(BOOK, 7, 600, 0.5, chapters, chapter_pause_s=2.0)
-    job = store.create(make_job(n=len(chunks), chapter_titles=[t for t, _ in chapters],
-                                chapter_first_chunks=chapter_first_chunks(chunks), **extra), chunks, ROOMY)
+    job = store.create(
+        make_job(
+            n=len(chunks),
+            chapter_titles=[t for t, _ in chapters],
+            chapter_first_chunks=chapter_first_chunks(chunks),
+            **extra,
+        ),
+        chunks,
+        ROOMY,
+    )
     return chunks, job
 
 
@@ -588,11 +640,13 @@ def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStor
     joined = []
     for n, (first, end) in enumerate(job.chapter_spans()):
         own = samples(audio_file_name(job, n))
-        inside = [x for k in range(first, end) for x in (pcm[k], pause(chunks[k].pause_after) if k < end - 1 else pause(0))]
+        inside = [
+            x for k in range(first, end) for x in (pcm[k], pause(chunks[k].pause_after) if k < end - 1 else pause(0))
+        ]
         assert np.array_equal(own, np.concatenate(inside))  # its chunks and pauses, no trailing pause
         start, duration = job.chapter_times[n]
         assert round(start * 24000) == sum(len(x) for x in joined) and round(duration * 24000) == len(own)
-        assert np.array_equal(whole[round(start * 24000):round(start * 24000) + len(own)], own)
+        assert np.array_equal(whole[round(start * 24000) : round(start * 24000) + len(own)], own)
         joined += [own, pause(chunks[end - 1].pause_after)]
     assert np.array_equal(whole, np.concatenate(joined))
 
@@ -617,16 +671,19 @@ def test_captions_follow_each_chunk_to_its_place_in_the_whole_file_and_its_chapt
     def cues(name: str) -> list[tuple[int, int, str]]:
         text = read_all(store, job, name).decode()
         if fmt == "srt":
-            return [(round(c.start.total_seconds() * 1000), round(c.end.total_seconds() * 1000), c.content)
-                    for c in srt.parse(text)]
+            return [
+                (round(c.start.total_seconds() * 1000), round(c.end.total_seconds() * 1000), c.content)
+                for c in srt.parse(text)
+            ]
         ms = lambda t: round(sum(float(x) * f for x, f in zip(t.split(":"), (3600_000, 60_000, 1000))))  # noqa: E731
         return [(ms(c.start), ms(c.end), c.text) for c in webvtt.from_buffer(io.StringIO(text))]
 
     def expected(first: int, end: int) -> list[tuple[int, int, str]]:
         out, at = [], 0
         for k in range(first, end):
-            out.append((round((at + 1200) * 1000 / 24000), round((at + lengths[k] - 1200) * 1000 / 24000),
-                        chunks[k].text))
+            out.append(
+                (round((at + 1200) * 1000 / 24000), round((at + lengths[k] - 1200) * 1000 / 24000), chunks[k].text)
+            )
             at += lengths[k] + int(round(chunks[k].pause_after * 24000))
         return out
 

@@ -95,9 +95,20 @@ async def _job(settings: JobsSettings, pcm_limit: int, chapters: bool = False) -
     chunks = cut_text("山上有一座庙。庙里有个老和尚。", 7, 600, 0.0)
     now = time.time()
     limit, reserved = (pcm_limit, pcm_limit * (2 if chapters else 1))
-    job = StoredJob(id=new_job_id(), owner="alice", voice_name="alloy", options={"seed": 7}, response_format="pcm",
-                    created_at=now, updated_at=now, chunks_total=len(chunks), chunk_samples=[-1] * len(chunks),
-                    chars_total=10, reserved_bytes=reserved, pcm_limit_bytes=limit)
+    job = StoredJob(
+        id=new_job_id(),
+        owner="alice",
+        voice_name="alloy",
+        options={"seed": 7},
+        response_format="pcm",
+        created_at=now,
+        updated_at=now,
+        chunks_total=len(chunks),
+        chunk_samples=[-1] * len(chunks),
+        chars_total=10,
+        reserved_bytes=reserved,
+        pcm_limit_bytes=limit,
+    )
     store.create(job, chunks, ROOMY, VOICE)
     return store, job
 
@@ -178,8 +189,11 @@ def test_a_large_put_spools_to_a_file_named_by_its_process(tmp_path: Path, monke
 
 @pytest.mark.parametrize("backend", ["directory", "file"])
 async def test_a_killed_runs_half_written_files_go_when_the_job_is_taken_up(tmp_path: Path, backend: str):
-    settings = (JobsSettings(path=str(tmp_path / "jobs")) if backend == "directory"
-                else JobsSettings(backend="fsspec", url=(tmp_path / "jobs").as_uri()))
+    settings = (
+        JobsSettings(path=str(tmp_path / "jobs"))
+        if backend == "directory"
+        else JobsSettings(backend="fsspec", url=(tmp_path / "jobs").as_uri())
+    )
     store, job = await _job(settings, 48_000)
     folder = tmp_path / "jobs" / Place.of(job).key()
     (folder / "chapters").mkdir()
@@ -200,8 +214,18 @@ def test_job_ids_are_lower_case_and_checked_whole(settings: JobsSettings):
     ids = {new_job_id() for _ in range(200)}
     assert all(JOB_ID_RE.fullmatch(i) and i == i.lower() for i in ids)
     store = make_job_store(settings)
-    job = StoredJob(id=new_job_id(), owner="alice", voice_name="alloy", options={}, response_format="pcm",
-                    created_at=time.time(), updated_at=time.time(), chunks_total=1, chunk_samples=[-1], chars_total=1)
+    job = StoredJob(
+        id=new_job_id(),
+        owner="alice",
+        voice_name="alloy",
+        options={},
+        response_format="pcm",
+        created_at=time.time(),
+        updated_at=time.time(),
+        chunks_total=1,
+        chunk_samples=[-1],
+        chars_total=1,
+    )
     store.create(job, cut_text("你好。", 1, 600, 0.0), ROOMY, VOICE)
     assert store.get(job.id, "alice") is not None
     # Another case, or a trailing newline (which ``$`` let through): no job, and never a path.

@@ -26,7 +26,7 @@ from serve_app.http.jobs import JobsService, loads_object
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
 from serve_app.settings import JobsSettings, VoiceStoreConfig
-from serve_app.storage.jobs import Place, cut_text, estimated_pcm_bytes, make_job_store
+from serve_app.storage.jobs import Place, cut_text, estimated_pcm_bytes
 from serve_app.storage.jobs.model import CHUNKS_FILE, STATE_FILE
 from serve_app.storage.voices import VoiceCatalog, make_voice_store, stored_voice
 
@@ -60,15 +60,25 @@ def request(body: bytes, ctype: str = "application/json") -> Request:
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return Request({"type": "http", "method": "POST", "path": "/v1/audio/jobs", "root_path": "", "query_string": b"",
-                    "headers": [(b"content-type", ctype.encode())]}, receive)
+    return Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/audio/jobs",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", ctype.encode())],
+        },
+        receive,
+    )
 
 
 async def service(tmp_path: Path, segments: SegmentLimits | None = None, **jobs: Any) -> JobsService:
     store = make_voice_store(VoiceStoreConfig(backend="memory"))
     # A clip voice of the caller's own: tens of kilobytes that must never be copied per part.
-    await store.create(stored_voice("mine", "clip", owner=ALICE, speaker=SPEAKER, sample="c" * 40_000,
-                                    transcript="hello there"))
+    await store.create(
+        stored_voice("mine", "clip", owner=ALICE, speaker=SPEAKER, sample="c" * 40_000, transcript="hello there")
+    )
     settings = JobsSettings(path=str(tmp_path / "jobs"), **{"max_bytes_per_key": 2**50, **jobs})
     return JobsService(settings, None, None, VoiceCatalog(store), "test", segments=segments, runner=_Runner)
 
@@ -116,8 +126,12 @@ WORST = {
     # 100,000 turns in the caller's own clip voice (before: the clip re-serialised per part, ~10 s)
     "turns": {"turns": [{"voice": "mine", "input": "Hi."} for _ in range(100_000)]},
     # 12,000 turns (900,000 characters), each its own SSML document with a voice and a break
-    "ssml turns": {"turns": [{"voice": "alloy", "input": f'<speak><voice name="mine">Hi {i}.</voice>'
-                              '<break time="1s"/></speak>'} for i in range(12_000)]},
+    "ssml turns": {
+        "turns": [
+            {"voice": "alloy", "input": f'<speak><voice name="mine">Hi {i}.</voice><break time="1s"/></speak>'}
+            for i in range(12_000)
+        ]
+    },
     # runs of one character
     "run of a": {"input": "a" * 1_000_000},
     "run of 1": {"input": "1" * 1_000_000},
@@ -164,19 +178,27 @@ async def test_a_second_submission_of_a_key_waits_for_its_first(tmp_path: Path):
 
 
 def test_the_piecewise_json_reader_reads_what_json_reads():
-    for doc in ['{}', '{"a": []}', ' { "a" : [ 1 , {"b": [2]} ] , "c": "x\\"y" , "d": null } ',
-                '{"turns": [{"voice": "alloy", "input": "hi"}], "pause_s": 0.5}', '{"a": 1, "a": 2}']:
+    for doc in [
+        "{}",
+        '{"a": []}',
+        ' { "a" : [ 1 , {"b": [2]} ] , "c": "x\\"y" , "d": null } ',
+        '{"turns": [{"voice": "alloy", "input": "hi"}], "pause_s": 0.5}',
+        '{"a": 1, "a": 2}',
+    ]:
         assert loads_object(doc) == json.loads(doc), doc
-    for bad in ['{', '{"a": [1,]}', '{"a": 1,}', '{"a": 1} x', '{"a" 1}', '[1]', '{"a": [1 2]}']:
+    for bad in ["{", '{"a": [1,]}', '{"a": 1,}', '{"a": 1} x', '{"a" 1}', "[1]", '{"a": [1 2]}']:
         with pytest.raises(ValueError):
             loads_object(bad)
 
 
 async def test_a_malformed_body_is_a_400(tmp_path: Path):
     svc = await service(tmp_path)
-    for body, code in [(b'{"input": "x",', "invalid_json"), (b"\xff{}", "invalid_json"), (b"[1]", "invalid_value"),
-                       (b'{"turns": ' + json.dumps([{"input": "x"}] * 1500 + [{"input": ""}]).encode() + b"}",
-                        "invalid_value")]:
+    for body, code in [
+        (b'{"input": "x",', "invalid_json"),
+        (b"\xff{}", "invalid_json"),
+        (b"[1]", "invalid_value"),
+        (b'{"turns": ' + json.dumps([{"input": "x"}] * 1500 + [{"input": ""}]).encode() + b"}", "invalid_value"),
+    ]:
         with pytest.raises(APIError) as e:
             await svc.create(request(body), caller())
         assert (e.value.status, e.value.code) == (400, code), body[:40]
@@ -197,11 +219,14 @@ async def test_the_reservation_is_the_normalised_plan_not_the_written_text(tmp_p
     chunks = svc.store.chunks(job)
     planner = Planner()
     options = SynthesisOptions.model_validate(job.options)
-    planned = sum(plan_seconds(planner.plan(c.text, options.model_copy(update={"seed": c.seed}))) + c.pause_after
-                  for c in chunks)
+    planned = sum(
+        plan_seconds(planner.plan(c.text, options.model_copy(update={"seed": c.seed}))) + c.pause_after for c in chunks
+    )
     planned_bytes = int(planned * SAMPLE_RATE * 2)
     written = estimated_pcm_bytes(chunks, options.speed)
-    print(f"12-digit numbers: written-text estimate {written} B, planned {planned_bytes} B, reserved {job.reserved_bytes} B")
+    print(
+        f"12-digit numbers: written-text estimate {written} B, planned {planned_bytes} B, reserved {job.reserved_bytes} B"
+    )
     # Before: the written text's estimate, about a tenth of what the plan makes.
     assert planned_bytes > 5 * written
     assert planned_bytes <= job.reserved_bytes <= planned_bytes + 4 and job.pcm_limit_bytes == job.reserved_bytes

@@ -18,8 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def keys(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "serve_app.tools.cli", "keys", *args], input=stdin,
-                          capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "serve_app.tools.cli", "keys", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_keys_new_prints_a_random_key_and_its_id():
@@ -50,8 +57,11 @@ def test_a_new_key_is_accepted_under_its_id(monkeypatch):
     key = proc.stdout.strip()
     kid = keys("id", stdin=key).stdout.strip()
     monkeypatch.setenv("CHATTTS_TEST_KEYS_CLI", f"{key},another-key")
-    auth = APIKeyAuth(SecuritySettings(auth="required", api_keys_env="CHATTTS_TEST_KEYS_CLI",
-                                       keys={kid: KeyGrants(max_priority=7, max_streams=3)}))
+    auth = APIKeyAuth(
+        SecuritySettings(
+            auth="required", api_keys_env="CHATTTS_TEST_KEYS_CLI", keys={kid: KeyGrants(max_priority=7, max_streams=3)}
+        )
+    )
     caller = auth.identify(f"Bearer {key}", "10.0.0.1")
     assert caller.id == kid and caller.owner == kid
     assert caller.max_priority == 7 and caller.max_streams == 3  # the grants written under its id

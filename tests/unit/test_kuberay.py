@@ -46,14 +46,21 @@ def _pods(service: dict) -> dict[str, dict]:
         (container,) = g["template"]["spec"]["containers"]
         limits = container["resources"]["limits"]
         cpu = g["rayStartParams"].get("num-cpus", limits["cpu"])
-        out[name] = {"cpu": _quantity(cpu), "gpu": _quantity(limits.get("nvidia.com/gpu", 0)),
-                     "min": g.get("minReplicas", 1), "max": g.get("maxReplicas", 1), "group": g, "container": container}
+        out[name] = {
+            "cpu": _quantity(cpu),
+            "gpu": _quantity(limits.get("nvidia.com/gpu", 0)),
+            "min": g.get("minReplicas", 1),
+            "max": g.get("maxReplicas", 1),
+            "group": g,
+            "container": container,
+        }
     return out
 
 
 def test_the_committed_manifest_is_the_generated_one():
     assert MANIFEST.read_text() == kuberay.render(GPU_CONFIG), (
-        "deploy/kuberay/rayservice.yaml is stale: python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml")
+        "deploy/kuberay/rayservice.yaml is stale: python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml"
+    )
 
 
 def test_serve_config_is_the_gpu_configs(docs):
@@ -63,6 +70,7 @@ def test_serve_config_is_the_gpu_configs(docs):
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     assert serve["applications"] == kuberay.for_kubernetes(gpu)["applications"]
     assert chattts_args(gpu)["ingress"]["security"]["auth"] == "required"  # the config's own, not only the manifest's
+
     def without_voices(cfg: dict) -> list[dict]:
         return [{**a, "args": {k: v for k, v in a["args"].items() if k != "voices"}} for a in cfg["applications"]]
 
@@ -116,7 +124,9 @@ def test_pods_hold_what_the_serve_config_asks_for(docs):
     def per_pod(dep: dict, pod: dict) -> int:
         """Replicas of ``dep`` one pod holds, by CPUs, by GPUs and by its per-node bound."""
         opts = dep["ray_actor_options"]
-        fits = [math.floor(pod[key] / opts[opt]) for key, opt in (("cpu", "num_cpus"), ("gpu", "num_gpus")) if opts.get(opt)]
+        fits = [
+            math.floor(pod[key] / opts[opt]) for key, opt in (("cpu", "num_cpus"), ("gpu", "num_gpus")) if opts.get(opt)
+        ]
         return min(fits + [dep.get("max_replicas_per_node") or math.inf])
 
     acoustic = deps["Acoustic"]
@@ -187,17 +197,25 @@ def test_auth_required_with_keys_from_a_secret(docs):
     assert args.ingress.security.auth == "required"
     var = args.ingress.security.api_keys_env
     assert var
-    ingress_cpus = {d["name"]: d for a in _serve(docs)["applications"] for d in a["deployments"]}["Ingress"]["ray_actor_options"]["num_cpus"]
+    ingress_cpus = {d["name"]: d for a in _serve(docs)["applications"] for d in a["deployments"]}["Ingress"][
+        "ray_actor_options"
+    ]["num_cpus"]
     pods = _pods(docs["RayService"])
     hosts = [name for name, p in pods.items() if p["cpu"] >= ingress_cpus]
     assert set(hosts) == {"gpu", "cpu"}, hosts  # not the head (num-cpus 0)
     for name in hosts:
         ref = _env(pods[name]["container"])[var]
         assert "value" not in ref, name
-        assert ref["valueFrom"]["secretKeyRef"] == {"name": kuberay.API_KEYS_SECRET, "key": kuberay.API_KEYS_SECRET_KEY}, name
+        assert ref["valueFrom"]["secretKeyRef"] == {
+            "name": kuberay.API_KEYS_SECRET,
+            "key": kuberay.API_KEYS_SECRET_KEY,
+        }, name
         assert not ref["valueFrom"]["secretKeyRef"].get("optional"), name  # no Secret: the pod does not start
     assert "Secret" not in docs
-    assert f"kubectl create secret generic {kuberay.API_KEYS_SECRET} --from-literal={kuberay.API_KEYS_SECRET_KEY}=" in MANIFEST.read_text()
+    assert (
+        f"kubectl create secret generic {kuberay.API_KEYS_SECRET} --from-literal={kuberay.API_KEYS_SECRET_KEY}="
+        in MANIFEST.read_text()
+    )
     for name, p in pods.items():  # nothing secret-looking carries a literal value
         for env in p["container"]["env"]:
             if any(word in env["name"] for word in ("KEY", "TOKEN", "PASSWORD", "SECRET")):
@@ -256,10 +274,14 @@ def test_network_policy_admits_only_ray_pods_to_ray_ports(docs):
     assert set(others) == {kuberay.DASHBOARD_PORT, kuberay.METRICS_PORT, serve_port}, others
     assert others[serve_port] == [None]  # the API: from anywhere, guarded by its keys
     (operator,) = others[kuberay.DASHBOARD_PORT]
-    assert operator == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}]
+    assert operator == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}
+    ]
     (prometheus,) = others[kuberay.METRICS_PORT]
     assert prometheus[0]["podSelector"]["matchLabels"] == kuberay.PROMETHEUS_LABELS
-    assert prometheus[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": kuberay.PROMETHEUS_NAMESPACE}
+    assert prometheus[0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": kuberay.PROMETHEUS_NAMESPACE
+    }
     for port in (kuberay.GCS_PORT, kuberay.CLIENT_PORT):
         assert port not in others
     # The head's named ports are the ones the operator and KubeRay's head Service use.
@@ -286,24 +308,42 @@ def test_voices_in_redis_admitted_only_from_ray_pods(docs):
     policies = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d["kind"] == "NetworkPolicy"]
     (redis,) = [p for p in policies if p["spec"]["podSelector"]["matchLabels"] == kuberay.REDIS_LABELS]
     assert redis["spec"]["policyTypes"] == ["Ingress"]
-    assert redis["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": kuberay.POD_LABELS}}],
-                                         "ports": [{"protocol": "TCP", "port": kuberay.REDIS_PORT}]}]
+    assert redis["spec"]["ingress"] == [
+        {
+            "from": [{"podSelector": {"matchLabels": kuberay.POD_LABELS}}],
+            "ports": [{"protocol": "TCP", "port": kuberay.REDIS_PORT}],
+        }
+    ]
 
 
 def test_for_kubernetes_overrides_only_what_it_must():
     """A config that says otherwise still gets a manifest that fails closed: auth required (in a
     live Ingress user_config too), voices moved to Redis with their limits kept, a Redis cache
     pointed at the service's Redis; a memory cache and everything else untouched."""
-    serve = {"applications": [{"name": "chattts", "args": {
-        "ingress": {"max_input_chars": 100, "security": {"auth": "optional", "max_priority": 3}},
-        "voices": {"backend": "directory", "path": "/data/voices", "max_voices": 5},
-        "cache": {"backend": "redis", "redis_url": "redis://elsewhere:6379/4", "ttl_s": 60}},
-        "deployments": [{"name": "Ingress", "user_config": {"security": {"cors_origins": ["https://a.example"]}}},
-                        {"name": "Vocoder", "user_config": {"x": 1}}]}]}
+    serve = {
+        "applications": [
+            {
+                "name": "chattts",
+                "args": {
+                    "ingress": {"max_input_chars": 100, "security": {"auth": "optional", "max_priority": 3}},
+                    "voices": {"backend": "directory", "path": "/data/voices", "max_voices": 5},
+                    "cache": {"backend": "redis", "redis_url": "redis://elsewhere:6379/4", "ttl_s": 60},
+                },
+                "deployments": [
+                    {"name": "Ingress", "user_config": {"security": {"cors_origins": ["https://a.example"]}}},
+                    {"name": "Vocoder", "user_config": {"x": 1}},
+                ],
+            }
+        ]
+    }
     out = kuberay.for_kubernetes(serve)
     args = out["applications"][0]["args"]
     assert args["ingress"] == {"max_input_chars": 100, "security": {"auth": "required", "max_priority": 3}}
-    assert args["voices"] == {"backend": "redis", "redis_url": f"{kuberay.REDIS_URL}/{kuberay.VOICES_DB}", "max_voices": 5}
+    assert args["voices"] == {
+        "backend": "redis",
+        "redis_url": f"{kuberay.REDIS_URL}/{kuberay.VOICES_DB}",
+        "max_voices": 5,
+    }
     assert args["cache"] == {"backend": "redis", "redis_url": f"{kuberay.REDIS_URL}/{kuberay.CACHE_DB}", "ttl_s": 60}
     deps = {d["name"]: d for d in out["applications"][0]["deployments"]}
     assert deps["Ingress"]["user_config"]["security"] == {"cors_origins": ["https://a.example"], "auth": "required"}
@@ -316,9 +356,9 @@ def test_for_kubernetes_overrides_only_what_it_must():
 def test_front_guard_in_every_proxy(docs):
     """Every Ray container (a proxy runs on every node with proxy_location: EveryNode) installs the
     front guard through Ray's proxy hook, and the import path names the guard's Ray callback."""
-    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, middlewares
-
     from ray._common.utils import import_attr
+
+    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, middlewares
 
     assert import_attr(IMPORT_PATH) is middlewares
     for name, p in _pods(docs["RayService"]).items():

@@ -29,8 +29,9 @@ def test_loaded_cpu_gpt_uses_dual_layout_and_gives_the_same_hidden_states(tiny_m
     gpt = tiny_model.chat.gpt.gpt
     duals = [m for m in gpt.modules() if isinstance(m, DualLayoutLinear)]
     assert duals and not any(type(m) is nn.Linear for m in gpt.modules())
-    plain = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, cpu_dual_layout=False,
-                                  quantize="none"))
+    plain = load_model(
+        ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, cpu_dual_layout=False, quantize="none")
+    )
     plain_gpt = plain.chat.gpt.gpt
     assert not any(isinstance(m, DualLayoutLinear) for m in plain_gpt.modules())
     # Same weights, so the same forward for batches on both sides of MIN_ROWS.

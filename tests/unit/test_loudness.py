@@ -199,11 +199,16 @@ def test_int16_input() -> None:
     assert y.dtype == np.float32 and abs(lufs(y) - -20.0) < MAX_LU_OFF
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"target_lufs": LOUDNESS_RANGE_LUFS[0] - 0.1}, {"target_lufs": LOUDNESS_RANGE_LUFS[1] + 0.1},
-    {"target_lufs": float("nan")}, {"true_peak_dbtp": TRUE_PEAK_RANGE_DBTP[1] + 0.1},
-    {"true_peak_dbtp": TRUE_PEAK_RANGE_DBTP[0] - 0.1},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"target_lufs": LOUDNESS_RANGE_LUFS[0] - 0.1},
+        {"target_lufs": LOUDNESS_RANGE_LUFS[1] + 0.1},
+        {"target_lufs": float("nan")},
+        {"true_peak_dbtp": TRUE_PEAK_RANGE_DBTP[1] + 0.1},
+        {"true_peak_dbtp": TRUE_PEAK_RANGE_DBTP[0] - 0.1},
+    ],
+)
 def test_ranges(kwargs: dict) -> None:
     assert LOUDNESS_RANGE_LUFS == (-40.0, -5.0) and TRUE_PEAK_RANGE_DBTP == (-9.0, 0.0)
     assert DEFAULT_TARGET_LUFS == -16.0

@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 from pydantic import ValidationError
+from support.engine import fixed_chunks
 from torch import nn
 
 from serve_app.engine.acoustic import AcousticEngine, SegmentRequest
@@ -16,7 +17,6 @@ from serve_app.engine.linear import DualLayoutLinear
 from serve_app.engine.quant import Int8Linear, quantize_gpt, quantize_linears
 from serve_app.engine.voices import speaker_from_seed
 from serve_app.engine.weights.loading import load_model
-from support.engine import fixed_chunks
 
 TEXT = "你好，欢迎使用语音合成服务。"
 
@@ -48,7 +48,9 @@ def test_int8_linear_is_close_per_row_and_independent_of_the_batch():
 
 
 def test_quantize_linears_replaces_plain_and_dual_layout_linears():
-    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(DualLayoutLinear(nn.Linear(16, 16)), nn.Linear(16, 4)))
+    net = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Sequential(DualLayoutLinear(nn.Linear(16, 16)), nn.Linear(16, 4))
+    )
     x = torch.randn(5, 8)
     ref = net(x).detach()
     assert quantize_linears(net) == 3
@@ -63,7 +65,15 @@ def test_loaded_tiny_gpt_int8_has_quantized_linears_and_its_own_weights_id(int8_
     quantized = [name for name, m in gpt.named_modules() if isinstance(m, Int8Linear)]
     # q, k, v, o and gate, up, down in every decoder layer; nothing float left there.
     assert len(quantized) == 7 * n_layers
-    assert {name.rsplit(".", 1)[1] for name in quantized} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {name.rsplit(".", 1)[1] for name in quantized} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert not any(isinstance(m, (nn.Linear, DualLayoutLinear)) for m in gpt.modules())
     # ChatTTS's Embed (code embeddings and heads) stays float.
     assert all(isinstance(m, nn.Linear) for m in int8_model.chat.embed.head_code)
@@ -87,7 +97,9 @@ def test_int8_hidden_states_follow_float32_teacher_forced(int8_model, tiny_model
         y = int8_model.chat.gpt.gpt(inputs_embeds=emb).last_hidden_state[0]
     cos = torch.nn.functional.cosine_similarity(y, ref, dim=-1)
     assert cos.shape == (emb.shape[1],)
-    print(f"\nint8 vs float32 hidden cosine over {len(cos)} positions: min {float(cos.min()):.5f}, mean {float(cos.mean()):.5f}")
+    print(
+        f"\nint8 vs float32 hidden cosine over {len(cos)} positions: min {float(cos.min()):.5f}, mean {float(cos.mean()):.5f}"
+    )
     assert float(cos.min()) >= 0.99
     assert not torch.equal(y, ref)  # it did run the int8 layers
 
@@ -102,8 +114,10 @@ def expected_chunks(n: int, first: int, size: int) -> list[int]:
 def test_engine_decodes_int8_rows_with_the_right_chunks_alone_or_batched(int8_model, tiny_model):
     engine = AcousticEngine(int8_model, fixed_chunks(first_chunk_tokens=5, chunk_tokens=8))
     spk = int8_model.chat.speaker
-    reqs = [SegmentRequest(text=TEXT, spk_emb=speaker_from_seed(spk, 10 + i), seed=i, max_new_tokens=n, target_tokens=n)
-            for i, n in enumerate((23, 9, 30))]
+    reqs = [
+        SegmentRequest(text=TEXT, spk_emb=speaker_from_seed(spk, 10 + i), seed=i, max_new_tokens=n, target_tokens=n)
+        for i, n in enumerate((23, 9, 30))
+    ]
     alone = []
     for req in reqs:
         stream = engine.submit(req)

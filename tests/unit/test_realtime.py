@@ -11,6 +11,8 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from support.audio import decode_av
+from support.ws import InProcess, MemoryTransport, ogg_pages
 
 from serve_app.engine.audio import SAMPLE_RATE, new_encoder
 from serve_app.engine.errors import EmptyInputError
@@ -20,8 +22,6 @@ from serve_app.errors import APIError
 from serve_app.protocol import SessionStart
 from serve_app.realtime import OggOpusJoiner, SessionLimits, receive_message
 from serve_app.realtime.ogg import opus_packet_samples
-from support.audio import decode_av
-from support.ws import InProcess, MemoryTransport, ogg_pages
 
 SENTENCES = InProcess.sentences
 TEXT = "".join(SENTENCES)
@@ -30,23 +30,26 @@ TEXT = "".join(SENTENCES)
 # ---------------------------------------------------------------------------------------- cutting
 
 
-@pytest.mark.parametrize("text, complete, rest", [
-    ("Hello world", "", "Hello world"),
-    ("Hello world.", "Hello world.", ""),
-    ("Hello world. How", "Hello world.", " How"),
-    ("It costs 3.", "", "It costs 3."),  # a final "." after a digit waits: it may become 3.5
-    ("See e.g.", "", "See e.g."),  # not a sentence end
-    ("Ask J.", "", "Ask J."),  # initials: J. K. Rowling
-    ("Wait...", "Wait...", ""),
-    ("It costs 3.5 dollars", "", "It costs 3.5 dollars"),
-    ("Is it?", "Is it?", ""),  # unambiguous ends are complete at once
-    ("你好。", "你好。", ""),
-    ("你好。今天", "你好。", "今天"),
-    ("他说：“你好。”", "他说：“你好。”", ""),  # closing quotes belong to the sentence
-    ("one line\n", "one line\n", ""),
-    ("Mr. Smith", "", "Mr. Smith"),
-    ("", "", ""),
-])
+@pytest.mark.parametrize(
+    "text, complete, rest",
+    [
+        ("Hello world", "", "Hello world"),
+        ("Hello world.", "Hello world.", ""),
+        ("Hello world. How", "Hello world.", " How"),
+        ("It costs 3.", "", "It costs 3."),  # a final "." after a digit waits: it may become 3.5
+        ("See e.g.", "", "See e.g."),  # not a sentence end
+        ("Ask J.", "", "Ask J."),  # initials: J. K. Rowling
+        ("Wait...", "Wait...", ""),
+        ("It costs 3.5 dollars", "", "It costs 3.5 dollars"),
+        ("Is it?", "Is it?", ""),  # unambiguous ends are complete at once
+        ("你好。", "你好。", ""),
+        ("你好。今天", "你好。", "今天"),
+        ("他说：“你好。”", "他说：“你好。”", ""),  # closing quotes belong to the sentence
+        ("one line\n", "one line\n", ""),
+        ("Mr. Smith", "", "Mr. Smith"),
+        ("", "", ""),
+    ],
+)
 def test_split_unfinished_sentences(text, complete, rest):
     assert split_unfinished(text) == (complete, rest)
 
@@ -84,19 +87,22 @@ async def _message(text: Optional[str] = None, data: Optional[bytes] = None, lim
     return await receive_message(t, limits)
 
 
-@pytest.mark.parametrize("raw, status, code, param", [
-    ("not json", 400, "invalid_json", None),
-    ("[1, 2]", 400, "invalid_message", None),
-    ('{"type": "speak"}', 400, "unknown_type", "type"),
-    ('{"text": "hi"}', 400, "unknown_type", "type"),
-    ('{"type": "text.append"}', 400, "missing_required_parameter", "text"),
-    ('{"type": "text.append", "text": 5}', 400, "invalid_value", "text"),
-    ('{"type": "text.append", "text": "a\\u0000b"}', 400, "invalid_value", "text"),
-    ('{"type": "session.start", "speed": 9}', 400, "invalid_value", "speed"),
-    ('{"type": "session.start", "response_format": "wav"}', 400, "invalid_value", "response_format"),
-    ('{"type": "session.start", "voices": "alloy"}', 400, "invalid_value", "voices"),  # a typo is refused
-    ('{"type": "text.append", "text": "' + "x" * 70000 + '"}', 413, "message_too_large", None),
-])
+@pytest.mark.parametrize(
+    "raw, status, code, param",
+    [
+        ("not json", 400, "invalid_json", None),
+        ("[1, 2]", 400, "invalid_message", None),
+        ('{"type": "speak"}', 400, "unknown_type", "type"),
+        ('{"text": "hi"}', 400, "unknown_type", "type"),
+        ('{"type": "text.append"}', 400, "missing_required_parameter", "text"),
+        ('{"type": "text.append", "text": 5}', 400, "invalid_value", "text"),
+        ('{"type": "text.append", "text": "a\\u0000b"}', 400, "invalid_value", "text"),
+        ('{"type": "session.start", "speed": 9}', 400, "invalid_value", "speed"),
+        ('{"type": "session.start", "response_format": "wav"}', 400, "invalid_value", "response_format"),
+        ('{"type": "session.start", "voices": "alloy"}', 400, "invalid_value", "voices"),  # a typo is refused
+        ('{"type": "text.append", "text": "' + "x" * 70000 + '"}', 413, "message_too_large", None),
+    ],
+)
 async def test_bad_messages_are_api_errors(raw, status, code, param):
     with pytest.raises(APIError) as info:
         await _message(raw)
@@ -104,8 +110,18 @@ async def test_bad_messages_are_api_errors(raw, status, code, param):
 
 
 async def test_messages_validate_like_the_http_body():
-    start = await _message(json.dumps({"type": "session.start", "voice": "nova", "seed": 7, "speed": 1.5,
-                                       "response_format": "opus", "api_key": "k"}))
+    start = await _message(
+        json.dumps(
+            {
+                "type": "session.start",
+                "voice": "nova",
+                "seed": 7,
+                "speed": 1.5,
+                "response_format": "opus",
+                "api_key": "k",
+            }
+        )
+    )
     assert isinstance(start, SessionStart)
     opts = start.to_options()
     assert isinstance(opts, SynthesisOptions) and (opts.voice, opts.seed, opts.speed) == ("nova", 7, 1.5)
@@ -142,7 +158,7 @@ def test_ogg_joiner_makes_one_logical_stream():
         pos = 0
         while pos < len(data):  # arbitrary byte chunks: pages are reassembled
             step = rng.randint(1, 300)
-            out += joiner.feed(data[pos:pos + step])
+            out += joiner.feed(data[pos : pos + step])
             pos += step
         joiner.end_segment()
     out += joiner.finish()
@@ -206,11 +222,14 @@ async def test_admit_errors_close_the_session(inprocess_ws):
     assert [e["error"]["code"] for e in s.events] == ["empty_input"]
 
 
-@pytest.mark.parametrize("bad, status, code", [
-    ({"type": "speak", "text": "hi"}, 400, "unknown_type"),
-    ({"type": "session.start"}, 400, "session_already_started"),
-    ({"type": "text.append", "text": "好" * 200}, 413, "input_too_long"),
-])
+@pytest.mark.parametrize(
+    "bad, status, code",
+    [
+        ({"type": "speak", "text": "hi"}, 400, "unknown_type"),
+        ({"type": "session.start"}, 400, "session_already_started"),
+        ({"type": "text.append", "text": "好" * 200}, 413, "input_too_long"),
+    ],
+)
 async def test_bad_message_mid_session_ends_it_cleanly(inprocess_ws, bad, status, code):
     async with inprocess_ws.session(limits=SessionLimits(max_text_chars=150), response_format="pcm") as s:
         await s.until("session.created")

@@ -59,11 +59,19 @@ def refine_thread():
 def test_refine_is_chattts_own_refine_text(tiny_model):
     """The same prompt, processors and seeded sampling as ``Chat._refine_text``: the same text."""
     chat = tiny_model.chat
-    params = chat.RefineTextParams(temperature=0.7, top_P=0.7, top_K=20, show_tqdm=False, manual_seed=7,
-                                   max_new_token=max(refine_token_cap(t) for t in SHORT))
+    params = chat.RefineTextParams(
+        temperature=0.7,
+        top_P=0.7,
+        top_K=20,
+        show_tqdm=False,
+        manual_seed=7,
+        max_new_token=max(refine_token_cap(t) for t in SHORT),
+    )
     with torch.inference_mode():
         ref = chat._refine_text(list(SHORT), chat.device, params)
-        expected = [_join_cjk(t) for t in chat.tokenizer.decode([i[i.less(chat.tokenizer.break_0_ids)] for i in ref.ids])]
+        expected = [
+            _join_cjk(t) for t in chat.tokenizer.decode([i[i.less(chat.tokenizer.break_0_ids)] for i in ref.ids])
+        ]
     refiner = TextRefiner(tiny_model)
     assert refiner.refine(SHORT, seed=7) == expected
     assert refiner.refine(SHORT, seed=7) == expected  # deterministic for a seed

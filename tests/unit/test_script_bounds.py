@@ -25,10 +25,13 @@ def _longest(words: str) -> str:
 async def test_a_dialogue_with_both_instructions_at_their_limit_is_read():
     """The request's and a turn's instructions, each at the schema's 4096 characters: before,
     they were joined and the style reader refused the 8193-character join (ValueError: a 500)."""
-    req = DialogueRequest(instructions=_longest("slow "), turns=[
-        {"voice": "alloy", "input": "你好。", "instructions": _longest("fast ")},
-        {"voice": "echo", "input": "Hello.", "instructions": "calm"},
-    ])
+    req = DialogueRequest(
+        instructions=_longest("slow "),
+        turns=[
+            {"voice": "alloy", "input": "你好。", "instructions": _longest("fast ")},
+            {"voice": "echo", "input": "Hello.", "instructions": "calm"},
+        ],
+    )
     script = await dialogue_script(req, VoiceCatalog(MemoryVoiceStore(VoiceStoreConfig())), CALLER, 4096)
     assert [p.turn for p in script.parts] == [0, 1]
     # The turn's instructions are read after the request's: the later "fast" wins the speed.
@@ -56,8 +59,10 @@ def test_instructions_past_the_bound_are_a_400_naming_the_field(texts):
 
 def test_the_schema_bounds_each_instructions_field():
     too_long = "a" * (MAX_INSTRUCTIONS_CHARS + 1)
-    for make in (lambda: SpeechRequest(input="x", instructions=too_long),
-                 lambda: DialogueRequest(turns=[{"input": "x", "instructions": too_long}])):
+    for make in (
+        lambda: SpeechRequest(input="x", instructions=too_long),
+        lambda: DialogueRequest(turns=[{"input": "x", "instructions": too_long}]),
+    ):
         with pytest.raises(Exception) as exc:
             make()
         err = as_api_error(exc.value)

@@ -10,11 +10,12 @@ import json
 import time
 from typing import AsyncIterator, Union
 
+from support.ws import MemoryTransport
+
 from serve_app.engine.types import Plan, SegmentRequest, StreamSummary, Voice
 from serve_app.http.health import Readiness
 from serve_app.protocol import SessionCreated, SessionStart
 from serve_app.realtime import SessionLimits, serve_session
-from support.ws import MemoryTransport
 
 
 class RecordingBackend:
@@ -34,7 +35,11 @@ class RecordingBackend:
             await asyncio.sleep(self.plan_s)
         finally:
             self.in_flight -= 1
-        return Plan(Voice("alloy", 2222), [SegmentRequest(text=text, spk_emb=None, spk_seed=2222, seed=1, max_new_tokens=8)], [text])
+        return Plan(
+            Voice("alloy", 2222),
+            [SegmentRequest(text=text, spk_emb=None, spk_seed=2222, seed=1, max_new_tokens=8)],
+            [text],
+        )
 
     async def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
         yield b"\0" * 100

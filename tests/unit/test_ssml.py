@@ -40,22 +40,34 @@ def say(kind: str, content: str, lang: str, fmt: str = "") -> str:
 
 
 def test_pieces_in_order_with_their_spans_in_the_input():
-    ssml = ('<speak>Hello <break time="500ms"/> world. <s>Second <prosody rate="slow">slow part</prosody>'
-            ' end</s></speak>')
+    ssml = (
+        '<speak>Hello <break time="500ms"/> world. <s>Second <prosody rate="slow">slow part</prosody> end</s></speak>'
+    )
     got = pieces(ssml)
     assert [type(p) for p in got] == [SsmlText, SsmlBreak, SsmlText, SsmlText, SsmlText, SsmlText]
     assert [ssml[slice(*p.span)] for p in got] == [
-        "Hello", '<break time="500ms"/>', "world.", "Second", "slow part", "end"]
+        "Hello",
+        '<break time="500ms"/>',
+        "world.",
+        "Second",
+        "slow part",
+        "end",
+    ]
     assert [p.text for p in got if isinstance(p, SsmlText)] == ["Hello", "world.", "Second", "slow part", "end"]
     assert got[1].seconds == 0.5
 
 
 def test_boundary_before_marks_sentence_and_paragraph_starts_only():
-    got = pieces('<speak>One <break/>two<p>three <prosody rate="fast">four</prosody></p>'
-                 '<s>five</s><s>six</s></speak>')
+    got = pieces('<speak>One <break/>two<p>three <prosody rate="fast">four</prosody></p><s>five</s><s>six</s></speak>')
     text_pieces = [p for p in got if isinstance(p, SsmlText)]
     assert [(p.text, p.boundary_before) for p in text_pieces] == [
-        ("One", True), ("two", False), ("three", True), ("four", False), ("five", True), ("six", True)]
+        ("One", True),
+        ("two", False),
+        ("three", True),
+        ("four", False),
+        ("five", True),
+        ("six", True),
+    ]
 
 
 def test_text_after_a_closed_sentence_starts_a_new_piece():
@@ -91,10 +103,12 @@ def test_whitespace_collapses_and_entities_cdata_comments_read_as_text():
 
 
 def test_the_ssml_namespace_and_vendor_namespaces_are_read_by_local_name():
-    ssml = ('<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" '
-            'xmlns:mstts="http://www.w3.org/2001/mstts" xml:lang="en-US">'
-            '<voice name="nova"><mstts:express-as style="cheerful">Hi <break time="1s"/>there</mstts:express-as>'
-            '</voice></speak>')
+    ssml = (
+        '<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" '
+        'xmlns:mstts="http://www.w3.org/2001/mstts" xml:lang="en-US">'
+        '<voice name="nova"><mstts:express-as style="cheerful">Hi <break time="1s"/>there</mstts:express-as>'
+        "</voice></speak>"
+    )
     doc = parse_ssml(ssml)
     assert [(p.text, p.voice) for p in doc.texts] == [("Hi", "nova"), ("there", "nova")]
     assert doc.break_seconds == 1.0
@@ -120,12 +134,23 @@ def test_looks_like_ssml():
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("attrs, seconds", [
-    ('time="500ms"', 0.5), ('time="1.5s"', 1.5), ('time=" 250 MS "', 0.25), ('time=".5s"', 0.5),
-    ('time="10s"', 10.0), ('strength="x-weak"', 0.25), ('strength="weak"', 0.5), ('strength="medium"', 0.75),
-    ('strength="strong"', 1.0), ('strength="x-strong"', 1.25), ("", 0.75),
-    ('time="2s" strength="weak"', 2.0),  # time wins
-])
+@pytest.mark.parametrize(
+    "attrs, seconds",
+    [
+        ('time="500ms"', 0.5),
+        ('time="1.5s"', 1.5),
+        ('time=" 250 MS "', 0.25),
+        ('time=".5s"', 0.5),
+        ('time="10s"', 10.0),
+        ('strength="x-weak"', 0.25),
+        ('strength="weak"', 0.5),
+        ('strength="medium"', 0.75),
+        ('strength="strong"', 1.0),
+        ('strength="x-strong"', 1.25),
+        ("", 0.75),
+        ('time="2s" strength="weak"', 2.0),  # time wins
+    ],
+)
 def test_break_lengths(attrs, seconds):
     (b,) = [p for p in pieces(f"<speak>a<break {attrs}/>b</speak>") if isinstance(p, SsmlBreak)]
     assert b.seconds == pytest.approx(seconds)
@@ -136,12 +161,15 @@ def test_a_break_of_no_length_is_no_piece_but_still_cuts():
     assert [p.text for p in got] == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("attrs, says", [
-    ('time="5 parsecs"', "time '5 parsecs' is not a duration"),
-    ('time="-1s"', "is not a duration"),
-    ('time="11s"', f"longer than the {MAX_BREAK_SECONDS:g} s"),
-    ('strength="loud"', "strength 'loud' is not one of"),
-])
+@pytest.mark.parametrize(
+    "attrs, says",
+    [
+        ('time="5 parsecs"', "time '5 parsecs' is not a duration"),
+        ('time="-1s"', "is not a duration"),
+        ('time="11s"', f"longer than the {MAX_BREAK_SECONDS:g} s"),
+        ('strength="loud"', "strength 'loud' is not one of"),
+    ],
+)
 def test_bad_breaks_name_the_element_and_its_position(attrs, says):
     with pytest.raises(InvalidSSMLError) as err:
         parse_ssml(f"<speak>\n  Hello <break {attrs}/></speak>")
@@ -158,19 +186,35 @@ def test_breaks_have_a_total_limit():
     assert parse_ssml("<speak>" + '<break time="10s"/>' * 12 + "</speak>").break_seconds == 120
 
 
-@pytest.mark.parametrize("rate, factor", [
-    ("x-slow", 0.5), ("slow", 0.75), ("medium", 1.0), ("fast", 1.5), ("x-fast", 2.0), ("FAST", 1.5),
-    ("80%", 0.8), ("150%", 1.5), ("+20%", 1.2), ("-20%", 0.8), ("1.5", 1.5), ("0.5", 0.5),
-    ("1000%", 4.0), ("0.1", 0.25),  # clamped to the service's speed range
-])
+@pytest.mark.parametrize(
+    "rate, factor",
+    [
+        ("x-slow", 0.5),
+        ("slow", 0.75),
+        ("medium", 1.0),
+        ("fast", 1.5),
+        ("x-fast", 2.0),
+        ("FAST", 1.5),
+        ("80%", 0.8),
+        ("150%", 1.5),
+        ("+20%", 1.2),
+        ("-20%", 0.8),
+        ("1.5", 1.5),
+        ("0.5", 0.5),
+        ("1000%", 4.0),
+        ("0.1", 0.25),  # clamped to the service's speed range
+    ],
+)
 def test_prosody_rates(rate, factor):
     (p,) = pieces(f'<speak><prosody rate="{rate}">x</prosody></speak>')
     assert p.rate == pytest.approx(factor)
 
 
 def test_nested_rates_multiply_within_the_range():
-    got = pieces('<speak><prosody rate="slow">a <prosody rate="50%">b <prosody rate="x-slow">c</prosody></prosody>'
-                 ' d</prosody> e</speak>')
+    got = pieces(
+        '<speak><prosody rate="slow">a <prosody rate="50%">b <prosody rate="x-slow">c</prosody></prosody>'
+        " d</prosody> e</speak>"
+    )
     assert [(p.text, p.rate) for p in got] == [("a", 0.75), ("b", 0.375), ("c", 0.25), ("d", 0.75), ("e", 1.0)]
     (inner,) = pieces('<speak><prosody rate="4"><prosody rate="50%">x</prosody></prosody></speak>')
     assert inner.rate == 2.0  # what the outer one speaks at (4.0), halved
@@ -184,8 +228,13 @@ def test_bad_rates_are_errors(rate):
 
 def test_voices_nest_and_the_innermost_wins():
     got = pieces('<speak>a <voice name="nova">b <voice name="seed:42">c</voice> d</voice> e</speak>')
-    assert [(p.text, p.voice) for p in got] == [("a", None), ("b", "nova"), ("c", "seed:42"), ("d", "nova"),
-                                                ("e", None)]
+    assert [(p.text, p.voice) for p in got] == [
+        ("a", None),
+        ("b", "nova"),
+        ("c", "seed:42"),
+        ("d", "nova"),
+        ("e", None),
+    ]
 
 
 def test_a_voice_needs_a_name_of_bounded_length():
@@ -200,43 +249,49 @@ def test_a_voice_needs_a_name_of_bounded_length():
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("kind, content, lang, fmt, expected", [
-    ("cardinal", "1234", "zh", "", "一千二百三十四"),
-    ("cardinal", "1,234", "en", "", "one thousand two hundred and thirty four"),
-    ("number", "-3.5", "zh", "", "负三点五"),
-    ("cardinal", "-3.5", "en", "", "minus three point five"),
-    ("ordinal", "21", "zh", "", "第二十一"),
-    ("ordinal", "21st", "en", "", "twenty first"),
-    ("digits", "2024", "zh", "", "二零二四"),
-    ("digits", "20 24", "en", "", "two zero two four"),
-    ("characters", "IBM", "en", "", "I B M"),
-    ("characters", "ab1", "zh", "", "A B 一"),
-    ("spell-out", "你好", "zh", "", "你 好"),
-    ("date", "2024-05-03", "zh", "ymd", "二零二四年五月三日"),
-    ("date", "05/03/2024", "zh", "mdy", "二零二四年五月三日"),  # Chinese reads year, month, day
-    ("date", "2024-05-03", "en", "", "May third, twenty twenty four"),
-    ("date", "5/3/2024", "en", "mdy", "May third, twenty twenty four"),
-    ("date", "3.5.2024", "en", "dmy", "the third of May, twenty twenty four"),
-    ("date", "12/25", "en", "md", "December twenty fifth"),
-    ("date", "2024-05", "en", "ym", "May twenty twenty four"),
-    ("date", "1999", "en", "y", "nineteen ninety nine"),
-    ("telephone", "138-1234-5678", "zh", "", "幺三八，幺二三四，五六七八"),
-    ("telephone", "+1 (555) 123-4567", "en", "", "plus one, five five five, one two three, four five six seven"),
-])
+@pytest.mark.parametrize(
+    "kind, content, lang, fmt, expected",
+    [
+        ("cardinal", "1234", "zh", "", "一千二百三十四"),
+        ("cardinal", "1,234", "en", "", "one thousand two hundred and thirty four"),
+        ("number", "-3.5", "zh", "", "负三点五"),
+        ("cardinal", "-3.5", "en", "", "minus three point five"),
+        ("ordinal", "21", "zh", "", "第二十一"),
+        ("ordinal", "21st", "en", "", "twenty first"),
+        ("digits", "2024", "zh", "", "二零二四"),
+        ("digits", "20 24", "en", "", "two zero two four"),
+        ("characters", "IBM", "en", "", "I B M"),
+        ("characters", "ab1", "zh", "", "A B 一"),
+        ("spell-out", "你好", "zh", "", "你 好"),
+        ("date", "2024-05-03", "zh", "ymd", "二零二四年五月三日"),
+        ("date", "05/03/2024", "zh", "mdy", "二零二四年五月三日"),  # Chinese reads year, month, day
+        ("date", "2024-05-03", "en", "", "May third, twenty twenty four"),
+        ("date", "5/3/2024", "en", "mdy", "May third, twenty twenty four"),
+        ("date", "3.5.2024", "en", "dmy", "the third of May, twenty twenty four"),
+        ("date", "12/25", "en", "md", "December twenty fifth"),
+        ("date", "2024-05", "en", "ym", "May twenty twenty four"),
+        ("date", "1999", "en", "y", "nineteen ninety nine"),
+        ("telephone", "138-1234-5678", "zh", "", "幺三八，幺二三四，五六七八"),
+        ("telephone", "+1 (555) 123-4567", "en", "", "plus one, five five five, one two three, four five six seven"),
+    ],
+)
 def test_say_as_readings(kind, content, lang, fmt, expected):
     assert say(kind, content, lang, fmt) == expected
 
 
-@pytest.mark.parametrize("kind, content, fmt, says", [
-    ("cardinal", "12a", "", "'12a' is not a number"),
-    ("ordinal", "first", "", "is not an ordinal"),
-    ("digits", "12ab", "", "is not a run of digits"),
-    ("telephone", "call me", "", "is not a telephone number"),
-    ("date", "2024-13-03", "ymd", "is not a date in format 'ymd'"),
-    ("date", "2024-05", "ymd", "does not have the 3 field(s)"),
-    ("date", "May 3", "md", "is not a date of numbers"),
-    ("characters", "...", "", "has no characters"),
-])
+@pytest.mark.parametrize(
+    "kind, content, fmt, says",
+    [
+        ("cardinal", "12a", "", "'12a' is not a number"),
+        ("ordinal", "first", "", "is not an ordinal"),
+        ("digits", "12ab", "", "is not a run of digits"),
+        ("telephone", "call me", "", "is not a telephone number"),
+        ("date", "2024-13-03", "ymd", "is not a date in format 'ymd'"),
+        ("date", "2024-05", "ymd", "does not have the 3 field(s)"),
+        ("date", "May 3", "md", "is not a date of numbers"),
+        ("characters", "...", "", "has no characters"),
+    ],
+)
 def test_say_as_content_that_does_not_fit_is_an_error_at_the_element(kind, content, fmt, says):
     attr = f' format="{fmt}"' if fmt else ""
     with pytest.raises(InvalidSSMLError) as err:
@@ -244,14 +299,17 @@ def test_say_as_content_that_does_not_fit_is_an_error_at_the_element(kind, conte
     assert str(err.value).startswith("<say-as> at line 2, column 4: ") and says in str(err.value)
 
 
-@pytest.mark.parametrize("content, fmt", [
-    ("1" * 5000 + "-1-2020", ""),  # a month of 5000 digits: past int()'s 4300-digit limit
-    ("2020-1-" + "0" * 5000 + "1", ""),  # leading zeros count too
-    ("1" * 5000, "m"),
-    ("12345-05-03", "ymd"),
-    ("²", "y"),  # str.isdigit says yes, int() says no
-    ("5-①-2024", "dmy"),
-])
+@pytest.mark.parametrize(
+    "content, fmt",
+    [
+        ("1" * 5000 + "-1-2020", ""),  # a month of 5000 digits: past int()'s 4300-digit limit
+        ("2020-1-" + "0" * 5000 + "1", ""),  # leading zeros count too
+        ("1" * 5000, "m"),
+        ("12345-05-03", "ymd"),
+        ("²", "y"),  # str.isdigit says yes, int() says no
+        ("5-①-2024", "dmy"),
+    ],
+)
 def test_date_fields_are_bounded_before_int_reads_them(content, fmt):
     """Before: ValueError from int() (a 500 with a traceback); now the element's own 400. Job
     inputs are longer than a speech request's, so a field can pass int()'s limit there."""
@@ -269,7 +327,7 @@ def test_every_say_as_reading_of_digit_floods_is_words_or_a_400(kind, lang):
     scripts' decimals), alone and with separators: a reading, or InvalidSSMLError; nothing else."""
     for unit in ("7", "0", "1-", "1/", "1.", "1 ", "1,", "²", "①", "٣", "１", "7²"):
         content = (unit * (5000 // len(unit) + 1))[:5000]
-        for fmt in ([""] + (["y", "m", "d", "ymd", "md"] if kind == "date" else [])):
+        for fmt in [""] + (["y", "m", "d", "ymd", "md"] if kind == "date" else []):
             attr = f' format="{fmt}"' if fmt else ""
             ssml = f'<speak xml:lang="{lang}"><say-as interpret-as="{kind}"{attr}>{content}</say-as></speak>'
             try:
@@ -288,11 +346,13 @@ def test_a_bad_date_format_and_a_missing_interpretation_are_errors():
 def test_say_as_language_comes_from_xml_lang_then_the_text_around_it():
     zh_doc = '<speak xml:lang="zh-CN">Call <say-as interpret-as="cardinal">12</say-as></speak>'
     assert texts(zh_doc) == ["Call 十二"]
-    assert texts('<speak xml:lang="zh-CN"><s xml:lang="en-US"><say-as interpret-as="cardinal">12</say-as></s>'
-                 "</speak>") == ["twelve"]
+    assert texts(
+        '<speak xml:lang="zh-CN"><s xml:lang="en-US"><say-as interpret-as="cardinal">12</say-as></s></speak>'
+    ) == ["twelve"]
     assert texts('<speak>今天有<say-as interpret-as="cardinal">12</say-as>个人</speak>') == ["今天有十二个人"]
     assert texts('<speak>There are <say-as interpret-as="cardinal">12</say-as> people</speak>') == [
-        "There are twelve people"]
+        "There are twelve people"
+    ]
     # Nothing but the number: the request's language, else English (the front end's default).
     assert texts('<speak><say-as interpret-as="cardinal">12</say-as></speak>', lang="zh") == ["十二"]
     assert texts('<speak><say-as interpret-as="cardinal">12</say-as></speak>') == ["twelve"]
@@ -306,10 +366,12 @@ def test_say_as_words_never_glue_onto_latin_letters():
 def test_say_as_output_survives_the_front_end():
     """What say-as produces is read by the front end as written (no digits left to re-read)."""
     frontend = TextFrontend()
-    for ssml in ('<speak xml:lang="zh">请拨打<say-as interpret-as="telephone">110</say-as>，'
-                 '日期<say-as interpret-as="date">2024-05-03</say-as>。</speak>',
-                 '<speak>Call <say-as interpret-as="telephone">555-1234</say-as> on '
-                 '<say-as interpret-as="date" format="dmy">3/5/2024</say-as>.</speak>'):
+    for ssml in (
+        '<speak xml:lang="zh">请拨打<say-as interpret-as="telephone">110</say-as>，'
+        '日期<say-as interpret-as="date">2024-05-03</say-as>。</speak>',
+        '<speak>Call <say-as interpret-as="telephone">555-1234</say-as> on '
+        '<say-as interpret-as="date" format="dmy">3/5/2024</say-as>.</speak>',
+    ):
         (text,) = texts(ssml)
         assert "".join(s.text for s in frontend.process(text)).replace(" ", "") == text.replace(" ", "")
 
@@ -331,14 +393,25 @@ def test_sub_speaks_its_alias_and_spans_the_element():
 
 
 def test_unsupported_elements_speak_their_text_and_are_reported_once_in_order():
-    doc = parse_ssml('<speak><emphasis level="strong">big</emphasis> <phoneme alphabet="ipa" ph="x">tomato</phoneme>'
-                     ' <mark name="m"/><emphasis>again</emphasis> <lang xml:lang="fr">oui</lang>'
-                     ' <audio src="x.wav">a bell<desc>a bell ringing</desc></audio>'
-                     ' <say-as interpret-as="time">10:30</say-as> <prosody pitch="high" rate="fast">up</prosody>'
-                     ' <voice name="x" gender="male">v</voice></speak>')
+    doc = parse_ssml(
+        '<speak><emphasis level="strong">big</emphasis> <phoneme alphabet="ipa" ph="x">tomato</phoneme>'
+        ' <mark name="m"/><emphasis>again</emphasis> <lang xml:lang="fr">oui</lang>'
+        ' <audio src="x.wav">a bell<desc>a bell ringing</desc></audio>'
+        ' <say-as interpret-as="time">10:30</say-as> <prosody pitch="high" rate="fast">up</prosody>'
+        ' <voice name="x" gender="male">v</voice></speak>'
+    )
     assert [p.text for p in doc.texts] == ["big tomato again oui a bell 10:30", "up", "v"]
-    assert doc.unsupported == ("emphasis", "phoneme", "mark", "lang", "audio", "desc", "say-as:time",
-                               "prosody@pitch", "voice@gender")
+    assert doc.unsupported == (
+        "emphasis",
+        "phoneme",
+        "mark",
+        "lang",
+        "audio",
+        "desc",
+        "say-as:time",
+        "prosody@pitch",
+        "voice@gender",
+    )
 
 
 def test_metadata_is_not_spoken():
@@ -346,13 +419,18 @@ def test_metadata_is_not_spoken():
     assert [p.text for p in doc.texts] == ["Hello"] and doc.unsupported == ("meta", "metadata")
 
 
-@pytest.mark.parametrize("ssml, says", [
-    ("<p>Hello</p>", "<p> at line 1, column 1: the root element must be <speak>"),
-    ("<speak><speak>x</speak></speak>", "<speak> at line 1, column 8: <speak> may only be the root"),
-    ('<speak><say-as interpret-as="digits">1<emphasis>2</emphasis></say-as></speak>',
-     "<emphasis> at line 1, column 39: <say-as> may only contain text"),
-    ("<speak><break>text</break></speak>", "<break> at line 1, column 8: may not contain text"),
-])
+@pytest.mark.parametrize(
+    "ssml, says",
+    [
+        ("<p>Hello</p>", "<p> at line 1, column 1: the root element must be <speak>"),
+        ("<speak><speak>x</speak></speak>", "<speak> at line 1, column 8: <speak> may only be the root"),
+        (
+            '<speak><say-as interpret-as="digits">1<emphasis>2</emphasis></say-as></speak>',
+            "<emphasis> at line 1, column 39: <say-as> may only contain text",
+        ),
+        ("<speak><break>text</break></speak>", "<break> at line 1, column 8: may not contain text"),
+    ],
+)
 def test_structures_outside_the_subset_are_errors(ssml, says):
     with pytest.raises(InvalidSSMLError) as err:
         parse_ssml(ssml)
@@ -364,15 +442,18 @@ def test_structures_outside_the_subset_are_errors(ssml, says):
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("ssml, line, column, reason", [
-    ("<speak>\n  <p>x</b></speak>", 2, 7, "mismatched tag"),  # at the end tag's "<"
-    ("<speak>你好<b></speak>", 1, 13, "mismatched tag"),  # columns in characters, not bytes
-    ("<speak>x", 1, 9, "no element found"),
-    ("<speak>x</speak>trailing", 1, 17, "junk after document element"),
-    ("<speak>&nbsp;</speak>", 1, 8, "undefined entity"),
-    ('<speak><b a="1" a="2"/></speak>', 1, 17, "duplicate attribute"),
-    ("<speak><x:y>a</x:y></speak>", 1, 8, "unbound prefix"),
-])
+@pytest.mark.parametrize(
+    "ssml, line, column, reason",
+    [
+        ("<speak>\n  <p>x</b></speak>", 2, 7, "mismatched tag"),  # at the end tag's "<"
+        ("<speak>你好<b></speak>", 1, 13, "mismatched tag"),  # columns in characters, not bytes
+        ("<speak>x", 1, 9, "no element found"),
+        ("<speak>x</speak>trailing", 1, 17, "junk after document element"),
+        ("<speak>&nbsp;</speak>", 1, 8, "undefined entity"),
+        ('<speak><b a="1" a="2"/></speak>', 1, 17, "duplicate attribute"),
+        ("<speak><x:y>a</x:y></speak>", 1, 8, "unbound prefix"),
+    ],
+)
 def test_malformed_xml_names_line_and_column(ssml, line, column, reason):
     with pytest.raises(InvalidSSMLError) as err:
         parse_ssml(ssml)
@@ -380,13 +461,16 @@ def test_malformed_xml_names_line_and_column(ssml, line, column, reason):
     assert (err.value.line, err.value.column) == (line, column)
 
 
-@pytest.mark.parametrize("ssml", [
-    '<!DOCTYPE speak [<!ENTITY a "b">]><speak>&a;</speak>',
-    '<!DOCTYPE speak SYSTEM "http://example.com/x.dtd"><speak>x</speak>',
-    '<!DOCTYPE speak [<!ENTITY ext SYSTEM "file:///etc/passwd">]><speak>&ext;</speak>',
-    '<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;">]>'
-    "<speak>&lol2;</speak>",
-])
+@pytest.mark.parametrize(
+    "ssml",
+    [
+        '<!DOCTYPE speak [<!ENTITY a "b">]><speak>&a;</speak>',
+        '<!DOCTYPE speak SYSTEM "http://example.com/x.dtd"><speak>x</speak>',
+        '<!DOCTYPE speak [<!ENTITY ext SYSTEM "file:///etc/passwd">]><speak>&ext;</speak>',
+        '<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;">]>'
+        "<speak>&lol2;</speak>",
+    ],
+)
 def test_dtds_and_entities_are_refused(ssml):
     with pytest.raises(InvalidSSMLError, match="DTDs and entity declarations are not allowed") as err:
         parse_ssml(ssml)
@@ -446,11 +530,11 @@ def test_the_error_pickles_with_its_fields():
     assert (str(err), err.element, err.line, err.column) == ("<p> at line 2, column 3: x", "p", 2, 3)
 
 
-
-
 def test_element_spans_end_where_the_element_ends():
-    ssml = ('<speak><break time="1s"/></speak>|<speak><sub alias="a>b">x/></sub>y</speak>|'
-            '<speak><break time="1s"></break>z</speak>')
+    ssml = (
+        '<speak><break time="1s"/></speak>|<speak><sub alias="a>b">x/></sub>y</speak>|'
+        '<speak><break time="1s"></break>z</speak>'
+    )
     first, second, third = ssml.split("|")
     assert [first[slice(*p.span)] for p in pieces(first)] == ['<break time="1s"/>']
     (sub,) = pieces(second)

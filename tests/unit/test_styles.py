@@ -31,35 +31,41 @@ def controls(text: str):
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("text, applied, speed", [
-    ("Speak slowly", ("slow",), 0.8),
-    ("slow down a little", ("slow",), 0.8),
-    ("慢一点", ("slow",), 0.8),
-    ("说话慢慢的", ("slow",), 0.8),
-    ("Talk quickly", ("fast",), 1.25),
-    ("快点说", ("fast",), 1.25),
-    ("normal speed please", ("normal_speed",), 1.0),
-    ("不快不慢", ("normal_speed",), 1.0),  # one phrase, not "not fast, not slow"
-])
+@pytest.mark.parametrize(
+    "text, applied, speed",
+    [
+        ("Speak slowly", ("slow",), 0.8),
+        ("slow down a little", ("slow",), 0.8),
+        ("慢一点", ("slow",), 0.8),
+        ("说话慢慢的", ("slow",), 0.8),
+        ("Talk quickly", ("fast",), 1.25),
+        ("快点说", ("fast",), 1.25),
+        ("normal speed please", ("normal_speed",), 1.0),
+        ("不快不慢", ("normal_speed",), 1.0),  # one phrase, not "not fast, not slow"
+    ],
+)
 def test_speed_words(text, applied, speed):
     r = resolve_instructions(text)
     assert r.applied == applied and r.speed == pytest.approx(speed)
     assert r.prompt == "" and r.ignored == ()
 
 
-@pytest.mark.parametrize("text, key, oral, laugh, brk", [
-    ("Speak in a cheerful tone", "cheerful", 3, 1, None),
-    ("开心一点", "cheerful", 3, 1, None),
-    ("快乐地说", "cheerful", 3, 1, None),  # 快乐 is happy, not 快 (fast)
-    ("laughing", "laugh", None, 2, None),
-    ("笑着说", "laugh", None, 2, None),
-    ("casual and conversational", None, 6, 1, 3),
-    ("口语化一点", "casual", 6, None, None),
-    ("formal", "formal", 0, 0, None),
-    ("正式", "formal", 0, 0, None),
-    ("with dramatic pauses", "pause", None, None, 7),
-    ("多停顿", "pause", None, None, 7),
-])
+@pytest.mark.parametrize(
+    "text, key, oral, laugh, brk",
+    [
+        ("Speak in a cheerful tone", "cheerful", 3, 1, None),
+        ("开心一点", "cheerful", 3, 1, None),
+        ("快乐地说", "cheerful", 3, 1, None),  # 快乐 is happy, not 快 (fast)
+        ("laughing", "laugh", None, 2, None),
+        ("笑着说", "laugh", None, 2, None),
+        ("casual and conversational", None, 6, 1, 3),
+        ("口语化一点", "casual", 6, None, None),
+        ("formal", "formal", 0, 0, None),
+        ("正式", "formal", 0, 0, None),
+        ("with dramatic pauses", "pause", None, None, 7),
+        ("多停顿", "pause", None, None, 7),
+    ],
+)
 def test_style_words(text, key, oral, laugh, brk):
     r = resolve_instructions(text)
     assert (r.oral, r.laugh, r.break_level) == (oral, laugh, brk)
@@ -76,12 +82,21 @@ def test_each_preset_by_its_name_sets_all_its_controls(name):
     assert r.prompt == f"[oral_{preset.oral}][laugh_{preset.laugh}][break_{preset.break_level}]"
 
 
-@pytest.mark.parametrize("text, name", [
-    ("旁白", "narrator"), ("对话", "conversational"), ("新闻", "news"), ("讲故事", "storyteller"),
-    ("像新闻主播一样播报", "news"), ("Read it like a news anchor", "news"),
-    ("像讲故事一样", "storyteller"),
-    ("平静", "calm"), ("充满活力", "energetic"), ("an excited voice", "energetic"),
-])
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        ("旁白", "narrator"),
+        ("对话", "conversational"),
+        ("新闻", "news"),
+        ("讲故事", "storyteller"),
+        ("像新闻主播一样播报", "news"),
+        ("Read it like a news anchor", "news"),
+        ("像讲故事一样", "storyteller"),
+        ("平静", "calm"),
+        ("充满活力", "energetic"),
+        ("an excited voice", "energetic"),
+    ],
+)
 def test_preset_phrases(text, name):
     assert resolve_instructions(text).applied == (name,)
 
@@ -119,10 +134,10 @@ def test_the_last_mention_of_a_control_wins():
 
 def test_intensity_scales_away_from_neutral():
     neutral = data.load("styles.json")["neutral"]
-    assert controls("very slow")[3] == pytest.approx(0.8 ** 1.5)
-    assert controls("a bit slower")[3] == pytest.approx(0.8 ** 0.5)
-    assert controls("稍微快一点")[3] == pytest.approx(1.25 ** 0.5)
-    assert controls("非常慢")[3] == pytest.approx(0.8 ** 1.5)
+    assert controls("very slow")[3] == pytest.approx(0.8**1.5)
+    assert controls("a bit slower")[3] == pytest.approx(0.8**0.5)
+    assert controls("稍微快一点")[3] == pytest.approx(1.25**0.5)
+    assert controls("非常慢")[3] == pytest.approx(0.8**1.5)
     # casual is oral 6 against a neutral oral: "very" goes 1.5x as far, "slightly" half as far.
     assert controls("very casual")[0] == min(9, int(neutral["oral"] + (6 - neutral["oral"]) * 1.5 + 0.5))
     assert controls("slightly casual")[0] == int(neutral["oral"] + (6 - neutral["oral"]) * 0.5 + 0.5)
@@ -132,21 +147,24 @@ def test_intensity_scales_away_from_neutral():
 
 
 def test_a_modifier_reaches_only_the_next_style_of_its_clause():
-    assert controls("very slow and cheerful") == (3, 1, None, pytest.approx(0.8 ** 1.5))
+    assert controls("very slow and cheerful") == (3, 1, None, pytest.approx(0.8**1.5))
     assert controls("very, slow")[3] == 0.8  # the comma ends the clause "very"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("don't laugh", (None, 0, None, None)),
-    ("do not laugh", (None, 0, None, None)),
-    ("别笑", (None, 0, None, None)),
-    ("no pauses", (None, None, 0, None)),
-    ("没有停顿", (None, None, 0, None)),
-    ("不要太快", (None, None, None, 0.9)),  # "not too fast": a little slower, at plain intensity
-    ("not too slow", (None, None, None, 1.1)),
-    ("Don't be too formal", (5, None, None, None)),
-    ("少一点停顿", (None, None, 0, None)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("don't laugh", (None, 0, None, None)),
+        ("do not laugh", (None, 0, None, None)),
+        ("别笑", (None, 0, None, None)),
+        ("no pauses", (None, None, 0, None)),
+        ("没有停顿", (None, None, 0, None)),
+        ("不要太快", (None, None, None, 0.9)),  # "not too fast": a little slower, at plain intensity
+        ("not too slow", (None, None, None, 1.1)),
+        ("Don't be too formal", (5, None, None, None)),
+        ("少一点停顿", (None, None, 0, None)),
+    ],
+)
 def test_negations(text, expected):
     assert controls(text) == expected
     assert resolve_instructions(text).applied[0].startswith("not ")
@@ -250,7 +268,7 @@ def test_merged_prompt_keeps_the_callers_own_tags():
 
 def test_apply_speed_multiplies_within_the_range():
     r = resolve_instructions("very slow")
-    assert r.apply_speed(1.0) == pytest.approx(0.8 ** 1.5)
+    assert r.apply_speed(1.0) == pytest.approx(0.8**1.5)
     assert r.apply_speed(0.25) == 0.25
     assert resolve_instructions("2x").apply_speed(3.0) == 4.0
     assert resolve_instructions("cheerful").apply_speed(1.3) == 1.3
@@ -293,8 +311,6 @@ def test_the_table_is_valid():
             assert resolve_instructions(phrase).ignored == (key,), phrase
     for phrase in table["carriers"]:
         assert resolve_instructions(phrase) == StyleResult(), phrase
-
-
 
 
 def test_presets_are_read_only_and_instructions_must_be_text():

@@ -450,10 +450,28 @@ def _equivalence_inputs() -> list[str]:
     corpus = REPO / "bench" / "text_corpus.txt"
     texts = [ln.split("\t", 1)[1] for ln in corpus.read_text(encoding="utf-8").splitlines() if "\t" in ln]
     rng = random.Random(7)
-    pool = (list("0123456789.,:;!?-+*/=%$€£¥￥~_#@&|()<>{}'\"“”‘’「」『』【】《》（）！？：；，。、…－＜＞＃") + list("abXYZ")
-            + list("你好的是這個國家爲") + ["\u3400", "\uf900", "😀", "\u200b", "\x00", "Ａ", "３", "\u3000", " ", "\n"]
-            + ["[uv_break]", "[laugh_2]", "[break_6]", "[speed_5]", "[spk_emb]", "[foo", "bar]", "2024-03-05", "10:30",
-               "$3.50", "3.5%", "13812345678", "5km", "March 5"])
+    pool = (
+        list("0123456789.,:;!?-+*/=%$€£¥￥~_#@&|()<>{}'\"“”‘’「」『』【】《》（）！？：；，。、…－＜＞＃")
+        + list("abXYZ")
+        + list("你好的是這個國家爲")
+        + ["\u3400", "\uf900", "😀", "\u200b", "\x00", "Ａ", "３", "\u3000", " ", "\n"]
+        + [
+            "[uv_break]",
+            "[laugh_2]",
+            "[break_6]",
+            "[speed_5]",
+            "[spk_emb]",
+            "[foo",
+            "bar]",
+            "2024-03-05",
+            "10:30",
+            "$3.50",
+            "3.5%",
+            "13812345678",
+            "5km",
+            "March 5",
+        ]
+    )
     texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 30))) for _ in range(250)]
     prepared = [s.replace("\n", " ") for t in texts for s in split_sentences(strip_stray_brackets(sanitize(t)))]
     return [s for s in prepared if s.strip()]
@@ -482,8 +500,9 @@ def test_chattts_normalizer_matches_chattts() -> None:
         for lang in ("zh", "en"):
             for do_normalize in (True, False):
                 for do_homophones in (True, False):
-                    expected = theirs(text, do_text_normalization=do_normalize,
-                                      do_homophone_replacement=do_homophones, lang=lang)
+                    expected = theirs(
+                        text, do_text_normalization=do_normalize, do_homophone_replacement=do_homophones, lang=lang
+                    )
                     assert ours(text, lang, do_normalize, do_homophones) == expected, (text, lang, do_normalize)
                     checked += 1
     # The inputs exercise every step: homophones, widened and mapped marks, dropped characters.
@@ -526,5 +545,5 @@ def test_segments_know_where_they_came_from_in_the_input():
     spans = [s.span for s in segments]
     assert all(span is not None for span in spans)
     assert [text[a:b] for a, b in spans[:2]] == ["你好，欢迎使用语音合成服务。", "It is 10:30 now."]
-    assert text[spans[-1][0]:spans[-1][1]].endswith("第三句？")
+    assert text[spans[-1][0] : spans[-1][1]].endswith("第三句？")
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]) if a != b)  # in order, never overlapping

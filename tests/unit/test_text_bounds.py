@@ -86,6 +86,7 @@ def test_floods_finish_well_under_a_second(frontend: TextFrontend, name: str) ->
 def test_passes_are_linear_not_quadratic(unit: str) -> None:
     """Four times the text takes about four times as long (a rescanning pass took ~8-16x:
     2.7 s at 16k characters of "1+")."""
+
     def best(n: int) -> float:
         text = flood(unit, n)
         return min(_timed(normalize_numbers_en, text) for _ in range(3))
@@ -94,32 +95,50 @@ def test_passes_are_linear_not_quadratic(unit: str) -> None:
     assert big < 8 * small + 0.02, (small, big)
 
 
-@pytest.mark.parametrize("raw, expected", [
-    # Past 15 digits: digit by digit, whatever the rule.
-    (f"${LONG}", "one two three four five six seven eight nine zero one two three four five six dollars"),
-    (f"${LONG}.50", "one two three four five six seven eight nine zero one two three four five six point five zero dollars"),
-    (f"{LONG}th", "one two three four five six seven eight nine zero one two three four five six"),
-    (f"{LONG}/3", "one two three four five six seven eight nine zero one two three four five six over three"),
-    (f"1/{LONG}", "one over one two three four five six seven eight nine zero one two three four five six"),
-    ("$1,234,567,890,123,456", "one two three four five six seven eight nine zero one two three four five six dollars"),
-    # Up to 15 digits: read as numbers, as before.
-    ("$123456789012345", "one hundred and twenty three trillion four hundred and fifty six billion seven hundred "
-                         "and eighty nine million twelve thousand three hundred and forty five dollars"),
-    ("123456789012345th", "one hundred and twenty three trillion four hundred and fifty six billion seven hundred "
-                          "and eighty nine million twelve thousand three hundred and forty fifth"),
-    ("3/4", "three quarters"),
-    ("$3.50", "three dollars and fifty cents"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        # Past 15 digits: digit by digit, whatever the rule.
+        (f"${LONG}", "one two three four five six seven eight nine zero one two three four five six dollars"),
+        (
+            f"${LONG}.50",
+            "one two three four five six seven eight nine zero one two three four five six point five zero dollars",
+        ),
+        (f"{LONG}th", "one two three four five six seven eight nine zero one two three four five six"),
+        (f"{LONG}/3", "one two three four five six seven eight nine zero one two three four five six over three"),
+        (f"1/{LONG}", "one over one two three four five six seven eight nine zero one two three four five six"),
+        (
+            "$1,234,567,890,123,456",
+            "one two three four five six seven eight nine zero one two three four five six dollars",
+        ),
+        # Up to 15 digits: read as numbers, as before.
+        (
+            "$123456789012345",
+            "one hundred and twenty three trillion four hundred and fifty six billion seven hundred "
+            "and eighty nine million twelve thousand three hundred and forty five dollars",
+        ),
+        (
+            "123456789012345th",
+            "one hundred and twenty three trillion four hundred and fifty six billion seven hundred "
+            "and eighty nine million twelve thousand three hundred and forty fifth",
+        ),
+        ("3/4", "three quarters"),
+        ("$3.50", "three dollars and fifty cents"),
+    ],
+)
 def test_english_long_runs_digit_by_digit(raw: str, expected: str) -> None:
     assert normalize_numbers_en(raw).strip() == expected
 
 
-@pytest.mark.parametrize("raw, expected", [
-    (f"¥{LONG}", "一二三四五六七八九零一二三四五六元"),
-    (f"第{LONG}th", "第第一二三四五六七八九零一二三四五六"),
-    (f"{LONG}/3", "三分之一二三四五六七八九零一二三四五六"),
-    ("¥1234", "一千二百三十四元"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (f"¥{LONG}", "一二三四五六七八九零一二三四五六元"),
+        (f"第{LONG}th", "第第一二三四五六七八九零一二三四五六"),
+        (f"{LONG}/3", "三分之一二三四五六七八九零一二三四五六"),
+        ("¥1234", "一千二百三十四元"),
+    ],
+)
 def test_chinese_long_runs_digit_by_digit(raw: str, expected: str) -> None:
     assert normalize_numbers_zh(raw) == expected
 
@@ -141,10 +160,29 @@ def test_expressions_read_as_before_around_chains() -> None:
 # --------------------------------------------------------------------------- #
 
 CLASS_FLOODS = {
-    "digits": "7", "zeros": "0", "fullwidth digits": "１", "dots": ".", "digit dots": "1.", "lt": "<", "amp": "&",
-    "cjk": "中", "emoji": "😀", "dashes": "-", "digit dashes": "1-", "colons": ":", "digit colons": "1:",
-    "slashes": "/", "digit slashes": "1/", "hashes": "#1", "digit spaces": "1 ", "letter dots": "a.",
-    "brackets": "[", "tags": "[uv_break]", "open tags": "[laugh", "urls": "http://a.", "mixed": "1.<&中😀-:/",
+    "digits": "7",
+    "zeros": "0",
+    "fullwidth digits": "１",
+    "dots": ".",
+    "digit dots": "1.",
+    "lt": "<",
+    "amp": "&",
+    "cjk": "中",
+    "emoji": "😀",
+    "dashes": "-",
+    "digit dashes": "1-",
+    "colons": ":",
+    "digit colons": "1:",
+    "slashes": "/",
+    "digit slashes": "1/",
+    "hashes": "#1",
+    "digit spaces": "1 ",
+    "letter dots": "a.",
+    "brackets": "[",
+    "tags": "[uv_break]",
+    "open tags": "[laugh",
+    "urls": "http://a.",
+    "mixed": "1.<&中😀-:/",
 }
 BUDGET_S = 0.25  # per 4096-character request: ~3x the slowest measured, for a busy shared machine
 
@@ -175,11 +213,20 @@ def test_the_front_end_is_linear_on_runs_of_each_class(frontend: TextFrontend, n
 
 SSML_FLOODS = {
     **{name: unit for name, unit in CLASS_FLOODS.items() if "<" not in unit and "&" not in unit},
-    "escaped lt": "&lt;", "escaped amp": "&amp;", "char refs": "&#x4e2d;", "empty elements": "<s/>",
-    "sentences": "<s>中</s>", "breaks of nothing": '<break strength="none"/>', "comments": "<!---->", "cdata": "<![CDATA[x]]>",
-    "voices": '<voice name="a">x</voice><voice name="b">y</voice>', "rates": '<prosody rate="fast">1</prosody>',
-    "say-as digits": '<say-as interpret-as="digits">12</say-as>', "say-as dates": '<say-as interpret-as="date">2020-01-02</say-as>',
-    "unknown elements": "<foo>x</foo>", "mixed markup": "1.&amp;中😀-:/<s/>",
+    "escaped lt": "&lt;",
+    "escaped amp": "&amp;",
+    "char refs": "&#x4e2d;",
+    "empty elements": "<s/>",
+    "sentences": "<s>中</s>",
+    "breaks of nothing": '<break strength="none"/>',
+    "comments": "<!---->",
+    "cdata": "<![CDATA[x]]>",
+    "voices": '<voice name="a">x</voice><voice name="b">y</voice>',
+    "rates": '<prosody rate="fast">1</prosody>',
+    "say-as digits": '<say-as interpret-as="digits">12</say-as>',
+    "say-as dates": '<say-as interpret-as="date">2020-01-02</say-as>',
+    "unknown elements": "<foo>x</foo>",
+    "mixed markup": "1.&amp;中😀-:/<s/>",
 }
 
 
@@ -207,8 +254,11 @@ def test_say_as_content_of_the_largest_request_is_linear(kind: str) -> None:
 
     def parse(n: int) -> None:
         try:
-            parse_ssml(f'<speak><say-as interpret-as="{kind}">{DIGITS[:n - 60] if n <= N else (DIGITS * 2)[:n - 60]}'
-                       "</say-as></speak>", max_chars=4 * N)
+            parse_ssml(
+                f'<speak><say-as interpret-as="{kind}">{DIGITS[: n - 60] if n <= N else (DIGITS * 2)[: n - 60]}'
+                "</say-as></speak>",
+                max_chars=4 * N,
+            )
         except InvalidSSMLError:
             pass  # too long for the reading: refused, as quickly
 

@@ -11,7 +11,6 @@ import pytest
 
 from bench.lib.procs import REPO_ROOT as ROOT
 
-
 # A fresh interpreter: the text front end alone, as the normaliser replica runs it.
 PROBE = r"""
 import json, sys
@@ -34,8 +33,10 @@ def test_text_front_end_does_not_import_torch() -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["heavy"] == [], out["heavy"]
     # One segment, each sentence read in its own language.
-    expected = ("我们在二零二四年三月五日十点三十分开会，价格是三点五美元，增长了百分之三点五。"
-                "See you on March fifth at ten thirty, it costs twenty dollars.")
+    expected = (
+        "我们在二零二四年三月五日十点三十分开会，价格是三点五美元，增长了百分之三点五。"
+        "See you on March fifth at ten thirty, it costs twenty dollars."
+    )
     assert out["segments"] == [[expected, "zh"]]
     # With ChatTTS's Normalizer (and so torch) this process peaked above 1 GiB; alone it is tens of MiB.
     assert out["peak_rss_mib"] < 300, out["peak_rss_mib"]

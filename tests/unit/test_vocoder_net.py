@@ -9,11 +9,11 @@ import copy
 import numpy as np
 import pytest
 import torch
+from support.audio import snr_db
 
 from serve_app.engine import vocoder as vocoder_mod
 from serve_app.engine.config import VocoderConfig
 from serve_app.engine.vocoder import Vocoder, resolve_precision
-from support.audio import snr_db
 
 TODAY = VocoderConfig(cache_state=False, precision="float32")
 TOKENS = 150

@@ -14,7 +14,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from support.clips import TRANSCRIPT, encode, speechlike
 from support.engine import drain, fixed_chunks, seg
 
@@ -29,8 +28,10 @@ def chat(tiny_model):
 @pytest.fixture(scope="module")
 def clips(chat) -> dict[str, str]:
     """Two reference clips of different lengths as ChatTTS encodes them."""
-    return {name: chat.sample_audio_speaker(speechlike(s, f0=f0, seed=i))
-            for i, (name, s, f0) in enumerate([("short", 2.5, 120.0), ("long", 4.0, 210.0)])}
+    return {
+        name: chat.sample_audio_speaker(speechlike(s, f0=f0, seed=i))
+        for i, (name, s, f0) in enumerate([("short", 2.5, 120.0), ("long", 4.0, 210.0)])
+    }
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,18 @@ def chattts_tokens(chat, req) -> tuple[torch.Tensor, torch.Tensor]:
     from ChatTTS import Chat
 
     params = Chat.InferCodeParams(
-        prompt=req.prompt, spk_emb=req.spk_emb, spk_smp=req.spk_smp, txt_smp=req.txt_smp,
-        temperature=req.temperature, top_P=req.top_p, top_K=req.top_k, repetition_penalty=req.repetition_penalty,
-        max_new_token=req.max_new_tokens, min_new_token=req.max_new_tokens, show_tqdm=False, manual_seed=req.seed,
+        prompt=req.prompt,
+        spk_emb=req.spk_emb,
+        spk_smp=req.spk_smp,
+        txt_smp=req.txt_smp,
+        temperature=req.temperature,
+        top_P=req.top_p,
+        top_K=req.top_k,
+        repetition_penalty=req.repetition_penalty,
+        max_new_token=req.max_new_tokens,
+        min_new_token=req.max_new_tokens,
+        show_tqdm=False,
+        manual_seed=req.seed,
     )
     out = list(chat._infer_code([req.text], False, chat.device, True, params))[-1]
     return out.ids[0], out.hiddens[0]
@@ -125,8 +135,11 @@ def test_the_clip_is_what_changes_the_tokens(engine, clips):
     """Without its clip, or with the other clip, the same row decodes other tokens (the test
     above would pass for a row that ignored the clip only if ChatTTS ignored it too)."""
     log = TokenLog(engine)
-    reqs = [clip_row(clips["short"], None, 20), clip_row(clips["long"], None, 20),
-            dataclasses.replace(clip_row(clips["short"], None, 20), spk_smp=None, txt_smp=None)]
+    reqs = [
+        clip_row(clips["short"], None, 20),
+        clip_row(clips["long"], None, 20),
+        dataclasses.replace(clip_row(clips["short"], None, 20), spk_smp=None, txt_smp=None),
+    ]
     streams = [engine.submit(r) for r in reqs]
     engine.run_until_idle()
     short, long_, none = (log.tokens(s) for s in streams)
@@ -134,15 +147,17 @@ def test_the_clip_is_what_changes_the_tokens(engine, clips):
 
 
 def test_prompt_length_estimate_counts_the_clip(clips):
+    from ChatTTS.model import Speaker
+
     from serve_app.engine.decode.scheduler import prompt_len_estimate
     from serve_app.engine.voices import sample_frames
-
-    from ChatTTS.model import Speaker
 
     frames = int(Speaker.decode_prompt(clips["long"]).shape[1])
     assert sample_frames(clips["long"]) == frames > 150  # 4 s at 46.9 frames a second
     plain = seg(None, 10)
-    assert prompt_len_estimate(clip_row(clips["long"], None, 10)) == prompt_len_estimate(plain) + frames + len(TRANSCRIPT)
+    assert prompt_len_estimate(clip_row(clips["long"], None, 10)) == prompt_len_estimate(plain) + frames + len(
+        TRANSCRIPT
+    )
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,10 @@ import httpx
 import numpy as np
 import pytest
 from starlette.requests import Request
+from support.configs import REPO
+from support.redis_server import RedisServer, needs_redis
 
+from bench.lib.procs import free_port
 from serve_app.engine.errors import UnknownVoiceError
 from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
@@ -30,16 +33,13 @@ from serve_app.protocol import VoiceList
 from serve_app.settings import VoiceStoreConfig
 from serve_app.storage.voices import (
     ANONYMOUS,
-    VoiceCatalog,
     StoredVoice,
+    VoiceCatalog,
     index_key,
     make_voice_store,
     name_key,
     stored_voice,
 )
-from bench.lib.procs import free_port
-from support.configs import REPO
-from support.redis_server import RedisServer, needs_redis
 
 SPEAKER = encode_speaker(np.linspace(-1, 1, 768, dtype=np.float32))
 ALICE, BOB, ROOT = "a1a1a1a1a1a1", "b0b0b0b0b0b0", "r00t00r00t00"  # key ids (fingerprints)
@@ -201,8 +201,10 @@ asyncio.run(main())
 def test_replicas_on_one_host_cannot_pass_one_keys_quota_together(tmp_path):
     """Three processes create voices for one key at once: exactly its quota gets stored."""
     root = tmp_path / "shared"
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(root), f"p{n}"], cwd=REPO, stdout=subprocess.PIPE,
-                              text=True) for n in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACE, str(root), f"p{n}"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for n in range(3)
+    ]
     made = [int(p.communicate(timeout=120)[0].strip()) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     index = json.loads((root / "names.json").read_text())
@@ -237,8 +239,16 @@ async def test_another_keys_id_is_refused_before_its_document_is_read(cfg, monke
 
 def legacy_doc(voice_id: str, name: str, seed: int) -> str:
     """A voice as the store wrote it before voices had owners."""
-    return json.dumps({"id": voice_id, "name": name, "kind": "seed", "created_at": 1700000000 + seed, "seed": seed,
-                       "speaker": SPEAKER})
+    return json.dumps(
+        {
+            "id": voice_id,
+            "name": name,
+            "kind": "seed",
+            "created_at": 1700000000 + seed,
+            "seed": seed,
+            "speaker": SPEAKER,
+        }
+    )
 
 
 LEGACY = [("voice_" + "1" * 24, "old one", 1), ("voice_" + "2" * 24, "old two", 2)]
@@ -275,8 +285,9 @@ async def test_directory_documents_stored_before_owners_are_anonymous(tmp_path):
     for voice_id, name, seed in LEGACY:
         (root / f"{voice_id}.json").write_text(legacy_doc(voice_id, name, seed))
     (root / "names.json").write_text(json.dumps({name_key(name): voice_id for voice_id, name, _ in LEGACY}))
-    await check_legacy_voices_are_anonymous(make_voice_store(
-        VoiceStoreConfig(backend="directory", path=str(root), max_voices_per_key=3)))
+    await check_legacy_voices_are_anonymous(
+        make_voice_store(VoiceStoreConfig(backend="directory", path=str(root), max_voices_per_key=3))
+    )
 
 
 @needs_redis
@@ -390,8 +401,9 @@ def http_request(built: httpx.Request) -> Request:
         return {"type": "http.request", "body": body, "more_body": False}
 
     headers = [(k.lower().encode(), v.encode()) for k, v in built.headers.items()]
-    return Request({"type": "http", "method": built.method, "path": VOICES_PATH, "headers": headers,
-                    "query_string": b""}, receive)
+    return Request(
+        {"type": "http", "method": built.method, "path": VOICES_PATH, "headers": headers, "query_string": b""}, receive
+    )
 
 
 def json_create(**body) -> Request:
@@ -399,8 +411,14 @@ def json_create(**body) -> Request:
 
 
 def clip_create(name: str) -> Request:
-    return http_request(httpx.Request("POST", "http://x" + VOICES_PATH, data={"name": name, "transcript": "words"},
-                                      files={"audio": ("clip.wav", b"RIFF" + b"\0" * 2000, "audio/wav")}))
+    return http_request(
+        httpx.Request(
+            "POST",
+            "http://x" + VOICES_PATH,
+            data={"name": name, "transcript": "words"},
+            files={"audio": ("clip.wav", b"RIFF" + b"\0" * 2000, "audio/wav")},
+        )
+    )
 
 
 def customs(listing: dict) -> list[dict]:
@@ -473,18 +491,24 @@ async def test_concurrent_api_creates_that_all_passed_the_first_check_store_only
     results = await asyncio.gather(*(api.create(clip_create(f"c{i}"), alice) for i in range(5)), return_exceptions=True)
     assert api.encoder.calls == ["encode_clip"] * 5  # all got past the first check
     made = [r for r in results if isinstance(r, dict)]
-    assert len(made) == 2 and all(isinstance(r, APIError) and r.code == "voice_quota_exceeded"
-                                  for r in results if not isinstance(r, dict)), results
+    assert len(made) == 2 and all(
+        isinstance(r, APIError) and r.code == "voice_quota_exceeded" for r in results if not isinstance(r, dict)
+    ), results
     assert len(customs(await api.list(alice))) == 2
     await api.store.close()
 
 
 async def test_a_broken_form_gets_a_generic_answer_and_the_detail_goes_to_the_log(caplog):
     api = api_of(VoiceStoreConfig(backend="memory"))
-    broken = httpx.Request("POST", "http://x" + VOICES_PATH, content=b"--zzz\r\nContent-Disposition: form-data\r\n\r\nx",
-                           headers={"content-type": "multipart/form-data; boundary=zzz"})
-    no_boundary = httpx.Request("POST", "http://x" + VOICES_PATH, content=b"whatever",
-                                headers={"content-type": "multipart/form-data"})
+    broken = httpx.Request(
+        "POST",
+        "http://x" + VOICES_PATH,
+        content=b"--zzz\r\nContent-Disposition: form-data\r\n\r\nx",
+        headers={"content-type": "multipart/form-data; boundary=zzz"},
+    )
+    no_boundary = httpx.Request(
+        "POST", "http://x" + VOICES_PATH, content=b"whatever", headers={"content-type": "multipart/form-data"}
+    )
     for built in (broken, no_boundary):
         with caplog.at_level(logging.DEBUG, logger="ray.serve"):
             caplog.clear()

@@ -14,29 +14,30 @@ import sys
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from support.clips import encode, speechlike
+from support.redis_server import needs_redis
 
-from bench.lib.procs import REPO_ROOT as REPO, free_port
-from serve_app.storage.cache import request_key
+from bench.lib.procs import REPO_ROOT as REPO
+from bench.lib.procs import free_port
 from serve_app.engine.clips import ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidClipError, UnknownVoiceError
 from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
 from serve_app.protocol import SpeechRequest
 from serve_app.settings import VoiceStoreConfig
+from serve_app.storage.cache import request_key
 from serve_app.storage.voices import (
     ANONYMOUS,
     VOICE_ID_RE,
     DirectoryVoiceStore,
+    StoredVoice,
     VoiceCatalog,
     check_name,
     clean_transcript,
-    StoredVoice,
     make_voice_store,
     new_voice_id,
     stored_voice,
 )
-from support.clips import encode, speechlike
-from support.redis_server import needs_redis
 
 SPEAKER = encode_speaker(np.linspace(-1, 1, 768, dtype=np.float32))
 OTHER_SPEAKER = encode_speaker(np.linspace(1, -1, 768, dtype=np.float32))
@@ -136,7 +137,14 @@ async def test_a_voice_over_the_size_limit_is_refused_and_not_stored(store_confi
 
 async def test_user_input_never_becomes_a_path_or_key(store_config, tmp_path):
     store = make_voice_store(store_config)
-    for bad in ("../../etc/passwd", "voice_../../x", "voice_" + "0" * 23 + "/", "names", ".lock", "voice_ABCDEF" + "0" * 18):
+    for bad in (
+        "../../etc/passwd",
+        "voice_../../x",
+        "voice_" + "0" * 23 + "/",
+        "names",
+        ".lock",
+        "voice_ABCDEF" + "0" * 18,
+    ):
         assert await store.get(bad) is None
         assert await store.delete(bad) is False
     assert await store.get_by_name("x" * 200) is None
@@ -187,8 +195,10 @@ def test_directory_store_is_safe_for_replicas_on_one_host(tmp_path):
     """Three processes create voices under the same names at once: names stay unique, the count
     limit holds, and the index and the files agree."""
     root = tmp_path / "shared"
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(root)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACE, str(root)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     made = [int(p.communicate(timeout=120)[0].strip()) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     index = json.loads((root / "names.json").read_text())
@@ -202,8 +212,9 @@ def test_directory_store_is_safe_for_replicas_on_one_host(tmp_path):
 
 @needs_redis
 async def test_redis_store_outage_is_a_503_not_a_miss():
-    store = make_voice_store(VoiceStoreConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                                              redis_timeout_s=0.2))
+    store = make_voice_store(
+        VoiceStoreConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_s=0.2)
+    )
     with pytest.raises(APIError) as e:
         await store.get_by_name("mine")
     assert status_of(e) == (503, "voice_store_unavailable")
@@ -250,7 +261,12 @@ async def test_cache_key_follows_the_voices_content_not_its_name():
     assert key_old != key_new
     # The same content under another name shares entries (it is the same audio).
     await store.create(stored_voice("alias", "speaker", speaker=OTHER_SPEAKER))
-    assert request_key(SpeechRequest(input="你好", voice="alias"), await catalog.resolve("alias", ANONYMOUS), weights_id="w") == key_new
+    assert (
+        request_key(
+            SpeechRequest(input="你好", voice="alias"), await catalog.resolve("alias", ANONYMOUS), weights_id="w"
+        )
+        == key_new
+    )
 
 
 @pytest.mark.parametrize("name", ["", " pad", "pad ", "alloy", "Nova", "seed:1", "voice_abc", "a\nb", "x" * 65])
@@ -284,14 +300,17 @@ def test_clips_in_every_format_decode_to_24k_mono(kind, rate, channels):
     assert abs(np.sqrt(np.mean(out**2)) - np.sqrt(np.mean(pcm**2))) < 0.01  # stereo is averaged, not summed
 
 
-@pytest.mark.parametrize("data,message", [
-    (b"", "empty"),
-    (b"this is not audio at all" * 100, "could not decode"),
-    (encode(speechlike(1.0), "wav"), "1.0 s"),
-    (encode(speechlike(31.0), "flac"), "longer than 30 s"),
-    (encode(np.zeros(24000 * 3, np.float32), "wav"), "silent"),
-    (encode(speechlike(3.0) * 0.001, "wav"), "silent"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"", "empty"),
+        (b"this is not audio at all" * 100, "could not decode"),
+        (encode(speechlike(1.0), "wav"), "1.0 s"),
+        (encode(speechlike(31.0), "flac"), "longer than 30 s"),
+        (encode(np.zeros(24000 * 3, np.float32), "wav"), "silent"),
+        (encode(speechlike(3.0) * 0.001, "wav"), "silent"),
+    ],
+)
 def test_bad_clips_say_what_is_wrong(data, message):
     with pytest.raises(InvalidClipError, match=message):
         decode_clip(data, ClipLimits(2.0, 30.0))

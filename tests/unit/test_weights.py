@@ -167,7 +167,9 @@ def test_env_var_overrides_configured_source(monkeypatch, tiny_root, chattts_cac
 
 
 def test_local_source_loads_built_tree(tiny_root, tiny_model):
-    model = load_model(ModelConfig(weights=WeightsConfig(source="local", path=str(tiny_root)), device="cpu", quantize="none"))
+    model = load_model(
+        ModelConfig(weights=WeightsConfig(source="local", path=str(tiny_root)), device="cpu", quantize="none")
+    )
     assert model.weights.source == "local"
     assert model.weights.kind == "random"  # from the manifest
     assert model.is_random
@@ -230,7 +232,7 @@ def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
         for i in range(2)
     ]
     outs = [p.communicate(timeout=170) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     paths = {Path(out.strip().splitlines()[-1]) for out, _ in outs}
     assert len(paths) == 1
@@ -301,8 +303,13 @@ def test_vocoder_stage_never_imports_the_gpt_or_transformers(tiny_root):
     package's ``__init__`` files, which import the GPT and transformers (~100 MiB of RSS), and
     without the DVAE quantiser's vector_quantize_pytorch (einx, torch._dynamo, triton: ~150 MiB)
     until a clip is encoded; a later ``import ChatTTS`` still works and shares those modules."""
-    out = subprocess.run([sys.executable, "-c", _VOCODER_STAGE, str(tiny_root.parent)], capture_output=True,
-                         text=True, timeout=110, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", _VOCODER_STAGE, str(tiny_root.parent)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-3:] == ["[]", "['torch._dynamo', 'vector_quantize_pytorch']", "True"], out.stdout
@@ -326,7 +333,7 @@ def test_a_deferred_package_is_imported_at_the_first_call(monkeypatch):
     assert rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
     assert sys.modules["colorsys"] is not stub
     with pytest.raises(AttributeError):
-        stub.__path__
+        _ = stub.__path__
     monkeypatch.setitem(sys.modules, "colorsys", stub)
     with pytest.raises(ImportError):
         importlib.import_module("colorsys.sub")
@@ -352,7 +359,8 @@ def test_int8_gpt_keeps_no_tensor_in_the_checkpoints_mapping(tiny_weights_config
     model = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="int8"))
     assert model.quantize == "int8" and in_mapping(model) == []
     # float32 GPT layers as loaded are views of the checkpoint (what the check above would find).
-    plain = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none",
-                                   cpu_dual_layout=False))
+    plain = load_model(
+        ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none", cpu_dual_layout=False)
+    )
     # (at least every layer's seven linear weights)
     assert plain.quantize == "none" and len(in_mapping(plain)) >= 7 * plain.chat.gpt.gpt.config.num_hidden_layers

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .row import Row
 from .sampling import NUM_VQ, SamplingState
+
 KV_HEADROOM = 64  # free KV columns allocated ahead: steps write in place, one re-allocation per 64
 
 
@@ -32,7 +33,9 @@ class BufferedLayer(DynamicLayer):
         self.lazy_initialization(kbuf, vbuf)
         self.kbuf, self.vbuf, self.n = kbuf, vbuf, n
         self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
-        self.owner: Optional[tuple["BatchState", int]] = None  # the batch and layer these buffers are (BatchState.cache)
+        self.owner: Optional[tuple["BatchState", int]] = (
+            None  # the batch and layer these buffers are (BatchState.cache)
+        )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         end = self.n + key_states.shape[2]
@@ -126,7 +129,9 @@ class BatchState:
             try:
                 for layer in range(self.num_layers):
                     for bufs, views, attr in ((self.kbuf, self.keys, "keys"), (self.vbuf, self.values, "values")):
-                        sources = [views[layer][i] for i in range(b_run)] + [getattr(p, attr)[layer][0] for p in prefilled]
+                        sources = [views[layer][i] for i in range(b_run)] + [
+                            getattr(p, attr)[layer][0] for p in prefilled
+                        ]
                         buf = pack_rows(sources, t)
                         del sources
                         bufs[layer], views[layer] = buf, buf[:, :, :t]  # the old buffer goes here
@@ -234,7 +239,9 @@ class BatchState:
         self.set_kv([b[:n, :, first:] for b in self.kbuf], [b[:n, :, first:] for b in self.vbuf], end - first)
 
 
-def write_kv(kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def write_kv(
+    kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``k``/``v`` (B, H, m, D) at columns n..n+m of the buffers, growing them by
     ``KV_HEADROOM`` when full; returns the buffers written."""
     end = n + k.shape[2]

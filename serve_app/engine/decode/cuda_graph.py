@@ -102,8 +102,11 @@ class GraphRunner:
             self._say_once("rows", f"a batch of {rows} rows is above the largest bucket ({self.buckets[-1]})")
             return False
         if t + 1 > self.capacity:
-            self._say_once("kv", f"KV length {t + 1} is above the capacity ({self.capacity} tokens, "
-                                 "AcousticConfig.cuda_graph_kv_tokens)")
+            self._say_once(
+                "kv",
+                f"KV length {t + 1} is above the capacity ({self.capacity} tokens, "
+                "AcousticConfig.cuda_graph_kv_tokens)",
+            )
             return False
         return True
 

@@ -90,8 +90,14 @@ class DecodeForward:
             kbuf, vbuf = batch.write_column(i, t, k, v)
             kbufs.append(kbuf)
             vbufs.append(vbuf)
-            o = F.scaled_dot_product_attention(q, kbuf[:, :, : t + 1], vbuf[:, :, : t + 1], attn_mask=mask,
-                                               scale=self.scaling, enable_gqa=self.kv_heads != self.heads)
+            o = F.scaled_dot_product_attention(
+                q,
+                kbuf[:, :, : t + 1],
+                vbuf[:, :, : t + 1],
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.kv_heads != self.heads,
+            )
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         batch.close_step(kbufs, vbufs)

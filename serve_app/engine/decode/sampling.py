@@ -85,6 +85,7 @@ class SamplingState:
     def append(self, reqs: Sequence[SegmentRequest], saved: Optional[Sequence[Optional[dict]]] = None) -> None:
         """Rows at the end: new ones (their first token still to be drawn), or, where ``saved``
         has an entry, rows coming back with the state ``take`` kept."""
+
         def col(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
@@ -171,10 +172,21 @@ class Sampler:
         state.record(tokens, start)
         return tokens, ok
 
-    def draw(self, logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-             penalty: torch.Tensor, history: torch.Tensor, filled: torch.Tensor, eos_masked: torch.Tensor,
-             u: torch.Tensor, max_top_k: Optional[int] = None, probs_out: Optional[list] = None,
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(
+        self,
+        logits: torch.Tensor,
+        *,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        top_k: torch.Tensor,
+        penalty: torch.Tensor,
+        history: torch.Tensor,
+        filled: torch.Tensor,
+        eos_masked: torch.Tensor,
+        u: torch.Tensor,
+        max_top_k: Optional[int] = None,
+        probs_out: Optional[list] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The batched pass over (B, 4, V) logits with per-row parameters (B,), the rows' last
         tokens ``history`` (B, 4, W) of which ``filled`` (B,) are real, and uniforms ``u`` (B, 4).
         ``probs_out``: a list that receives the (B, 4, V) distribution drawn from (tests)."""

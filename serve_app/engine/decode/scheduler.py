@@ -129,7 +129,9 @@ class Scheduler:
             limits.append((max_per_client, "max_queued_rows_per_client"))
         limit, name = min(limits)
         if n > limit:
-            raise RequestTooLarge(f"the request is {n} segments; at most {limit} can wait for the acoustic stage ({name})")
+            raise RequestTooLarge(
+                f"the request is {n} segments; at most {limit} can wait for the acoustic stage ({name})"
+            )
         if self._n + n > max_queued:
             raise EngineOverloaded(f"acoustic queue full ({self._n} rows waiting, at most {max_queued})")
         mine = self._per_client.get(client, 0)
@@ -174,8 +176,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def pop_admissible(self, running: Sequence[Row], cfg: AcousticConfig, now: float,
-                       hold_groups_at: Optional[int] = None) -> list[Row]:
+    def pop_admissible(
+        self, running: Sequence[Row], cfg: AcousticConfig, now: float, hold_groups_at: Optional[int] = None
+    ) -> list[Row]:
         """Remove and return the rows to admit now, in admission order. Every row cancelled while
         waiting comes out too (first): the caller ends them without decoding. ``hold_groups_at``:
         a later segment of a request holding that many unread chunks waits (StreamGroup.holds)."""
@@ -268,8 +271,9 @@ class Scheduler:
     def _head(self, client: str, found: dict[int, int], now: float) -> _Waiting:
         """The client's best eligible row: by aged priority, then arrival."""
         by_priority = self._queues[client]
-        return min((by_priority[p][i] for p, i in found.items()),
-                   key=lambda w: (-self.aged_priority(w.row, now), w.seq))
+        return min(
+            (by_priority[p][i] for p, i in found.items()), key=lambda w: (-self.aged_priority(w.row, now), w.seq)
+        )
 
     def _turn_start(self, client: str, w: _Waiting) -> float:
         """When this client's turn began: its last slot, or its row's arrival if later."""

@@ -46,8 +46,9 @@ class ChatTTSNormalizer:
     lang)`` does with ``number_rules`` registered as its normalisers, for text whose only brackets
     are control tags. Stateless after construction: safe to call from any thread."""
 
-    def __init__(self, number_rules: Mapping[str, Callable[[str], str]],
-                 homophones_map_path: Optional[str] = None) -> None:
+    def __init__(
+        self, number_rules: Mapping[str, Callable[[str], str]], homophones_map_path: Optional[str] = None
+    ) -> None:
         self._rules = dict(number_rules)
         with open(homophones_map_path or default_homophones_path(), encoding="utf-8") as f:
             homophones = str.maketrans(json.load(f))

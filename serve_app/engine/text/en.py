@@ -15,8 +15,8 @@ from . import data
 from .patterns import (
     CHINESE_SCALES,
     DOMAIN_RE,
-    EXPRESSIONS,
     EXPR_TOKEN_RE,
+    EXPRESSIONS,
     FRACTION_RE,
     ISO_DATE_RE,
     MAX_DIGITS,
@@ -170,9 +170,7 @@ def _year_in_context(m: Match[str]) -> str:
 # Times, phone numbers, arithmetic
 # --------------------------------------------------------------------------- #
 
-_TIME_RE = re.compile(
-    r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?![\d:])(?:\s?([AaPp])\.?[Mm]\.?(?![A-Za-z]))?"
-)
+_TIME_RE = re.compile(r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?![\d:])(?:\s?([AaPp])\.?[Mm]\.?(?![A-Za-z]))?")
 _HOUR_AMPM_RE = re.compile(r"(?<![\d:.])(\d{1,2})\s?([AaPp])\.?[Mm]\.?(?![A-Za-z])")
 
 
@@ -207,8 +205,15 @@ def _phone(m: Match[str]) -> str:
     return _pad(", ".join(words).replace("plus,", "plus"))
 
 
-_OPERATORS = {"+": "plus", "-": "minus", "*": "times", "×": "times", "/": "divided by",
-              "÷": "divided by", "=": "equals"}
+_OPERATORS = {
+    "+": "plus",
+    "-": "minus",
+    "*": "times",
+    "×": "times",
+    "/": "divided by",
+    "÷": "divided by",
+    "=": "equals",
+}
 
 
 def _expr(m: Match[str]) -> str:

@@ -57,8 +57,12 @@ class TextFrontend:
         """Run every path once (first calls fill num2words' and the regex module's caches);
         returns seconds taken."""
         start = time.perf_counter()
-        samples = (("你好[uv_break]，价格是$20。", "zh"), ("行不行", "zh"),
-                   ("Hello [laugh] world 3.5%.", "en"), ("plain text", "en"))
+        samples = (
+            ("你好[uv_break]，价格是$20。", "zh"),
+            ("行不行", "zh"),
+            ("Hello [laugh] world 3.5%.", "en"),
+            ("plain text", "en"),
+        )
         for sample, lang in samples:
             self.normalize(sample, lang=lang)
             self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)

@@ -20,7 +20,6 @@ from . import data
 from .chars import FULLWIDTH
 
 
-
 class Substitution(Protocol):
     """What a pass scans with: a compiled pattern, or an object with the same ``sub``."""
 
@@ -136,8 +135,9 @@ def too_long(*digit_runs: str, max_len: int = MAX_DIGITS) -> bool:
     return any(len(d) > max_len for d in digit_runs)
 
 
-def read_decimal(s: str, integer: Callable[[int], str], digits: Callable[[str], str], max_digits: int,
-                 point: str, minus: str) -> str:
+def read_decimal(
+    s: str, integer: Callable[[int], str], digits: Callable[[str], str], max_digits: int, point: str, minus: str
+) -> str:
     """Read a decimal string ("-3.05"): the integer part as a cardinal (digit by digit when it is
     a code: leading zero or longer than ``max_digits``), the fraction digit by digit."""
     neg = s.startswith("-")

@@ -85,7 +85,7 @@ def _split_clauses(text: str) -> List[str]:
             continue
         if ch in ",:" and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit():
             continue
-        pieces.append(text[start:i + 1])
+        pieces.append(text[start : i + 1])
         start = i + 1
     if start < len(text):
         pieces.append(text[start:])
@@ -114,8 +114,9 @@ def _hard_cut(text: str, fits: Callable[[str], bool]) -> List[str]:
 _SPLITTERS: Tuple[Callable[[str], List[str]], ...] = (_split_clauses, _split_words)
 
 
-def _fit(piece: str, fits: Callable[[str], bool], level: int = 0,
-         prefer: Optional[Callable[[str], bool]] = None) -> List[str]:
+def _fit(
+    piece: str, fits: Callable[[str], bool], level: int = 0, prefer: Optional[Callable[[str], bool]] = None
+) -> List[str]:
     """Break ``piece`` into pieces that each fit, using ever finer cut points. ``prefer`` (a
     stricter test) only drives the first, clause-level cut: never a cut inside a clause."""
     if (prefer if prefer is not None and level == 0 else fits)(piece):

@@ -114,8 +114,9 @@ def parse_ssml(
     base = len(text) - len(text.lstrip("\ufeff \t\r\n"))
     handler = _Handler(text, base, lang, max_depth, max_break_total_s)
     # The encoding is fixed: the text is a str already, whatever its XML declaration says.
-    parser = DefusedXMLParser(target=handler, encoding="utf-8", forbid_dtd=True, forbid_entities=True,
-                              forbid_external=True)
+    parser = DefusedXMLParser(
+        target=handler, encoding="utf-8", forbid_dtd=True, forbid_entities=True, forbid_external=True
+    )
     expat = parser.parser
     expat.buffer_text = False  # each text chunk as it comes, at its own position
     handler.expat = expat

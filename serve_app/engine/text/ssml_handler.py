@@ -98,7 +98,7 @@ class _Handler:
         order, so each byte is decoded once."""
         if byte_index < self._byte:
             self._byte, self._char = 0, 0
-        self._char += len(self.encoded[self._byte:byte_index].decode("utf-8", errors="replace"))
+        self._char += len(self.encoded[self._byte : byte_index].decode("utf-8", errors="replace"))
         self._byte = byte_index
         return self._char
 
@@ -216,16 +216,21 @@ class _Handler:
             if "rate" in attrib:
                 factor = _parse_rate(attrib["rate"])
                 if factor is None:
-                    raise self.error(f"rate {attrib['rate']!r} is not a rate (x-slow, slow, medium, fast, x-fast, "
-                                     "80%, +20%, -20% or a multiplier such as 1.5)", offset, name)
+                    raise self.error(
+                        f"rate {attrib['rate']!r} is not a rate (x-slow, slow, medium, fast, x-fast, "
+                        "80%, +20%, -20% or a multiplier such as 1.5)",
+                        offset,
+                        name,
+                    )
                 frame.rate = min(MAX_RATE, max(MIN_RATE, parent.rate * factor))
         elif name == "voice":
             voice = attrib.get("name", "").strip()
             if not voice:
                 raise self.error("needs a name attribute", offset, name)
             if len(voice) > MAX_SPEAKER_CHARS:
-                raise self.error(f"name is {len(voice)} characters; a voice is at most {MAX_SPEAKER_CHARS}",
-                                 offset, name)
+                raise self.error(
+                    f"name is {len(voice)} characters; a voice is at most {MAX_SPEAKER_CHARS}", offset, name
+                )
             frame.voice = voice
         elif name == "say-as":
             value = attrib.get("interpret-as", "").strip().lower()
@@ -236,8 +241,9 @@ class _Handler:
                 frame.kind, frame.say_as = "say-as", _SAY_AS[value]
                 if fmt is not None and frame.say_as == "date":
                     if fmt.strip().lower() not in _DATE_FORMATS:
-                        raise self.error(f"format {fmt!r} is not a date format ({', '.join(_DATE_FORMATS)})",
-                                         offset, name)
+                        raise self.error(
+                            f"format {fmt!r} is not a date format ({', '.join(_DATE_FORMATS)})", offset, name
+                        )
                     frame.fmt = fmt.strip().lower()
             else:
                 self.report(f"say-as:{value}")  # time, currency, fraction...: the front end reads them
@@ -267,18 +273,24 @@ class _Handler:
             if seconds is None:
                 raise self.error(f"time {attrib['time']!r} is not a duration (e.g. 500ms, 1.5s)", offset, "break")
             if seconds > MAX_BREAK_SECONDS:
-                raise self.error(f"time {attrib['time']!r} is longer than the {MAX_BREAK_SECONDS:g} s a break may "
-                                 "last", offset, "break")
+                raise self.error(
+                    f"time {attrib['time']!r} is longer than the {MAX_BREAK_SECONDS:g} s a break may last",
+                    offset,
+                    "break",
+                )
         else:
             strength = attrib.get("strength", "medium").strip().lower()
             if strength not in _STRENGTH_SECONDS:
-                raise self.error(f"strength {attrib['strength']!r} is not one of {', '.join(_STRENGTH_SECONDS)}",
-                                 offset, "break")
+                raise self.error(
+                    f"strength {attrib['strength']!r} is not one of {', '.join(_STRENGTH_SECONDS)}", offset, "break"
+                )
             seconds = _STRENGTH_SECONDS[strength]
         self.break_total += seconds
         if self.break_total > self.max_break_total_s:
-            raise RequestTooLarge(f"the breaks add up to more than {self.max_break_total_s:g} s of silence (at "
-                                  f"<break> line {self.line_column(offset)[0]}): use fewer or shorter breaks")
+            raise RequestTooLarge(
+                f"the breaks add up to more than {self.max_break_total_s:g} s of silence (at "
+                f"<break> line {self.line_column(offset)[0]}): use fewer or shorter breaks"
+            )
         return seconds
 
     def end(self, tag: str) -> None:
@@ -292,8 +304,17 @@ class _Handler:
         elif frame.kind == "sub":
             self.add(_Part(frame.alias, frame.offset, self.element_end(frame, offset), resolved=True))
         elif frame.kind == "say-as":
-            self.add(_Part("".join(frame.content), frame.offset, self.element_end(frame, offset), resolved=True,
-                           say_as=frame.say_as, fmt=frame.fmt, lang=frame.lang))
+            self.add(
+                _Part(
+                    "".join(frame.content),
+                    frame.offset,
+                    self.element_end(frame, offset),
+                    resolved=True,
+                    say_as=frame.say_as,
+                    fmt=frame.fmt,
+                    lang=frame.lang,
+                )
+            )
         elif frame.name in ("p", "s") and frame.kind == "normal":
             self.flush()
             self.boundary = True
@@ -305,8 +326,9 @@ class _Handler:
 
     def finish(self) -> List[SsmlPiece]:
         # The language say-as content falls back to: the document's, from all its plain text.
-        plain = " ".join(p.text for piece in self.pieces if isinstance(piece, _OpenPiece) for p in piece.parts
-                         if not p.resolved)
+        plain = " ".join(
+            p.text for piece in self.pieces if isinstance(piece, _OpenPiece) for p in piece.parts if not p.resolved
+        )
         doc_lang = self.lang or detect_language(plain)
         out: List[SsmlPiece] = []
         boundary = True
@@ -347,7 +369,7 @@ class _Handler:
     def trimmed(self, part: _Part) -> Span:
         if part.resolved:
             return part.start, part.end
-        src = self.source[part.start:part.end]
+        src = self.source[part.start : part.end]
         stripped = src.strip()
         if not stripped:
             return part.start, part.start

@@ -20,8 +20,12 @@ from .zh import zh_integer, zh_number
 MAX_DATE_FIELD_DIGITS = 4  # a year; a month or a day is fewer
 
 _SAY_AS = {
-    "characters": "characters", "spell-out": "characters", "letters": "characters", "verbatim": "characters",
-    "cardinal": "cardinal", "number": "cardinal",
+    "characters": "characters",
+    "spell-out": "characters",
+    "letters": "characters",
+    "verbatim": "characters",
+    "cardinal": "cardinal",
+    "number": "cardinal",
     "ordinal": "ordinal",
     "digits": "digits",
     "date": "date",
@@ -105,13 +109,20 @@ def _date(content: str, lang: Lang, fmt: Optional[str]) -> str:
         raise _NotThat(f"{content.strip()!r} does not have the {len(fmt)} field(s) of format {fmt!r}")
     parts = dict(zip(fmt, fields))
     year, month, day = parts.get("y"), parts.get("m"), parts.get("d")
-    if (month is not None and not 1 <= int(month) <= 12) or (day is not None and not 1 <= int(day) <= 31) or \
-            (year is not None and len(year) > 4):
+    if (
+        (month is not None and not 1 <= int(month) <= 12)
+        or (day is not None and not 1 <= int(day) <= 31)
+        or (year is not None and len(year) > 4)
+    ):
         raise _NotThat(f"{content.strip()!r} is not a date in format {fmt!r}")
     if lang == "zh":  # always year, month, day; years digit by digit, as zh.py reads them
-        return "".join(((_digit_words(year, "zh") + "年") if year else "",
-                        (zh_integer(int(month)) + "月") if month else "",
-                        (zh_integer(int(day)) + "日") if day else ""))
+        return "".join(
+            (
+                (_digit_words(year, "zh") + "年") if year else "",
+                (zh_integer(int(month)) + "月") if month else "",
+                (zh_integer(int(day)) + "日") if day else "",
+            )
+        )
     month_name = _MONTHS[int(month) - 1] if month else ""
     year_words = en_year(int(year)) if year else ""
     if day and fmt.startswith("d"):
@@ -126,5 +137,10 @@ def _date(content: str, lang: Lang, fmt: Optional[str]) -> str:
 def _read_say_as(kind: str, content: str, lang: Lang, fmt: Optional[str]) -> str:
     if kind == "date":
         return _date(content, lang, fmt)
-    return {"characters": _characters, "cardinal": _cardinal, "ordinal": _ordinal, "digits": _digits_reading,
-            "telephone": _telephone}[kind](content, lang)
+    return {
+        "characters": _characters,
+        "cardinal": _cardinal,
+        "ordinal": _ordinal,
+        "digits": _digits_reading,
+        "telephone": _telephone,
+    }[kind](content, lang)

@@ -10,8 +10,8 @@ from .chars import CJK
 from .patterns import (
     CHINESE_SCALES,
     DOMAIN_RE,
-    EXPRESSIONS,
     EXPR_TOKEN_RE,
+    EXPRESSIONS,
     FRACTION_RE,
     ISO_DATE_RE,
     MONEY_RE,

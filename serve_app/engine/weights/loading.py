@@ -142,8 +142,8 @@ def load_vocoder(cfg: ModelConfig) -> VocoderWeights:
 
 def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None) -> LoadedModel:
     """Resolve the weights and load them with ChatTTS's own ``Chat._load``."""
-    import torch
     import ChatTTS
+    import torch
 
     from ..quiet import quiet_libraries
 

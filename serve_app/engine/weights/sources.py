@@ -68,9 +68,7 @@ def _download_from_hub(timeout_s: float) -> Optional[Path]:
     try:
         from huggingface_hub import snapshot_download
 
-        path = snapshot_download(
-            repo_id="2Noise/ChatTTS", allow_patterns=["*.yaml", "*.json", "*.safetensors"]
-        )
+        path = snapshot_download(repo_id="2Noise/ChatTTS", allow_patterns=["*.yaml", "*.json", "*.safetensors"])
     except Exception as exc:  # noqa: BLE001 - any hub failure means "not available"
         log.warning("ChatTTS weights not reachable on the hub: %s", exc.__class__.__name__)
         return None

@@ -61,11 +61,39 @@ from .model import (
 from .states import FileStates, JobStates
 from .store import JobStore
 
-__all__ = ["ACTIVE", "JOB_ID_RE", "FileStat", "JobChunk", "JobFiles", "JobGone", "JobLimits", "JobPart", "JobStates", "JobStatus",
-           "JobStore", "Place", "StoredJob", "Usage", "audio_file_name", "captions_file_name",
-           "chapter_first_chunks", "check_room", "chunk_seed",
-           "cut_script", "cut_text", "default_jobs_dir", "estimated_pcm_bytes", "job_limits", "jobs_root", "make_job_store", "new_job_id",
-           "owner_tag", "split_chapters", "store_identity", "store_location"]
+__all__ = [
+    "ACTIVE",
+    "JOB_ID_RE",
+    "FileStat",
+    "JobChunk",
+    "JobFiles",
+    "JobGone",
+    "JobLimits",
+    "JobPart",
+    "JobStates",
+    "JobStatus",
+    "JobStore",
+    "Place",
+    "StoredJob",
+    "Usage",
+    "audio_file_name",
+    "captions_file_name",
+    "chapter_first_chunks",
+    "check_room",
+    "chunk_seed",
+    "cut_script",
+    "cut_text",
+    "default_jobs_dir",
+    "estimated_pcm_bytes",
+    "job_limits",
+    "jobs_root",
+    "make_job_store",
+    "new_job_id",
+    "owner_tag",
+    "split_chapters",
+    "store_identity",
+    "store_location",
+]
 
 
 def jobs_root(cfg: JobsSettings) -> Path:
@@ -110,5 +138,6 @@ def make_job_store(cfg: JobsSettings) -> JobStore:
 
 
 def job_limits(cfg: JobsSettings) -> JobLimits:
-    return JobLimits(max_active=cfg.max_active_jobs_per_key, max_jobs=cfg.max_jobs_per_key,
-                     max_bytes=cfg.max_bytes_per_key)
+    return JobLimits(
+        max_active=cfg.max_active_jobs_per_key, max_jobs=cfg.max_jobs_per_key, max_bytes=cfg.max_bytes_per_key
+    )

@@ -40,10 +40,10 @@ def _cut(text: str, pattern: re.Pattern) -> list[str]:
     whitespace follows it."""
     out, start = [], 0
     for m in pattern.finditer(text):
-        if m.lastindex == 1 and not text[m.end():m.end() + 1].isspace():
+        if m.lastindex == 1 and not text[m.end() : m.end() + 1].isspace():
             continue
         if m.end() > start:
-            out.append(text[start:m.end()])
+            out.append(text[start : m.end()])
             start = m.end()
     if start < len(text):
         out.append(text[start:])
@@ -88,10 +88,14 @@ def _packed(paragraph: str, limit: int) -> list[str]:
 # or two blank lines and more.
 MAX_HEADING_CHARS = 80
 MAX_CJK_HEADING_CHARS = 30
-_NUMBER_WORDS = ("one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
-                 "sixteen|seventeen|eighteen|nineteen|twenty")
+_NUMBER_WORDS = (
+    "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    "sixteen|seventeen|eighteen|nineteen|twenty"
+)
 _MARKDOWN_HEADING_RE = re.compile(r"^#{1,6}\s+\S")
-_CJK_HEADING_RE = re.compile(r"^(?:第[0-9０-９零〇一二三四五六七八九十百千两]+[章回节卷部篇集幕]|序章|序言|楔子|引子|前言|尾声|后记|番外|终章)")
+_CJK_HEADING_RE = re.compile(
+    r"^(?:第[0-9０-９零〇一二三四五六七八九十百千两]+[章回节卷部篇集幕]|序章|序言|楔子|引子|前言|尾声|后记|番外|终章)"
+)
 # After the number (or the named part): the line's end, a mark, or a title in capitals.
 _LATIN_HEADING_RE = re.compile(
     rf"^(?i:(?:chapter|part|book|act|section)\s+(?:[0-9]+|[ivxlc]+|{_NUMBER_WORDS})"
@@ -135,8 +139,14 @@ def split_chapters(text: str) -> list[tuple[Optional[str], str]]:
     return [(title, body) for title, body in out if is_speakable(body)]
 
 
-def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float,
-             chapters: Optional[list[tuple[Optional[str], str]]] = None, chapter_pause_s: float = 0.0) -> list[JobChunk]:
+def cut_text(
+    text: str,
+    seed: int,
+    chunk_chars: int,
+    paragraph_pause_s: float,
+    chapters: Optional[list[tuple[Optional[str], str]]] = None,
+    chapter_pause_s: float = 0.0,
+) -> list[JobChunk]:
     """The job's chunks in order, each with its seed, its chapter and the silence after it
     (``paragraph_pause_s`` after a paragraph's last chunk, at least ``chapter_pause_s`` after a
     chapter's, none after the job's last). ``chapters``: the text as ``split_chapters`` cut it
@@ -151,15 +161,18 @@ def cut_text(text: str, seed: int, chunk_chars: int, paragraph_pause_s: float,
             texts += [(p, paragraph_pause_s if i == len(pieces) - 1 else 0.0, index) for i, p in enumerate(pieces)]
         if texts and texts[-1][2] == index:
             texts[-1] = (texts[-1][0], max(texts[-1][1], chapter_pause_s), index)
-    chunks = [JobChunk(text=t, seed=chunk_seed(seed, k), pause_after=pause, chapter=chapter)
-              for k, (t, pause, chapter) in enumerate(texts)]
+    chunks = [
+        JobChunk(text=t, seed=chunk_seed(seed, k), pause_after=pause, chapter=chapter)
+        for k, (t, pause, chapter) in enumerate(texts)
+    ]
     if chunks:
         chunks[-1].pause_after = 0.0
     return chunks
 
 
-def cut_script(parts: list[JobPart], seed: int, chunk_chars: int,
-               max_silence_s: Optional[float] = None) -> list[JobChunk]:
+def cut_script(
+    parts: list[JobPart], seed: int, chunk_chars: int, max_silence_s: Optional[float] = None
+) -> list[JobChunk]:
     """An SSML or dialogue job's chunks: its script's parts in order, packed into chunks of at
     most ``chunk_chars`` characters of text (a chunk of several short turns decodes them as
     parallel rows); a longer part is cut as ``cut_text`` cuts a paragraph, its pause before it
@@ -176,8 +189,11 @@ def cut_script(parts: list[JobPart], seed: int, chunk_chars: int,
         at = 0
         for n, text in enumerate(_packed(part.text, chunk_chars)):
             offset = None if part.offset is None else part.offset + at
-            pieces.append(part.model_copy(update={"text": text, "offset": offset,
-                                                  "pause_before": part.pause_before if n == 0 else 0.0}))
+            pieces.append(
+                part.model_copy(
+                    update={"text": text, "offset": offset, "pause_before": part.pause_before if n == 0 else 0.0}
+                )
+            )
             at += len(text)
     groups: list[list[JobPart]] = []
     size = 0
@@ -191,8 +207,10 @@ def cut_script(parts: list[JobPart], seed: int, chunk_chars: int,
         groups[-1].append(piece)
         size += len(piece.text)
         silence += piece.pause_before
-    return [JobChunk(text="".join(p.text for p in group), seed=chunk_seed(seed, k), parts=group)
-            for k, group in enumerate(groups)]
+    return [
+        JobChunk(text="".join(p.text for p in group), seed=chunk_seed(seed, k), parts=group)
+        for k, group in enumerate(groups)
+    ]
 
 
 def estimated_pcm_bytes(chunks: list[JobChunk], speed: float) -> int:
@@ -200,8 +218,9 @@ def estimated_pcm_bytes(chunks: list[JobChunk], speed: float) -> int:
     (numbers read out are several times longer than written). A job reserves from its
     normalised plan instead (``planning.py``)."""
     level = speed_tag_level(speed)
-    seconds = sum(expected_seconds(c.text, level) + c.pause_after + sum(p.pause_before for p in c.parts or [])
-                  for c in chunks)
+    seconds = sum(
+        expected_seconds(c.text, level) + c.pause_after + sum(p.pause_before for p in c.parts or []) for c in chunks
+    )
     return int(seconds * SAMPLE_RATE * PCM_BYTES_PER_SAMPLE)
 
 

@@ -25,11 +25,11 @@ from typing import Iterable, Iterator, Optional
 
 from .files import JobFiles, Place
 from .model import (
+    CHUNKS_FILE,
     JOB_ID_RE,
     LOCK_TIMEOUT_S,
     OWNER_TAG_RE,
     STALE_TEMP_S,
-    CHUNKS_FILE,
     FileStat,
     JobGone,
 )

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...engine.errors import JobQuotaExceeded, TooManyJobs
-from ...engine.types import SynthesisOptions, Voice
+from ...engine.types import SynthesisOptions
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ACTIVE: tuple[str, ...] = ("queued", "running")
@@ -73,8 +73,11 @@ def captions_file_name(job: "StoredJob", chapter: Optional[int] = None) -> str:
     return f"chapters/{int(chapter)}.{job.captions}"
 
 
-def chunks_document(chunks: list["JobChunk"], voice: Optional[dict[str, Any]] = None,
-                    script_voices: Optional[list[dict[str, Any]]] = None) -> bytes:
+def chunks_document(
+    chunks: list["JobChunk"],
+    voice: Optional[dict[str, Any]] = None,
+    script_voices: Optional[list[dict[str, Any]]] = None,
+) -> bytes:
     """``chunks.json``: the chunks and the job's voices, fixed when it is made (the voices here, not
     in ``job.json``, which the runner rewrites after every chunk). Encoded chunk by chunk and voice
     by voice: one ``json.dumps`` of a whole book holds the GIL, and with it the Ingress's loop."""
@@ -99,8 +102,11 @@ def parse_chunks_document(data: bytes, job: "StoredJob") -> JobScript:
     doc = json.loads(data)
     if isinstance(doc, list):
         return JobScript([JobChunk.model_validate(c) for c in doc], job.voice, job.script_voices)
-    return JobScript([JobChunk.model_validate(c) for c in doc["chunks"]], doc.get("voice") or job.voice,
-                     doc.get("script_voices") or job.script_voices)
+    return JobScript(
+        [JobChunk.model_validate(c) for c in doc["chunks"]],
+        doc.get("voice") or job.voice,
+        doc.get("script_voices") or job.script_voices,
+    )
 
 
 def default_jobs_dir() -> Path:
@@ -209,7 +215,6 @@ class StoredJob(BaseModel):
     def synthesis_options(self) -> SynthesisOptions:
         return SynthesisOptions.model_validate(self.options)
 
-
     def to_json(self) -> str:
         return self.model_dump_json()
 
@@ -249,11 +254,16 @@ def check_room(used: Usage, limits: JobLimits, reserved: int = 0) -> None:
     """Refuse a new job of ``reserved`` bytes: 429 while the owner has its active jobs, 409 when
     it keeps as many jobs or bytes as it may."""
     if used.active >= limits.max_active:
-        raise TooManyJobs(f"{used.active} of your jobs are queued or running; at most {limits.max_active} at once "
-                          "(jobs.max_active_jobs_per_key): retry once one has finished")
+        raise TooManyJobs(
+            f"{used.active} of your jobs are queued or running; at most {limits.max_active} at once "
+            "(jobs.max_active_jobs_per_key): retry once one has finished"
+        )
     if used.jobs >= limits.max_jobs:
-        raise JobQuotaExceeded(f"you keep {used.jobs} jobs; at most {limits.max_jobs} (jobs.max_jobs_per_key): "
-                               "delete finished ones first")
+        raise JobQuotaExceeded(
+            f"you keep {used.jobs} jobs; at most {limits.max_jobs} (jobs.max_jobs_per_key): delete finished ones first"
+        )
     if used.bytes + reserved > limits.max_bytes:
-        raise JobQuotaExceeded(f"your jobs hold {used.bytes} bytes and this one needs about {reserved}; at most "
-                               f"{limits.max_bytes} (jobs.max_bytes_per_key): delete finished ones or send less text")
+        raise JobQuotaExceeded(
+            f"your jobs hold {used.bytes} bytes and this one needs about {reserved}; at most "
+            f"{limits.max_bytes} (jobs.max_bytes_per_key): delete finished ones or send less text"
+        )

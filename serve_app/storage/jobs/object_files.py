@@ -130,7 +130,12 @@ class ObjectFiles(JobFiles):
         for tag in self.owners():
             for e in self.objects.ls(tag):
                 job_id = e.name[: -len(GONE)]
-                if not e.folder and e.name.endswith(GONE) and JOB_ID_RE.fullmatch(job_id) and now - e.mtime > STALE_TEMP_S:
+                if (
+                    not e.folder
+                    and e.name.endswith(GONE)
+                    and JOB_ID_RE.fullmatch(job_id)
+                    and now - e.mtime > STALE_TEMP_S
+                ):
                     place = Place(tag, job_id)
                     self.objects.delete_tree(place.key())  # what a writer that died mid-way left
                     self.objects.delete(self._gone(place))

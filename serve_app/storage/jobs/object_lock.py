@@ -35,8 +35,14 @@ _DIGITS = 16
 
 
 class ObjectLock:
-    def __init__(self, objects: Objects, folder: str, ttl_s: float = LOCK_TTL_S, timeout_s: float = LOCK_TIMEOUT_S,
-                 poll_s: float = 0.05):
+    def __init__(
+        self,
+        objects: Objects,
+        folder: str,
+        ttl_s: float = LOCK_TTL_S,
+        timeout_s: float = LOCK_TIMEOUT_S,
+        poll_s: float = 0.05,
+    ):
         self.objects = objects
         self.folder = folder
         self.ttl_s = ttl_s
@@ -48,8 +54,11 @@ class ObjectLock:
         return f"{self.folder}/{n:0{_DIGITS}d}"
 
     def _tickets(self) -> list[int]:
-        return sorted(int(e.name) for e in self.objects.ls(self.folder)
-                      if not e.folder and len(e.name) == _DIGITS and e.name.isdigit())
+        return sorted(
+            int(e.name)
+            for e in self.objects.ls(self.folder)
+            if not e.folder and len(e.name) == _DIGITS and e.name.isdigit()
+        )
 
     def _free(self, n: int) -> Optional[bool]:
         """Whether ticket ``n`` leaves the lock free; None when it is gone (collected meanwhile)."""
@@ -77,7 +86,7 @@ class ObjectLock:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the job store's owner lock {self.folder} is busy")
             # Backing off: waiters' polls are requests too (billed, and in the holder's way).
-            time.sleep(min(self.poll_s * 2 ** waits, MAX_POLL_S) * (0.5 + random.random()))
+            time.sleep(min(self.poll_s * 2**waits, MAX_POLL_S) * (0.5 + random.random()))
             waits += 1
 
     def release(self) -> None:

@@ -170,8 +170,9 @@ class Objects:
         if not keys:
             return {}
         with self._guard:
-            found = self.fs.cat_ranges([self._path(k) for k in keys], None, None, on_error="return",
-                                       **self._read_options)
+            found = self.fs.cat_ranges(
+                [self._path(k) for k in keys], None, None, on_error="return", **self._read_options
+            )
         out: dict[str, bytes] = {}
         for key, data in zip(keys, found):
             if isinstance(data, bytes):
@@ -207,8 +208,11 @@ class Objects:
         except (FileNotFoundError, NotADirectoryError):
             return []
         own = self._path(key).rstrip("/")
-        return [Entry(self._name(i["name"]), i.get("type") == "directory", int(i.get("size") or 0), _mtime(i))
-                for i in infos if i["name"].rstrip("/") != own]
+        return [
+            Entry(self._name(i["name"]), i.get("type") == "directory", int(i.get("size") or 0), _mtime(i))
+            for i in infos
+            if i["name"].rstrip("/") != own
+        ]
 
     def newest(self, key: str) -> Optional[float]:
         """When the newest object under ``key`` was written; None when there is none."""
@@ -297,8 +301,10 @@ def check_exclusive_create(objects: Objects, key: str) -> None:
             raise RuntimeError(f"{objects.url}: could not create a probe object")
     try:
         if objects.put_new(key, b"2"):
-            raise RuntimeError(f"{objects.url}: the store ignores exclusive creates (If-None-Match: *); the job "
-                               "store's per-owner lock needs them (AWS S3 has them since August 2024), or keep "
-                               "job state in Redis (jobs.redis_url)")
+            raise RuntimeError(
+                f"{objects.url}: the store ignores exclusive creates (If-None-Match: *); the job "
+                "store's per-owner lock needs them (AWS S3 has them since August 2024), or keep "
+                "job state in Redis (jobs.redis_url)"
+            )
     finally:
         objects.delete(key)

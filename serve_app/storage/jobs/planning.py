@@ -26,9 +26,20 @@ PIECE_CHARS = 20_000  # text planned per thread call: ~0.1-0.6 s of CPU, so a st
 
 def script_parts(chunk: JobChunk, voices: list[Voice]) -> list[ScriptPart]:
     """A script chunk's parts as the planner takes them (``voices``: the job's, by index)."""
-    return [ScriptPart(p.text, voices[p.voice], speed=p.speed, prompt=p.prompt, offset=p.offset, span=p.span,
-                       pause_before=p.pause_before, speaker=p.speaker, turn=p.turn)
-            for p in chunk.parts or []]
+    return [
+        ScriptPart(
+            p.text,
+            voices[p.voice],
+            speed=p.speed,
+            prompt=p.prompt,
+            offset=p.offset,
+            span=p.span,
+            pause_before=p.pause_before,
+            speaker=p.speaker,
+            turn=p.turn,
+        )
+        for p in chunk.parts or []
+    ]
 
 
 def pieces(chunks: list[JobChunk], max_chars: int = PIECE_CHARS) -> Iterator[tuple[int, int]]:
@@ -60,9 +71,17 @@ class JobPlanner:
         self._planner: Optional[Planner] = None
         self._lock = threading.Lock()
 
-    def seconds(self, chunks: list[JobChunk], start: int, end: int, options: SynthesisOptions,
-                voice: Optional[Voice], voices: list[Voice], client: str,
-                seen: Optional[dict[str, float]] = None) -> list[float]:
+    def seconds(
+        self,
+        chunks: list[JobChunk],
+        start: int,
+        end: int,
+        options: SynthesisOptions,
+        voice: Optional[Voice],
+        voices: list[Voice],
+        client: str,
+        seen: Optional[dict[str, float]] = None,
+    ) -> list[float]:
         """Chunks [start, end)'s planned audio (speech, the plan's silence and the pause after
         each), seconds; ``RequestTooLarge`` naming the first chunk the planner refuses. ``seen``:
         a plain chunk's text -> its seconds (a run of one character is many equal chunks)."""
@@ -73,8 +92,16 @@ class JobPlanner:
                 self._planner = planner
             return [self._one(k, chunks[k], options, voice, voices, client, seen) for k in range(start, end)]
 
-    def _one(self, k: int, chunk: JobChunk, options: SynthesisOptions, voice: Optional[Voice], voices: list[Voice],
-             client: str, seen: Optional[dict[str, float]]) -> float:
+    def _one(
+        self,
+        k: int,
+        chunk: JobChunk,
+        options: SynthesisOptions,
+        voice: Optional[Voice],
+        voices: list[Voice],
+        client: str,
+        seen: Optional[dict[str, float]],
+    ) -> float:
         assert self._planner is not None
         if chunk.parts is None and seen is not None and chunk.text in seen:
             return seen[chunk.text] + chunk.pause_after
@@ -88,8 +115,9 @@ class JobPlanner:
         except EmptyInputError:
             own = 0.0  # the runner makes it an empty chunk
         except RequestTooLarge as exc:
-            raise RequestTooLarge(f"chunk {k} of the job (from {chunk.text[:40]!r}) is too large for one "
-                                  f"synthesis: {exc}") from None
+            raise RequestTooLarge(
+                f"chunk {k} of the job (from {chunk.text[:40]!r}) is too large for one synthesis: {exc}"
+            ) from None
         if chunk.parts is None and seen is not None:
             seen[chunk.text] = own
         return own + chunk.pause_after

@@ -55,7 +55,9 @@ class RedisStates(JobStates):
                 while True:
                     try:
                         pipe.watch(own)
-                        keys = [self._key(i.decode()) for i in pipe.zrange(own, 0, -1) if JOB_ID_RE.fullmatch(i.decode())]
+                        keys = [
+                            self._key(i.decode()) for i in pipe.zrange(own, 0, -1) if JOB_ID_RE.fullmatch(i.decode())
+                        ]
                         if keys:
                             pipe.watch(*keys)  # their progress changes the bytes they hold
                         docs = pipe.mget(keys) if keys else []
@@ -98,5 +100,7 @@ class RedisStates(JobStates):
 
     def remove(self, job: StoredJob) -> bool:
         with self._redis.pipeline(transaction=True) as pipe:
-            deleted, _, _ = pipe.delete(self._key(job.id)).zrem(self._own(job.owner), job.id).zrem(self._ids, job.id).execute()
+            deleted, _, _ = (
+                pipe.delete(self._key(job.id)).zrem(self._own(job.owner), job.id).zrem(self._ids, job.id).execute()
+            )
         return bool(deleted)

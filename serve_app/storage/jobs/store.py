@@ -21,12 +21,12 @@ from .model import (
     JobChunk,
     JobGone,
     JobLimits,
+    JobScript,
     StoredJob,
     Usage,
     audio_file_name,
     captions_file_name,
     chunk_file,
-    JobScript,
     chunks_document,
     parse_chunks_document,
     timing_file,
@@ -52,8 +52,14 @@ class JobStore:
     def usage(self, owner: str) -> Usage:
         return usage_of(self.states.jobs(owner))
 
-    def create(self, job: StoredJob, chunks: list[JobChunk], limits: JobLimits,
-               voice: Optional[dict] = None, script_voices: Optional[list[dict]] = None) -> StoredJob:
+    def create(
+        self,
+        job: StoredJob,
+        chunks: list[JobChunk],
+        limits: JobLimits,
+        voice: Optional[dict] = None,
+        script_voices: Optional[list[dict]] = None,
+    ) -> StoredJob:
         """Store a new job, its owner's limits checked atomically with the write (``TooManyJobs``,
         ``JobQuotaExceeded``): concurrent submissions of one owner cannot both pass. Its files
         are written first; the job appears (whole) when its state does. ``voice`` and
@@ -61,8 +67,9 @@ class JobStore:
         doc = chunks_document(chunks, voice, script_voices)
         job.input_bytes = job.bytes = len(doc)
         place = Place.of(job)
-        self.states.create(job, limits, stage=lambda: self.files.make_place(place, doc),
-                           unstage=lambda: self.files.remove_place(place))
+        self.states.create(
+            job, limits, stage=lambda: self.files.make_place(place, doc), unstage=lambda: self.files.remove_place(place)
+        )
         return job
 
     def get(self, job_id: str, owner: str, admin: bool = False) -> Optional[StoredJob]:
@@ -118,8 +125,11 @@ class JobStore:
         """Chunk index -> PCM samples of every chunk stored whole; drops what a run cut short.
         Call it only while nothing writes the job's chunks (when the runner takes the job up)."""
         listing = self.files.listing(Place.of(job), CHUNKS_FOLDER)
-        return {int(name[: -len(_CHUNK_NAME)]): size // PCM_BYTES_PER_SAMPLE for name, size in listing.items()
-                if name.endswith(_CHUNK_NAME) and name[: -len(_CHUNK_NAME)].isdigit()}
+        return {
+            int(name[: -len(_CHUNK_NAME)]): size // PCM_BYTES_PER_SAMPLE
+            for name, size in listing.items()
+            if name.endswith(_CHUNK_NAME) and name[: -len(_CHUNK_NAME)].isdigit()
+        }
 
     def put_chunk(self, job: StoredJob, index: int, pcm: bytes, timing: Optional[list] = None) -> None:
         """Store a chunk's PCM whole or not at all, its ``timing`` (``[[start, end, text, speaker], ...]``,

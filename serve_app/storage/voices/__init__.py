@@ -29,7 +29,6 @@ voice's content (``Voice.cache_id``), never its name, id or owner, so replacing 
 serves stale audio.
 """
 
-
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -55,9 +54,24 @@ from .model import (
 from .redis_store import RedisVoiceStore
 from .store import MemoryVoiceStore, VoiceStore
 
-__all__ = ["ANONYMOUS", "VOICE_ID_RE", "DirectoryVoiceStore", "MemoryVoiceStore", "RedisVoiceStore", "StoredVoice",
-           "VoiceCatalog", "VoiceKind", "VoiceStore", "check_name", "clean_transcript", "index_key", "make_voice_store",
-           "name_key", "new_voice_id", "stored_voice"]
+__all__ = [
+    "ANONYMOUS",
+    "VOICE_ID_RE",
+    "DirectoryVoiceStore",
+    "MemoryVoiceStore",
+    "RedisVoiceStore",
+    "StoredVoice",
+    "VoiceCatalog",
+    "VoiceKind",
+    "VoiceStore",
+    "check_name",
+    "clean_transcript",
+    "index_key",
+    "make_voice_store",
+    "name_key",
+    "new_voice_id",
+    "stored_voice",
+]
 
 
 def make_voice_store(cfg: VoiceStoreConfig) -> VoiceStore:
@@ -106,6 +120,8 @@ class VoiceCatalog:
     async def cards(self, owner: str, admin: bool = False) -> list[dict[str, Any]]:
         """``GET /v1/audio/voices``: the built-in voices, then ``owner``'s custom ones (an
         admin's: everyone's, each with its owner), oldest first."""
-        builtin = [{"id": v["id"], "object": "voice", "name": v["id"], "kind": "builtin", "seed": v["seed"]}
-                   for v in list_voices()]
+        builtin = [
+            {"id": v["id"], "object": "voice", "name": v["id"], "kind": "builtin", "seed": v["seed"]}
+            for v in list_voices()
+        ]
         return builtin + [v.summary() for v in await self.store.list(owner, admin=admin)]

@@ -72,8 +72,14 @@ class StoredVoice(BaseModel):
     def summary(self) -> dict[str, Any]:
         """What the create and list answers show (no speaker or codes: they are long). ``owner``:
         the key id it belongs to (a caller's own; an admin sees every owner's)."""
-        out = {"id": self.id, "object": "voice", "name": self.name, "kind": self.kind, "created_at": self.created_at,
-               "owner": self.owner}
+        out = {
+            "id": self.id,
+            "object": "voice",
+            "name": self.name,
+            "kind": self.kind,
+            "created_at": self.created_at,
+            "owner": self.owner,
+        }
         if self.seed is not None:
             out["seed"] = self.seed
         if self.clip_seconds is not None:
@@ -82,8 +88,13 @@ class StoredVoice(BaseModel):
 
     def detail(self) -> dict[str, Any]:
         """``GET /v1/audio/voices/{id}``: everything a user needs to keep this voice elsewhere."""
-        return {**self.summary(), "speaker": self.speaker, "sample": self.sample, "transcript": self.transcript,
-                "content_hash": self.voice().cache_id}
+        return {
+            **self.summary(),
+            "speaker": self.speaker,
+            "sample": self.sample,
+            "transcript": self.transcript,
+            "content_hash": self.voice().cache_id,
+        }
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -140,12 +151,20 @@ def clean_transcript(text: Any, max_chars: int) -> str:
     """The clip's transcript as ChatTTS reads it before the text (``txt_smp``): internal tokens
     such as ``[spk_emb]`` cannot get in (only control tags keep their brackets)."""
     if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "a voice made from a clip needs its 'transcript': the words spoken in the clip",
-                       param="transcript", code="missing_transcript")
+        raise APIError(
+            400,
+            "a voice made from a clip needs its 'transcript': the words spoken in the clip",
+            param="transcript",
+            code="missing_transcript",
+        )
     text = " ".join(strip_stray_brackets(text.replace("\x00", " ")).split())
     if len(text) > max_chars:
-        raise APIError(400, f"transcript is {len(text)} characters; the limit is {max_chars}", param="transcript",
-                       code="transcript_too_long")
+        raise APIError(
+            400,
+            f"transcript is {len(text)} characters; the limit is {max_chars}",
+            param="transcript",
+            code="transcript_too_long",
+        )
     return text
 
 
@@ -155,13 +174,22 @@ def new_voice_id() -> str:
 
 def store_unavailable(exc: BaseException) -> APIError:
     log.warning("voice store failed: %s: %s", exc.__class__.__name__, exc)
-    return APIError(503, "voice store unavailable; retry shortly", type="server_error", code="voice_store_unavailable",
-                    headers={"Retry-After": "2"})
+    return APIError(
+        503,
+        "voice store unavailable; retry shortly",
+        type="server_error",
+        code="voice_store_unavailable",
+        headers={"Retry-After": "2"},
+    )
 
 
 def name_taken(name: str) -> APIError:
-    return APIError(409, f"a voice named {name!r} exists already; delete it first or pick another name", param="name",
-                    code="voice_exists")
+    return APIError(
+        409,
+        f"a voice named {name!r} exists already; delete it first or pick another name",
+        param="name",
+        code="voice_exists",
+    )
 
 
 def store_full(limit: int) -> APIError:
@@ -169,8 +197,9 @@ def store_full(limit: int) -> APIError:
 
 
 def quota_reached(limit: int) -> APIError:
-    return APIError(409, f"this API key owns its limit of custom voices ({limit}); delete one first",
-                    code="voice_quota_exceeded")
+    return APIError(
+        409, f"this API key owns its limit of custom voices ({limit}); delete one first", code="voice_quota_exceeded"
+    )
 
 
 def check_room(owned: int, total: int, max_owned: int, max_voices: int) -> None:

@@ -79,8 +79,9 @@ class RedisVoiceStore(VoiceStore):
         from redis.asyncio import Redis
 
         assert cfg.redis_url is not None
-        self._redis = Redis.from_url(cfg.redis_url, socket_timeout=cfg.redis_timeout_s,
-                                     socket_connect_timeout=cfg.redis_timeout_s)
+        self._redis = Redis.from_url(
+            cfg.redis_url, socket_timeout=cfg.redis_timeout_s, socket_connect_timeout=cfg.redis_timeout_s
+        )
         self._names = f"{cfg.redis_prefix}:names"
         self._ids = f"{cfg.redis_prefix}:ids"
         self._owners = f"{cfg.redis_prefix}:owners"
@@ -118,7 +119,7 @@ class RedisVoiceStore(VoiceStore):
                 owned.update(await self._redis.zrange(f"{self.cfg.redis_prefix}:own:{tag.decode()}", 0, -1))
         legacy = [(i.decode(), score) for i, score in scored if i not in owned and VOICE_ID_RE.fullmatch(i.decode())]
         for start in range(0, len(legacy), 500):
-            batch = legacy[start:start + 500]
+            batch = legacy[start : start + 500]
             keys = [self._own(ANONYMOUS), self._ids, self._owners, *(self._key(i) for i, _ in batch)]
             args = [owner_tag(ANONYMOUS), *(x for voice_id, score in batch for x in (voice_id, int(score)))]
             adopted = await self._adopt_script(keys=keys, args=args)
@@ -133,9 +134,18 @@ class RedisVoiceStore(VoiceStore):
     async def _create(self, voice: StoredVoice, doc: str, max_owned: int) -> None:
         keys = [self._names, self._ids, self._key(voice.id), self._own(voice.owner), self._owners]
         # Scored by creation in microseconds: the list keeps creation order within a second.
-        code = await self._create_script(keys=keys, args=[index_key(voice.owner, voice.name), voice.id, doc,
-                                                          time.time_ns() // 1000, self.cfg.max_voices, max_owned,
-                                                          owner_tag(voice.owner)])
+        code = await self._create_script(
+            keys=keys,
+            args=[
+                index_key(voice.owner, voice.name),
+                voice.id,
+                doc,
+                time.time_ns() // 1000,
+                self.cfg.max_voices,
+                max_owned,
+                owner_tag(voice.owner),
+            ],
+        )
         if code == 1:
             raise name_taken(voice.name)
         if code == 3:
@@ -161,8 +171,10 @@ class RedisVoiceStore(VoiceStore):
         return [StoredVoice.model_validate_json(d) for d in docs if d is not None]
 
     async def _find_name(self, name_hash: str) -> list[StoredVoice]:
-        found = {k.decode(): v.decode() async for k, v in self._redis.hscan_iter(self._names, match=f"*{name_hash}",
-                                                                                  count=500)}
+        found = {
+            k.decode(): v.decode()
+            async for k, v in self._redis.hscan_iter(self._names, match=f"*{name_hash}", count=500)
+        }
         return await self._docs([found[k] for k in same_name_keys(found, name_hash)])
 
     async def _list(self, owner: Optional[str]) -> list[StoredVoice]:

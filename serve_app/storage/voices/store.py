@@ -44,8 +44,11 @@ class VoiceStore(ABC):
         full, 413 over the size limit, 503 when the backend fails."""
         doc = voice.to_json()
         if len(doc.encode()) > self.cfg.max_voice_bytes:
-            raise APIError(413, f"voice is {len(doc.encode())} bytes stored; the limit is {self.cfg.max_voice_bytes}",
-                           code="voice_too_large")
+            raise APIError(
+                413,
+                f"voice is {len(doc.encode())} bytes stored; the limit is {self.cfg.max_voice_bytes}",
+                code="voice_too_large",
+            )
         await self._guard(self._create, voice, doc, self.owned_limit(max_owned))
         return voice
 
