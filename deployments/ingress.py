@@ -21,7 +21,8 @@ from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
-from serve_app.http.jobs import CREATE_JOB_OPENAPI, JOBS_PATH, JobsService
+from serve_app.http.job_request import CREATE_JOB_OPENAPI
+from serve_app.http.jobs import JOBS_PATH, JobsService
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.request_log import RequestRecord

@@ -20,42 +20,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import gc
 import json
 import logging
-import re
 import time
 from typing import Any, Optional
 
 from fastapi import Request
-from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from fastapi.responses import JSONResponse, Response
 
-from ..engine.audio import CONTENT_TYPES, SAMPLE_RATE
+from ..engine.audio import CONTENT_TYPES
 from ..engine.captions import CAPTION_TYPES
 from ..engine.config import SegmentLimits
 from ..engine.errors import EmptyInputError, JobError, JobNotReady, JobQuotaExceeded, UnknownJobError
 from ..engine.types import ScriptPart, Voice
 from ..engine.voices import effective_seed
-from ..errors import APIError, as_api_error, invalid_value
+from ..errors import APIError, as_api_error
 from ..protocol import (
-    MAX_JOB_TURNS,
     AudioJob,
     AudioJobDeleted,
     AudioJobList,
-    DialogueTurn,
-    JobChapter,
-    JobFailure,
-    JobProgress,
     JobRequest,
 )
 from ..serving.jobs import job_runner
 from ..settings import JobsSettings
 from ..storage.jobs import (
     JOB_ID_RE,
-    JobPart,
-    JobStore,
     StoredJob,
     audio_file_name,
     captions_file_name,
@@ -70,323 +59,17 @@ from ..storage.jobs import (
 )
 from ..storage.jobs.planning import JobPlanner, pieces, reservation
 from ..storage.voices import VoiceCatalog
-from .errors import read_form
-from .ranged import RangedResponse
+from .job_request import read_job_request
+from .job_script import CollectorDeferred, ThreadVoices, job_parts
+from .job_views import JOBS_PATH, file_response, job_view, not_found, store_call
 from .script import dialogue_script, speech_script, style_headers, styled
 from .security import ANONYMOUS, Caller
 from .speech import check_model
 
 log = logging.getLogger("ray.serve")
 
-JOBS_PATH = "/v1/audio/jobs"
 RUNNER_PING_S = 5.0  # how soon a restarted runner (or a new app version's settings) is told the settings
 RUNNER_CALL_S = 5.0
-_FORM_FIELDS = set(JobRequest.model_fields) | {"file"}
-
-
-def _inlined(schema: dict) -> dict:
-    """A pydantic JSON schema with its ``$defs`` written in place: refs to ``#/$defs/...`` mean
-    nothing inside the OpenAPI document it goes into."""
-    defs = schema.pop("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return walk(defs[ref.rsplit("/", 1)[1]])
-            return {k: walk(v) for k, v in node.items()}
-        return [walk(x) for x in node] if isinstance(node, list) else node
-
-    return walk(schema)
-
-
-# The create route reads its body itself (JSON, text or a form), so FastAPI cannot infer this.
-CREATE_JOB_OPENAPI = {
-    "requestBody": {
-        "content": {
-            "application/json": {"schema": _inlined(JobRequest.model_json_schema())},
-            "text/plain": {"schema": {"type": "string", "description": "The text; the options as query parameters."}},
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": "The text, UTF-8."},
-                        "voice": {"type": "string"},
-                        "response_format": {"type": "string"},
-                        "seed": {"type": "integer"},
-                        "speed": {"type": "number"},
-                    },
-                }
-            },
-        }
-    }
-}
-
-
-def _bad(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def _validated(fields: dict[str, Any]) -> JobRequest:
-    try:
-        return JobRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise invalid_value(exc.errors()) from None
-
-
-SMALL_BODY = 64 * 1024  # parsed in one call (a few ms at most)
-TURNS_PER_PIECE = 1000  # turns validated per pydantic call (~20 ms, the GIL held throughout)
-_TURNS = TypeAdapter(list[DialogueTurn])
-
-
-def _validated_in_pieces(fields: dict[str, Any]) -> JobRequest:
-    """``_validated``, a long dialogue's turns a piece at a time: one call over 100,000 turns holds
-    the GIL (and so the Ingress's loop, even from a thread) for seconds. Blocking: in a thread."""
-    turns = fields.get("turns")
-    if not isinstance(turns, list) or len(turns) <= TURNS_PER_PIECE:
-        return _validated(fields)
-    if len(turns) > MAX_JOB_TURNS:  # counted before any is read
-        raise APIError(
-            400,
-            f"a job has at most {MAX_JOB_TURNS} turns; this one has {len(turns)}",
-            param="turns",
-            code="invalid_value",
-        )
-    req = _validated({**fields, "turns": turns[:1]})
-    out: list[DialogueTurn] = []
-    for start in range(0, len(turns), TURNS_PER_PIECE):
-        try:
-            out += _TURNS.validate_python(turns[start : start + TURNS_PER_PIECE])
-        except ValidationError as exc:
-            errors = [{**e, "loc": ("turns", start + e["loc"][0], *e["loc"][1:])} for e in exc.errors()]
-            raise invalid_value(errors) from None
-    req.turns = out
-    return req
-
-
-_WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
-
-
-def _ws(text: str, i: int) -> int:
-    m = _WS.match(text, i)
-    return m.end() if m else i
-
-
-def loads_object(text: str) -> dict[str, Any]:
-    """``json.loads`` of a JSON object, its arrays read element by element: one ``json.loads`` of
-    a body of 100,000 turns holds the GIL for half a second (the C scanner never lets go), from
-    any thread. Each call here reads one value (one turn, one string), then lets the GIL go
-    round. ``ValueError`` for what is not a JSON object. Blocking: in a thread."""
-    i = _ws(text, 0)
-    if not text.startswith("{", i):
-        raise ValueError("not an object")
-    out: dict[str, Any] = {}
-    i = _ws(text, i + 1)
-    if text.startswith("}", i):
-        i += 1
-    else:
-        while True:
-            if not text.startswith('"', i):
-                raise ValueError("expected a key")
-            key, i = _DECODER.raw_decode(text, i)
-            i = _ws(text, i)
-            if not text.startswith(":", i):
-                raise ValueError("expected ':'")
-            i = _ws(text, i + 1)
-            if text.startswith("[", i):
-                items: list[Any] = []
-                i = _ws(text, i + 1)
-                if text.startswith("]", i):
-                    i += 1
-                else:
-                    while True:
-                        value, i = _DECODER.raw_decode(text, i)
-                        items.append(value)
-                        i = _ws(text, i)
-                        if text.startswith(",", i):
-                            i = _ws(text, i + 1)
-                        elif text.startswith("]", i):
-                            i += 1
-                            break
-                        else:
-                            raise ValueError("expected ',' or ']'")
-                out[key] = items
-            else:
-                out[key], i = _DECODER.raw_decode(text, i)
-            i = _ws(text, i)
-            if text.startswith(",", i):
-                i = _ws(text, i + 1)
-            elif text.startswith("}", i):
-                i += 1
-                break
-            else:
-                raise ValueError("expected ',' or '}'")
-    if _ws(text, i) != len(text):
-        raise ValueError("extra data")
-    return out
-
-
-def _parse_body(raw: bytes) -> JobRequest:
-    """A JSON body as a ``JobRequest`` (blocking: in a thread)."""
-    body: Any = None
-    try:
-        if raw.lstrip()[:1] == b"{":
-            body = loads_object(raw.decode("utf-8"))
-        elif raw.strip() and len(raw) <= SMALL_BODY:  # not an object: is it JSON at all?
-            body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, IndexError):
-        raise _bad("request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad(
-            "send a JSON object with 'input' and the speech options, text/plain, or a multipart form with a 'file' part"
-        )
-    return _validated_in_pieces(body)
-
-
-class _CollectorDeferred:
-    """The cyclic garbage collector held off while a submission builds its script: a full
-    collection walks every live object with the GIL held (100,000 turns in models, parts and
-    chunks are millions: 50-100 ms a walk, several walks as they are made) and so stalls the
-    loop from any thread. What a build leaves is frozen when the last build ends (``gc.freeze``
-    moves it out of the collector's walks at no cost: the first young collection after would
-    otherwise walk it all at once) and unfrozen when the last submission is answered, by when
-    reference counting has freed it. Nested: counts of the builds and submissions inside."""
-
-    building = 0
-    submitting = 0
-    disabled_here = False
-    frozen_here = False
-
-    def __enter__(self) -> None:
-        cls = type(self)
-        if cls.building == 0 and gc.isenabled():
-            gc.disable()
-            cls.disabled_here = True
-        cls.building += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        cls = type(self)
-        cls.building -= 1
-        if cls.building == 0 and cls.disabled_here:
-            cls.disabled_here = False
-            gc.freeze()
-            cls.frozen_here = True
-            gc.enable()
-
-    @classmethod
-    def submission(cls, start: bool) -> None:
-        """A submission begins (``start``) or is answered."""
-        cls.submitting += 1 if start else -1
-        if cls.submitting == 0 and cls.frozen_here:
-            cls.frozen_here = False
-            gc.unfreeze()
-
-
-class _ThreadVoices:
-    """The voice catalog as a script builder running on a worker thread's own loop sees it: each
-    distinct (name, owner) resolved once, on the Ingress's loop (where the voice store's clients
-    live), and the same ``Voice`` object handed back every time after (so a job keeps each voice
-    once, found by identity, never re-serialised per part)."""
-
-    def __init__(self, catalog: VoiceCatalog, loop: asyncio.AbstractEventLoop):
-        self.catalog = catalog
-        self.loop = loop
-        self.known: dict[tuple[str, str, bool], Voice] = {}
-
-    async def resolve(self, voice: Optional[str], owner: str, admin: bool = False) -> Voice:
-        key = (voice or "", owner, admin)
-        if key not in self.known:
-            fut = asyncio.run_coroutine_threadsafe(self.catalog.resolve(voice, owner, admin=admin), self.loop)
-            self.known[key] = await asyncio.wrap_future(fut)
-        return self.known[key]
-
-
-def _text(raw: bytes, param: str) -> str:
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise _bad("the text must be UTF-8", param=param, code="invalid_text") from None
-
-
-def _not_found(job_id: str) -> UnknownJobError:
-    return UnknownJobError(f"no job with id {job_id[:64]!r}")
-
-
-async def store_call(fn: Any, *args: Any) -> Any:
-    """A store call, off the event loop; a disk or network failure is a 503, a refusal its own status."""
-    try:
-        return await asyncio.to_thread(fn, *args)
-    except (APIError, JobError):
-        raise
-    except Exception as exc:  # noqa: BLE001
-        log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
-        raise APIError(
-            503,
-            "job store unavailable; retry shortly",
-            type="server_error",
-            code="job_store_unavailable",
-            headers={"Retry-After": "2"},
-        ) from None
-
-
-async def file_response(store: JobStore, job: StoredJob, name: str, media_type: str, filename: str) -> Response:
-    """One of ``job``'s stored files (``name``: the store's own name for it, never user text),
-    with Range requests. A local file (the directory backend, ``file://``) is Starlette's
-    ``FileResponse``: one range 206 with Content-Range, several a multipart/byteranges 206, a
-    start past the end 416 with ``Content-Range: bytes */<size>``, ``If-Range`` with its ETag or
-    Last-Modified. A file in an object store is a ``RangedResponse``: the same for one range
-    (several get the whole file), streamed by ranged reads from the store."""
-    headers = {"Cache-Control": "private, max-age=0"}
-    path = await store_call(store.local_path, job, name)
-    if path is not None:
-        return FileResponse(
-            path, media_type=media_type, filename=filename, content_disposition_type="inline", headers=headers
-        )
-    stat = await store_call(store.stat, job, name)
-    if stat is None:
-        raise as_api_error(_not_found(job.id))
-    return RangedResponse(
-        stat,
-        functools.partial(store.read_range, job, name),
-        media_type=media_type,
-        filename=filename,
-        content_disposition_type="inline",
-        headers=headers,
-    )
-
-
-def job_parts(parts: list[ScriptPart]) -> tuple[list[Voice], list[JobPart]]:
-    """A script's parts as a job stores them: each distinct voice once (the job's
-    ``script_voices``), each part naming its voice by index there. A voice is found by identity
-    first (the parts of one resolved voice share its object), by its fields only the first time
-    an object is seen: a clip voice's tens of kilobytes are never copied or encoded per part."""
-    by_object: dict[int, int] = {}
-    by_fields: dict[tuple, int] = {}
-    table: list[Voice] = []
-    out: list[JobPart] = []
-    for part in parts:
-        v = part.voice
-        n = by_object.get(id(v))  # the parts hold every voice alive: an id is not reused meanwhile
-        if n is None:
-            n = by_fields.setdefault((v.name, v.seed, v.spk_emb, v.spk_smp, v.txt_smp), len(table))
-            if n == len(table):
-                table.append(v)
-            by_object[id(v)] = n
-        out.append(
-            JobPart(
-                text=part.text,
-                voice=n,
-                speed=part.speed,
-                prompt=part.prompt,
-                offset=part.offset,
-                span=part.span,
-                pause_before=part.pause_before,
-                speaker=part.speaker,
-                turn=part.turn,
-            )
-        )
-    return table, out
 
 
 @dataclasses.dataclass
@@ -501,10 +184,10 @@ class JobsService:
                 headers={"Retry-After": "2"},
             )
         self._submitting.add(caller.owner)
-        _CollectorDeferred.submission(True)
+        CollectorDeferred.submission(True)
         try:
-            with _CollectorDeferred():
-                built = await self._build(await self._request_of(request), caller)
+            with CollectorDeferred():
+                built = await self._build(await read_job_request(request, self.cfg.max_upload_bytes), caller)
             # The request, its turns and parts are gone now: what is planned is the chunks alone.
             return await self._create(built, caller, request.scope.get("root_path", ""))
         except APIError:
@@ -513,7 +196,7 @@ class JobsService:
             raise as_api_error(exc, "job creation failed", "job_failed") from None
         finally:
             self._submitting.discard(caller.owner)
-            _CollectorDeferred.submission(False)
+            CollectorDeferred.submission(False)
 
     async def _build(self, req: JobRequest, caller: Caller) -> "_Built":
         """The request read into the job's chunks (and its voices), every piece of it checked."""
@@ -532,7 +215,7 @@ class JobsService:
         if req.turns is not None or req.is_ssml:
             # Parsed and every voice resolved now (a malformed document is a 400 before anything
             # is stored), on a thread's loop; the chunks keep the script's parts, the job its voices.
-            catalog = _ThreadVoices(self.voices, asyncio.get_running_loop())
+            catalog = ThreadVoices(self.voices, asyncio.get_running_loop())
             cap = self.cfg.max_input_chars
             script = await asyncio.to_thread(
                 asyncio.run,
@@ -629,7 +312,7 @@ class JobsService:
             )
         )
         headers = {"Location": f"{root}{JOBS_PATH}/{job.id}", **built.headers}
-        return JSONResponse(self.view(job, root).model_dump(), status_code=202, headers=headers)
+        return JSONResponse(job_view(job, root).model_dump(), status_code=202, headers=headers)
 
     def _cut_script(self, parts: list[ScriptPart], seed: int, max_silence_s: float) -> tuple[list[Voice], list]:
         voices, job_parts_ = job_parts(parts)
@@ -680,12 +363,12 @@ class JobsService:
         return chunks, chapters
 
     async def get(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
-        return self.view(await self._job(job_id, caller), root)
+        return job_view(await self._job(job_id, caller), root)
 
     async def list(self, caller: Caller, root: str = "") -> AudioJobList:
         self._check_caller(caller)
         jobs = await self._store(self.store.list, caller.owner, caller.admin)
-        return AudioJobList(data=[self.view(j, root) for j in jobs])
+        return AudioJobList(data=[job_view(j, root) for j in jobs])
 
     async def audio(self, job_id: str, caller: Caller) -> Response:
         """The finished file, with Range requests (``file_response``)."""
@@ -713,7 +396,7 @@ class JobsService:
                     headers={"Retry-After": "2"},
                 ) from None
             job = await self._job(job_id, caller)
-        return self.view(job, root)
+        return job_view(job, root)
 
     async def captions(self, job_id: str, caller: Caller) -> Response:
         """The captions of the finished file (a job made with ``captions``)."""
@@ -772,7 +455,7 @@ class JobsService:
             else None
         )
         if job is None:
-            raise as_api_error(_not_found(job_id))
+            raise as_api_error(not_found(job_id))
         if job.active:
             try:
                 await asyncio.wait_for(self.runner.cancel.remote(job.id), RUNNER_CALL_S)
@@ -793,102 +476,5 @@ class JobsService:
             else None
         )
         if job is None:
-            raise as_api_error(_not_found(job_id))
+            raise as_api_error(not_found(job_id))
         return job
-
-    # ------------------------------------------------------------------ shapes
-
-    @staticmethod
-    def view(job: StoredJob, root: str = "") -> AudioJob:
-        eta = None
-        made = job.chars_done - job.run_chars_start
-        if job.active and job.run_started_at is not None and made > 0:
-            # The rate of the runner's current run, up to now: it falls while a chunk takes long.
-            rate = made / max(1e-3, time.time() - job.run_started_at)
-            eta = round((job.chars_total - job.chars_done) / rate, 1)
-        elif job.status == "succeeded":
-            eta = 0.0
-        progress = JobProgress(
-            chunks_done=job.chunks_done,
-            chunks_total=job.chunks_total,
-            characters_done=job.chars_done,
-            characters_total=job.chars_total,
-            audio_seconds=round(job.audio_samples / SAMPLE_RATE, 3),
-            eta_seconds=eta,
-        )
-        stamp = lambda t: int(t) if t is not None else None  # noqa: E731
-        chapters = None
-        if job.chapter_titles:
-            done = job.status == "succeeded" and len(job.chapter_times) == len(job.chapter_titles)
-            chapters = [
-                JobChapter(
-                    index=n,
-                    title=title,
-                    chunks_total=end - first,
-                    chunks_done=sum(1 for k in range(first, end) if job.chunk_samples[k] >= 0),
-                    start_seconds=job.chapter_times[n][0] if done else None,
-                    duration_seconds=job.chapter_times[n][1] if done else None,
-                    audio_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/audio" if done else None,
-                    captions_url=f"{root}{JOBS_PATH}/{job.id}/chapters/{n}/captions" if done and job.captions else None,
-                )
-                for n, (title, (first, end)) in enumerate(zip(job.chapter_titles, job.chapter_spans()))
-            ]
-        return AudioJob(
-            id=job.id,
-            status=job.status,
-            created_at=int(job.created_at),
-            started_at=stamp(job.started_at),
-            finished_at=stamp(job.finished_at),
-            expires_at=stamp(job.expires_at),
-            model=job.model,
-            voice=job.voice_name,
-            response_format=job.response_format,
-            progress=progress,
-            bytes=job.bytes,
-            error=JobFailure(**job.error) if job.error else None,
-            owner=job.owner,
-            audio_url=f"{root}{JOBS_PATH}/{job.id}/audio" if job.status == "succeeded" else None,
-            captions_url=f"{root}{JOBS_PATH}/{job.id}/captions" if job.status == "succeeded" and job.captions else None,
-            chapters=chapters,
-        )
-
-    async def _request_of(self, request: Request) -> JobRequest:
-        """The job's text and options from JSON, a text body (options in the query) or a form."""
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype in ("application/json", ""):
-            return await asyncio.to_thread(_parse_body, await request.body())
-        if ctype == "text/plain":
-            params = dict(request.query_params)
-            if "input" in params:
-                raise _bad("with text/plain the body is the input", param="input")
-            return _validated({**params, "input": _text(await request.body(), "input")})
-        if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-            return _validated(await self._form(request))
-        raise APIError(
-            415,
-            f"unsupported content type {ctype!r}: use application/json, text/plain or multipart/form-data",
-            code="unsupported_media_type",
-        )
-
-    async def _form(self, request: Request) -> dict[str, Any]:
-        form = await read_form(request, "jobs", len(_FORM_FIELDS), self.cfg.max_upload_bytes)
-        try:
-            fields: dict[str, Any] = {}
-            for key, value in form.multi_items():
-                if key not in _FORM_FIELDS:
-                    raise _bad(f"unknown field {key[:40]!r}", param=key[:40])
-                if key in fields:
-                    raise _bad(f"field {key!r} given twice", param=key)
-                if key == "file":
-                    if isinstance(value, str):
-                        raise _bad("'file' must be a file part", param="file")
-                    fields["input"] = _text(await value.read(), "file")
-                elif isinstance(value, str):
-                    fields[key] = value
-                else:
-                    raise _bad(f"'{key}' must be a text field", param=key)
-            if "file" in form and "input" in {k for k, _ in form.multi_items()}:
-                raise _bad("give the text once: a 'file' part or an 'input' field", param="input")
-            return fields
-        finally:
-            await form.close()

@@ -29,7 +29,7 @@ from serve_app.engine.errors import JobQuotaExceeded, TooManyJobs
 from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
 from serve_app.http import ranged
-from serve_app.http.jobs import file_response
+from serve_app.http.job_views import file_response
 from serve_app.serving.jobs import _Job, _write_audio, parallel_chunks
 from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import (

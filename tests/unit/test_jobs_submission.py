@@ -22,7 +22,8 @@ from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
-from serve_app.http.jobs import JobsService, loads_object
+from serve_app.http.job_request import loads_object
+from serve_app.http.jobs import JobsService
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
 from serve_app.settings import JobsSettings, VoiceStoreConfig

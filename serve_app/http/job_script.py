@@ -1,0 +1,105 @@
+"""A job's script built off the event loop: the collector held off while it is made, voices
+resolved once on the Ingress's loop for a builder on a worker thread, and the parts as a job
+stores them (each distinct voice once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any, Optional
+
+from ..engine.types import ScriptPart, Voice
+from ..storage.jobs import JobPart
+from ..storage.voices import VoiceCatalog
+
+
+class CollectorDeferred:
+    """The cyclic garbage collector held off while a submission builds its script: a full
+    collection walks every live object with the GIL held (100,000 turns in models, parts and
+    chunks are millions: 50-100 ms a walk, several walks as they are made) and so stalls the
+    loop from any thread. What a build leaves is frozen when the last build ends (``gc.freeze``
+    moves it out of the collector's walks at no cost: the first young collection after would
+    otherwise walk it all at once) and unfrozen when the last submission is answered, by when
+    reference counting has freed it. Nested: counts of the builds and submissions inside."""
+
+    building = 0
+    submitting = 0
+    disabled_here = False
+    frozen_here = False
+
+    def __enter__(self) -> None:
+        cls = type(self)
+        if cls.building == 0 and gc.isenabled():
+            gc.disable()
+            cls.disabled_here = True
+        cls.building += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        cls = type(self)
+        cls.building -= 1
+        if cls.building == 0 and cls.disabled_here:
+            cls.disabled_here = False
+            gc.freeze()
+            cls.frozen_here = True
+            gc.enable()
+
+    @classmethod
+    def submission(cls, start: bool) -> None:
+        """A submission begins (``start``) or is answered."""
+        cls.submitting += 1 if start else -1
+        if cls.submitting == 0 and cls.frozen_here:
+            cls.frozen_here = False
+            gc.unfreeze()
+
+
+class ThreadVoices:
+    """The voice catalog as a script builder running on a worker thread's own loop sees it: each
+    distinct (name, owner) resolved once, on the Ingress's loop (where the voice store's clients
+    live), and the same ``Voice`` object handed back every time after (so a job keeps each voice
+    once, found by identity, never re-serialised per part)."""
+
+    def __init__(self, catalog: VoiceCatalog, loop: asyncio.AbstractEventLoop):
+        self.catalog = catalog
+        self.loop = loop
+        self.known: dict[tuple[str, str, bool], Voice] = {}
+
+    async def resolve(self, voice: Optional[str], owner: str, admin: bool = False) -> Voice:
+        key = (voice or "", owner, admin)
+        if key not in self.known:
+            fut = asyncio.run_coroutine_threadsafe(self.catalog.resolve(voice, owner, admin=admin), self.loop)
+            self.known[key] = await asyncio.wrap_future(fut)
+        return self.known[key]
+
+
+def job_parts(parts: list[ScriptPart]) -> tuple[list[Voice], list[JobPart]]:
+    """A script's parts as a job stores them: each distinct voice once (the job's
+    ``script_voices``), each part naming its voice by index there. A voice is found by identity
+    first (the parts of one resolved voice share its object), by its fields only the first time
+    an object is seen: a clip voice's tens of kilobytes are never copied or encoded per part."""
+    by_object: dict[int, int] = {}
+    by_fields: dict[tuple, int] = {}
+    table: list[Voice] = []
+    out: list[JobPart] = []
+    for part in parts:
+        v = part.voice
+        n = by_object.get(id(v))  # the parts hold every voice alive: an id is not reused meanwhile
+        if n is None:
+            n = by_fields.setdefault((v.name, v.seed, v.spk_emb, v.spk_smp, v.txt_smp), len(table))
+            if n == len(table):
+                table.append(v)
+            by_object[id(v)] = n
+        out.append(
+            JobPart(
+                text=part.text,
+                voice=n,
+                speed=part.speed,
+                prompt=part.prompt,
+                offset=part.offset,
+                span=part.span,
+                pause_before=part.pause_before,
+                speaker=part.speaker,
+                turn=part.turn,
+            )
+        )
+    return table, out
