@@ -97,7 +97,7 @@ def test_a_long_timed_answer_never_holds_the_loop(app_url, stall):
     """The with-timestamps answer is the whole audio as base64 in one JSON body (tens of MB at
     the input limit: 576 ms of the loop when it was built there). Synthesised whole, so a
     quarter of the input limit keeps the test short: ~10 MB of answer."""
-    for text in (_fill("语", N // 4), _fill("1.", N // 4)):
+    for text in (_fill("语", N // 4),):
         _post(app_url, "/v1/audio/speech/with-timestamps", {"input": text, "response_format": "wav", "captions": "vtt"})
     for text in SSML.values():
         _post(app_url, "/v1/audio/speech/with-timestamps", {"input": text, "response_format": "pcm"})
