@@ -42,7 +42,8 @@ SUBCOMMANDS = {
     ),
     "abuse": (
         "bench.abuse",
-        "a polite client's first audio alone and under attackers (costly requests, idle sockets, slow bodies, flush floods)",
+        "a polite client's first audio alone and under eight attackers (costly requests, idle sockets, slow bodies, "
+        "flush floods, dot jobs, silence dialogues, public-page keys, unkeyed slow bodies)",
     ),
     "autoscale": (
         "bench.autoscale",

@@ -55,8 +55,13 @@ async def polite_requests(url: str, n: int, seed0: int) -> list[Optional[float]]
     headers = {"Authorization": f"Bearer {POLITE_KEY}", "Cache-Control": "no-store"}
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
         for i in range(n):
-            body = {"model": "chattts", "input": POLITE_TEXT, "voice": "nova", "seed": seed0 + i,
-                    "response_format": "pcm"}
+            body = {
+                "model": "chattts",
+                "input": POLITE_TEXT,
+                "voice": "nova",
+                "seed": seed0 + i,
+                "response_format": "pcm",
+            }
             t0 = time.perf_counter()
             first = None
             try:
@@ -77,8 +82,11 @@ async def attacked(url: str, a: argparse.Namespace, seed0: int, tallies: dict[st
     """The polite client's requests while every attacker runs (after ``--ramp-s`` to get going);
     then the attacking key's jobs deleted."""
     stop = asyncio.Event()
-    attackers = [asyncio.ensure_future(fn(url, a, stop, tallies[name]))
-                 for name, (fn, dest, _, _) in ATTACKERS.items() if getattr(a, dest)]
+    attackers = [
+        asyncio.ensure_future(fn(url, a, stop, tallies[name]))
+        for name, (fn, dest, _, _) in ATTACKERS.items()
+        if getattr(a, dest)
+    ]
     try:
         await asyncio.sleep(a.ramp_s)
         return await polite_requests(url, a.requests, seed0)
@@ -98,38 +106,66 @@ def summarize(values: list[Optional[float]]) -> dict:
 
 def to_markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Abuse benchmark, {m['started']}", "", f"`{m['command']}`", "",
-             f"weights: {m['weights']}; front guard: {m.get('front_guard', 'off')}; "
-             f"load average at start {m.get('loadavg_start')}", ""]
+    lines = [
+        f"# Abuse benchmark, {m['started']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"weights: {m['weights']}; front guard: {m.get('front_guard', 'off')}; "
+        f"load average at start {m.get('loadavg_start')}",
+        "",
+    ]
     if "error" in report:
         lines += [f"**The run failed:** `{report['error']}`", ""]
     alone, under = report.get("alone", {}), report.get("attacked", {})
     lines += ["| polite client, first audio | n | failed | p50 ms | p90 ms |", "|---|---|---|---|---|"]
     for name, s in (("alone", alone), ("under attack", under)):
         if s:
-            lines.append(f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
-                         f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |")
+            lines.append(
+                f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
+                f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |"
+            )
     if "ratio_p50" in report:
         met = report["ratio_p50"] is not None and report["ratio_p50"] <= TARGET_RATIO
-        lines += ["", f"**p50 under attack / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
-                  f"{'met' if met else 'missed'})"]
+        lines += [
+            "",
+            f"**p50 under attack / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
+            f"{'met' if met else 'missed'})",
+        ]
     lines += ["", "| attacker | what it got: count (slowest answer) |", "|---|---|"]
     for name, outcomes in report.get("attackers", {}).items():
         slowest = report.get("attackers_slowest_s", {}).get(name, {})
-        lines.append(f"| {name} | " + ", ".join(f"{k}: {v}" + (f" ({slowest[k]} s)" if k in slowest else "")
-                                               for k, v in sorted(outcomes.items())) + " |")
+        lines.append(
+            f"| {name} | "
+            + ", ".join(
+                f"{k}: {v}" + (f" ({slowest[k]} s)" if k in slowest else "") for k, v in sorted(outcomes.items())
+            )
+            + " |"
+        )
     if report.get("ingress_loop_stall_ms"):
         lines += ["", "| Ingress event loop, longest stall ms | alone | under attack |", "|---|---|---|"]
         for key, label in (("longest_ms", "late wake"), ("longest_busy_ms", "while the process ran")):
-            lines.append(f"| {label} | " + " | ".join(str(report["ingress_loop_stall_ms"].get(ph, {}).get(key, "–"))
-                                                      for ph in ("alone", "attacked")) + " |")
+            lines.append(
+                f"| {label} | "
+                + " | ".join(
+                    str(report["ingress_loop_stall_ms"].get(ph, {}).get(key, "–")) for ph in ("alone", "attacked")
+                )
+                + " |"
+            )
     if report.get("cpu_cores"):
         walls = report.get("phase_wall_s", {})
-        lines += ["", f"| cores used (CPU s per s; phases {walls.get('alone')} s / {walls.get('attacked')} s in all) "
-                  "| alone | under attack |", "|---|---|---|"]
+        lines += [
+            "",
+            f"| cores used (CPU s per s; phases {walls.get('alone')} s / {walls.get('attacked')} s in all) "
+            "| alone | under attack |",
+            "|---|---|---|",
+        ]
         for group in sorted(set().union(*report["cpu_cores"].values())):
-            lines.append(f"| {group} | " + " | ".join(str(report["cpu_cores"].get(ph, {}).get(group, "–"))
-                                                      for ph in ("alone", "attacked")) + " |")
+            lines.append(
+                f"| {group} | "
+                + " | ".join(str(report["cpu_cores"].get(ph, {}).get(group, "–")) for ph in ("alone", "attacked"))
+                + " |"
+            )
     if report.get("rss_peak_mib"):
         lines += ["", "| replica | peak RSS MiB, alone | under attack |", "|---|---|---|"]
         for group, alone_mib in report["rss_peak_mib"].get("alone", {}).items():
@@ -154,10 +190,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=12, help="polite requests per phase")
     p.add_argument("--ramp-s", type=float, default=8.0, help="attackers run this long before the polite client starts")
     add_attacker_arguments(p)
-    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="any config value by dotted path (as in `bench run`)")
-    p.add_argument("--front-guard", default="on", choices=["on", "off"],
-                   help="the front guard in Serve's proxy (serve_app/http/front_guard.py), with its default settings")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="any config value by dotted path (as in `bench run`)",
+    )
+    p.add_argument(
+        "--front-guard",
+        default="on",
+        choices=["on", "off"],
+        help="the front guard in Serve's proxy (serve_app/http/front_guard.py), with its default settings",
+    )
     p.add_argument("--out", help="write abuse.json and report.md here")
 
 
@@ -200,8 +245,9 @@ def main(a: argparse.Namespace) -> int:
 
     runner = None
     url = a.url
-    harness = Harness(Path(a.out) if a.out else None, write_report, a.argv,
-                      weights=a.weights if not a.url else "as served")
+    harness = Harness(
+        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights if not a.url else "as served"
+    )
     report = harness.report
     apply_only(a)
     tallies = {name: Tally() for name, (_, dest, _, _) in ATTACKERS.items() if getattr(a, dest)}
@@ -212,8 +258,11 @@ def main(a: argparse.Namespace) -> int:
         try:
             if url is None:
                 os.environ["CHATTTS_API_KEYS"] = f"{POLITE_KEY},{ATTACKER_KEY}"  # the replicas inherit it
-                overrides = {"applications.chattts.args.ingress.security.auth": "required",
-                             "applications.chattts.args.jobs.path": store.name, **parse_sets(a.set)}
+                overrides = {
+                    "applications.chattts.args.ingress.security.auth": "required",
+                    "applications.chattts.args.jobs.path": store.name,
+                    **parse_sets(a.set),
+                }
                 cfg = apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides)
                 runner = ServeRunner(cfg, a.ray_cpus, front_guard=a.front_guard == "on")
                 harness.meta["front_guard"] = a.front_guard
@@ -259,8 +308,11 @@ def main(a: argparse.Namespace) -> int:
             report["attackers"] = {name: dict(t.outcomes) for name, t in tallies.items()}
             report["attackers_slowest_s"] = {name: t.slowest_s for name, t in tallies.items() if t.slowest_s}
             if cpu["attacked"].get("wall"):  # cores used: CPU seconds per second of the phases
-                report["cpu_cores"] = {ph: {g: round(v / c["wall"], 2) for g, v in sorted(c.items()) if g != "wall"}
-                                       for ph, c in cpu.items() if c.get("wall")}
+                report["cpu_cores"] = {
+                    ph: {g: round(v / c["wall"], 2) for g, v in sorted(c.items()) if g != "wall"}
+                    for ph, c in cpu.items()
+                    if c.get("wall")
+                }
                 report["phase_wall_s"] = {ph: round(c["wall"], 1) for ph, c in cpu.items() if c.get("wall")}
             if any(stalls.values()):
                 report["ingress_loop_stall_ms"] = stalls

@@ -54,7 +54,7 @@ def _code(r: httpx.Response) -> str:
 
 async def costly(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
     """More streams than the key may hold, each the longest legitimate input or a too costly one."""
-    long_text = ("语音合成服务需要在异常输入面前保持稳定。" * (a.costly_chars // 19 + 1))[:a.costly_chars]
+    long_text = ("语音合成服务需要在异常输入面前保持稳定。" * (a.costly_chars // 19 + 1))[: a.costly_chars]
 
     async def one(i: int) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=300, trust_env=False) as client:
@@ -103,8 +103,11 @@ async def _trickle(url: str, body: bytes, auth: Optional[str], stop: asyncio.Eve
     """One POST /v1/audio/speech whose body goes a byte a second until an answer comes: its
     status (``sent whole``: none came before the last byte) and the seconds to it."""
     host, port = url.split("://", 1)[1].split(":")
-    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            + (f"Authorization: Bearer {auth}\r\n" if auth else "") + f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/audio/speech HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        + (f"Authorization: Bearer {auth}\r\n" if auth else "")
+        + f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
@@ -149,8 +152,9 @@ async def flush_flood(url: str, a: argparse.Namespace, stop: asyncio.Event, tall
     async def one() -> None:
         while not stop.is_set():
             try:
-                async with websockets.connect(ws_url(url), open_timeout=30,
-                                              additional_headers={"Authorization": f"Bearer {ATTACKER_KEY}"}) as ws:
+                async with websockets.connect(
+                    ws_url(url), open_timeout=30, additional_headers={"Authorization": f"Bearer {ATTACKER_KEY}"}
+                ) as ws:
                     await ws.send(json.dumps({"type": "session.start", "response_format": "pcm"}))
                     for _ in range(a.flood_flushes):
                         await ws.send(json.dumps({"type": "text.append", "text": "啊"}))
@@ -178,7 +182,7 @@ def dot_job_texts(chars: int) -> dict[str, str]:
     another), 12-digit numbers (read out, ~10x the characters), and the two in one text."""
     dots = "." * chars
     numbers = " ".join(str(10**11 + 7919 * i) for i in range(chars // 13 + 1))[:chars]
-    return {"dots": dots, "numbers": numbers, "dots+numbers": dots[:chars // 2] + numbers[:chars - chars // 2]}
+    return {"dots": dots, "numbers": numbers, "dots+numbers": dots[: chars // 2] + numbers[: chars - chars // 2]}
 
 
 async def dot_jobs(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
@@ -195,8 +199,11 @@ async def dot_jobs(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: 
                 k += 1
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post("/v1/audio/jobs", headers=ATTACKER_HEADERS, json={
-                        "input": texts[shape], "voice": "alloy", "seed": k, "response_format": "pcm"})
+                    r = await client.post(
+                        "/v1/audio/jobs",
+                        headers=ATTACKER_HEADERS,
+                        json={"input": texts[shape], "voice": "alloy", "seed": k, "response_format": "pcm"},
+                    )
                     tally.add(f"{shape} {_code(r)}", time.perf_counter() - t0)
                 except httpx.HTTPError as exc:
                     tally.add(f"{shape} {exc.__class__.__name__}", time.perf_counter() - t0)
@@ -285,7 +292,7 @@ async def public_page_keys(url: str, a: argparse.Namespace, stop: asyncio.Event,
 async def unkeyed_slow_bodies(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
     """Speech bodies of a few KB without a key, a byte a second: answered from the headers
     (401, or the guard's 429 after its tarpit), never held while the body trickles."""
-    body = json.dumps({"input": "慢" * (a.unkeyed_body_bytes // 3)}).encode()[:a.unkeyed_body_bytes]
+    body = json.dumps({"input": "慢" * (a.unkeyed_body_bytes // 3)}).encode()[: a.unkeyed_body_bytes]
 
     async def one() -> None:
         while not stop.is_set():
@@ -309,8 +316,12 @@ ATTACKERS: dict[str, tuple[Attacker, str, int, str]] = {
     "dot-jobs": (dot_jobs, "dot_jobs", 2, "job submitters of full stops and 12-digit numbers (attacking key)"),
     "silence-dialogues": (silence_dialogues, "silence_dialogues", 2, "dialogues of turns full of 10 s breaks"),
     "public-page-keys": (public_page_keys, "public_page_keys", 20, "made-up keys shown to /healthz, then used"),
-    "unkeyed-slow-bodies": (unkeyed_slow_bodies, "unkeyed_slow_bodies", 20,
-                            "unkeyed bodies of a few KB, a byte a second"),
+    "unkeyed-slow-bodies": (
+        unkeyed_slow_bodies,
+        "unkeyed_slow_bodies",
+        20,
+        "unkeyed bodies of a few KB, a byte a second",
+    ),
 }
 
 

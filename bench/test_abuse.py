@@ -54,10 +54,12 @@ def test_a_tally_keeps_each_outcomes_slowest_answer_and_the_report_shows_it():
     t.add("401", 1.5)
     t.add("429 too_many_refusals")
     assert t.outcomes == {"401": 2, "429 too_many_refusals": 1} and t.slowest_s == {"401": 1.5}
-    report = {"meta": {"started": "now", "command": "python -m bench abuse", "weights": "random-tiny"},
-              "attackers": {"unkeyed-slow-bodies": dict(t.outcomes)},
-              "attackers_slowest_s": {"unkeyed-slow-bodies": t.slowest_s},
-              "ingress_loop_stall_ms": {"alone": {"longest_ms": 30.0}, "attacked": {"longest_ms": 80.0}}}
+    report = {
+        "meta": {"started": "now", "command": "python -m bench abuse", "weights": "random-tiny"},
+        "attackers": {"unkeyed-slow-bodies": dict(t.outcomes)},
+        "attackers_slowest_s": {"unkeyed-slow-bodies": t.slowest_s},
+        "ingress_loop_stall_ms": {"alone": {"longest_ms": 30.0}, "attacked": {"longest_ms": 80.0}},
+    }
     md = abuse.to_markdown(json.loads(json.dumps(report)))
     assert "401: 2 (1.5 s)" in md and "429 too_many_refusals: 1," not in md
     assert "| late wake | 30.0 | 80.0 |" in md
