@@ -227,6 +227,36 @@ def _keys_id(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wyoming(args: argparse.Namespace) -> int:
+    """A Wyoming protocol server (Home Assistant) in front of a running service, until Ctrl-C."""
+    from pydantic import ValidationError
+
+    from ..wyoming import WyomingSettings, serve
+
+    logging.getLogger("chattts_serve.wyoming").setLevel(logging.INFO)  # a line per synthesis
+    given = {k: getattr(args, k) for k in WYOMING_OPTIONS}
+    try:
+        settings = WyomingSettings.from_env(key_file=args.api_key_file, **given)
+    except (ValidationError, OSError) as exc:
+        print(f"wyoming: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+# ``wyoming`` flags that map one to one onto WyomingSettings (and its limits) fields.
+WYOMING_OPTIONS = (
+    "uri",
+    "base_url",
+    "voice",
+    "zeroconf",
+    "zeroconf_name",
+    "max_text_chars",
+    "max_synthesize_per_connection",
+    "max_connections",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chattts-serve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -335,6 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     ksub.add_parser("new", help="print a new random key (stdout) and its id (stderr)")
     ksub.add_parser("id", help="print the id of each key read from stdin (one per line or comma-separated)")
+
+    wyoming = sub.add_parser(
+        "wyoming",
+        help="serve the Wyoming protocol (Home Assistant) in front of a running service",
+        description="A Wyoming TTS server that speaks through the service's public API: CHATTTS_BASE_URL "
+        "(default http://127.0.0.1:8000) and CHATTTS_API_KEY from the environment; flags override.",
+    )
+    wyoming.add_argument("--uri", default=None, help="where to listen (default tcp://0.0.0.0:10200; unix://PATH)")
+    wyoming.add_argument("--base-url", default=None, help="the service (default: CHATTTS_BASE_URL)")
+    wyoming.add_argument(
+        "--api-key-file", type=Path, default=None, help="a file whose first line is the key (default: CHATTTS_API_KEY)"
+    )
+    wyoming.add_argument("--voice", default=None, help="voice when the client names none (default alloy)")
+    wyoming.add_argument(
+        "--zeroconf", action="store_true", default=None, help="announce the server over mDNS for Home Assistant"
+    )
+    wyoming.add_argument("--zeroconf-name", default=None, help="the name announced (default chattts-serve)")
+    wyoming.add_argument("--max-text-chars", type=int, default=None, help="characters per synthesize (default 4096)")
+    wyoming.add_argument(
+        "--max-synthesize-per-connection", type=int, default=None, help="syntheses running or waiting (default 2)"
+    )
+    wyoming.add_argument("--max-connections", type=int, default=None, help="open connections (default 32)")
     return p
 
 
@@ -362,6 +414,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _batch(args)
     if args.command == "weights":
         return _weights_build(args)
+    if args.command == "wyoming":
+        return _wyoming(args)
     return 2
 
 
