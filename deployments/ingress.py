@@ -35,6 +35,7 @@ from serve_app.protocol import (
     AudioJob,
     AudioJobDeleted,
     AudioJobList,
+    AudioModelList,
     DialogueRequest,
     ModelCard,
     ModelList,
@@ -227,11 +228,17 @@ class Ingress:
     async def models(self, request: Request) -> ModelList:
         return ModelList(data=[ModelCard(id=m) for m in MODEL_IDS])
 
+    @app.get("/v1/audio/models", response_model=AudioModelList)
+    async def audio_models(self) -> AudioModelList:
+        """The speech model ids, without a key (Open WebUI reads ``models``)."""
+        cards = [ModelCard(id=m) for m in MODEL_IDS]
+        return AudioModelList(data=cards, models=cards)
+
     # ------------------------------------------------------------------ voices
 
     @app.get("/v1/voices", response_model=VoiceList)
     async def voices_route(self, request: Request):
-        """The voices listing (as ``GET /v1/audio/voices``)."""
+        """The voices listing (as ``GET /v1/audio/voices``; built-in voices without a key)."""
         return await self.voices.list(self._caller(request))
 
     @app.post(VOICES_PATH, openapi_extra=CREATE_VOICE_OPENAPI)
@@ -242,7 +249,8 @@ class Ingress:
 
     @app.get(VOICES_PATH, response_model=VoiceList)
     async def list_voices(self, request: Request):
-        """Built-in voices and the caller's custom ones (an admin key: every key's)."""
+        """Built-in voices and the caller's custom ones (an admin key: every key's); without a key
+        where keys are on, the built-in voices only (Open WebUI asks so)."""
         return await self.voices.list(self._caller(request))
 
     @app.get(VOICES_PATH + "/{voice_id}")
@@ -313,6 +321,12 @@ class Ingress:
 
     @app.get("/healthz")
     async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    # The same for monitors and clients that probe /health. JSON, never the plain text "OK":
+    # wyoming-openai takes a server whose /health says exactly that for Speaches.
+    @app.get("/health")
+    async def health(self) -> dict:
         return {"status": "ok"}
 
     @app.get("/readyz")

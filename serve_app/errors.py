@@ -71,7 +71,11 @@ def error_body(
 
 # (type, status, OpenAI error type, code, param, headers): first match wins.
 _ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str]], ...] = (
-    (UnknownVoiceError, 404, "invalid_request_error", "voice_not_found", "voice", {}),
+    # A voice a request names that is not there (or is another key's: the same answer) is a bad
+    # field of that request, 400 with param "voice", as OpenAI answers one (its SDKs raise
+    # BadRequestError). Looking a voice resource up by id (GET/DELETE /v1/audio/voices/{id}) is
+    # a 404 of its own, in http/voices.py.
+    (UnknownVoiceError, 400, "invalid_request_error", "voice_not_found", "voice", {}),
     (InvalidVoiceError, 400, "invalid_request_error", "invalid_voice", "voice", {}),
     (EmptyInputError, 400, "invalid_request_error", "empty_input", "input", {}),
     (InvalidSSMLError, 400, "invalid_request_error", "invalid_ssml", "input", {}),

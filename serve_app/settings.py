@@ -256,6 +256,12 @@ class VoiceStoreConfig(_Strict):
     min_clip_seconds: float = Field(default=2.0, gt=0)
     max_clip_seconds: float = Field(default=30.0, gt=0, le=60)
     max_transcript_chars: int = Field(default=500, ge=1)
+    require_consent: bool = Field(
+        default=False,
+        description="A voice made from a clip needs the speaker's consent: the create request's 'consent' "
+        "(statement) and 'consent_by' (who gave it), kept with the voice (400 without them). Off here, on in "
+        "config/serve.gpu.yaml.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "VoiceStoreConfig":

@@ -26,7 +26,8 @@ import numpy as np
 from .errors import InvalidVoiceError, UnknownVoiceError, VoiceError  # noqa: F401  (VoiceError re-exported)
 from .types import MAX_SPEAKER_CHARS, Voice
 
-# Fixed seeds for OpenAI's voice names: stable forever (changing one changes a voice).
+# Fixed seeds for every voice name OpenAI's speech API accepts: stable forever (changing one
+# changes a voice). New names are added at the end with a seed no other voice has.
 OPENAI_VOICES: dict[str, int] = {
     "alloy": 2222,
     "ash": 1031,
@@ -39,6 +40,8 @@ OPENAI_VOICES: dict[str, int] = {
     "sage": 9001,
     "shimmer": 5555,
     "verse": 8128,
+    "marin": 6271,
+    "cedar": 3907,
 }
 DEFAULT_VOICE = "alloy"
 MAX_SEED = 2**31 - 1

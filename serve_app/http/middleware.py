@@ -17,9 +17,15 @@ from ..errors import APIError
 from .jsonlimits import MAX_JSON_DEPTH, JsonDepthGuard
 from .security import APIKeyAuth
 
-# Routes anyone may call: health, the web page (it asks for a key itself), the API's schema.
-PUBLIC_PATHS = ("/healthz", "/readyz", "/openapi.json")
+# Routes anyone may call: health (``/health`` too, which monitors and wyoming-openai probe), the
+# web page (it asks for a key itself), the API's schema, the speech model ids (Open WebUI asks for
+# ``{base}/audio/models`` without a key).
+PUBLIC_PATHS = ("/healthz", "/readyz", "/health", "/openapi.json", "/v1/audio/models")
 PUBLIC_PREFIXES = ("/ui/",)
+# GET routes a request without an ``Authorization`` header may call where keys are on: the route
+# sees no caller and answers what needs none (the voice listings: the built-in voices; Open
+# WebUI lists voices without a key). A request that sends a key is checked as everywhere.
+KEYLESS_GETS = ("/v1/audio/voices", "/v1/voices")
 # Set on the answer to a request the guard below identified: "key" when it authenticated an API
 # key, "open" when keys are off (the caller is its address). The front guard (Serve's proxy)
 # trusts a credential only on "key" and takes the header off; the edge cache learns from it
@@ -84,7 +90,7 @@ class GuardMiddleware:
         path = self.policy.path_of(scope)
         if not self.policy.is_public(path):
             try:
-                mark = self._identify(scope)
+                mark = self._identify(scope, path)
             except APIError as exc:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 4000 + exc.status, "reason": exc.code or ""})
@@ -103,7 +109,7 @@ class GuardMiddleware:
             return
         await self.app(scope, self._bounded(scope, receive, limit), send)
 
-    def _identify(self, scope: Scope) -> Optional[bytes]:
+    def _identify(self, scope: Scope, path: str = "") -> Optional[bytes]:
         """Identify the caller (401 if it cannot be); the ``AUTH_HEADER`` value its answers carry."""
         auth = self.policy.auth
         if auth is None:
@@ -113,6 +119,8 @@ class GuardMiddleware:
         authorization = header(scope, b"authorization")
         if scope["type"] == "websocket" and authorization is None:
             return None  # the session's first message may carry the key (the session checks it)
+        if authorization is None and auth.enabled and scope.get("method") == "GET" and path in KEYLESS_GETS:
+            return None  # no caller: the route answers what needs no key
         client = scope.get("client")
         caller = auth.identify(authorization, client[0] if client else "unknown")
         scope.setdefault("state", {})["caller"] = caller

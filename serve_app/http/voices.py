@@ -8,14 +8,17 @@
 - ``audio`` (multipart only) + ``transcript``: a reference clip of 2-30 s, decoded, checked and
   encoded by the Vocoder stage (``Vocoder.encode_clip``: the DVAE encoder).
 
+and optionally ``consent`` (the speaker's consent statement) and ``consent_by`` (who gave it),
+kept with the voice and shown in its detail; required for a clip when ``voices.require_consent``.
+
 Every voice belongs to the caller that made it (``Caller.owner``: its API key id, or
 ``anonymous`` without keys): a caller lists, reads, deletes and speaks with its own voices only
-(another key's id answers 404 exactly like a missing one), an admin key every key's. Names are
+(another key's id answers exactly like a missing one), an admin key every key's. Names are
 unique per owner. Each key owns at most its quota (``Caller.max_voices``, else
 ``voices.max_voices_per_key``).
 
-Every check that needs no model runs before any remote call (name, transcript, exactly one
-source, a name the caller already uses, the caller's quota and the store's limit), and nothing is
+Every check that needs no model runs before any remote call (name, consent, transcript, exactly
+one source, a name the caller already uses, the caller's quota and the store's limit), and nothing is
 stored unless the voice is complete; the store checks the name and the limits again, atomically
 with the write.
 """
@@ -33,9 +36,12 @@ from ..engine.voices import MAX_SEED, MAX_SPEAKER_CHARS, OPENAI_VOICES, VoiceRes
 from ..errors import APIError, as_api_error
 from ..settings import VoiceStoreConfig
 from ..storage.voices import (
+    MAX_CONSENT_BY_CHARS,
+    MAX_CONSENT_CHARS,
     VOICE_ID_RE,
     StoredVoice,
     VoiceCatalog,
+    check_consent,
     check_name,
     clean_transcript,
     make_voice_store,
@@ -47,8 +53,19 @@ from .security import Caller
 log = logging.getLogger("ray.serve")
 
 VOICES_PATH = "/v1/audio/voices"
-MAX_JSON_BYTES = 16 * 1024  # name + speaker string (at most MAX_SPEAKER_CHARS) or seed, with room
-_FIELDS = ("name", "speaker", "seed", "audio", "transcript")
+# name + speaker string (at most MAX_SPEAKER_CHARS) or seed + consent and consent_by, even
+# escaped (\uXXXX: 6 bytes a character), with room.
+MAX_JSON_BYTES = 32 * 1024
+_FIELDS = ("name", "speaker", "seed", "audio", "transcript", "consent", "consent_by")
+_CONSENT_SCHEMA = {
+    "consent": {
+        "type": "string",
+        "maxLength": MAX_CONSENT_CHARS,
+        "description": "The speaker's consent statement, kept with the voice (required for a clip when "
+        "voices.require_consent is on).",
+    },
+    "consent_by": {"type": "string", "maxLength": MAX_CONSENT_BY_CHARS, "description": "Who gave the consent."},
+}
 
 # The create route reads its body itself (JSON or a form), so FastAPI cannot infer this schema.
 CREATE_VOICE_OPENAPI = {
@@ -62,6 +79,7 @@ CREATE_VOICE_OPENAPI = {
                         "name": {"type": "string"},
                         "speaker": {"type": "string", "maxLength": MAX_SPEAKER_CHARS},
                         "seed": {"type": "integer"},
+                        **_CONSENT_SCHEMA,
                     },
                 }
             },
@@ -73,6 +91,7 @@ CREATE_VOICE_OPENAPI = {
                         "name": {"type": "string"},
                         "audio": {"type": "string", "format": "binary"},
                         "transcript": {"type": "string"},
+                        **_CONSENT_SCHEMA,
                     },
                 }
             },
@@ -181,6 +200,10 @@ class VoicesAPI:
                 param=sources[1] if len(sources) > 1 else None,
                 code="missing_required_parameter",
             )
+        source = sources[0]
+        # Required for a clip (a person's recorded voice) when the server says so; kept when given.
+        kind = "clip" if source == "audio" else source
+        consent = check_consent(fields.get("consent"), fields.get("consent_by"), self.cfg.require_consent, kind)
         # Before any encoding; the store checks both again, atomically with the write. Names are
         # the caller's own (an admin's too): another key's voice of that name is no conflict.
         if await self.store.get_by_name(name, caller.owner) is not None:
@@ -192,7 +215,6 @@ class VoicesAPI:
             )
         quota = self._quota(caller)
         await self.store.check_room(caller.owner, quota)
-        source = sources[0]
         if source == "speaker":
             speaker = fields["speaker"]
             try:
@@ -209,11 +231,11 @@ class VoicesAPI:
                     param="speaker",
                     code="invalid_speaker",
                 )
-            voice = stored_voice(name, "speaker", owner=caller.owner, speaker=speaker)
+            voice = stored_voice(name, "speaker", owner=caller.owner, speaker=speaker, consent=consent)
         elif source == "seed":
             seed = _seed(fields["seed"])
             speaker = await self._remote(self.encoder.speaker_for_seed.remote(seed))
-            voice = stored_voice(name, "seed", owner=caller.owner, seed=seed, speaker=speaker)
+            voice = stored_voice(name, "seed", owner=caller.owner, seed=seed, speaker=speaker, consent=consent)
         else:
             transcript = clean_transcript(fields.get("transcript"), self.cfg.max_transcript_chars)
             clip = await self._remote(
@@ -226,14 +248,21 @@ class VoicesAPI:
                 sample=clip.spk_smp,
                 transcript=transcript,
                 clip_seconds=round(clip.seconds, 2),
+                consent=consent,
             )
         await self.store.create(voice, quota)
         log.info(json.dumps({"event": "voice_created", "id": voice.id, "kind": voice.kind, "owner": voice.owner}))
         return voice.summary()
 
-    async def list(self, caller: Caller) -> dict[str, Any]:
-        """The built-in voices and the caller's (an admin: every owner's)."""
-        return {"object": "list", "data": await self.catalog.cards(caller.owner, admin=caller.admin)}
+    async def list(self, caller: Optional[Caller]) -> dict[str, Any]:
+        """The built-in voices and the caller's (an admin: every owner's); with no caller (no key
+        sent where keys are on, as Open WebUI asks) the built-in voices only. ``data``: the cards;
+        ``voices``: each one's id and name, the shape Open WebUI reads (``protocol.VoiceList``)."""
+        if caller is None:
+            cards = self.catalog.builtin_cards()
+        else:
+            cards = await self.catalog.cards(caller.owner, admin=caller.admin)
+        return {"object": "list", "data": cards, "voices": [{"id": c["id"], "name": c["name"]} for c in cards]}
 
     async def get(self, voice_id: str, caller: Caller) -> dict[str, Any]:
         seed = OPENAI_VOICES.get(voice_id.lower())

@@ -35,6 +35,7 @@ from .speech import (
     MAX_DIALOGUE_TURNS,
     MODEL_IDS,
     ApiOptions,
+    AudioModelList,
     CaptionFormat,
     DialogueRequest,
     DialogueTurn,
@@ -48,6 +49,7 @@ from .speech import (
     TimedSpeechRequest,
     VoiceCard,
     VoiceList,
+    VoiceName,
     VoiceRef,
     options_of,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "AudioJob",
     "AudioJobDeleted",
     "AudioJobList",
+    "AudioModelList",
     "Cancel",
     "Cancelled",
     "CaptionFormat",
@@ -92,6 +95,7 @@ __all__ = [
     "TimedSpeechRequest",
     "VoiceCard",
     "VoiceList",
+    "VoiceName",
     "VoiceRef",
     "options_of",
 ]

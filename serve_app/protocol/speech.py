@@ -228,6 +228,27 @@ class VoiceCard(BaseModel):
     )
 
 
+class VoiceName(BaseModel):
+    """A voice as Open WebUI lists them (``{base}/audio/voices``): what to send, what to show."""
+
+    id: str = Field(description="What a request's voice names: a built-in name or a custom voice's id.")
+    name: str
+
+
 class VoiceList(BaseModel):
+    """``GET /v1/audio/voices``: OpenAI's list shape (``data``), and the same voices as ``voices``,
+    the shape Open WebUI reads. Without an API key where keys are on, the
+    built-in voices only."""
+
     object: Literal["list"] = "list"
     data: list[VoiceCard]
+    voices: list[VoiceName] = Field(default_factory=list)
+
+
+class AudioModelList(BaseModel):
+    """``GET /v1/audio/models`` (no key needed): the speech model ids, as ``models`` (the shape Open
+    WebUI reads from ``{base}/audio/models``) and as OpenAI's list (``data``)."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+    models: list[ModelCard]

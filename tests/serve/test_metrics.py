@@ -67,7 +67,7 @@ def scraped(app_url, ray_session):
     with httpx.Client(base_url=app_url, timeout=120) as c:
         assert c.post("/v1/audio/speech", json=body).headers["x-cache"] == "miss"
         assert c.post("/v1/audio/speech", json=body).headers["x-cache"] == "hit"
-        assert c.post("/v1/audio/speech", json={"input": "hi", "voice": "nope"}).status_code == 404
+        assert c.post("/v1/audio/speech", json={"input": "hi", "voice": "nope"}).status_code == 400
         for i in range(3):
             assert (
                 c.post("/v1/audio/speech", json={"input": f"第{i}句。{text}", "response_format": "mp3"}).status_code
@@ -93,7 +93,7 @@ def scraped(app_url, ray_session):
             and _defined_names() <= _base_names(samples)
             and _dashboard_names() <= set(samples)
             and _total(samples, "ray_tts_cache_total", result="hit") >= 1
-            and _total(samples, "ray_tts_requests_total", status="404") >= 1
+            and _total(samples, "ray_tts_requests_total", status="400") >= 1
             and _total(samples, "ray_tts_requests_total", status="200", format="mp3") >= 3
             and _total(samples, "ray_tts_ttfb_seconds_count") >= 2
             and _total(samples, "ray_tts_rtf_count") >= 1
@@ -106,7 +106,7 @@ def scraped(app_url, ray_session):
 def test_app_metrics_are_exported_with_sensible_values(scraped):
     s = scraped
     assert _total(s, "ray_tts_requests_total", status="200", format="wav") >= 2
-    assert _total(s, "ray_tts_requests_total", status="404") >= 1
+    assert _total(s, "ray_tts_requests_total", status="400") >= 1
     assert _total(s, "ray_tts_cache_total", result="hit") >= 1
     assert _total(s, "ray_tts_cache_total", result="miss") >= 1
     assert _total(s, "ray_tts_audio_seconds_total") > 1.0

@@ -138,6 +138,6 @@ def test_a_dialogue_with_sse_names_speakers_and_a_bad_turn_is_a_400(app_url):
     segments = [e for e in events if e["type"] == "speech.segment"]
     assert [s["speaker"] for s in segments][:1] == ["alloy"] and "echo" in {s["speaker"] for s in segments}
     r = httpx.post(app_url + "/v1/audio/dialogue", json={"turns": [{"voice": "nobody", "input": "hi"}]}, timeout=30)
-    assert_openai_error(r, 404, "voice_not_found")
+    assert_openai_error(r, 400, "voice_not_found")
     r = httpx.post(app_url + "/v1/audio/dialogue", json={"turns": []}, timeout=30)
     assert_openai_error(r, 400)

@@ -34,7 +34,22 @@ from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.pipeline import SynthesisOptions
 from serve_app.engine.wav import with_true_length
 
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
+# Every voice name OpenAI's speech API accepts.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 
 SHORT_TEXT = "你好，世界。今天天气不错。"
 # ~11 s of audio in one request (three sentences).
@@ -286,7 +301,7 @@ BAD_JSON_BODIES = {
     "empty input": ({"input": ""}, 400, None),
     "blank input": ({"input": "   "}, 400, None),
     "input over max_input_chars": ({"input": "好" * 5000}, 413, "input_too_long"),
-    "unknown voice": ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
+    "unknown voice": ({"input": "你好", "voice": "no-such-voice"}, 400, "voice_not_found"),
     "bad response_format": ({"input": "你好", "response_format": "ogg"}, 400, None),
     "speed too low": ({"input": "你好", "speed": 0.1}, 400, None),
     "speed too high": ({"input": "你好", "speed": 9}, 400, None),
@@ -448,7 +463,7 @@ def test_speech_client_sync(app_url, planner, tmp_path):
         assert len(read_wav(out.read_bytes())) == expected_samples(planner, "客户端测试。", "fable")
         with pytest.raises(SpeechError) as excinfo:
             client.speak_to_file("你好", tmp_path / "never.wav", voice="no-such-voice")
-        assert excinfo.value.status == 404
+        assert excinfo.value.status == 400
         assert excinfo.value.code == "voice_not_found"
         assert not (tmp_path / "never.wav").exists()
 
@@ -466,7 +481,7 @@ async def test_speech_client_async(app_url, planner, tmp_path):
         )
         with pytest.raises(SpeechError) as excinfo:
             await client.speech("你好", voice="no-such-voice")
-        assert excinfo.value.status == 404
+        assert excinfo.value.status == 400
         assert excinfo.value.code == "voice_not_found"
 
 

@@ -68,7 +68,7 @@ def test_handle_from_another_application(app_url):
 
         # An APIError crosses two applications with its status and code.
         err = handle.error.remote().result(timeout_s=60)
-        assert err["status"] == 404 and err["code"] == "voice_not_found", err
+        assert err["status"] == 400 and err["code"] == "voice_not_found", err
     finally:
         serve.delete("caller")
     assert "caller" not in serve.status().applications
@@ -94,7 +94,7 @@ def test_handle_from_driver(chattts_handle):
 @pytest.mark.parametrize(
     "body, status, code",
     [
-        ({"input": "你好", "voice": "no-such-voice"}, 404, "voice_not_found"),
+        ({"input": "你好", "voice": "no-such-voice"}, 400, "voice_not_found"),
         ({"input": "你好", "model": "whisper-1"}, 404, "model_not_found"),
         ({"input": ""}, 400, None),
         ({"input": "。。。!!!"}, 400, "empty_input"),

@@ -55,7 +55,7 @@ async def test_custom_voice_by_id_or_name(app_url, served):
 @pytest.mark.parametrize(
     "start, code, error_code",
     [
-        ({"type": "session.start", "voice": "nobody"}, 4404, "voice_not_found"),
+        ({"type": "session.start", "voice": "nobody"}, 4400, "voice_not_found"),
         ({"type": "session.start", "model": "whisper-1"}, 4404, "model_not_found"),
     ],
     ids=["unknown voice", "unknown model"],
@@ -126,7 +126,7 @@ async def test_python_client_stream_text_and_session(app_url):
         with pytest.raises(SpeechError) as info:
             async for _ in client.stream_text(llm(), voice="nobody"):
                 pass
-        assert info.value.status == 404 and info.value.code == "voice_not_found"
+        assert info.value.status == 400 and info.value.code == "voice_not_found"
 
         async def broken() -> AsyncIterator[str]:
             yield "The source fails "

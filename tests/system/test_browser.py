@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import av
+import httpx
 import pytest
 import srt
 import webvtt
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 API_KEY = "sk-page-test"
+KEY_HEADER = {"Authorization": f"Bearer {API_KEY}"}
 # About a minute of speech: the response streams for seconds, so playback can start long before it ends.
 LONG_TEXT = (
     "".join(f"这是第{n}句话，用来测试网页在音频还在生成的时候就开始播放。" for n in "一二三四五六七八九十")
@@ -169,19 +171,23 @@ def test_pcm_streams_through_web_audio(page):
     )
 
 
-def test_a_voice_made_from_an_uploaded_clip_is_used(page, tmp_path):
+def test_a_voice_made_from_an_uploaded_clip_is_used(page, server, tmp_path):
     clip = tmp_path / "my-voice.wav"
     clip.write_bytes(encode(speechlike(3.0, f0=150.0), "wav"))
     name = f"page-{uuid.uuid4().hex[:6]}"
     page.fill("#voice-name", name)
     page.set_input_files("#voice-file", str(clip))
     page.fill("#voice-transcript", "这是我的声音。")
+    page.check("#voice-consent")  # the page asks for the speaker's consent, kept with the voice
+    page.fill("#voice-consent-by", "Page Tester")
     page.click("#create-voice")
     wait_js(page, "document.querySelector('#voice-status').textContent.includes('Created')", 120)
     item = page.locator("#voice-list li", has_text=name)
     assert item.count() == 1 and "clip, 3" in item.inner_text()
     voice_id = item.get_attribute("data-id")
     assert page.eval_on_selector("#voice", "s => s.value") == voice_id  # the new voice is selected
+    consent = httpx.get(f"{server}/v1/audio/voices/{voice_id}", headers=KEY_HEADER, timeout=30).json()["consent"]
+    assert consent["by"] == "Page Tester" and consent["statement"].startswith("The person speaking in this clip")
     report("browser: clip -> voice (3 s wav, as the page shows it)", page.inner_text("#voice-status"))
 
     sent: list[dict] = []
@@ -207,6 +213,8 @@ def test_a_voice_recorded_with_the_microphone(page):
     name = f"mic-{uuid.uuid4().hex[:6]}"
     page.fill("#voice-name", name)
     page.fill("#voice-transcript", "滴，滴，滴。")
+    page.check("#voice-consent")
+    page.fill("#voice-consent-by", "Mic Tester")
     page.click("#create-voice")
     wait_js(
         page,
@@ -225,6 +233,8 @@ def test_errors_are_shown_readably(page):
     assert "HTTP 400" in text and "input" in text, text
     page.fill("#voice-name", "alloy")  # a built-in name cannot be taken
     page.fill("#voice-transcript", "x")
+    page.check("#voice-consent")
+    page.fill("#voice-consent-by", "x")
     page.click("#create-voice")
     wait_js(page, "document.querySelector('#error').textContent.includes('invalid voice name')")
 

@@ -21,7 +21,7 @@ def test_a_full_stage_queue_is_503_with_retry_after():
 @pytest.mark.parametrize(
     "exc, status, code",
     [
-        (UnknownVoiceError("unknown voice 'zz'"), 404, "voice_not_found"),
+        (UnknownVoiceError("unknown voice 'zz'"), 400, "voice_not_found"),
         (InvalidClipError("the clip is silent"), 400, "invalid_audio"),
         (EmptyInputError("input is empty after normalisation"), 400, "empty_input"),
         (EngineOverloaded("queue full"), 503, "overloaded"),

@@ -566,6 +566,6 @@ def test_a_clip_with_a_video_stream_decodes_its_audio():
 
 
 def test_an_unknown_voice_name_still_is_one():
-    """A short string that is no voice is still a 404 (no decoding is tried under 32 characters)."""
+    """A short string that is no voice is still an unknown voice (no decoding is tried under 32 characters)."""
     with pytest.raises(UnknownVoiceError):
         VoiceResolver().resolve("no-such-voice")

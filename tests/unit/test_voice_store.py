@@ -245,7 +245,7 @@ async def test_catalog_resolves_every_way_to_name_a_voice(tmp_path):
     with pytest.raises(UnknownVoiceError, match="no voice with id"):
         await catalog.resolve("voice_" + "0" * 24, ANONYMOUS)
     cards = await catalog.cards(ANONYMOUS)
-    assert [c["kind"] for c in cards] == ["builtin"] * 11 + ["seed", "clip"]
+    assert [c["kind"] for c in cards] == ["builtin"] * 13 + ["seed", "clip"]  # 13: every name OpenAI accepts
 
 
 async def test_cache_key_follows_the_voices_content_not_its_name():

@@ -698,6 +698,11 @@ async function createVoice(event) {
   const form = new FormData();
   form.append("name", $("voice-name").value.trim());
   form.append("transcript", $("voice-transcript").value);
+  // The consent the box states, and who gave it: the server keeps both with the voice.
+  if ($("voice-consent").checked) {
+    form.append("consent", $("voice-consent-text").textContent.replace(/\s+/g, " ").trim());
+    form.append("consent_by", $("voice-consent-by").value.trim());
+  }
   const file = $("voice-file").files[0];
   if (file) form.append("audio", file, file.name);
   else if (recorded) form.append("audio", recorded, "recording.webm");

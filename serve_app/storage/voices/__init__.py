@@ -40,10 +40,14 @@ from ...settings import VoiceStoreConfig
 from .directory import DirectoryVoiceStore
 from .model import (
     ANONYMOUS,
+    MAX_CONSENT_BY_CHARS,
+    MAX_CONSENT_CHARS,
     MAX_NAME_CHARS,
     VOICE_ID_RE,
     StoredVoice,
+    VoiceConsent,
     VoiceKind,
+    check_consent,
     check_name,
     clean_transcript,
     index_key,
@@ -56,14 +60,18 @@ from .store import MemoryVoiceStore, VoiceStore
 
 __all__ = [
     "ANONYMOUS",
+    "MAX_CONSENT_BY_CHARS",
+    "MAX_CONSENT_CHARS",
     "VOICE_ID_RE",
     "DirectoryVoiceStore",
     "MemoryVoiceStore",
     "RedisVoiceStore",
     "StoredVoice",
     "VoiceCatalog",
+    "VoiceConsent",
     "VoiceKind",
     "VoiceStore",
+    "check_consent",
     "check_name",
     "clean_transcript",
     "index_key",
@@ -96,7 +104,8 @@ class VoiceCatalog:
 
     async def resolve(self, voice: Optional[str], owner: str, admin: bool = False) -> Voice:
         """The voice ``owner`` names (``admin``: any owner's custom voice, its own first by name);
-        another owner's id or name is unknown exactly as a missing one is (404)."""
+        another owner's id or name is unknown exactly as a missing one is (``UnknownVoiceError``:
+        400 ``voice_not_found``, param ``voice``)."""
         voice = (voice or "").strip()
         if VOICE_ID_RE.fullmatch(voice):
             stored = await self.store.get(voice, owner, admin=admin)
@@ -117,11 +126,15 @@ class VoiceCatalog:
             )
         return stored.voice()
 
-    async def cards(self, owner: str, admin: bool = False) -> list[dict[str, Any]]:
-        """``GET /v1/audio/voices``: the built-in voices, then ``owner``'s custom ones (an
-        admin's: everyone's, each with its owner), oldest first."""
-        builtin = [
+    @staticmethod
+    def builtin_cards() -> list[dict[str, Any]]:
+        """The built-in voices' cards (what a caller without a key may list)."""
+        return [
             {"id": v["id"], "object": "voice", "name": v["id"], "kind": "builtin", "seed": v["seed"]}
             for v in list_voices()
         ]
-        return builtin + [v.summary() for v in await self.store.list(owner, admin=admin)]
+
+    async def cards(self, owner: str, admin: bool = False) -> list[dict[str, Any]]:
+        """``GET /v1/audio/voices``: the built-in voices, then ``owner``'s custom ones (an
+        admin's: everyone's, each with its owner), oldest first."""
+        return self.builtin_cards() + [v.summary() for v in await self.store.list(owner, admin=admin)]

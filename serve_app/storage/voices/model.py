@@ -34,6 +34,10 @@ MiB = 1024 * KiB
 
 VoiceKind = Literal["speaker", "seed", "clip"]
 
+# A consent statement and who gave it, bounded: kept with the voice, shown in its detail.
+MAX_CONSENT_CHARS = 1000
+MAX_CONSENT_BY_CHARS = 200
+
 # The owner of voices made without API keys, and of documents stored before voices had owners
 # (the same string as ``http.security.ANONYMOUS``; storage does not import the HTTP layer).
 ANONYMOUS = "anonymous"
@@ -44,6 +48,18 @@ def default_voices_dir() -> Path:
     """``$XDG_DATA_HOME/chattts-serve/voices`` (``~/.local/share/...``): user data, not a cache."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "chattts-serve" / "voices"
+
+
+class VoiceConsent(BaseModel):
+    """The consent recorded when a voice was made: what the speaker agreed to (``statement``, the
+    request's ``consent``), who gave it (``by``, the request's ``consent_by``) and when (``at``,
+    Unix seconds, the server's clock)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    statement: str = Field(min_length=1, max_length=MAX_CONSENT_CHARS)
+    by: Optional[str] = Field(default=None, min_length=1, max_length=MAX_CONSENT_BY_CHARS)
+    at: int
 
 
 class StoredVoice(BaseModel):
@@ -65,6 +81,8 @@ class StoredVoice(BaseModel):
     sample: Optional[str] = None
     transcript: Optional[str] = None
     clip_seconds: Optional[float] = None
+    # Documents stored before consent was recorded have none.
+    consent: Optional[VoiceConsent] = None
 
     def voice(self) -> Voice:
         return Voice(self.name, self.seed, spk_emb=self.speaker, spk_smp=self.sample, txt_smp=self.transcript)
@@ -94,6 +112,7 @@ class StoredVoice(BaseModel):
             "sample": self.sample,
             "transcript": self.transcript,
             "content_hash": self.voice().cache_id,
+            "consent": self.consent.model_dump() if self.consent is not None else None,
         }
 
     def to_json(self) -> str:
@@ -166,6 +185,49 @@ def clean_transcript(text: Any, max_chars: int) -> str:
             code="transcript_too_long",
         )
     return text
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: control characters and runs of whitespace become one space."""
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+
+
+def check_consent(
+    statement: Any, by: Any, required: bool, kind: VoiceKind, now: Optional[int] = None
+) -> Optional[VoiceConsent]:
+    """The consent a create request records (``consent``, ``consent_by``), or None when it gives
+    none; a 400 naming the field when one is malformed, too long, or missing where it is required
+    (``required``: ``voices.require_consent``, for voices made from a clip: a real person's voice)."""
+    fields = {"consent": (statement, MAX_CONSENT_CHARS), "consent_by": (by, MAX_CONSENT_BY_CHARS)}
+    clean: dict[str, Optional[str]] = {}
+    for field, (value, limit) in fields.items():
+        if value is None or value == "":
+            clean[field] = None
+            continue
+        if not isinstance(value, str):
+            raise APIError(400, f"'{field}' must be text", param=field, code="invalid_value")
+        if len(value) > limit:  # before any work on it
+            raise APIError(400, f"'{field}' is at most {limit} characters", param=field, code="consent_too_long")
+        clean[field] = _one_line(value) or None
+    if required and kind == "clip":
+        for field, what in (
+            ("consent", "the speaker's consent statement (e.g. 'I agree that my voice is used to make this voice')"),
+            ("consent_by", "who gave the consent (the speaker's name)"),
+        ):
+            if clean[field] is None:
+                raise APIError(
+                    400,
+                    f"this server records consent for voices made from a clip: send '{field}', {what}",
+                    param=field,
+                    code="consent_required",
+                )
+    if clean["consent"] is None:
+        if clean["consent_by"] is not None:
+            raise APIError(
+                400, "'consent_by' needs the 'consent' statement it gave", param="consent", code="consent_required"
+            )
+        return None
+    return VoiceConsent(statement=clean["consent"], by=clean["consent_by"], at=int(time.time()) if now is None else now)
 
 
 def new_voice_id() -> str:
