@@ -75,6 +75,8 @@ class WyomingServer:
         self._handlers.add(task)
         try:
             await handler.run()
+        except asyncio.CancelledError:  # stop(): the handler's own cleanup has run
+            writer.close()
         except Exception:  # never the server's end: one connection's failure is logged and closed
             log.exception("connection failed")
             writer.close()

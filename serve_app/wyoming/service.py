@@ -68,7 +68,11 @@ class ServiceClient:
         self.base_url = settings.base_url
         self._voices_ttl_s = settings.voices_ttl_s
         key = settings.key
+        self._key = key
         self._speech = AsyncSpeechClient(settings.base_url, api_key=key, timeout=TIMEOUT)
+        # Sessions carry the key in session.start, not the handshake: a refused handshake says
+        # only "403", a refused session.start says why (the service's error event and code).
+        self._sessions = AsyncSpeechClient(settings.base_url, timeout=TIMEOUT)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(base_url=settings.base_url, headers=headers, timeout=LISTING_TIMEOUT)
         self._voices: Optional[list[dict[str, Any]]] = None
@@ -76,6 +80,7 @@ class ServiceClient:
 
     async def aclose(self) -> None:
         await self._speech.aclose()
+        await self._sessions.aclose()
         await self._http.aclose()
 
     async def voices(self) -> list[dict[str, Any]]:
@@ -102,4 +107,4 @@ class ServiceClient:
     def session(self, options: SpeechOptions):
         """``async with``: a WebSocket session (``SpeechSession``) sending pcm; leaving it closes
         the socket, which cancels whatever the service has not spoken yet."""
-        return self._speech.session(options.voice, "pcm", **options.session_fields())
+        return self._sessions.session(options.voice, "pcm", api_key=self._key, **options.session_fields())
