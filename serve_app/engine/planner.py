@@ -15,7 +15,8 @@ from typing import Optional
 from .config import SegmentLimits
 from .errors import EmptyInputError, RequestTooLarge
 from .pacing import TOKENS_PER_SECOND, expected_tokens, max_new_tokens, speed_tag_level
-from .text import TextFrontend
+from .text import Segment, TextFrontend
+from .text.lexicon import resolve_phonemes, strip_phonemes
 from .types import Plan, ScriptPart, SegmentRequest, SynthesisOptions, Voice
 from .voices import MAX_SEED, VoiceResolver, effective_seed
 
@@ -48,6 +49,15 @@ def plan_seconds(plan: Plan) -> float:
     return speech_seconds(plan.segments) + plan_silence(plan)
 
 
+def normalization(opts: SynthesisOptions) -> tuple[bool, bool]:
+    """(normalise numbers and symbols, read digits as written) for ``text_normalization``: on,
+    off (the text as written: digits one by one, nothing else read), auto (as ``normalize`` says)."""
+    mode = opts.text_normalization
+    if mode == "off":
+        return False, True
+    return (True if mode == "on" else opts.normalize), False
+
+
 class Planner:
     def __init__(self, limits: SegmentLimits = SegmentLimits(), frontend: Optional[TextFrontend] = None):
         self.limits = limits
@@ -60,13 +70,7 @@ class Planner:
     def plan(self, text: str, opts: SynthesisOptions, voice: Optional[Voice] = None, client: str = "") -> Plan:
         """``voice``: already resolved (a stored custom voice the Ingress looked up); else
         ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment)."""
-        segments = self.frontend.process(
-            text,
-            lang=opts.lang,
-            normalize=opts.normalize,
-            max_chars=self.limits.max_chars,
-            max_seconds=self.limits.max_seconds,
-        )
+        segments = self._segments(text, opts)
         plan = self.plan_texts([s.text for s in segments], opts, voice, client, spans=[s.span for s in segments])
         plan.sources = source_texts(text, plan.texts, plan.spans)
         return plan
@@ -80,13 +84,10 @@ class Planner:
         pause = 0.0
         for part in parts:
             pause += part.pause_before
-            segments = self.frontend.process(
-                part.text,
-                lang=opts.lang,
-                normalize=opts.normalize,
-                max_chars=self.limits.max_chars,
-                max_seconds=self.limits.max_seconds,
-            )
+            own = part.offset is not None
+            # An SSML piece may hold phonemes: the model reads their characters, captions the written ones.
+            written = part.text if own else strip_phonemes(part.text)
+            segments = self._segments(part.text if own else resolve_phonemes(part.text), opts)
             if not segments:
                 continue  # nothing speakable (a break alone): its pause goes on to the next part
             if pause > 0:
@@ -101,12 +102,11 @@ class Planner:
                 None if s.span is None or part.offset is None else (part.offset + s.span[0], part.offset + s.span[1])
                 for s in segments
             ]
-            own = part.offset is not None
             texts = [s.text for s in segments]
             sources = (
                 source_texts(part.text, texts, [s.span for s in segments])
                 if own
-                else ([part.text] if len(segments) == 1 else texts)
+                else ([written] if len(segments) == 1 else texts)
             )
             for seg, span, source in zip(segments, spans, sources):
                 i = len(reqs)
@@ -132,6 +132,18 @@ class Planner:
         plan.pauses[-1] += pause  # a break at the very end
         self.check_cost(reqs, opts, silence=plan_silence(plan))
         return plan
+
+    def _segments(self, text: str, opts: SynthesisOptions) -> list[Segment]:
+        normalize, literal = normalization(opts)
+        return self.frontend.process(
+            text,
+            lang=opts.lang,
+            normalize=normalize,
+            max_chars=self.limits.max_chars,
+            max_seconds=self.limits.max_seconds,
+            literal=literal,
+            lexicon=opts.pronunciations,
+        )
 
     def plan_texts(
         self,

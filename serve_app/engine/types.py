@@ -16,9 +16,11 @@ from typing import Literal, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from .audio import GAIN_DB_RANGE, SAMPLE_RATE
 from .text import CONTROL_TAG_RE
+from .text.lexicon import Pronunciations
 
 # The longest voice string any schema takes. A ChatTTS speaker string (the longest kind of voice
 # string) is base16384 of a raw LZMA2 stream of 768 float16 values (1536 bytes): the largest such
@@ -26,6 +28,10 @@ from .text import CONTROL_TAG_RE
 # bytes, 880 characters (real speakers compress to ~840). 1024 leaves a margin and keeps the
 # bytes ``engine/voices.decode_speaker`` reads small (it checks this bound before decoding).
 MAX_SPEAKER_CHARS = 1024
+
+
+# What a request's ``lexicon`` may be: a lexicon id (``storage.lexicons``), or "none".
+LEXICON_REF_PATTERN = r"^(lex_[0-9a-f]{24}|none)$"
 
 
 # The client of the rows the service makes for itself (an Ingress replica's warm-up): they never
@@ -56,6 +62,20 @@ class SynthesisOptions(BaseModel):
         default="", max_length=256, description="ChatTTS control tags, e.g. [oral_2][laugh_0][break_6]."
     )
     normalize: bool = True
+    text_normalization: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="on: numbers, units and symbols read as words; off: the text as written (digits one by one, "
+        "symbols ChatTTS cannot say dropped); auto: as 'normalize' says (on by default).",
+    )
+    lexicon: Optional[str] = Field(
+        default=None,
+        pattern=LEXICON_REF_PATTERN,
+        description="A pronunciation lexicon's id (POST /v1/audio/lexicons); 'none': not even the API key's "
+        "default lexicon.",
+    )
+    # The lexicon's entries, put here by the Ingress (from ``lexicon`` or the key's default): what
+    # the TextNormalizer applies and the cache keys. Not the API's to set (``ApiOptions``).
+    pronunciations: SkipJsonSchema[Optional[Pronunciations]] = None
     lang: Optional[Literal["zh", "en"]] = None
     priority: int = Field(default=0, ge=-10, le=10)
     volume: float = Field(

@@ -225,20 +225,10 @@ def test_rows_finish_at_own_length_with_chunk_schedule(engine, spk):
 
 @pytest.mark.timeout(120)
 def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
-    """The in-place KV buffers (regrown every KV_HEADROOM steps, re-packed on merge and filter)
-    give what transformers' own DynamicLayer (torch.cat every step) gives."""
-    from transformers.cache_utils import DynamicLayer
-
+    """The in-place KV buffers (regrown every KV_HEADROOM steps, re-packed on merge and filter),
+    read by transformers' own forward through the batch's cache layers, give what the written-out
+    decode step gives, and what each row gets decoded alone."""
     import serve_app.engine.acoustic as acoustic
-
-    class StockLayer(DynamicLayer):
-        def __init__(self, kbuf, vbuf, n):
-            super().__init__()
-            self.lazy_initialization(kbuf, vbuf)
-            self.keys, self.values = kbuf[:, :, :n].clone(), vbuf[:, :, :n].clone()
-
-        kbuf = property(lambda self: self.keys)
-        vbuf = property(lambda self: self.values)
 
     # Rows longer than the headroom, of different lengths (the batch is filtered mid-flight); the
     # middle row ends first, so the last row moves into its slot.
@@ -248,11 +238,10 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
         seg(spk, 90, seed=2, text="hello world"),
     ]
 
-    def run(layer_cls=None) -> list[torch.Tensor]:
+    def run(transformers: bool = False) -> list[torch.Tensor]:
         eng = make_engine()
-        if layer_cls is not None:  # transformers' forward over stock cache layers
+        if transformers:  # transformers' forward over the batch's cache layers
             eng.decode_forward = None
-            eng.batch.layer_cls = layer_cls
         streams = [eng.submit(reqs[0])]
         for _ in range(10):
             eng.step()
@@ -260,11 +249,12 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
         eng.run_until_idle()
         return [drain(s)[1] for s in streams]
 
-    buffered = run()
-    stock = run(StockLayer)
-    for b, s in zip(buffered, stock):
+    lean = run()
+    stock = run(transformers=True)
+    for b, s, req in zip(lean, stock, reqs):
         assert b.shape == s.shape
         assert torch.allclose(b, s, atol=1e-5, rtol=0)
+        assert torch.equal(b, decode_alone(make_engine(), req))
 
 
 def test_poll_drives_a_row_on_the_callers_thread(make_engine, spk):
@@ -443,8 +433,8 @@ def test_cancel_mid_flight_stops_the_row_within_one_step(engine, spk):
 
 
 def test_batch_is_released_after_a_burst(engine, spk):
-    # The row with the longest prompt (and the oldest KV columns) leaves first: its padding
-    # columns must go with it; late rows join with shorter KV than the running ones.
+    # The row with the longest prompt (and the most KV columns) leaves first: the columns past
+    # the others must go with it; late rows join with shorter KV than the running ones.
     lengths = [10, 60, 33, 8, 47, 25]
     texts = ["今天天气很好，我们出去走走吧，顺便买点东西回来。", "你好。", "hello world", "一", "abc def", "好"]
     streams = [engine.submit(seg(spk, n, seed=i, text=t)) for i, (n, t) in enumerate(zip(lengths[:3], texts[:3]))]
@@ -456,12 +446,12 @@ def test_batch_is_released_after_a_burst(engine, spk):
                 engine.submit(seg(spk, n, seed=10 + i, text=t)) for i, (n, t) in enumerate(zip(lengths[3:], texts[3:]))
             ]
         if engine.running_rows:
-            # KV bookkeeping: one KV row per running row, as wide as the mask, no all-padding column.
+            # KV bookkeeping: one KV row per running row, as wide as the mask, no column past the longest row.
             batch = engine.batch
             b, width = batch.mask.shape
             assert b == engine.running_rows == len(batch.pos)
             assert all(k.shape[0] == b and k.shape[2] == width for k in batch.keys + batch.values)
-            assert bool(batch.mask[:, 0].any())
+            assert bool(batch.mask[:, -1].any())
             # Every row's next position is its number of real tokens.
             assert torch.equal(batch.pos, batch.mask.sum(1))
     for n, s in zip(lengths, streams):

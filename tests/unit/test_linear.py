@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from serve_app.engine.linear import MIN_ROWS, DualLayoutLinear, use_dual_layout
+from serve_app.engine.linear import DualLayoutLinear, use_dual_layout
+
+ROWS = 12
 
 
 def test_dual_layout_matches_linear_for_every_row_count():
@@ -13,10 +15,15 @@ def test_dual_layout_matches_linear_for_every_row_count():
     for bias in (False, True):
         lin = nn.Linear(48, 80, bias=bias)
         dual = DualLayoutLinear(lin)
-        for rows in range(1, 3 * MIN_ROWS):
+        for rows in range(1, ROWS):
             for shape in ((rows, 48), (rows, 1, 48), (1, rows, 48)):
                 x = torch.randn(*shape)
                 torch.testing.assert_close(dual(x), lin(x), rtol=1e-5, atol=1e-5)
+    # Each row's result is the same, bit for bit, whatever the rows beside it.
+    x = torch.randn(ROWS, 48)
+    whole = dual(x)
+    assert all(torch.equal(dual(x[i : i + 1]), whole[i : i + 1]) for i in range(ROWS))
+    assert all(torch.equal(dual(x[:n]), whole[:n]) for n in range(2, ROWS))
     # It shares the parameters (not copies), so a loaded state dict still describes the model.
     assert dual.weight is lin.weight and dual.bias is lin.bias
     assert "weight_t" not in dual.state_dict()
@@ -34,9 +41,9 @@ def test_loaded_cpu_gpt_uses_dual_layout_and_gives_the_same_hidden_states(tiny_m
     )
     plain_gpt = plain.chat.gpt.gpt
     assert not any(isinstance(m, DualLayoutLinear) for m in plain_gpt.modules())
-    # Same weights, so the same forward for batches on both sides of MIN_ROWS.
+    # Same weights, so the same forward for batches on of one and several rows.
     hidden = gpt.config.hidden_size
-    for rows in (1, MIN_ROWS + 4):
+    for rows in (1, 2, 8):
         emb = torch.randn(rows, 7, hidden)
         with torch.inference_mode():
             a = gpt(inputs_embeds=emb).last_hidden_state

@@ -1,12 +1,21 @@
-"""The running batch's tensors: KV buffers, padding mask and position ids, kept aligned with the
-list of rows.
+"""The running batch's tensors: KV buffers and position ids, kept aligned with the list of rows.
 
-Rows are left-padded: every row's KV ends at the same column, so one decode step writes all
-rows' new KV column at once. Per layer the keys (and values) live in a (B, H, capacity, D)
-buffer, ``kbuf``, with ``keys`` the (B, H, T, D) view of its filled part; a step writes its
-column in place (``BufferedLayer``) and the buffer is re-allocated only every ``KV_HEADROOM``
-steps. Admission appends prefilled rows (TGI's ``concatenate``: one re-pack of the batch);
-retirement drops rows (TGI's ``filter``: in-place compaction, all-padding columns cut as views).
+Rows are left-aligned (right padding): row i's KV fills columns 0..pos[i]-1 of its buffer row,
+and a step writes each row's new column at its own ``pos[i]`` (which is also its position id).
+Per layer the keys (and values) live in a zero-filled (B, H, capacity, D) buffer; attention reads
+its first ``span`` columns, ``span`` the columns in use rounded up to ``ALIGN``, under a mask
+that is True on each row's real columns.
+
+Why this layout: batch invariance. A row's attention then reads its keys at the same columns, in
+the same blocks, as when it decodes alone; the other rows only add masked columns after them, in
+whole ``ALIGN`` blocks, which add exact zeros to every sum (torch's CPU attention, checked by
+tests/unit/test_batch_invariance.py). With left padding a row's keys moved whenever a longer
+row joined, and the kernels' reduction order moved with them: under int8 (which rounds each
+activation to 8 bits) that flipped tokens.
+
+The buffers are re-allocated only every ``KV_HEADROOM`` steps. Admission appends prefilled rows
+(TGI's ``concatenate``: one re-pack of the batch); retirement drops rows (TGI's ``filter``:
+in-place compaction, columns past the longest remaining row cut as views).
 """
 
 from __future__ import annotations
@@ -21,34 +30,37 @@ from .row import Row
 from .sampling import NUM_VQ, SamplingState
 
 KV_HEADROOM = 64  # free KV columns allocated ahead: steps write in place, one re-allocation per 64
+# Attention reads whole blocks of this many columns (a multiple of the CPU kernels' vector and
+# block widths): a row's reduction order is then the same alone and in any batch.
+ALIGN = 64
+
+
+def aligned(n: int) -> int:
+    """``n`` rounded up to a whole number of ``ALIGN`` blocks."""
+    return -(-n // ALIGN) * ALIGN
 
 
 class BufferedLayer(DynamicLayer):
-    """A KV cache layer over preallocated buffers: a decode step writes its KV column in place
-    and attention reads a view of the filled part, where ``DynamicLayer`` copies the whole cache
-    with ``torch.cat`` every step (28% of a batch-8 step on this CPU)."""
+    """A transformers cache layer over the batch's buffers, for transformers' own forward (models
+    ``DecodeForward`` does not write out): a step writes each row's KV column in place at the row's
+    position (``BatchState.write_column``) and attention reads the aligned span. Used for decode
+    steps only (one new token per row)."""
 
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, n: int):
+    def __init__(self, batch: "BatchState", layer: int):
         super().__init__()
-        self.lazy_initialization(kbuf, vbuf)
-        self.kbuf, self.vbuf, self.n = kbuf, vbuf, n
-        self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
-        self.owner: Optional[tuple["BatchState", int]] = (
-            None  # the batch and layer these buffers are (BatchState.cache)
-        )
+        self.batch, self.layer = batch, layer
+        self.lazy_initialization(batch.kbuf[layer], batch.vbuf[layer])
+        self.kbuf, self.vbuf = batch.kbuf[layer], batch.vbuf[layer]
+        self.keys, self.values = batch.keys[layer], batch.values[layer]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        end = self.n + key_states.shape[2]
-        self.kbuf, self.vbuf = write_kv(self.kbuf, self.vbuf, self.n, key_states, value_states)
-        if self.owner is not None:
-            batch, layer = self.owner
-            batch.adopt(layer, self.kbuf, self.vbuf, self.n)
-        self.n = end
-        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        self.kbuf, self.vbuf = self.batch.write_column(self.layer, key_states, value_states)
+        span = self.batch.step_span
+        self.keys, self.values = self.kbuf[:, :, :span], self.vbuf[:, :, :span]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.n
+        return self.batch.width
 
 
 class Prefilled(NamedTuple):
@@ -69,60 +81,66 @@ def code_embeddings(embed: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 class BatchState:
-    """Rows, KV buffers, mask and positions of the running batch. Not thread-safe (decode thread)."""
+    """Rows, KV buffers and positions of the running batch. Not thread-safe (decode thread)."""
 
     def __init__(self, gpt_config: Any, device: torch.device):
         self.gpt_config = gpt_config
         self.num_layers = gpt_config.num_hidden_layers
         self.device = device
-        self.layer_cls: type = BufferedLayer  # the cache layer over the buffers
+        self.layer_cls: type = BufferedLayer  # the cache layer transformers' forward writes through
         self.rows: list[Row] = []
-        # Per layer: (B, H, capacity, D) buffers, and (B, H, T, D) views of their filled part.
+        # Per layer: (B, H, capacity, D) zero-filled buffers, and (B, H, T, D) views of the columns in use.
         self.kbuf: list[torch.Tensor] = []
         self.vbuf: list[torch.Tensor] = []
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.mask: Optional[torch.Tensor] = None  # (B, T) bool, True = real token
-        self.pos: Optional[torch.Tensor] = None  # (B,) next position id per row
+        self.pos: Optional[torch.Tensor] = None  # (B,) real tokens per row: its next column and position id
+        self._t = 0  # columns in use: the longest row (max of pos), kept on the host
+        self.step_span = 0  # columns the current step's attention reads (open_step)
         self.sampling = SamplingState(device)  # per-row sampling parameters, recent tokens, next input
 
     @property
     def width(self) -> int:
-        """T: KV columns in use (padding included)."""
-        return self.keys[0].shape[2] if self.keys else 0
+        """T: KV columns in use (the longest row)."""
+        return self._t if self.rows else 0
+
+    @property
+    def mask(self) -> Optional[torch.Tensor]:
+        """(B, T) bool, True on each row's real columns (its first pos[i]); None without rows."""
+        if not self.rows:
+            return None
+        return torch.arange(self._t, device=self.device) < self.pos.unsqueeze(1)
 
     def set_kv(self, kbuf: list[torch.Tensor], vbuf: list[torch.Tensor], t: int) -> None:
-        """Install per-layer buffers and their filled views (T = t)."""
-        self.kbuf, self.vbuf = kbuf, vbuf
+        """Install per-layer buffers and their views of the columns in use (T = t)."""
+        self.kbuf, self.vbuf, self._t = kbuf, vbuf, t
         self.keys = [b[:, :, :t] for b in kbuf]
         self.values = [b[:, :, :t] for b in vbuf]
 
     def reset(self) -> None:
         self.rows, self.keys, self.values, self.kbuf, self.vbuf = [], [], [], [], []
-        self.mask = self.pos = None
+        self.pos, self._t = None, 0
         self.sampling.reset()
 
     # ------------------------------------------------------------------ concatenate
 
     def merge(self, prefilled: list[Prefilled]) -> None:
-        """Append prefilled rows: every row's KV right-aligned (left padding) in new buffers, the
-        running rows' copied once. All or nothing: on an error the batch is unchanged.
+        """Append prefilled rows: every row's KV left-aligned in new buffers, the running rows'
+        copied once. All or nothing: on an error the batch is unchanged.
 
         One buffer at a time, each replacing its old one at once, so the batch's KV is never held
         twice: building every layer's new buffers before dropping the old ones was a transient
         second copy of the whole KV at every admission (the Acoustic replica's peak memory)."""
         lengths = [p.keys[0].shape[2] for p in prefilled]
-        w = self.width if self.rows else 0
+        w = self.width
         t = max([w, *lengths])
+        capacity = aligned(t) + KV_HEADROOM
         b_run = len(self.rows)
-        new_mask = [torch.ones(1, n, dtype=torch.bool, device=self.device) for n in lengths]
-        masks = ([self.mask] if self.rows else []) + new_mask
-        mask = torch.cat([pad_left(m, t, dim=1) for m in masks], 0)
         new_pos = torch.tensor(lengths, dtype=torch.long, device=self.device)
         pos = torch.cat([self.pos, new_pos]) if self.rows else new_pos
         if not self.rows:
-            kbuf = [pack_rows([p.keys[layer][0] for p in prefilled], t) for layer in range(self.num_layers)]
-            vbuf = [pack_rows([p.values[layer][0] for p in prefilled], t) for layer in range(self.num_layers)]
+            kbuf = [pack_rows([p.keys[layer][0] for p in prefilled], capacity) for layer in range(self.num_layers)]
+            vbuf = [pack_rows([p.values[layer][0] for p in prefilled], capacity) for layer in range(self.num_layers)]
             self.set_kv(kbuf, vbuf, t)
         else:
             replaced: list[tuple[list, list, int]] = []
@@ -132,70 +150,71 @@ class BatchState:
                         sources = [views[layer][i] for i in range(b_run)] + [
                             getattr(p, attr)[layer][0] for p in prefilled
                         ]
-                        buf = pack_rows(sources, t)
+                        buf = pack_rows(sources, capacity)
                         del sources
                         bufs[layer], views[layer] = buf, buf[:, :, :t]  # the old buffer goes here
                         replaced.append((bufs, views, layer))
             except BaseException:
                 # Back to the running rows alone: views of the new buffers (nothing to allocate).
                 for bufs, views, layer in replaced:
-                    bufs[layer] = bufs[layer][:b_run, :, t - w :]
+                    bufs[layer] = bufs[layer][:b_run]
                     views[layer] = bufs[layer][:, :, :w]
                 raise
-        self.mask, self.pos = mask, pos
+            self._t = t
+        self.pos = pos
         self.sampling.append([p.row.req for p in prefilled], [p.sampling for p in prefilled])
         self.rows.extend(p.row for p in prefilled)
 
     # ------------------------------------------------------------------ one decode step
 
     def open_step(self) -> torch.Tensor:
-        """Add the step's column to the mask (every row's new token is real); returns the mask."""
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], 1)
-        return self.mask
+        """The step's attention mask (B, span): each row's real columns and its new one (at
+        ``pos``), over the columns in use plus one, rounded up to ``ALIGN``."""
+        self.step_span = aligned(self._t + 1)
+        return torch.arange(self.step_span, device=self.device) <= self.pos.unsqueeze(1)
 
     def cache(self) -> DynamicCache:
-        """A transformers cache whose layers write into this batch's buffers."""
+        """A transformers cache whose layers write into this batch's buffers (one decode step)."""
         cache = DynamicCache(config=self.gpt_config)
-        t = self.width
-        cache.layers = [self.layer_cls(self.kbuf[i], self.vbuf[i], t) for i in range(self.num_layers)]
-        for i, layer in enumerate(cache.layers):
-            if isinstance(layer, BufferedLayer):
-                layer.owner = (self, i)
+        cache.layers = [self.layer_cls(self, i) for i in range(self.num_layers)]
         return cache
 
-    def write_column(self, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a step's KV (B, H, 1, D) of ``layer`` at column ``t``; returns the layer's buffers
-        (re-allocated when full; hand them to ``close_step``)."""
-        kbuf, vbuf = write_kv(self.kbuf[layer], self.vbuf[layer], t, k, v)
-        self.adopt(layer, kbuf, vbuf, t)
+    def write_column(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a step's KV (B, H, 1, D) of ``layer``, each row at its own column ``pos``;
+        returns the layer's buffers, at least ``step_span`` columns wide (re-allocated when not;
+        hand them to ``close_step``)."""
+        kbuf, vbuf = self.kbuf[layer], self.vbuf[layer]
+        if kbuf.shape[2] < self.step_span:
+            kbuf, vbuf = with_capacity(kbuf, self._t, self.step_span), with_capacity(vbuf, self._t, self.step_span)
+            self.adopt(layer, kbuf, vbuf)
+        rows = torch.arange(k.shape[0], device=kbuf.device)
+        kbuf[rows, :, self.pos] = k[:, :, 0]
+        vbuf[rows, :, self.pos] = v[:, :, 0]
         return kbuf, vbuf
 
-    def adopt(self, layer: int, kbuf: torch.Tensor, vbuf: torch.Tensor, t: int) -> None:
-        """A layer's buffers re-allocated mid-step (``write_kv``) replace the old ones now, so each
-        old buffer is freed as its layer moves on, not all of them after the forward (a second
-        copy of the whole KV every ``KV_HEADROOM`` steps). The views keep width ``t`` until
-        ``close_step``."""
-        if kbuf is not self.kbuf[layer]:
-            self.kbuf[layer], self.vbuf[layer] = kbuf, vbuf
-            self.keys[layer], self.values[layer] = kbuf[:, :, :t], vbuf[:, :, :t]
+    def adopt(self, layer: int, kbuf: torch.Tensor, vbuf: torch.Tensor) -> None:
+        """A layer's buffers re-allocated mid-step replace the old ones now, so each old buffer is
+        freed as its layer moves on, not all of them after the forward (a second copy of the whole
+        KV every ``KV_HEADROOM`` steps). The views keep width T until ``close_step``."""
+        self.kbuf[layer], self.vbuf[layer] = kbuf, vbuf
+        self.keys[layer], self.values[layer] = kbuf[:, :, : self._t], vbuf[:, :, : self._t]
 
     def close_step(self, kbuf: list[torch.Tensor], vbuf: list[torch.Tensor]) -> None:
-        """After the forward: the buffers now hold one more column (re-allocated if they grew)."""
-        self.set_kv(kbuf, vbuf, self.width + 1)
+        """After the forward: every row holds one more column (buffers re-allocated if they grew)."""
+        self.set_kv(kbuf, vbuf, self._t + 1)
         self.pos = self.pos + 1
 
     # ------------------------------------------------------------------ park
 
     def park(self, indices: list[int]) -> list[Prefilled]:
         """Take the rows at ``indices`` out of the batch, each with a copy of its own KV (its
-        real columns only: the last ``pos`` ones, rows being left-padded) and its sampling state,
-        ready to ``merge`` back where they left off."""
-        t = self.width
+        real columns only: the first ``pos``) and its sampling state, ready to ``merge`` back
+        where they left off."""
         out = []
         for i in indices:
             n = int(self.pos[i])
-            keys = [b[i : i + 1, :, t - n : t].clone() for b in self.kbuf]
-            values = [b[i : i + 1, :, t - n : t].clone() for b in self.vbuf]
+            keys = [b[i : i + 1, :, :n].clone() for b in self.kbuf]
+            values = [b[i : i + 1, :, :n].clone() for b in self.vbuf]
             out.append(Prefilled(self.rows[i], keys, values, None, self.sampling.take(i)))
         gone = set(indices)
         self.retire([i for i in range(len(self.rows)) if i not in gone])
@@ -204,8 +223,8 @@ class BatchState:
     # ------------------------------------------------------------------ filter
 
     def retire(self, keep: list[int]) -> None:
-        """Keep only the rows at indices ``keep`` (ascending), drop the others' KV; trim columns
-        where every remaining row is padding."""
+        """Keep only the rows at indices ``keep`` (ascending), drop the others' KV; cut the
+        columns past the longest remaining row."""
         if len(keep) == len(self.rows):
             return
         if not keep:
@@ -223,60 +242,32 @@ class BatchState:
             order[h] = m
         idx = torch.tensor(order, dtype=torch.long, device=self.device)
         self.rows = [self.rows[i] for i in order]
-        self.mask = self.mask.index_select(0, idx)
         self.pos = self.pos.index_select(0, idx)
         self.sampling.select(idx)
-        # Columns where every remaining row is padding carry nothing: cut them (views; the freed
-        # rows and columns go back when the buffers are next re-allocated).
-        first = int(self.mask.any(0).nonzero()[0])
-        self.mask = self.mask[:, first:]
-        end = self.width
+        end = self._t
         if holes:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
             for buf in (*self.kbuf, *self.vbuf):
-                buf[dst, :, first:end] = buf[src, :, first:end]
-        self.set_kv([b[:n, :, first:] for b in self.kbuf], [b[:n, :, first:] for b in self.vbuf], end - first)
+                buf[dst, :, :end] = buf[src, :, :end]
+        # Columns past the longest remaining row carry nothing: cut them (views; they stay
+        # allocated, finite, and masked until the buffers are next re-allocated).
+        self.set_kv([b[:n] for b in self.kbuf], [b[:n] for b in self.vbuf], int(self.pos.max()))
 
 
-def write_kv(
-    kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write ``k``/``v`` (B, H, m, D) at columns n..n+m of the buffers, growing them by
-    ``KV_HEADROOM`` when full; returns the buffers written."""
-    end = n + k.shape[2]
-    if end > kbuf.shape[2]:
-        kbuf, vbuf = with_headroom(kbuf[:, :, :n]), with_headroom(vbuf[:, :, :n])
-    kbuf[:, :, n:end] = k
-    vbuf[:, :, n:end] = v
-    return kbuf, vbuf
-
-
-def pack_rows(rows: list[torch.Tensor], t: int) -> torch.Tensor:
-    """A (len(rows), H, t + KV_HEADROOM, D) buffer: row j's (H, n, D) KV in columns t-n..t, zeros
-    before it (masked, but must be finite), the headroom left unset (written before it is read)."""
+def pack_rows(rows: list[torch.Tensor], capacity: int) -> torch.Tensor:
+    """A zero-filled (len(rows), H, capacity, D) buffer with row j's (H, n, D) KV in columns 0..n.
+    Zeros: attention reads masked columns too, and they must be finite."""
     h, _, d = rows[0].shape
-    buf = rows[0].new_empty(len(rows), h, t + KV_HEADROOM, d)
+    buf = rows[0].new_zeros(len(rows), h, capacity, d)
     for j, x in enumerate(rows):
-        n = x.shape[1]
-        if n < t:
-            buf[j, :, : t - n].zero_()
-        buf[j, :, t - n : t] = x
+        buf[j, :, : x.shape[1]] = x
     return buf
 
 
-def with_headroom(x: torch.Tensor) -> torch.Tensor:
-    """A (B, H, T + KV_HEADROOM, D) buffer whose first T columns are ``x``."""
-    b, h, t, d = x.shape
-    buf = x.new_empty(b, h, t + KV_HEADROOM, d)
-    buf[:, :, :t] = x
+def with_capacity(x: torch.Tensor, t: int, span: int) -> torch.Tensor:
+    """A zero-filled (B, H, span + KV_HEADROOM, D) buffer whose first ``t`` columns are ``x``'s."""
+    b, h, _, d = x.shape
+    buf = x.new_zeros(b, h, span + KV_HEADROOM, d)
+    buf[:, :, :t] = x[:, :, :t]
     return buf
-
-
-def pad_left(x: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
-    n = x.shape[dim]
-    if n == length:
-        return x
-    shape = list(x.shape)
-    shape[dim] = length - n
-    return torch.cat([x.new_zeros(shape), x], dim)

@@ -9,11 +9,11 @@ SGLang's graph runners do:
   0 and attends only to its own new column, so it computes finite values nobody reads;
 - the KV cache lives in one zero-filled storage per layer, (largest bucket, H, capacity, D); the
   batch's buffers are views of it (copied in after a merge, which re-packs elsewhere); the step
-  writes its column at an index held in a device tensor;
+  writes each row's column at the row's position, held in a device tensor;
 - attention reads all ``capacity`` columns under a (bucket, 1, 1, capacity) mask that is True
   only on each row's real columns and the new one; so the storage must never hold a NaN (a
   masked NaN still poisons the product), hence zeros and pad rows that attend to something;
-- the inputs (codes, positions, mask, write column) are static tensors filled before a replay;
+- the inputs (codes, positions = write columns, mask) are static tensors filled before a replay;
   the hidden states come out in the graph's own tensor, read before the next replay.
 
 Sampling stays outside the graph (one batched pass, ``sampling.py``). A step runs eagerly
@@ -46,19 +46,20 @@ def buckets_for(max_rows: int) -> tuple[int, ...]:
 
 
 class StaticLayer(DynamicLayer):
-    """A KV cache layer over a static storage view (b, H, capacity, D): writes the step's column
-    at the index in ``col`` (a device tensor, so a replay can move it) and gives attention every
-    column (the mask hides what is not real)."""
+    """A KV cache layer over a static storage view (b, H, capacity, D): writes each row's column
+    at its position in ``pos`` (a device tensor, so a replay can move it) and gives attention
+    every column (the mask hides what is not real)."""
 
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, col: torch.Tensor):
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, pos: torch.Tensor):
         super().__init__()
         self.lazy_initialization(kbuf, vbuf)
-        self.kbuf, self.vbuf, self.col = kbuf, vbuf, col
+        self.kbuf, self.vbuf, self.pos = kbuf, vbuf, pos
+        self.rows = torch.arange(kbuf.shape[0], device=kbuf.device)
         self.keys, self.values = kbuf, vbuf
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        self.kbuf.index_copy_(2, self.col, key_states)
-        self.vbuf.index_copy_(2, self.col, value_states)
+        self.kbuf[self.rows, :, self.pos] = key_states[:, :, 0]
+        self.vbuf[self.rows, :, self.pos] = value_states[:, :, 0]
         return self.kbuf, self.vbuf
 
     def get_seq_length(self) -> int:
@@ -79,10 +80,7 @@ class GraphRunner:
         self.graphs: dict[int, Any] = {}  # bucket -> torch.cuda.CUDAGraph
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> its graph's hidden states (b, hidden)
         self._said: set[str] = set()
-        # KV copies into the static storage: after a merge (new buffers), and at its end (trims
-        # move the batch's view right until the next column no longer fits).
-        self.copies_in = 0
-        self.compactions = 0
+        self.copies_in = 0  # KV copies into the static storage (after each merge: new buffers)
         self._k: list[torch.Tensor] = []  # per layer (rows, H, capacity, D), allocated on first use
         self._v: list[torch.Tensor] = []
 
@@ -119,9 +117,9 @@ class GraphRunner:
             self._allocate(batch)
         rows = len(batch.rows)
         bucket = next(b for b in self.buckets if b >= rows)
-        lo = self._place(batch)
-        mask = batch.open_step()
-        self._fill(lo, mask, batch.pos, last)
+        self._place(batch)
+        batch.open_step()
+        self._fill(batch.pos, last)
         out = self._run(bucket)[:rows]
         batch.close_step(batch.kbuf, batch.vbuf)
         return out
@@ -137,45 +135,28 @@ class GraphRunner:
         self._tokens = torch.zeros(n, NUM_VQ, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(n, 1, dtype=torch.long, device=self.device)
         self._mask = torch.zeros(n, 1, 1, self.capacity, dtype=torch.bool, device=self.device)
-        self._col = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._columns = torch.arange(self.capacity, device=self.device)
 
-    def _offset(self, x: torch.Tensor, storage: torch.Tensor) -> Optional[int]:
-        """The column where view ``x`` starts if it is ``storage[:B, :, lo:]``, else None."""
-        if x.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr() or x.stride() != storage.stride():
-            return None
-        lo, rest = divmod(x.storage_offset() - storage.storage_offset(), storage.stride(2))
-        return lo if rest == 0 and 0 <= lo < self.capacity else None
-
-    def _place(self, batch: BatchState) -> int:
-        """Make the batch's KV buffers views of the static storage with room for this step's
-        column; returns the storage column where they start."""
-        t = batch.width
-        lo = self._offset(batch.kbuf[0], self._k[0])
-        if lo is not None and lo == self._offset(batch.vbuf[0], self._v[0]) and lo + t + 1 <= self.capacity:
-            return lo
-        # After a merge (new buffers) or at the storage's end (trims move the view right):
-        # copy the filled columns to the front.
-        rows = len(batch.rows)
-        if lo is None:
-            self.copies_in += 1
-        else:
-            self.compactions += 1
+    def _place(self, batch: BatchState) -> None:
+        """Make the batch's KV buffers views of the static storage (rows left-aligned from column
+        0, as in the batch's own buffers): after a merge (new buffers), copy them in."""
+        k0 = batch.kbuf[0]
+        if k0.untyped_storage().data_ptr() == self._k[0].untyped_storage().data_ptr():
+            return
+        rows, t = len(batch.rows), batch.width
+        self.copies_in += 1
         for src, dst in zip((*batch.kbuf, *batch.vbuf), (*self._k, *self._v)):
-            data = src[:, :, :t]
-            dst[:rows, :, :t].copy_(data.clone() if lo is not None else data)  # clone: they may overlap
+            dst[:rows, :, :t].copy_(src[:, :, :t])
+            dst[:rows, :, t:].zero_()  # a row's later columns: finite, and its own once written
         batch.set_kv([k[:rows] for k in self._k], [v[:rows] for v in self._v], t)
-        return 0
 
-    def _fill(self, lo: int, mask: torch.Tensor, pos: torch.Tensor, last: torch.Tensor) -> None:
+    def _fill(self, pos: torch.Tensor, last: torch.Tensor) -> None:
         """The static inputs of every row up to the largest bucket (so that whichever graph runs,
         and every warm-up, computes finite values only)."""
-        rows, width = mask.shape  # width = t + 1: the new column is lo + t
-        col = lo + width - 1
+        rows = pos.shape[0]
         m = self._mask[:, 0, 0]
-        m.zero_()
-        m[:rows, lo : lo + width] = mask
-        m[rows:, col] = True  # a pad row attends to its own new column
-        self._col.fill_(col)
+        m[:rows] = self._columns <= pos.unsqueeze(1)  # each row's real columns and its new one
+        m[rows:] = self._columns == 0  # a pad row writes and attends to column 0 of its own storage row
         self._pos[:rows, 0] = pos
         self._pos[rows:] = 0
         self._tokens[:rows] = last
@@ -185,7 +166,8 @@ class GraphRunner:
         """The step over the static buffers' first ``bucket`` rows: what a graph records."""
         emb = code_embeddings(self.embed, self._tokens[:bucket])
         cache = DynamicCache(config=self.gpt.config)
-        cache.layers = [StaticLayer(k[:bucket], v[:bucket], self._col) for k, v in zip(self._k, self._v)]
+        pos = self._pos[:bucket, 0]
+        cache.layers = [StaticLayer(k[:bucket], v[:bucket], pos) for k, v in zip(self._k, self._v)]
         out = self.gpt(
             inputs_embeds=emb.unsqueeze(1).to(self.dtype),
             attention_mask=self._mask[:bucket],

@@ -68,13 +68,14 @@ class DecodeForward:
 
     def __call__(self, batch: BatchState, emb: torch.Tensor) -> torch.Tensor:
         """``emb`` (B, hidden): each row's new token embedded -> the last hidden states (B, hidden);
-        the batch's buffers get the step's KV column and advance by one (``open_step`` /
-        ``close_step`` as around transformers' forward)."""
+        the batch's buffers get the step's KV column of each row and advance by one (``open_step``
+        / ``close_step`` as around transformers' forward). Attention reads the step's aligned
+        span under the mask (batch.py: why the span is aligned)."""
         b = emb.shape[0]
-        mask = batch.open_step()[:, None, None, :]  # (B, 1, 1, T+1), True = attend
-        t = batch.width
-        if t >= self.cos.shape[0]:  # a position past the table (positions never exceed the width)
-            self._rotary_table(2 * t)
+        mask = batch.open_step()[:, None, None, :]  # (B, 1, 1, span), True = attend
+        span = batch.step_span
+        if span > self.cos.shape[0]:  # a position past the table (positions stay below the span)
+            self._rotary_table(2 * span)
         h = emb.unsqueeze(1)  # (B, 1, hidden)
         cos = self.cos[batch.pos].view(b, 1, 1, -1)  # (B, 1, 1, D): broadcast over heads
         sin = self.sin[batch.pos].view(b, 1, 1, -1)
@@ -87,13 +88,13 @@ class DecodeForward:
             v = attn.v_proj(x).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            kbuf, vbuf = batch.write_column(i, t, k, v)
+            kbuf, vbuf = batch.write_column(i, k, v)
             kbufs.append(kbuf)
             vbufs.append(vbuf)
             o = F.scaled_dot_product_attention(
                 q,
-                kbuf[:, :, : t + 1],
-                vbuf[:, :, : t + 1],
+                kbuf[:, :, :span],
+                vbuf[:, :, :span],
                 attn_mask=mask,
                 scale=self.scaling,
                 enable_gqa=self.kv_heads != self.heads,

@@ -77,7 +77,6 @@ class SamplingState:
         # slots hold code 0 with weight 0 (``filled``).
         self.history = torch.zeros(0, NUM_VQ, REPETITION_WINDOW, dtype=torch.long, device=self.device)
         self.last = torch.zeros(0, NUM_VQ, dtype=torch.long, device=self.device)  # next step's input codes
-        self.top_k_list: list[int] = []  # top_k on the host: how many codes a step must rank
 
     def __len__(self) -> int:
         return int(self.seed.shape[0])
@@ -109,7 +108,6 @@ class SamplingState:
         merged = {name: torch.cat([getattr(self, name), value]) for name, value in new.items()}
         for name, value in merged.items():  # all built first: a failure leaves the state as it was
             setattr(self, name, value)
-        self.top_k_list += [r.top_k for r in reqs]
 
     def take(self, i: int) -> dict:
         """A copy of row ``i``'s state (for ``append(..., saved=)``: a parked row)."""
@@ -119,7 +117,6 @@ class SamplingState:
         """Keep the rows at ``idx`` (a long tensor), in that order."""
         for name in self.FIELDS:
             setattr(self, name, getattr(self, name).index_select(0, idx))
-        self.top_k_list = [self.top_k_list[i] for i in idx.tolist()]
 
     def record(self, tokens: torch.Tensor, start: int = 0) -> None:
         """Rows ``start:`` drew ``tokens`` (n, 4): their next input, their history, their count."""
@@ -167,7 +164,6 @@ class Sampler:
             filled=torch.clamp(state.generated[rows], max=REPETITION_WINDOW),
             eos_masked=state.generated[rows] < state.min_new[rows],
             u=uniforms(state.seed[rows], state.generated[rows], keyed=True),
-            max_top_k=max(state.top_k_list[rows]),
         )
         state.record(tokens, start)
         return tokens, ok
@@ -199,7 +195,8 @@ class Sampler:
         alpha = torch.pow(penalty.view(b, 1, 1), freq)
         lg = torch.where(lg < 0, lg * alpha, lg / alpha)
         # Top-p then top-k as transformers' warpers compute them, over the best ``width`` codes
-        # (the batch's largest k: top-k drops every code below it, so nothing else needs sorting):
+        # (all of them by default: a width taken from the batch, e.g. its largest k, would change
+        # a row's sums with the rows beside it; ``max_top_k`` narrows it for callers of one row):
         # top-p keeps a code while the mass above it (of the full softmax) is under top_p; top-k
         # keeps logits at or above the k-th largest (ties kept); both keep MIN_TOKENS_TO_KEEP.
         width = min(v, max(MIN_TOKENS_TO_KEEP, max_top_k if max_top_k is not None else v))

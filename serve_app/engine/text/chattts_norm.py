@@ -26,11 +26,21 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 from . import data
 from .chars import SAYABLE_CJK
 from .lang import Lang
+from .ssml_say_as import _digit_words
 from .tags import map_chunks
 
-__all__ = ["ChatTTSNormalizer", "default_homophones_path"]
+__all__ = ["ChatTTSNormalizer", "default_homophones_path", "read_digits"]
 
 _UNSAYABLE_RE = re.compile(f"[^{SAYABLE_CJK}A-Za-z，。、,. ]")
+_DIGITS_RE = re.compile(r"[0-9]+")
+
+
+def read_digits(chunk: str, lang: Lang) -> str:
+    """``text_normalization: off``: digits as written, one by one (123 -> 一二三 / one two three),
+    the one change to them that keeps them from being dropped; nothing else is read."""
+    if lang == "zh":
+        return _DIGITS_RE.sub(lambda m: _digit_words(m.group(), "zh"), chunk)
+    return _DIGITS_RE.sub(lambda m: f" {_digit_words(m.group(), 'en')} ", chunk)
 
 
 def default_homophones_path() -> str:
@@ -60,8 +70,14 @@ class ChatTTSNormalizer:
             self._tables[(widened, False)] = table
             self._tables[(widened, True)] = {**table, **homophones}
 
-    def __call__(self, text: str, lang: Lang, do_normalize: bool = True, do_homophones: bool = True) -> str:
-        rules = self._rules.get(lang) if do_normalize else None
+    def __call__(
+        self, text: str, lang: Lang, do_normalize: bool = True, do_homophones: bool = True, literal: bool = False
+    ) -> str:
+        """``literal`` (with ``do_normalize`` off): digits are read one by one (``read_digits``)."""
+        if do_normalize:
+            rules = self._rules.get(lang)
+        else:
+            rules = (lambda chunk: read_digits(chunk, lang)) if literal else None
         table = self._tables[(do_normalize and lang == "zh", do_homophones)]
 
         def clean(chunk: str) -> str:

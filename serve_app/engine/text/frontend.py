@@ -12,6 +12,7 @@ from .chars import WS_RE, is_speakable, sanitize
 from .chattts_norm import ChatTTSNormalizer
 from .en import normalize_numbers_en
 from .lang import Lang, check_lang, detect_language, detect_or
+from .lexicon import Pronunciations, apply_lexicon
 from .segment import check_max_chars, locate_pieces, segment_fits, split_segments, split_sentences
 from .tags import strip_stray_brackets
 from .zh import normalize_numbers_zh
@@ -76,9 +77,11 @@ class TextFrontend:
         lang: Optional[str] = None,
         do_normalize: bool = True,
         do_homophones: bool = True,
+        literal: bool = False,
     ) -> str:
         """Numbers/symbols to words (per sentence language unless ``lang`` is given), then
         ChatTTS's homophone replacement and invalid-character removal. Keeps control tags.
+        ``literal`` (``do_normalize`` off): digits read one by one, as written.
         Returns "" when nothing speakable remains."""
         if not isinstance(text, str):
             raise ValueError(f"text must be str, got {type(text).__name__}")
@@ -93,7 +96,9 @@ class TextFrontend:
                 out.append(" ")
                 continue
             sentence_lang: Lang = lang or detect_or(sentence, default)  # type: ignore[assignment]
-            out.append(self._normalizer(sentence.replace("\n", " "), sentence_lang, do_normalize, do_homophones))
+            out.append(
+                self._normalizer(sentence.replace("\n", " "), sentence_lang, do_normalize, do_homophones, literal)
+            )
         result = _tidy("".join(out))
         return result if is_speakable(result) else ""
 
@@ -104,13 +109,17 @@ class TextFrontend:
         normalize: bool = True,
         max_chars: int = 120,
         max_seconds: Optional[float] = None,
+        literal: bool = False,
+        lexicon: Optional[Pronunciations] = None,
     ) -> List[Segment]:
-        """Split (on the raw text), normalise each segment, drop empty ones.
+        """Split (on the raw text), apply the lexicon to each piece, normalise it, drop empty ones.
 
         ``normalize=False`` skips number/symbol normalisation only: the text still goes
         through homophone replacement and invalid-character removal, so it is always safe
-        for the tokenizer (digits are then dropped, as ChatTTS would). Segments that grow
-        past ``max_chars`` when normalised are split again; text is never truncated.
+        for the tokenizer (digits are then dropped, as ChatTTS would; with ``literal`` they are
+        read one by one: ``text_normalization: off``). Segments that grow past ``max_chars``
+        when normalised are split again; text is never truncated. The lexicon applies after the
+        cut, so each segment's span is still where its written text is in ``text``.
         """
         if not isinstance(text, str):
             raise ValueError(f"text must be str, got {type(text).__name__}")
@@ -119,7 +128,7 @@ class TextFrontend:
         segments: List[Segment] = []
         pieces = split_segments(text, max_chars, max_seconds)
         for raw, span in zip(pieces, locate_pieces(text, pieces)):
-            normed = self.normalize(raw, lang=lang, do_normalize=normalize)
+            normed = self.normalize(apply_lexicon(raw, lexicon), lang=lang, do_normalize=normalize, literal=literal)
             if not normed:
                 continue
             fits = segment_fits(normed, max_chars, max_seconds)

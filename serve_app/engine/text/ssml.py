@@ -20,7 +20,7 @@
   Every piece is spoken as its own segments: two pieces are never joined into one segment
   (their voice or rate differ, a break or a sentence boundary lies between them).
 * ``unsupported``: what was read but not acted on, once each in order of appearance: element
-  names (``emphasis``, ``phoneme``, ``audio``, ``mark``, ``lang``, anything unknown; their text
+  names (``emphasis``, ``audio``, ``mark``, ``lang``, anything unknown; their text
   is spoken, except ``desc``/``meta``/``metadata``/``lexicon``, whose content is not speech),
   ``element@attribute`` for attributes ignored on a supported element (``prosody@pitch``), and
   ``say-as:<value>`` for an interpretation not listed below (its text is read as plain input).
@@ -30,7 +30,10 @@ Supported: ``speak`` (the root), ``p``/``s`` (each a segment boundary), ``break`
 ``max_break_total_s`` in all), ``prosody rate`` (``x-slow`` .. ``x-fast``, ``80%``, ``+20%``/
 ``-20%``, a number multiplier; nested rates multiply), ``voice name``, ``say-as interpret-as``
 (``characters``/``spell-out``, ``cardinal``/``number``, ``ordinal``, ``digits``, ``date`` with
-``format`` ymd/mdy/dmy/ym/my/md/dm/y/m/d, ``telephone``), ``sub alias``. ``xml:lang`` (on any
+``format`` ymd/mdy/dmy/ym/my/md/dm/y/m/d, ``telephone``), ``sub alias``, ``phoneme`` with
+``alphabet="pinyin"`` (``ph``: one toned syllable per character, ``hang2``; the piece's text then
+holds a marker the planner resolves: ``lexicon.py``; another alphabet is reported as
+``phoneme@alphabet=<name>`` and its content read as written). ``xml:lang`` (on any
 element, the innermost wins) picks the language say-as content is read in; without it the
 ``lang`` argument, else the language of the piece's own text.
 

@@ -40,6 +40,7 @@ _KNOWN_ATTRIBUTES: Dict[str, frozenset] = {
     "voice": frozenset({"name"}),
     "say-as": frozenset({"interpret-as", "format"}),
     "sub": frozenset({"alias"}),
+    "phoneme": frozenset({"alphabet", "ph"}),
 }
 _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 

@@ -17,6 +17,8 @@ from ..errors import InvalidSSMLError, RequestTooLarge
 from ..types import MAX_SPEAKER_CHARS
 from .chars import CJK_RE
 from .lang import Lang, detect_language, detect_or
+from .lexicon import MARKER_CHARS, phoneme_marker
+from .pinyin import PinyinError, parse_pinyin
 from .ssml_attributes import (
     _KNOWN_ATTRIBUTES,
     _SILENT_ELEMENTS,
@@ -43,10 +45,10 @@ class _Frame:
     voice: Optional[str]
     rate: float
     lang: Optional[Lang]
-    kind: str = "normal"  # normal | silent | say-as | sub | break
+    kind: str = "normal"  # normal | silent | say-as | sub | phoneme | break
     say_as: str = ""
     fmt: Optional[str] = None
-    alias: str = ""
+    alias: str = ""  # sub: the alias; phoneme: the pinyin
     seconds: float = 0.0
     content: List[str] = field(default_factory=list)
 
@@ -171,7 +173,8 @@ class _Handler:
     def data(self, text: str) -> None:
         offset = self.here()
         top = self.stack[-1]
-        if top.kind in ("say-as", "sub"):
+        text = text.translate(_NO_MARKERS)  # a phoneme's marker characters are ours alone
+        if top.kind in ("say-as", "sub", "phoneme"):
             top.content.append(text)
         elif top.kind == "normal":
             self.pending = (offset, text)
@@ -197,7 +200,7 @@ class _Handler:
             self.check_attributes(name, attrib)
             return
         parent = self.stack[-1]
-        if parent.kind in ("say-as", "sub", "break"):
+        if parent.kind in ("say-as", "sub", "phoneme", "break"):
             raise self.error(f"<{parent.name}> may only contain text", offset, name)
         frame = _Frame(name, offset, parent.voice, parent.rate, _lang_of(attrib.get(_XML_LANG)) or parent.lang)
         if parent.kind == "silent":  # nothing inside is spoken or reported
@@ -251,6 +254,12 @@ class _Handler:
             if "alias" not in attrib:
                 raise self.error("needs an alias attribute", offset, name)
             frame.kind, frame.alias = "sub", attrib["alias"]
+        elif name == "phoneme":
+            alphabet = attrib.get("alphabet", "").strip().lower()
+            if alphabet in ("pinyin", "x-pinyin"):
+                frame.kind, frame.alias = "phoneme", attrib.get("ph", "")
+            else:  # IPA, X-SAMPA...: ChatTTS reads characters; the content is read as written
+                self.report(f"phoneme@alphabet={alphabet[:16]}")
         elif name in _SILENT_ELEMENTS:
             frame.kind = "silent"
             self.report(name)
@@ -303,6 +312,8 @@ class _Handler:
                 self.pieces.append(SsmlBreak(frame.seconds, span))
         elif frame.kind == "sub":
             self.add(_Part(frame.alias, frame.offset, self.element_end(frame, offset), resolved=True))
+        elif frame.kind == "phoneme":
+            self.add(_Part(self.phoneme(frame), frame.offset, self.element_end(frame, offset), resolved=True))
         elif frame.kind == "say-as":
             self.add(
                 _Part(
@@ -318,6 +329,17 @@ class _Handler:
         elif frame.name in ("p", "s") and frame.kind == "normal":
             self.flush()
             self.boundary = True
+
+    def phoneme(self, frame: _Frame) -> str:
+        """A pinyin phoneme as it travels in the piece's text (``lexicon.phoneme_marker``)."""
+        written = " ".join("".join(frame.content).split())
+        if not written or not all(CJK_RE.match(c) for c in written):
+            raise self.error("pinyin is for Chinese characters: put only them inside", frame.offset, "phoneme")
+        try:
+            syllables = parse_pinyin(frame.alias, chars=len(written))
+        except PinyinError as exc:
+            raise self.error(f"ph {frame.alias[:40]!r}: {exc}", frame.offset, "phoneme") from None
+        return phoneme_marker(written, " ".join(syllables))
 
     def close(self) -> SsmlDocument:
         return SsmlDocument(tuple(self.finish()), tuple(self.unsupported))
@@ -377,6 +399,7 @@ class _Handler:
         return part.start + lead, part.start + lead + len(stripped)
 
 
+_NO_MARKERS = {ord(c): " " for c in MARKER_CHARS}
 _PUNCT_SPACE_RE = re.compile(r" +(?=[，。、；：！？,.;:!?])")
 
 

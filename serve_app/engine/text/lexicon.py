@@ -1,0 +1,215 @@
+"""Pronunciation lexicons: words said as an alias ("SQL" -> "sequel") or Chinese said with given
+pinyin (银行 -> "yin2 hang2", so 行 is hang2 there), applied to the text before normalisation.
+
+The Ingress resolves a request's ``lexicon`` (an id, or the caller's default) to its entries and
+puts them in ``SynthesisOptions.pronunciations``; the TextNormalizer applies them to each piece
+of text after it is cut into segments, so a segment's span, and what captions show, stay the
+written text: only the model reads the alias or the substitute characters (``pinyin.py``).
+
+Matching: at each position the longest entry that matches wins and the text after it is matched
+again (entries do not apply to each other's output). Chinese entries match anywhere; an entry
+that starts (ends) with a Latin letter or digit matches only where no letter or digit is before
+(after) it, ignoring case. Cost: one dictionary look-up per character plus the candidates that
+start with it, bounded by the lexicon's entry count and sizes (``storage.lexicons`` bounds them).
+
+SSML's ``<phoneme alphabet="pinyin" ph="hang2">行</phoneme>`` travels inside the piece's text as
+``PHONEME_OPEN + written + PHONEME_SEP + pinyin + PHONEME_CLOSE`` (private-use characters the
+SSML reader strips from the caller's own text): ``resolve_phonemes`` gives the model's text,
+``strip_phonemes`` the written one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .chars import SAYABLE_CJK_RE
+from .pinyin import PinyinError, parse_pinyin, substitute
+
+__all__ = [
+    "MAX_ALIAS_CHARS",
+    "MAX_ENTRIES",
+    "MAX_ENTRY_CHARS",
+    "PHONEME_CLOSE",
+    "PHONEME_OPEN",
+    "PHONEME_SEP",
+    "CompiledLexicon",
+    "LexiconEntry",
+    "Pronunciations",
+    "apply_lexicon",
+    "phoneme_marker",
+    "resolve_phonemes",
+    "strip_phonemes",
+]
+
+# Hard ceilings of what any stage accepts; the service's own (smaller) bounds are settings
+# (``LexiconSettings``), checked when a lexicon is made.
+MAX_ENTRIES = 5000
+MAX_ENTRY_CHARS = 64
+MAX_ALIAS_CHARS = 256
+
+PHONEME_OPEN, PHONEME_SEP, PHONEME_CLOSE = "\ue000", "\ue001", "\ue002"
+MARKER_CHARS = PHONEME_OPEN + PHONEME_SEP + PHONEME_CLOSE
+_PHONEME_RE = re.compile(f"{PHONEME_OPEN}([^{MARKER_CHARS}]*){PHONEME_SEP}([^{MARKER_CHARS}]*){PHONEME_CLOSE}")
+_MARKERS_RE = re.compile(f"[{MARKER_CHARS}]")
+
+
+def _wordish(ch: str) -> bool:
+    return ch.isascii() and ch.isalnum()
+
+
+class LexiconEntry(BaseModel):
+    """One entry: ``text`` as written, said as ``alias`` (words, read like the request's text),
+    or, for Chinese, with ``pinyin``: one toned syllable per character (``"yin2 hang2"``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(min_length=1, max_length=MAX_ENTRY_CHARS)
+    alias: Optional[str] = Field(default=None, min_length=1, max_length=MAX_ALIAS_CHARS)
+    pinyin: Optional[str] = Field(default=None, min_length=1, max_length=8 * MAX_ENTRY_CHARS)
+
+    @model_validator(mode="after")
+    def _one_reading(self) -> "LexiconEntry":
+        if self.text != self.text.strip() or not self.text.isprintable() or _MARKERS_RE.search(self.text):
+            raise ValueError("text must be printable, without leading or trailing spaces")
+        if (self.alias is None) == (self.pinyin is None):
+            raise ValueError("an entry gives either 'alias' or 'pinyin'")
+        if self.alias is not None and (not self.alias.strip() or _MARKERS_RE.search(self.alias)):
+            raise ValueError("alias must be words to say")
+        if self.pinyin is not None:
+            if not all(SAYABLE_CJK_RE.match(c) for c in self.text):
+                raise ValueError("a pinyin entry's text must be Chinese characters only")
+            try:
+                syllables = parse_pinyin(self.pinyin, chars=len(self.text))
+            except PinyinError as exc:
+                raise ValueError(str(exc)) from None
+            object.__setattr__(self, "pinyin", " ".join(syllables))  # canonical: one content hash
+        return self
+
+    def reading(self) -> str:
+        """What the model reads for ``text``: the alias, or a character per syllable (a syllable
+        no character reads keeps its written character)."""
+        if self.alias is not None:
+            return self.alias
+        assert self.pinyin is not None
+        return "".join(substitute(c, s) or c for c, s in zip(self.text, self.pinyin.split()))
+
+
+class Pronunciations(BaseModel):
+    """A resolved lexicon as it travels with the options (the Ingress fills it from the store)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entries: tuple[LexiconEntry, ...] = Field(default=(), max_length=MAX_ENTRIES)
+
+    @property
+    def content_hash(self) -> str:
+        """What the response cache keys: the entries, not the lexicon's id or name (a lexicon
+        deleted and made again under another id with other entries must not hit)."""
+        doc = json.dumps([e.model_dump(exclude_none=True) for e in self.entries], ensure_ascii=False, sort_keys=True)
+        return "lex:" + hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+class CompiledLexicon:
+    """Entries indexed by their first character (case-folded), longest first."""
+
+    def __init__(self, entries: tuple[LexiconEntry, ...]):
+        index: dict[str, list[tuple[str, bool, bool, str]]] = {}
+        for e in sorted(entries, key=lambda e: -len(e.text)):
+            key = e.text.lower()
+            if len(key) != len(e.text):
+                continue  # a case fold that changes the length would misalign the match
+            index.setdefault(key[0], []).append((key, _wordish(key[0]), _wordish(key[-1]), e.reading()))
+        self._index = index
+
+    def apply(self, text: str) -> str:
+        if not self._index or not text:
+            return text
+        low = text.lower()
+        if len(low) != len(text):
+            low = "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
+        out: list[str] = []
+        i, n, last = 0, len(text), 0
+        while i < n:
+            found = None
+            for key, starts_word, ends_word, reading in self._index.get(low[i], ()):
+                j = i + len(key)
+                if low.startswith(key, i):
+                    if starts_word and i > 0 and _wordish(text[i - 1]):
+                        continue
+                    if ends_word and j < n and _wordish(text[j]):
+                        continue
+                    found = (j, reading)
+                    break
+            if found is None:
+                i += 1
+                continue
+            j, reading = found
+            out.append(text[last:i])
+            # An alias beside a letter or digit is a word of its own.
+            if i > 0 and _wordish(text[i - 1]) and _wordish(reading[0]):
+                out.append(" ")
+            out.append(reading)
+            if j < n and _wordish(text[j]) and _wordish(reading[-1]):
+                out.append(" ")
+            i = last = j
+        out.append(text[last:])
+        return "".join(out)
+
+
+_CACHE_SIZE = 32
+_compiled: "OrderedDict[str, CompiledLexicon]" = OrderedDict()
+_compiled_lock = threading.Lock()
+
+
+def _compiled_for(p: Pronunciations) -> CompiledLexicon:
+    """A lexicon compiled once per content (the last few kept): a request's pieces share it."""
+    key = p.content_hash
+    with _compiled_lock:
+        hit = _compiled.get(key)
+        if hit is not None:
+            _compiled.move_to_end(key)
+            return hit
+    compiled = CompiledLexicon(p.entries)
+    with _compiled_lock:
+        _compiled[key] = compiled
+        while len(_compiled) > _CACHE_SIZE:
+            _compiled.popitem(last=False)
+    return compiled
+
+
+def apply_lexicon(text: str, pronunciations: Optional[Pronunciations]) -> str:
+    """``text`` as the model should read it under ``pronunciations`` (None or empty: as is)."""
+    if pronunciations is None or not pronunciations.entries:
+        return text
+    return _compiled_for(pronunciations).apply(text)
+
+
+def phoneme_marker(written: str, pinyin: str) -> str:
+    """An SSML phoneme inside a piece's text (``pinyin``: checked, one syllable per character)."""
+    return f"{PHONEME_OPEN}{written}{PHONEME_SEP}{pinyin}{PHONEME_CLOSE}"
+
+
+def _reading(m: re.Match) -> str:
+    written, pinyin = m.group(1), m.group(2).split()
+    return "".join(substitute(c, s) or c for c, s in zip(written, pinyin)) + written[len(pinyin) :]
+
+
+def resolve_phonemes(text: str) -> str:
+    """The model's text of a piece: every phoneme as the characters that read so."""
+    if PHONEME_OPEN not in text:
+        return text
+    return _MARKERS_RE.sub("", _PHONEME_RE.sub(_reading, text))
+
+
+def strip_phonemes(text: str) -> str:
+    """The written text of a piece: every phoneme as its written characters."""
+    if PHONEME_OPEN not in text:
+        return text
+    return _MARKERS_RE.sub("", _PHONEME_RE.sub(lambda m: m.group(1), text))
