@@ -27,7 +27,7 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from ..errors import APIError, as_api_error
+from ..errors import APIError
 from .config import WyomingSettings
 from .events import (
     PcmChunks,
@@ -42,7 +42,7 @@ from .events import (
     read_event,
     speech_options,
 )
-from .service import ServiceClient, service_error
+from .service import ServiceClient, service_error, unexpected
 
 log = logging.getLogger("chattts_serve.wyoming")
 WRITE_TIMEOUT_S = 30.0  # a client that takes no event for this long is treated as gone
@@ -138,7 +138,7 @@ class WyomingHandler(AsyncEventHandler):
         if isinstance(failure, ClientGone) or failure is None:
             self.writer.close()
             return
-        await self._last_words(failure if isinstance(failure, APIError) else as_api_error(failure))
+        await self._last_words(unexpected(failure))
 
     async def _last_words(self, err: APIError) -> None:
         """An ``error`` event (if the client still takes it), then the end of the connection."""

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Optional
 import httpx
 
 from ..engine.voices import OPENAI_VOICES
-from ..errors import APIError, as_api_error
+from ..errors import APIError, to_api_error
 from ..tools.client import AsyncSpeechClient, SpeechError
 from .config import WyomingSettings
 from .events import SpeechOptions
@@ -58,7 +58,18 @@ def service_error(exc: BaseException, base_url: str) -> APIError:
         )
     if isinstance(exc, (httpx.HTTPError, ConnectionClosed, ConnectionResetError, BrokenPipeError)):
         return APIError(502, f"the speech service broke off the stream: {exc}", "server_error", code="service_error")
-    return as_api_error(exc, "synthesis failed")  # logged there; the client gets no internals
+    return unexpected(exc)
+
+
+def unexpected(exc: BaseException) -> APIError:
+    """A known error keeps its status (errors.py's table); anything else is logged here and
+    answered 500 without internals. (``errors.as_api_error`` would also ask Ray about its
+    back-pressure error: this process has no Ray to ask.)"""
+    known = to_api_error(exc)
+    if known is not None:
+        return known
+    log.error("synthesis failed", exc_info=exc)
+    return APIError(500, "synthesis failed", type="server_error", code="synthesis_failed")
 
 
 class ServiceClient:
