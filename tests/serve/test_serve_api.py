@@ -145,6 +145,56 @@ def test_openai_sdk_streaming_response(oai, planner):
     assert whole.content == with_true_length(data) and wav_sizes(whole.content) == (len(data) - 8, len(data) - 44)
 
 
+def test_openai_sdk_speaks_every_openai_voice_name_and_refuses_an_unknown_one(oai, planner):
+    """What OpenAI's SDKs (and Pipecat's OpenAITTSService, LiveKit's openai.TTS on top of them) send:
+    the newest names are voices of their own; an unknown one raises BadRequestError, as OpenAI's."""
+    text = "marin 和 cedar。"
+    audio = {}
+    for voice in ("marin", "cedar"):
+        resp = oai.audio.speech.create(model="gpt-4o-mini-tts", voice=voice, input=text, response_format="wav")
+        assert_duration(resp.content, "wav", expected_samples(planner, text, voice))
+        audio[voice] = read_wav(resp.content)
+    assert len(audio["marin"]) == len(audio["cedar"]) and (audio["marin"] != audio["cedar"]).any()
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        oai.audio.speech.create(model="tts-1", voice="no-such-voice", input="你好")
+    err = excinfo.value
+    assert (err.status_code, err.code, err.param) == (400, "voice_not_found", "voice")
+    assert err.type == "invalid_request_error"
+
+
+def test_open_webui_discovers_models_and_voices_then_speaks(app_url):
+    """Open WebUI's requests to an OpenAI-compatible TTS engine (its audio router): GET
+    {base}/audio/models -> "models", GET {base}/audio/voices -> "voices" [{id, name}], without a
+    key; then POST {base}/audio/speech with a voice from that list."""
+    base = app_url + "/v1"
+    with httpx.Client(timeout=120) as client:
+        models = client.get(f"{base}/audio/models")
+        assert models.status_code == 200, models.text
+        assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= {m["id"] for m in models.json().get("models", [])}
+        voices = client.get(f"{base}/audio/voices")
+        assert voices.status_code == 200, voices.text
+        available = {v["id"]: v["name"] for v in voices.json().get("voices", [])}  # what Open WebUI keeps
+        assert {name: name for name in OPENAI_VOICES}.items() <= available.items()
+        r = client.post(
+            f"{base}/audio/speech",
+            json={"model": "tts-1", "input": "Open WebUI 你好。", "voice": "cedar", "response_format": "mp3"},
+        )
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg" and len(r.content) > 100
+
+
+def test_wyoming_openai_probes_find_an_openai_server(app_url):
+    """wyoming-openai's backend detection against base {app}/v1: GET {base}/readyz (LocalAI if 2xx),
+    GET {base}/../../health (Speaches if its text is "OK"), GET {base}/test (Kokoro-FastAPI if
+    {"status": "ok"}). None matches, so it speaks to us as to OpenAI: its own list of OpenAI's
+    voice names, every one built in here (README, "Home Assistant")."""
+    with httpx.Client(base_url=app_url + "/v1/", timeout=30) as client:
+        assert client.get("readyz").status_code == 404
+        health = client.get("../../health")
+        assert health.url.path == "/health" and health.status_code == 200
+        assert health.json() == {"status": "ok"} and health.text != "OK"
+        assert client.get("test").status_code == 404
+
+
 def test_request_id_is_echoed(app_url):
     r = httpx.post(
         app_url + "/v1/audio/speech",

@@ -76,6 +76,14 @@ async def test_each_key_owns_its_voices_and_an_admin_key_sees_all(app_url, tmp_p
             assert err["code"] == "voice_quota_exceeded"
             # Each key lists only its own (and not the anonymous voices other tests made).
             assert customs(http.get(VOICES, headers=auth("alice"))) == {mine["id"]: kid["alice"]}
+            # Open WebUI's discovery sends no key: the built-in voices and the model ids, nobody's
+            # custom voice; a key it sends is checked (and then lists that key's voices too).
+            keyless = http.get(VOICES)
+            assert customs(keyless) == {} and {"marin", "cedar"} <= {v["id"] for v in keyless.json()["voices"]}
+            assert http.get("/v1/audio/models").json()["models"]
+            assert {"id": mine["id"], "name": name} in http.get(VOICES, headers=auth("alice")).json()["voices"]
+            assert error_of(http.get(VOICES, headers={"Authorization": "Bearer sk-wrong"}), 401)["code"]
+            assert error_of(http.get(f"{VOICES}/{mine['id']}"), 401)["code"] == "invalid_api_key"
             assert customs(http.get("/v1/voices", headers=auth("bob"))) == {theirs["id"]: kid["bob"]}
             # bob cannot read, delete or speak with alice's voice: 404s like an id nobody has.
             missing = "voice_" + "0" * 24

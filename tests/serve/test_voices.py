@@ -37,9 +37,9 @@ def pcm_of(resp: httpx.Response) -> np.ndarray:
 
 
 def create_clip_voice(
-    app_url: str, name: str, data: bytes, transcript: str | None = TRANSCRIPT, filename: str = "clip.wav"
+    app_url: str, name: str, data: bytes, transcript: str | None = TRANSCRIPT, filename: str = "clip.wav", **fields
 ) -> httpx.Response:
-    form = {"name": name} if transcript is None else {"name": name, "transcript": transcript}
+    form = {"name": name, **fields} if transcript is None else {"name": name, "transcript": transcript, **fields}
     return httpx.post(
         app_url + VOICES, data=form, files={"audio": (filename, data, "application/octet-stream")}, timeout=180
     )
@@ -75,7 +75,10 @@ def test_a_seed_voice_keeps_the_builtin_speaker_and_can_be_kept_as_a_string(app_
 def test_a_clip_becomes_a_voice_and_speaks(app_url):
     pcm = speechlike(4.0, f0=130.0, seed=3)
     t0 = time.perf_counter()
-    r = create_clip_voice(app_url, unique("clip"), encode(pcm, "mp3", rate=44100, channels=2), filename="me.mp3")
+    consent = {"consent": "I agree that my voice is made from this clip.", "consent_by": "Test Speaker"}
+    r = create_clip_voice(
+        app_url, unique("clip"), encode(pcm, "mp3", rate=44100, channels=2), filename="me.mp3", **consent
+    )
     took = time.perf_counter() - t0
     assert r.status_code == 200, r.text
     voice = r.json()
@@ -83,6 +86,12 @@ def test_a_clip_becomes_a_voice_and_speaks(app_url):
     report("voice from a 4 s mp3 clip (POST /v1/audio/voices)", f"{took * 1000:.0f} ms")
     detail = httpx.get(app_url + f"{VOICES}/{voice['id']}", timeout=30).json()
     assert detail["transcript"] == TRANSCRIPT and detail["sample"] and detail["speaker"] is None
+    # The consent given with the clip, kept with the voice (statement, who, when).
+    assert {k: detail["consent"][k] for k in ("statement", "by")} == {
+        "statement": consent["consent"],
+        "by": "Test Speaker",
+    }
+    assert 0 <= voice["created_at"] - detail["consent"]["at"] < 120  # recorded with the request, before the encoding
     other = create_clip_voice(app_url, unique("clip"), encode(speechlike(4.0, f0=220.0, seed=4), "wav")).json()
 
     mine = pcm_of(speech(app_url, {"id": voice["id"]}, seed=5))
