@@ -193,15 +193,17 @@ def test_voices_need_the_api_key_when_keys_are_on(app_url, tmp_path):
     good = {"Authorization": "Bearer sk-voice"}
     with ingress_settings(security=security):
         calls = [
-            httpx.get(app_url + VOICES, timeout=30),
             httpx.get(app_url + f"{VOICES}/alloy", timeout=30),
             httpx.post(app_url + VOICES, json={"name": unique("k"), "seed": 3}, timeout=30),
             httpx.delete(app_url + f"{VOICES}/voice_" + "0" * 24, timeout=30),
+            httpx.get(app_url + VOICES, headers={"Authorization": "Bearer sk-not-a-key"}, timeout=30),
         ]
+        keyless = httpx.get(app_url + VOICES, timeout=30)  # Open WebUI lists voices without a key
         listed = httpx.get(app_url + VOICES, headers=good, timeout=30)
         page = httpx.get(app_url + "/ui/", timeout=30)
     for r in calls:
         assert error_of(r, 401)["code"] == "invalid_api_key"
+    assert keyless.status_code == 200 and {v["kind"] for v in keyless.json()["data"]} == {"builtin"}
     assert listed.status_code == 200
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]  # the page itself is public
 
