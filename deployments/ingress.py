@@ -23,6 +23,7 @@ from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
 from serve_app.http.job_request import CREATE_JOB_OPENAPI
 from serve_app.http.jobs import JOBS_PATH, JobsService
+from serve_app.http.lexicons import CREATE_LEXICON_OPENAPI, LEXICONS_PATH, LexiconsAPI
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.request_log import RequestRecord
@@ -44,10 +45,19 @@ from serve_app.protocol import (
     TimedSpeechRequest,
     VoiceList,
 )
+from serve_app.protocol.lexicons import LexiconDeleted, LexiconDetail, LexiconList
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.serving.flow import ACKS_HEADER, board, board_name
 from serve_app.serving.slots import SharedSlots
-from serve_app.settings import CacheConfig, FlowSettings, IngressSettings, JobsSettings, VoiceStoreConfig, merged
+from serve_app.settings import (
+    CacheConfig,
+    FlowSettings,
+    IngressSettings,
+    JobsSettings,
+    LexiconStoreConfig,
+    VoiceStoreConfig,
+    merged,
+)
 
 HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
 app = make_app(HTTP_POLICY)
@@ -80,6 +90,7 @@ class Ingress:
         flow: Optional[dict] = None,
         jobs: Optional[dict] = None,
         segments: Optional[dict] = None,
+        lexicons: Optional[dict] = None,
     ):
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
@@ -115,6 +126,10 @@ class Ingress:
             app_name,
             SegmentLimits.model_validate(segments or {}),
         )
+        lexicon_config = LexiconStoreConfig.model_validate(lexicons or {}).resolved(voice_config)
+        HTTP_POLICY.route_max_bytes[LEXICONS_PATH] = lexicon_config.max_upload_bytes
+        self.lexicons = LexiconsAPI(lexicon_config)
+        self.speech.lexicons = self.jobs.lexicons = self.lexicons.book  # requests' `lexicon` (or the key's default)
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
         self.readiness = Readiness(lambda: self.speech.warmup(_request_id()))
         self.unstarted = UnstartedSockets()
@@ -261,6 +276,26 @@ class Ingress:
     @app.delete(VOICES_PATH + "/{voice_id}")
     async def delete_voice(self, voice_id: str, request: Request):
         return await self.voices.delete(voice_id, self._caller(request))
+
+    # ------------------------------------------------------------------ lexicons
+
+    @app.post(LEXICONS_PATH, response_model=LexiconDetail, openapi_extra=CREATE_LEXICON_OPENAPI)
+    async def create_lexicon(self, request: Request):
+        """A pronunciation lexicon owned by the caller's key: entries {text, alias} or {text, pinyin}."""
+        return await self.lexicons.create(request, self._caller(request))
+
+    @app.get(LEXICONS_PATH, response_model=LexiconList)
+    async def list_lexicons(self, request: Request):
+        """The caller's lexicons (an admin key: every key's), without their entries."""
+        return await self.lexicons.list(self._caller(request))
+
+    @app.get(LEXICONS_PATH + "/{lexicon_id}", response_model=LexiconDetail)
+    async def get_lexicon(self, lexicon_id: str, request: Request):
+        return await self.lexicons.get(lexicon_id, self._caller(request))
+
+    @app.delete(LEXICONS_PATH + "/{lexicon_id}", response_model=LexiconDeleted)
+    async def delete_lexicon(self, lexicon_id: str, request: Request):
+        return await self.lexicons.delete(lexicon_id, self._caller(request))
 
     # ------------------------------------------------------------------ jobs
 

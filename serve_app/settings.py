@@ -12,11 +12,13 @@ validates the whole ``args`` when the app is built, so a typo in the config file
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
+from .engine.text.lexicon import MAX_ALIAS_CHARS, MAX_ENTRIES, MAX_ENTRY_CHARS
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -272,6 +274,41 @@ class VoiceStoreConfig(_Strict):
         return self
 
 
+class LexiconStoreConfig(_Strict):
+    """``args.lexicons``: pronunciation lexicons users make (``storage/lexicons/``) and their bounds.
+    The store follows ``args.voices`` unless set: the same backend, ``<voices path>/lexicons``, the
+    same Redis under its own prefix."""
+
+    backend: Optional[Literal["directory", "memory", "redis"]] = Field(
+        default=None, description="None: the voices' backend."
+    )
+    path: Optional[str] = Field(default=None, description="directory backend; default <voices dir>/lexicons")
+    redis_url: Optional[str] = Field(default=None, description="redis backend; default voices.redis_url")
+    redis_prefix: str = Field(default="chattts:lexicons", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9:_.-]+$")
+    redis_timeout_s: float = Field(default=1.0, gt=0)
+    max_lexicons: int = Field(default=10_000, ge=1, description="Lexicons at most (all users together).")
+    max_lexicons_per_key: int = Field(default=20, ge=0, description="Lexicons one API key may own.")
+    max_entries: int = Field(default=500, ge=1, le=MAX_ENTRIES, description="Entries of one lexicon at most.")
+    max_entry_chars: int = Field(
+        default=32, ge=1, le=MAX_ENTRY_CHARS, description="An entry's written text at most (characters)."
+    )
+    max_alias_chars: int = Field(
+        default=128, ge=1, le=MAX_ALIAS_CHARS, description="An entry's alias (or pinyin) at most (characters)."
+    )
+    max_upload_bytes: int = Field(default=256 * KiB, ge=16 * KiB, description="Body limit of POST /v1/audio/lexicons.")
+
+    def resolved(self, voices: "VoiceStoreConfig") -> "LexiconStoreConfig":
+        """This config with what it leaves to the voices' store filled in."""
+        backend = self.backend or voices.backend
+        path = self.path
+        if path is None and voices.path is not None:
+            path = str(Path(voices.path).expanduser() / "lexicons")
+        redis_url = self.redis_url or voices.redis_url
+        if backend == "redis" and not redis_url:
+            raise ValueError("lexicons backend 'redis' needs redis_url (or voices.redis_url)")
+        return self.model_copy(update={"backend": backend, "path": path, "redis_url": redis_url})
+
+
 class JobsSettings(_Strict):
     """``args.jobs``: long work (``POST /v1/audio/jobs``) run in the background by the
     application's job runner (``serving/jobs.py``) and kept in the job store (``storage/jobs/``)."""
@@ -488,6 +525,7 @@ class AppArgs(_Strict):
     ingress: IngressSettings = IngressSettings()
     cache: CacheConfig = CacheConfig()
     voices: VoiceStoreConfig = VoiceStoreConfig()
+    lexicons: LexiconStoreConfig = LexiconStoreConfig()
     flow: FlowSettings = FlowSettings()
     jobs: JobsSettings = JobsSettings()
     # Vocoder replicas never need the GPU or its dtype: CPU float32.

@@ -58,6 +58,7 @@ from ..storage.jobs import (
     split_chapters,
 )
 from ..storage.jobs.planning import JobPlanner, pieces, reservation
+from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .job_request import read_job_request
 from .job_script import CollectorDeferred, ThreadVoices, job_parts
@@ -111,6 +112,7 @@ class JobsService:
         self.limits = job_limits(cfg)
         self.store = make_job_store(cfg)
         self.voices = voices
+        self.lexicons: Optional[LexiconBook] = None  # the Ingress's lexicon store (None: lexicons off)
         self.planner = JobPlanner(segments or SegmentLimits())
         self._submitting: set[str] = set()  # owners with a submission being read and planned here
         self._runner_args = (app_name, cfg, normalizer, vocoder)
@@ -234,6 +236,8 @@ class JobsService:
             seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
             chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
         options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
+        if self.lexicons is not None:  # the entries go into the job's options: a later edit does not change it
+            options = await self.lexicons.apply(options, caller.owner, admin=caller.admin)
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
         return _Built(

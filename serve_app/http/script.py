@@ -16,6 +16,7 @@ from ..engine.styles import StyleResult, header_value, resolve_instructions
 from ..engine.text.ssml import SsmlBreak, SsmlText, parse_ssml
 from ..engine.types import ScriptPart, SynthesisOptions, Voice
 from ..protocol import DialogueRequest, JobRequest, SpeechRequest
+from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .security import Caller
 
@@ -28,6 +29,15 @@ class Script:
     parts: Optional[list[ScriptPart]] = None  # None: plain text, planned as one
     voices: list[Voice] = field(default_factory=list)  # every voice the script speaks in (the cache key)
     headers: dict[str, str] = field(default_factory=dict)
+
+
+async def with_lexicon(script: Script, lexicons: Optional[LexiconBook], caller: Caller) -> Script:
+    """The script with its lexicon's entries in its options: the request's ``lexicon`` (the
+    caller's own; another key's is unknown, as a missing one), else the key's default. The
+    TextNormalizer applies them; the cache key takes their content hash."""
+    if lexicons is not None:
+        script.options = await lexicons.apply(script.options, caller.owner, admin=caller.admin)
+    return script
 
 
 def styled(options: SynthesisOptions, *instructions: Optional[str]) -> tuple[SynthesisOptions, StyleResult]:

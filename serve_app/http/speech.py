@@ -26,11 +26,12 @@ from ..serving import metrics
 from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
 from ..settings import CacheConfig, FlowSettings, IngressSettings
 from ..storage.cache import make_cache, request_key
+from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .answers import Hit, build_timed_answer, hit_items, segments_key, speech_segment, whole, with_audio
 from .edge_cache import EDGE_HEADER
 from .request_log import RequestRecord
-from .script import Script, dialogue_script, speech_script
+from .script import Script, dialogue_script, speech_script, with_lexicon
 from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
 from .sse import sse_stream
 from .streams import OwnedStreamResponse, SynthesisStream
@@ -101,6 +102,7 @@ class SpeechService:
         self.voices = voices
         self.cache_config = cache
         self.cache = make_cache(cache)
+        self.lexicons: Optional[LexiconBook] = None  # the Ingress's lexicon store (None: lexicons off)
         self.weights_kind = "unknown"
         self.weights_id = "unknown"  # cached audio is only valid for the same weights and engine code
         self._queue_rows = 0
@@ -162,8 +164,10 @@ class SpeechService:
         """The request as the planner's script: instructions applied, SSML or a dialogue's turns
         as parts with their voices resolved for the caller (a malformed document: 400 here)."""
         if isinstance(req, DialogueRequest):
-            return await dialogue_script(req, self.voices, caller, self.settings.max_input_chars)
-        return await speech_script(req, voice, self.voices, caller, self.settings.max_input_chars)
+            script = await dialogue_script(req, self.voices, caller, self.settings.max_input_chars)
+        else:
+            script = await speech_script(req, voice, self.voices, caller, self.settings.max_input_chars)
+        return await with_lexicon(script, self.lexicons, caller)
 
     async def _plan(self, req: SpeechRequest, voice: Voice, script: Script, client: str = "") -> Plan:
         options = script.options

@@ -49,6 +49,14 @@ class ApiOptions(SynthesisOptions):
     def _voice_id(cls, v: Union[str, VoiceRef]) -> str:
         return v.id if isinstance(v, VoiceRef) else v
 
+    @field_validator("pronunciations")
+    @classmethod
+    def _server_only(cls, v: object) -> None:
+        # The Ingress fills it from "lexicon" (the caller's own lexicon, bounded): never the caller.
+        if v is not None:
+            raise ValueError("set by the server from 'lexicon': send a lexicon's id (POST /v1/audio/lexicons)")
+        return None
+
 
 class SpeechRequest(ApiOptions):
     """``POST /v1/audio/speech``: OpenAI's fields, plus ChatTTS's extras inherited from

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ..engine.audio import format_sample_rate
+from ..engine.text.lexicon import Pronunciations
 from ..engine.types import Plan, StreamSummary, Voice
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
@@ -27,8 +28,11 @@ class GraphBackend:
         self.open_vocoder = open_vocoder  # SpeechService.open_vocoder: a Vocoder stream, reported as it is read
         self.voice: Optional[Voice] = None
         self.client = client  # who asked (key id or ip:<addr>): the engine's fair admission
+        self.pronunciations: Optional[Pronunciations] = None  # the session's lexicon, resolved at its start
 
     async def plan(self, text: str, options: Any) -> Plan:
+        if self.pronunciations is not None:
+            options = options.model_copy(update={"pronunciations": self.pronunciations})
         try:
             return await self.normalizer.plan.remote(text, options, self.voice, client=self.client)
         except Exception as exc:  # noqa: BLE001 - a full queue is 503, a known error keeps its status
@@ -119,6 +123,8 @@ async def run_session(
         check_priority(caller, start.priority)
         # Built-in or custom (the voice store): an unknown voice fails here, before any work.
         backend.voice = await speech.voices.resolve(start.voice, caller.owner, admin=caller.admin)  # the caller's own
+        if speech.lexicons is not None:  # its lexicon (or the key's default), another key's unknown as a missing one
+            backend.pronunciations = await speech.lexicons.pronunciations(start.lexicon, caller.owner, caller.admin)
         speech.check_busy()
         slots.append(await hold_slot(speech.slots, caller))
         rec.voice, rec.format = voice_label(start.voice), start.response_format

@@ -58,4 +58,5 @@ def build_app(args: Optional[dict] = None) -> Application:
         flow=a.flow.model_dump(),
         jobs=a.jobs.model_dump(),
         segments=a.segments.model_dump(),
+        lexicons=a.lexicons.model_dump(),
     )

@@ -34,7 +34,7 @@ from ..settings import CacheConfig
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "chattts"
-KEY_VERSION = 4  # bump when the key's meaning changes: every deployed cache is invalidated
+KEY_VERSION = 5  # bump when the key's meaning changes: every deployed cache is invalidated
 MiB = 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
@@ -53,9 +53,11 @@ NOT_IN_KEY: dict[str, str] = {
     "captions": "made from the stored timing",
     "voice": "keyed as the resolved voice's content (Voice.cache_id)",
     "seed": "keyed as the seed the planner decodes with (effective_seed)",
+    "lexicon": "keyed as the resolved lexicon's content (Pronunciations.content_hash), never its id",
+    "pronunciations": "set by the Ingress only; keyed as its content hash",
 }
-# Options that are keyed through the request (or, resolved, as voice and seed above).
-_OPTIONS_NOT_IN_KEY = {"voice", "seed", "priority"}
+# Options that are keyed through the request (or, resolved, as voice, seed and lexicon above).
+_OPTIONS_NOT_IN_KEY = {"voice", "seed", "priority", "lexicon", "pronunciations"}
 
 
 def _canon(value: Any) -> Any:
@@ -97,6 +99,9 @@ def request_key(
         "voice": voice.cache_id,
         "seed": effective_seed(voice, opts.seed),
         "voices": list(voices),  # the other voices a script speaks in (SSML <voice>, a dialogue's turns)
+        # The lexicon applied (the request's or the key's default), by content: a lexicon made again
+        # with other entries, or a new default, never answers with the old audio.
+        "lexicon": opts.pronunciations.content_hash if getattr(opts, "pronunciations", None) else None,
         "weights": weights_id,
         "scope": scope,
     }

@@ -57,7 +57,9 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
     synth = Synthesizer(engine_config(args))
     if synth.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
-    opts = SynthesisOptions(voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang)
+    opts = SynthesisOptions(
+        voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang, text_normalization=args.text_normalization
+    )
     plan = synth.planner.plan(args.text, opts)
     total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)
     assembler = AudioAssembler(synth.vocoder, fmt)
@@ -84,7 +86,13 @@ def _say_remote(args: argparse.Namespace, fmt: str) -> int:
 
     with SpeechClient(args.url, api_key=args.api_key) as client:
         info = client.speak_to_file(
-            args.text, args.output, voice=args.voice, response_format=fmt, speed=args.speed, seed=args.seed
+            args.text,
+            args.output,
+            voice=args.voice,
+            response_format=fmt,
+            speed=args.speed,
+            seed=args.seed,
+            text_normalization=args.text_normalization,
         )
     print(
         f"wrote {args.output}: {info.bytes} bytes, first byte after {info.ttfb_s:.3f} s, total {info.total_s:.3f} s",
@@ -132,6 +140,7 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
                     speed=args.speed,
                     seed=args.seed,
                     lang=args.lang,
+                    text_normalization=args.text_normalization,
                 ):
                     out.write(data)
                     out.flush()  # a player reading the pipe gets each frame at once
@@ -271,10 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--seed", type=int, default=None)
     say.add_argument("--speed", type=float, default=1.0)
     say.add_argument("--lang", choices=("zh", "en"), default=None)
+    say.add_argument(
+        "--text-normalization",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="on: numbers, units and symbols read as words; off: the text as written (digits one by one)",
+    )
     say.add_argument("--format", choices=FORMATS, default=None, help="default: from the file suffix")
     say.add_argument(
         "--weights",
-        choices=("auto", "huggingface", "local", "random", "random-tiny"),
+        choices=("auto", "huggingface", "local", "random", "random-tiny", "random-deep"),
         default=None,
         help="weights source (in-process only; CHATTTS_WEIGHTS overrides)",
     )
@@ -312,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--num-cpus", type=float, default=None, help="CPUs of the local Ray (default: all cores)")
     batch.add_argument(
         "--weights",
-        choices=("auto", "huggingface", "local", "random", "random-tiny"),
+        choices=("auto", "huggingface", "local", "random", "random-tiny", "random-deep"),
         default=None,
         help="weights source, as model.weights.source (CHATTTS_WEIGHTS overrides)",
     )
@@ -357,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     weights = sub.add_parser("weights", help="weights tools")
     wsub = weights.add_subparsers(dest="weights_command", required=True)
     build = wsub.add_parser("build", help="build random weights in ChatTTS's asset layout")
-    build.add_argument("--source", choices=("random", "random-tiny"), required=True)
+    build.add_argument("--source", choices=("random", "random-tiny", "random-deep"), required=True)
     build.add_argument("--dir", default=None, help="cache directory (default ~/.cache/chattts-serve)")
     build.add_argument("--seed", type=int, default=0)
 

@@ -38,7 +38,7 @@ WEIGHTS = "random-tiny:abc"
 BASE = dict(input="Hello world. 你好。", voice="alloy", response_format="mp3")
 
 # The key of BASE, pinned: if it changes, every deployed cache is invalidated (bump KEY_VERSION).
-GOLDEN_KEY = "chattts:v4:e93894e13dd70d443c2e37929b4592fea35e2de3147ea68d8b6bb82d067585ae"
+GOLDEN_KEY = "chattts:v5:48c67cb6bfea64eb35735579131de4593c869f6c5b1dd553da0f9eabec54d132"
 
 
 def key(**changes) -> str:
@@ -61,7 +61,7 @@ class FakeClock:
 
 def test_key_format_and_golden_value():
     k = key()
-    assert k.startswith("chattts:v4:") and len(k) == len("chattts:v4:") + 64
+    assert k.startswith("chattts:v5:") and len(k) == len("chattts:v5:") + 64
     assert k == key()
     assert k == GOLDEN_KEY
 
@@ -101,6 +101,7 @@ CHANGES = {
     "response_format": "wav",
     "lang": "en",
     "normalize": False,
+    "text_normalization": "off",
     "refine_text": True,
     "volume": -3.0,
     "loudness": -16.0,
@@ -148,13 +149,14 @@ def test_every_request_field_is_keyed_or_named_as_not_changing_the_audio(model, 
 def test_every_field_changes_the_key():
     from serve_app.engine.types import SynthesisOptions
 
-    # Every option that can change the audio is covered (priority only orders admission).
-    assert set(SynthesisOptions.model_fields) - {"priority"} <= set(CHANGES)
+    # Every option that can change the audio is covered (priority only orders admission; the
+    # lexicon is keyed by its resolved content: tests/unit/test_lexicon_api.py).
+    assert set(SynthesisOptions.model_fields) - {"priority", "lexicon", "pronunciations"} <= set(CHANGES)
     base = key()
     req = SpeechRequest(**BASE)
     voice = VoiceResolver().resolve("alloy")
     assert request_key(req, voice, weights_id="random-tiny:abd") != base
-    assert request_key(req, voice, weights_id=WEIGHTS, version=5).startswith("chattts:v5:")
+    assert request_key(req, voice, weights_id=WEIGHTS, version=6).startswith("chattts:v6:")
 
 
 def test_ssml_looking_text_and_ssml_are_two_entries():

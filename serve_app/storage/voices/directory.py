@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from ...settings import VoiceStoreConfig
+from ..files import write_atomic as _write_atomic
 from .model import (
     VOICE_ID_RE,
     StoredVoice,
@@ -22,21 +21,6 @@ from .model import (
     same_name_keys,
 )
 from .store import VoiceStore
-
-
-def _write_atomic(path: Path, data: str) -> None:
-    """Write to a temporary file in the same directory, flush it to disk, rename it into place:
-    a reader sees the old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class DirectoryVoiceStore(VoiceStore):

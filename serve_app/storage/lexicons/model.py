@@ -1,0 +1,177 @@
+"""A stored pronunciation lexicon and the rules every backend keeps: ids, owners, bounds, the
+default lexicon of an owner, and the errors they answer with."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ...engine.text.lexicon import MAX_ENTRIES, LexiconEntry, Pronunciations
+from ...errors import APIError
+from ...settings import LexiconStoreConfig
+from ..voices.model import ANONYMOUS, MAX_OWNER_CHARS, default_voices_dir
+
+log = logging.getLogger(__name__)
+
+# As voice ids: lower-case hex, \A..\Z (no "$" before a final newline).
+LEXICON_ID_RE = re.compile(r"\Alex_[0-9a-f]{24}\Z")
+LEXICON_ID_PATTERN = r"^lex_[0-9a-f]{24}$"
+MAX_NAME_CHARS = 64
+
+__all__ = [
+    "ANONYMOUS",
+    "LEXICON_ID_RE",
+    "MAX_NAME_CHARS",
+    "StoredLexicon",
+    "check_room",
+    "default_lexicons_dir",
+    "lexicon_not_found",
+    "new_lexicon_id",
+    "parse_create",
+    "store_unavailable",
+]
+
+
+def default_lexicons_dir(cfg: LexiconStoreConfig) -> Path:
+    """``path``, else ``lexicons/`` in the voices' default directory."""
+    return Path(cfg.path).expanduser() if cfg.path else default_voices_dir() / "lexicons"
+
+
+class StoredLexicon(BaseModel):
+    """One lexicon as stored: its entries, its owner (the API key id that made it, or
+    ``anonymous``) and whether it is the owner's default (applied when a request names none)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=LEXICON_ID_PATTERN)
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    owner: str = Field(default=ANONYMOUS, min_length=1, max_length=MAX_OWNER_CHARS)
+    created_at: int
+    default: bool = False
+    entries: tuple[LexiconEntry, ...] = Field(max_length=MAX_ENTRIES)
+
+    def pronunciations(self) -> Pronunciations:
+        return Pronunciations(entries=self.entries)
+
+    def summary(self) -> dict[str, Any]:
+        """What the list answer shows (no entries: they may be many)."""
+        return {
+            "id": self.id,
+            "object": "lexicon",
+            "name": self.name,
+            "owner": self.owner,
+            "created_at": self.created_at,
+            "default": self.default,
+            "entry_count": len(self.entries),
+            "content_hash": self.pronunciations().content_hash,
+        }
+
+    def detail(self) -> dict[str, Any]:
+        return {**self.summary(), "entries": [e.model_dump(exclude_none=True) for e in self.entries]}
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+class _CreateBody(BaseModel):
+    """``POST /v1/audio/lexicons``'s body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    entries: list[dict[str, Any]] = Field(min_length=1)
+    default: bool = False
+
+
+def _invalid(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_lexicon")
+
+
+def parse_create(body: Any, cfg: LexiconStoreConfig, owner: str) -> StoredLexicon:
+    """A create request's body read into a lexicon, every bound checked before any entry is
+    parsed (400 naming the field; a pinyin syllable is checked against the table later)."""
+    if not isinstance(body, dict):
+        raise _invalid("send a JSON object: {name, entries: [{text, alias | pinyin}], default}", "body")
+    entries = body.get("entries")
+    if isinstance(entries, list) and len(entries) > cfg.max_entries:
+        raise APIError(
+            413,
+            f"lexicon has {len(entries)} entries; the limit is {cfg.max_entries}",
+            param="entries",
+            code="lexicon_too_large",
+        )
+    try:
+        parsed = _CreateBody.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        raise _invalid(f"{where}: {err['msg']}", where) from None
+    name = parsed.name
+    if name != name.strip() or not name.isprintable():
+        raise _invalid("name: printable characters without leading or trailing spaces", "name")
+    out: list[LexiconEntry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(parsed.entries):
+        where = f"entries.{i}"
+        text, reading = raw.get("text"), raw.get("alias", raw.get("pinyin"))
+        if isinstance(text, str) and len(text) > cfg.max_entry_chars:
+            raise _invalid(f"{where}.text: at most {cfg.max_entry_chars} characters", where)
+        if isinstance(reading, str) and len(reading) > cfg.max_alias_chars:
+            raise _invalid(f"{where}: alias or pinyin at most {cfg.max_alias_chars} characters", where)
+        try:
+            entry = LexiconEntry.model_validate(raw)
+        except ValidationError as exc:
+            raise _invalid(f"{where}: {exc.errors()[0]['msg']}", where) from None
+        if entry.text.lower() in seen:
+            raise _invalid(f"{where}: {entry.text!r} is in the lexicon twice", where)
+        seen.add(entry.text.lower())
+        out.append(entry)
+    return StoredLexicon(
+        id=new_lexicon_id(),
+        name=name,
+        owner=owner,
+        created_at=int(time.time()),
+        default=parsed.default,
+        entries=tuple(out),
+    )
+
+
+def new_lexicon_id() -> str:
+    return "lex_" + secrets.token_hex(12)
+
+
+def lexicon_not_found(lexicon_id: Optional[str], status: int = 404) -> APIError:
+    """Another owner's lexicon answers exactly as a missing one."""
+    shown = (lexicon_id or "")[:40]
+    return APIError(status, f"no lexicon with id {shown!r}", param="lexicon", code="lexicon_not_found")
+
+
+def store_unavailable(exc: BaseException) -> APIError:
+    log.warning("lexicon store failed: %s: %s", exc.__class__.__name__, exc)
+    return APIError(
+        503,
+        "lexicon store unavailable; retry shortly",
+        type="server_error",
+        code="lexicon_store_unavailable",
+        headers={"Retry-After": "2"},
+    )
+
+
+def check_room(owned: int, total: int, max_owned: int, max_total: int) -> None:
+    """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
+    if owned >= max_owned:
+        raise APIError(
+            409,
+            f"this API key owns its limit of lexicons ({max_owned}); delete one first",
+            code="lexicon_quota_exceeded",
+        )
+    if total >= max_total:
+        raise APIError(
+            409, f"the lexicon store is full ({max_total} lexicons); delete one first", code="too_many_lexicons"
+        )
