@@ -173,7 +173,7 @@ def info_event(voices: Iterable[dict[str, Any]], version: Optional[str]) -> Even
             version=None,
             languages=list(LANGUAGES),
         )
-        for card in list(voices)[:MAX_LISTED_VOICES]
+        for card in _unique_names(voices)[:MAX_LISTED_VOICES]
     ]
     program = TtsProgram(
         name="chattts-serve",
@@ -185,6 +185,14 @@ def info_event(voices: Iterable[dict[str, Any]], version: Optional[str]) -> Even
         supports_synthesize_streaming=True,
     )
     return Info(tts=[program]).event()
+
+
+def _unique_names(cards: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each name once (an admin key lists every owner's voices; names are unique per owner only)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for card in cards:
+        seen.setdefault(card["name"], card)
+    return list(seen.values())
 
 
 def error_event(err: APIError) -> Event:
