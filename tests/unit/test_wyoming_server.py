@@ -208,3 +208,24 @@ def test_the_command_serves_and_stops_on_sigterm():
     assert proc.returncode == 0, err[-2000:]
     assert json.loads(err.strip().splitlines()[-1]) == [], err[-2000:]
     assert "Wyoming server on" in err
+
+
+async def test_zeroconf_announces_the_server():
+    """What Home Assistant's discovery looks up: ``_wyoming._tcp`` with the server's port."""
+    pytest.importorskip("zeroconf")
+    from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+    name = f"chattts-test-{os.getpid()}"
+    settings = WyomingSettings(
+        uri="tcp://127.0.0.1:0", base_url="http://127.0.0.1:9", zeroconf=True, zeroconf_name=name
+    )
+    running = WyomingServer(settings)
+    port = (await running.start())[0][1]
+    browser = AsyncZeroconf(interfaces=["127.0.0.1"])
+    try:
+        info = AsyncServiceInfo("_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.")
+        assert await info.async_request(browser.zeroconf, 3000)
+        assert (info.port, info.parsed_addresses()) == (port, ["127.0.0.1"])
+    finally:
+        await browser.async_close()
+        await running.stop()
