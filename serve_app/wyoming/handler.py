@@ -135,7 +135,8 @@ class WyomingHandler(AsyncEventHandler):
             results = await asyncio.gather(*tasks, return_exceptions=True)
             self.gate.leave()
         failure = next((r for r in results if isinstance(r, Exception)), None)
-        if isinstance(failure, ClientGone) or failure is None:
+        # A reset while reading is the client's going too (service failures are APIErrors by now).
+        if failure is None or isinstance(failure, (ClientGone, ConnectionError)):
             self.writer.close()
             return
         await self._last_words(unexpected(failure))

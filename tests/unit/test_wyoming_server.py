@@ -160,7 +160,7 @@ async def test_idle_connections_are_closed_but_not_while_speaking():
         async with AsyncTcpClient(host, port) as client:
             await client.write_event(Synthesize(text="Slow service.").event())
             with pytest.raises(asyncio.TimeoutError):  # waiting for the service is not idling
-                await asyncio.wait_for(client.read_event(), 1.0)
+                await asyncio.wait_for(client.read_event(), 0.6)
 
 
 async def test_connections_are_bounded():
@@ -229,3 +229,18 @@ async def test_zeroconf_announces_the_server():
     finally:
         await browser.async_close()
         await running.stop()
+
+
+async def test_a_reset_client_is_no_failure(caplog):
+    async with server(f"http://127.0.0.1:{closed_port()}") as (host, port):
+        client = AsyncTcpClient(host, port)
+        await client.connect()
+        client._writer.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+        )
+        client._writer.transport.abort()  # with SO_LINGER 0: a reset, not a close
+        await asyncio.sleep(0.2)
+        async with AsyncTcpClient(host, port) as again:
+            await again.write_event(Describe().event())
+            assert (await read(again)).type == "info"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
