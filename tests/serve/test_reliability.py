@@ -258,6 +258,9 @@ def test_fuzz_openapi_schema(app_url):
     # Jobs the fuzzer made would go on speaking beside the later tests: cancel them all.
     for job in httpx.get(app_url + "/v1/audio/jobs", timeout=30).json().get("data", []):
         httpx.delete(app_url + f"/v1/audio/jobs/{job['id']}", timeout=30)
+    # And lexicons (a default one would apply to every later request without a key).
+    for lexicon in httpx.get(app_url + "/v1/audio/lexicons", timeout=30).json().get("data", []):
+        httpx.delete(app_url + f"/v1/audio/lexicons/{lexicon['id']}", timeout=30)
     report(
         "fuzz: schemathesis cases",
         f"{seen['cases']} ({', '.join(f'{k}: {v}' for k, v in sorted(per_operation.items()))})",
