@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-WeightsSource = Literal["auto", "huggingface", "local", "random", "random-tiny"]
+WeightsSource = Literal["auto", "huggingface", "local", "random", "random-tiny", "random-deep"]
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DType = Literal["float32", "float16", "bfloat16"]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 class DualLayoutLinear(nn.Module):
     """Drop-in for an ``nn.Linear``: same parameters, plus the transposed copy every call multiplies by."""
 

@@ -5,10 +5,11 @@ exercise exactly the loading code that real weights do. ``Chat.load(source="cust
 used for them because it checks the SHA-256 sums of the published assets.
 
 Random weights (``random`` full size, ``random-tiny`` with a 1-layer GPT and shallow decoder and
-vocoder) are built once per (kind, seed, layout version) into the cache directory, under a file
+vocoder, ``random-deep`` at every real depth with narrow MLPs) are built once per (kind, seed,
+layout version) into the cache directory, under a file
 lock and with an atomic rename, so replicas starting together neither clash nor read a
 half-written tree. A manifest ``chattts_serve.json`` beside ``asset/`` records the config
-overrides the tiny variant needs; real weights have no manifest and load with ChatTTS's defaults.
+overrides the small variants need; real weights have no manifest and load with ChatTTS's defaults.
 
 The parts: ``sources.py`` finds the weights a config asks for (a local path, the Hugging Face
 cache or hub, random ones) as a ``ResolvedWeights``; ``random_weights.py`` builds random

@@ -1,5 +1,6 @@
-"""Random weights with ChatTTS's architecture: ``random`` (full size) and ``random-tiny`` (a
-1-layer GPT, shallow decoder and vocoder), every module built by ChatTTS's own classes from a
+"""Random weights with ChatTTS's architecture: ``random`` (full size), ``random-tiny`` (a
+1-layer GPT, shallow decoder and vocoder) and ``random-deep`` (every real depth and head layout
+at small widths), every module built by ChatTTS's own classes from a
 seed, a BERT tokenizer of the real vocabulary's size and special tokens, written in ChatTTS's
 asset layout with a manifest.
 
@@ -40,6 +41,18 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
     "dvae.decoder": {"n_layer": 2},
     "dvae.encoder": {"n_layer": 2},
     "vocos.backbone.init_args": {"num_layers": 2, "intermediate_dim": 512},
+}
+
+# Size overrides for the deep test variant: ChatTTS's real depths and head layout (the GPT's 20
+# layers of 12 heads, the decoders' 12 blocks, Vocos' 8), narrow where width is free (the MLPs
+# and the convolution blocks' hidden size). What runs between layers, across steps and in the
+# decode loop's numerics (int8 rounding compounding over 20 layers) is tested at the real depth.
+DEEP_OVERRIDES: dict[str, dict[str, Any]] = {
+    "gpt": {"intermediate_size": 256},
+    "decoder": {"hidden": 128},
+    "dvae.decoder": {"hidden": 128},
+    "dvae.encoder": {"hidden": 128},
+    "vocos.backbone.init_args": {"intermediate_dim": 256},
 }
 
 # ChatTTS's control and structure tokens (they are added tokens of its BERT tokenizer, never split).
@@ -160,6 +173,8 @@ def random_weights_key(kind: str, seed: int) -> str:
 def _overrides_for(kind: str) -> dict[str, dict[str, Any]]:
     if kind == "random-tiny":
         return TINY_OVERRIDES
+    if kind == "random-deep":
+        return DEEP_OVERRIDES
     if kind == "random":
         return {}
     raise ValueError(f"not a random weights kind: {kind!r}")

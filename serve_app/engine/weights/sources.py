@@ -1,5 +1,5 @@
 """Finding weights: a config's source (``auto``, ``local``, ``huggingface``, ``random``,
-``random-tiny``) to the directory holding ChatTTS's ``asset/`` tree, as a ``ResolvedWeights``
+``random-tiny``, ``random-deep``) to the directory holding ChatTTS's ``asset/`` tree, as a ``ResolvedWeights``
 (its asset paths, real or random, and a stable id for cache keys).
 
 Apart from loading (``loading.py``): the serving layer resolves weights once to pin them in
@@ -98,7 +98,7 @@ def resolve_weights(cfg: WeightsConfig) -> ResolvedWeights:
     """Find (or build) the weights a config asks for. Applies the CHATTTS_WEIGHTS override."""
     cfg = cfg.resolved()
     src = cfg.source
-    if src in ("random", "random-tiny"):
+    if src in ("random", "random-tiny", "random-deep"):
         return _from_root(build_random_weights(src, cfg.cache_path, cfg.seed), src)
     if src == "local":
         if not cfg.path:
