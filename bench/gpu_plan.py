@@ -27,6 +27,7 @@ class GpuPlan:
     deadline_s: float = 480.0
     tests_timeout_s: float = 100.0
     tests_filter: str = "cuda"  # pytest -k: the CPU pairs already run in CI
+    tests_paths: tuple = ("tests",)  # where pytest collects the gpu-marked tests
     ceiling_batches: list = field(default_factory=lambda: [1, 8, 32, 64])
     ceiling_reps: int = 1
     first_chunk_reps: int = 3
@@ -49,6 +50,8 @@ class GpuPlan:
             weights="random-tiny",
             device="cpu",
             tests_filter="same_tokens",
+            # Only the module that holds them: collecting the whole suite costs more than the cases.
+            tests_paths=("tests/system/test_gpu.py",),
             tests_timeout_s=240.0,
             ceiling_batches=[1, 2],
             first_chunk_reps=1,

@@ -80,7 +80,7 @@ def run_tests(plan: GpuPlan, out: Path, budget_s: float) -> dict:
         "pytest",
         "-m",
         "gpu",
-        "tests",
+        *plan.tests_paths,
         "-p",
         "no:cacheprovider",
         "-q",
