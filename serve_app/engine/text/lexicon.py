@@ -9,8 +9,8 @@ written text: only the model reads the alias or the substitute characters (``pin
 Matching: at each position the longest entry that matches wins and the text after it is matched
 again (entries do not apply to each other's output). Chinese entries match anywhere; an entry
 that starts (ends) with a Latin letter or digit matches only where no letter or digit is before
-(after) it, ignoring case. Cost: one dictionary look-up per character plus the candidates that
-start with it, bounded by the lexicon's entry count and sizes (``storage.lexicons`` bounds them).
+(after) it, ignoring case. Cost: a trie walk of at most ``MAX_ENTRY_CHARS`` steps per character,
+whatever the number of entries.
 
 SSML's ``<phoneme alphabet="pinyin" ph="hang2">行</phoneme>`` travels inside the piece's text as
 ``PHONEME_OPEN + written + PHONEME_SEP + pinyin + PHONEME_CLOSE`` (private-use characters the
@@ -116,20 +116,42 @@ class Pronunciations(BaseModel):
         return "lex:" + hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
+_END = ""  # a trie node's key for the entry ending there (no character is "")
+
+
 class CompiledLexicon:
-    """Entries indexed by their first character (case-folded), longest first."""
+    """Entries in a trie of their case-folded characters: at each position one walk of at most
+    ``MAX_ENTRY_CHARS`` steps finds the longest entry that matches there, whatever the count."""
 
     def __init__(self, entries: tuple[LexiconEntry, ...]):
-        index: dict[str, list[tuple[str, bool, bool, str]]] = {}
-        for e in sorted(entries, key=lambda e: -len(e.text)):
+        root: dict = {}
+        for e in entries:
             key = e.text.lower()
             if len(key) != len(e.text):
                 continue  # a case fold that changes the length would misalign the match
-            index.setdefault(key[0], []).append((key, _wordish(key[0]), _wordish(key[-1]), e.reading()))
-        self._index = index
+            node = root
+            for ch in key:
+                node = node.setdefault(ch, {})
+            node[_END] = (_wordish(key[0]), _wordish(key[-1]), e.reading())
+        self._root = root
+
+    def _match(self, text: str, low: str, i: int) -> Optional[tuple[int, str]]:
+        """(end, reading) of the longest entry that matches at ``i`` with its word boundaries."""
+        node, found, n = self._root, None, len(text)
+        before_word = i > 0 and _wordish(text[i - 1])
+        for j in range(i, min(n, i + MAX_ENTRY_CHARS)):
+            node = node.get(low[j])
+            if node is None:
+                break
+            end = node.get(_END)
+            if end is not None:
+                starts_word, ends_word, reading = end
+                if not (starts_word and before_word) and not (ends_word and j + 1 < n and _wordish(text[j + 1])):
+                    found = (j + 1, reading)
+        return found
 
     def apply(self, text: str) -> str:
-        if not self._index or not text:
+        if not self._root or not text:
             return text
         low = text.lower()
         if len(low) != len(text):
@@ -137,16 +159,7 @@ class CompiledLexicon:
         out: list[str] = []
         i, n, last = 0, len(text), 0
         while i < n:
-            found = None
-            for key, starts_word, ends_word, reading in self._index.get(low[i], ()):
-                j = i + len(key)
-                if low.startswith(key, i):
-                    if starts_word and i > 0 and _wordish(text[i - 1]):
-                        continue
-                    if ends_word and j < n and _wordish(text[j]):
-                        continue
-                    found = (j, reading)
-                    break
+            found = self._match(text, low, i) if low[i] in self._root else None
             if found is None:
                 i += 1
                 continue

@@ -85,6 +85,8 @@ def _build() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     for ch, rs in readings.items():
         tier = _tier(ch)
         for rank, r in enumerate(rs):
+            if not _SYLLABLE_RE.match(r):
+                continue  # ê and the like: no way to write them in the API's form
             # A common character first (GB2312), with this reading only, the more common one, the
             # syllable as its first reading, fewer readings, the more used in phrases.
             score = (tier > 1, len(rs) > 1, tier, rank, len(rs), -used[ch])
