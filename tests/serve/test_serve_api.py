@@ -162,6 +162,19 @@ def test_openai_sdk_speaks_every_openai_voice_name_and_refuses_an_unknown_one(oa
     assert err.type == "invalid_request_error"
 
 
+async def test_async_sdk_streams_pcm_as_voice_agents_read_it(app_url, planner):
+    """Pipecat's OpenAITTSService (and LiveKit's openai.TTS) stream through the async SDK: pcm,
+    read in chunks as it comes, s16le at 24 kHz."""
+    text = "Voice agents read pcm as it streams."
+    async with openai.AsyncOpenAI(base_url=app_url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        async with client.audio.speech.with_streaming_response.create(
+            input=text, model="gpt-4o-mini-tts", voice="cedar", response_format="pcm"
+        ) as r:
+            assert r.status_code == 200
+            pcm = b"".join([chunk async for chunk in r.iter_bytes(1024)])
+    assert len(pcm) == 2 * expected_samples(planner, text, "cedar")
+
+
 def test_open_webui_discovers_models_and_voices_then_speaks(app_url):
     """Open WebUI's requests to an OpenAI-compatible TTS engine (its audio router): GET
     {base}/audio/models -> "models", GET {base}/audio/voices -> "voices" [{id, name}], without a
