@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.engine import drain, fixed_chunks, seg
+from support.engine import GREEDY, TokenLog, chattts_tokens, drain, fixed_chunks, seg
 
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.decode.batch import KV_HEADROOM
@@ -159,3 +159,36 @@ def test_parked_rows_resume_exactly_where_they_left(deep_models, deep_speaker):
     assert eng.stats.rows_parked >= 1 and eng.stats.rows_resumed >= 1
     for g, e in zip(got, expected):
         assert torch.equal(g, e)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("precision", ["int8", "none"])
+def test_rows_decode_chattts_own_tokens_alone_and_batched(deep_models, deep_speaker, precision):
+    """Near-greedy, each row's tokens are the ones ChatTTS's own ``Chat._infer_code`` decodes for
+    it on the same loaded model (same int8 layers), alone and joined mid-flight by other rows."""
+    model = deep_models[precision]
+    rows = [
+        seg(deep_speaker, 30, seed=31, text="今天天气很好，我们出去走走吧。", temperature=GREEDY),
+        seg(deep_speaker, 24, seed=32, text="hello world", temperature=GREEDY),
+    ]
+    expected = [chattts_tokens(model.chat, r)[0] for r in rows]
+    eng = engine_for(model)
+    log = TokenLog(eng)
+    for r, want in zip(rows, expected):
+        stream = eng.submit(r)
+        eng.run_until_idle()
+        drain(stream)
+        assert torch.equal(log.tokens(stream), want), (precision, "alone", r.text)
+    others = [seg(deep_speaker, 40, seed=33, temperature=0.7, text=TEXTS[3]), seg(deep_speaker, 20, seed=34)]
+    streams = [eng.submit(others[0])]
+    for _ in range(3):
+        eng.step()
+    streams += [eng.submit(rows[0]), eng.submit(others[1])]
+    for _ in range(4):
+        eng.step()
+    streams.append(eng.submit(rows[1]))
+    eng.run_until_idle()
+    assert eng.stats.max_rows == 4
+    for stream, want, r in zip((streams[1], streams[3]), expected, rows):
+        drain(stream)
+        assert torch.equal(log.tokens(stream), want), (precision, "batched", r.text)
