@@ -72,6 +72,12 @@ async def test_lexicons_through_http(app_url, tmp_path):
             assert foreign["message"].replace(made["id"], "ID") == absent["message"].replace(missing, "ID")
             event, code = await ws_start(app_url, {"lexicon": made["id"], "api_key": KEYS["bob"]})
             assert code == 4400 and event["error"]["code"] == "lexicon_not_found"
+            job = {"input": text, "lexicon": made["id"], "response_format": "wav"}
+            assert (
+                error_of(http.post("/v1/audio/jobs", json=job, headers=auth("bob")), 400)["code"] == "lexicon_not_found"
+            )
+            event, code = await ws_start(app_url, {"lexicon": made["id"], "api_key": KEYS["alice"]})
+            assert event["type"] == "session.created" and code == 1000, (event, code)
 
             # A default lexicon applies to alice's requests that name none (same entries: the cached audio).
             default = ok(
