@@ -135,3 +135,15 @@ def test_api_callers_cannot_send_entries():
         assert model(**extra, lexicon="none", text_normalization="off").to_options().text_normalization == "off"
         with pytest.raises(ValidationError):
             model(**extra, lexicon="../etc/passwd")
+
+
+def test_say_takes_the_switch():
+    from serve_app.tools.cli import build_parser
+
+    assert build_parser().parse_args(["say", "hi", "-o", "x.wav"]).text_normalization == "auto"
+    assert (
+        build_parser().parse_args(["say", "hi", "-o", "x.wav", "--text-normalization", "off"]).text_normalization
+        == "off"
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["say", "hi", "-o", "x.wav", "--text-normalization", "maybe"])
