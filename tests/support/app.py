@@ -36,13 +36,8 @@ READY_TIMEOUT_S = 180.0
 
 # What the test app changes in config/serve.yaml's args; everything else is the shipped config.
 TEST_ARGS: dict[str, Any] = {
-    # float32 GPT layers, not the int8 CPU default: int8 rounds each row's activations, so the float
-    # summation differences between batch compositions (~1e-7) become ~1e-3 and flip a near tie of
-    # the logits now and then, and the tests that compare a synthesis with the same text decoded
-    # in another batch (a WebSocket session against one request) could not ask for the same
-    # tokens. The shipped default runs in the `serve run config/serve.yaml` tests
-    # (test_serve_run.py) and the bench; int8 numerics in tests/unit/test_quant.py.
-    "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "torch_threads": 1, "quantize": "none"},
+    # The shipped CPU precision (int8: model.quantize's default); one torch thread.
+    "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "torch_threads": 1},
     # Fixed chunk sizes: two syntheses of one request are byte-identical, which tests compare
     # (docs/architecture.md, "The decode loop"). The shipped 0.1 s is tested by its own tests.
     "acoustic": {"listener_margin_s": None},
