@@ -201,10 +201,10 @@ def test_periodic_ticks_until_stopped_and_counts_failures():
                 raise RuntimeError("one bad sample")
 
     t = Ticker(0.01, "ticker").start()
-    time.sleep(0.2)
+    assert wait_until(lambda: t.n >= 5, 10, 0.01)
     t.stop()
     n = t.n
-    time.sleep(0.05)
+    time.sleep(0.05)  # no tick after stop: an absence, so a fixed look
     assert n >= 5 and t.n == n and t.missed == 1
 
 

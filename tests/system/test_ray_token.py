@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from support import waiting
 
 from bench.lib.procs import MARKER_ENV, free_port, kill_marked, marked, wait_until
 
@@ -63,15 +63,22 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
         )
     url = f"http://127.0.0.1:{dash}"
     try:
-        deadline = time.monotonic() + 180
-        while True:  # the probes' path answers without a token
-            assert head.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+
+        def healthz() -> int:
+            assert head.poll() is None, log.read_text(errors="replace")[-3000:]
             try:
-                if httpx.get(url + "/api/gcs_healthz", timeout=5).status_code == 200:
-                    break
+                return httpx.get(url + "/api/gcs_healthz", timeout=5).status_code
             except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+                return 0
+
+        # The probes' path answers without a token.
+        waiting.wait_until(
+            healthz,
+            180,
+            0.25,
+            until=lambda status: status == 200,
+            what=lambda: "dashboard healthz: " + log.read_text(errors="replace")[-3000:],
+        )
         bearer = {"Authorization": f"Bearer {token}"}
         assert httpx.post(url + "/api/jobs/", json={"entrypoint": "echo pwned"}, timeout=10).status_code == 401
         assert httpx.put(url + "/api/serve/applications/", json={"applications": []}, timeout=10).status_code == 401
