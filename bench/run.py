@@ -22,8 +22,8 @@ from typing import Any, Optional
 import httpx
 
 from . import cache_hit
-from .lib import loadgen
-from .lib.corpus import corpus_summary, expected_audio_s, plan_corpus, text_stream
+from .lib import first_audio, loadgen
+from .lib.corpus import ONE_ROW_TEXTS, corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
 from .lib.procs import (
     ManagedProcess,
@@ -53,7 +53,7 @@ from .lib.serve import (
 )
 from .run_report import load_key, write_all
 
-PHASES = ("ceiling", "baseline", "serve", "open")
+PHASES = ("ceiling", "baseline", "serve", "first", "open")
 
 
 @dataclass
@@ -80,6 +80,9 @@ class RunPlan:
     # The proxy's middlewares as the README's run command installs them (front guard, edge cache,
     # the client's end of back-pressure); "off" measures Serve's proxy bare.
     front_guard: bool = True
+    # First audio before/after in one run (bench/lib/first_audio.py): ABBA pairs of halves at 1 client.
+    first_pairs: int = 6
+    first_per_half: int = 6
     profile: bool = False  # py-spy the replicas during the closed loop at profile_level clients
     profile_level: int = 8
 
@@ -96,6 +99,8 @@ class RunPlan:
             open_s=60.0,
             loads_continuous=[0.7],
             loads_window=[0.7],
+            first_pairs=4,
+            first_per_half=4,
             drain_s=90.0,
             timeout_s=180.0,
         )
@@ -207,8 +212,10 @@ class BenchRun:
             )
         if "baseline" in p.phases:
             est["baseline"] = 30 + sum(p.closed_duration(c) + 10 for c in p.baseline_levels)
-        if "serve" in p.phases or "open" in p.phases:
+        if "serve" in p.phases or "open" in p.phases or "first" in p.phases:
             est["serve_start"] = 60
+        if "first" in p.phases:
+            est["first"] = p.first_pairs * 2 * (p.first_per_half * 3 + 4)
         if "serve" in p.phases:
             est["serve"] = sum(p.closed_duration(c) + 5 for c in p.serve_levels)
         if "open" in p.phases:
@@ -233,7 +240,7 @@ class BenchRun:
                 if "baseline" in self.plan.phases:
                     self.progress.phase("baseline", est["baseline"])
                     self.run_baseline()
-                if "serve" in self.plan.phases or "open" in self.plan.phases:
+                if any(x in self.plan.phases for x in ("serve", "first", "open")):
                     self.run_serve(est)
             finally:
                 self.cleanup()
@@ -303,7 +310,12 @@ class BenchRun:
                 seed=self.plan.seed + c,
             )
         )
-        return loadgen.summarize(run)
+        s = loadgen.summarize(run)
+        if target.name == "serve" and self._serve is not None:
+            # Where the first audio went, hop by hop (the Ingress's log lines of these requests).
+            time.sleep(0.5)  # the last requests' lines reach the log file
+            s["first_audio"] = first_audio.breakdown(run.records, first_audio.read_ingress_log(self._serve.session_dir))
+        return s
 
     def _open(self, target: loadgen.Target, rate: float, load: float, mode: str) -> dict:
         # Same arrivals and texts for both batching modes; distinct request seeds per mode.
@@ -435,6 +447,12 @@ class BenchRun:
                         profile_s=p.closed_duration(c),
                     )
                     self.progress.write(self._line("serve", f"c{c}", res["closed"][str(c)]))
+            if "first" in p.phases:
+                self.progress.phase("serve: first audio before/after", est.get("first", 0))
+                res["first_audio_ab"] = first_audio.ab_pairs(
+                    serve, target, p.first_pairs, p.first_per_half, ONE_ROW_TEXTS
+                )
+                self.progress.write(first_audio.ab_line(res["first_audio_ab"]))
             if "open" in p.phases:
                 self.progress.phase("serve: open loop", est["open"])
                 self._open_phases(serve, sampler, target, res)
@@ -544,7 +562,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
         choices=["random", "random-tiny"],
         help="random = full-size ChatTTS with random weights (the benchmark); random-tiny only checks the tooling",
     )
-    r.add_argument("--phases", default=",".join(PHASES), help="comma list of ceiling,baseline,serve,open (default all)")
+    r.add_argument(
+        "--phases", default=",".join(PHASES), help="comma list of ceiling,baseline,serve,first,open (default all)"
+    )
     r.add_argument("--levels", type=ints, help="closed-loop concurrencies for baseline and project, e.g. 1,2,4,8,16")
     r.add_argument("--baseline-levels", type=ints)
     r.add_argument("--serve-levels", type=ints)

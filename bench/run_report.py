@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .lib import first_audio
 from .lib.render import by_clients, legend, plain_log_axis, pyplot, render_files, save, seconds_vs_clients, write_files
 from .lib.render import fmt as _f
 from .lib.render import get as _get
@@ -17,6 +18,19 @@ TARGETS = {
     "ttfb_vs_first_chunk": ("<=", 1.3, "TTFB p50 at 1 client / raw time to the first chunk's audio"),
     "p99_vs_baseline_c8": ("<=", 0.5, "latency p99 at 8 clients, project / baseline"),
     "continuous_vs_window_mean_latency_70": (">=", 1.5, "mean latency at 70% load, window / continuous batching"),
+}
+# First audio's figures (ms), checked where a run measured them (earlier reports have none).
+FIRST_AUDIO_TARGETS = {
+    "first_audio_service_ms_c1": (
+        "<=",
+        60.0,
+        "the service's own share of first audio at 1 client, ms p50: TTFB - the model's hops of the same request",
+    ),
+    "ttfb_minus_first_chunk_ms_c1": (
+        "<=",
+        60.0,
+        "TTFB p50 at 1 client - the ceiling's first chunk alone (ms; the model in its own process, cores idle)",
+    ),
 }
 
 
@@ -40,6 +54,12 @@ def compute_ratios(report: dict) -> dict:
             _get(win, load_key(0.7), "latency_s", "mean"), _get(cont, load_key(0.7), "latency_s", "mean")
         ),
     }
+    if _get(serve_c, 1, "first_audio") or _get(report, "serve", "first_audio_ab"):
+        r["first_audio_service_ms_c1"] = _service_ms(report, 1)
+        r["ttfb_minus_first_chunk_ms_c1"] = _minus_ms(_get(serve_c, 1, "ttfb_s", "p50"), first)
+    v = _service_ms(report, 8)
+    if v is not None:
+        r["first_audio_service_ms_c8"] = v
     # Extras (not targets): the same comparisons at the other points that were measured.
     for load in (0.5, 0.9):
         v = _ratio(_get(win, load_key(load), "latency_s", "mean"), _get(cont, load_key(load), "latency_s", "mean"))
@@ -55,12 +75,26 @@ def compute_ratios(report: dict) -> dict:
     r["serve_vs_baseline_c1"] = _ratio(_get(serve_c, 1, "audio_s_per_s"), _get(base_c, 1, "audio_s_per_s"))
     r["ceiling_b8_vs_b1"] = _ratio(_get(ceiling, 8), _get(ceiling, 1))
     r["baseline_c8_vs_ceiling_b1"] = _ratio(_get(base_c, 8, "audio_s_per_s"), _get(ceiling, 1))
-    return {k: v for k, v in r.items() if v is not None or k in TARGETS}
+    return {k: v for k, v in r.items() if v is not None or k in TARGETS or k in FIRST_AUDIO_TARGETS}
+
+
+def _service_ms(report: dict, c: int) -> object:
+    """The service's share of first audio (p50, ms) at ``c`` clients: the closed loop's, else at 1
+    client the before/after's shipped side."""
+    v = _get(report, "serve", "closed", c, "first_audio", "hops_ms", "service", "p50")
+    if v is None and c == 1:
+        v = _get(report, "serve", "first_audio_ab", "after", "hops_ms", "service", "p50")
+    return v
+
+
+def _minus_ms(a: object, b: object) -> object:
+    return None if a is None or b is None else round((a - b) * 1000.0, 1)
 
 
 def check_targets(ratios: dict) -> dict:
     out = {}
-    for name, (op, thr, what) in TARGETS.items():
+    checked = {**TARGETS, **{k: t for k, t in FIRST_AUDIO_TARGETS.items() if k in ratios}}
+    for name, (op, thr, what) in checked.items():
         v = ratios.get(name)
         met = None if v is None else (v >= thr if op == ">=" else v <= thr)
         out[name] = {"value": v, "target": f"{op} {thr}", "met": met, "what": what}
@@ -104,10 +138,13 @@ def to_markdown(report: dict) -> str:
     for name, t in (report.get("targets") or {}).items():
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
         lines.append(f"| `{name}` | {_f(t['value'], 3)} | {t['target']} | {met} | {t['what']} |")
-    extras = {k: v for k, v in (report.get("ratios") or {}).items() if k not in TARGETS}
+    extras = {k: v for k, v in (report.get("ratios") or {}).items() if k not in (report.get("targets") or TARGETS)}
     if extras:
         lines += ["", "Other ratios: " + ", ".join(f"`{k}` = {_f(v, 3)}" for k, v in extras.items())]
 
+    section = first_audio.markdown(report)
+    if section:
+        lines += ["", *section[:-1]]
     ceil = report.get("ceiling")
     if ceil:
         lines += [

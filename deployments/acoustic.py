@@ -47,6 +47,8 @@ class Acoustic:
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
         self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
+        self._admit_idle_at_once = AcousticLive.model_fields["admit_idle_at_once"].default
+        self._in_window = 0  # requests waiting in the admission window
         self.engine = AcousticEngine(self.model, self._args)
         self.refiner = TextRefiner(self.model, self.engine.cfg)
         self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
@@ -77,6 +79,7 @@ class Acoustic:
         knobs merged over the deployment's ``args.acoustic`` (a knob the user_config no longer
         names goes back to its args value)."""
         live = AcousticLive.model_validate(user_config or {})
+        self._admit_idle_at_once = live.admit_idle_at_once
         self._admit.set_max_batch_size(live.max_batch_size)
         self._admit.set_batch_wait_timeout_s(live.batch_wait_timeout_s)
         cfg = live.engine_config(self._args)
@@ -100,18 +103,41 @@ class Acoustic:
                 out.append(exc)
         return out
 
+    async def _submit(self, segments: list[SegmentRequest]):
+        """The request's row streams (or its EngineError): at once when the engine is idle (no row
+        running or waiting, no request in the window: nothing to group its prefill with), else
+        through the admission window. A request right behind an idle one finds a row waiting."""
+        engine = self.engine
+        if self._admit_idle_at_once and not self._in_window and not engine.running_rows and not engine.waiting_rows:
+            try:
+                return engine.submit_all(segments, loop=asyncio.get_running_loop())
+            except EngineError as exc:
+                return exc
+        self._in_window += 1
+        try:
+            return await self._admit(segments)
+        finally:
+            self._in_window -= 1
+
     async def stream(self, segments: list[SegmentRequest], flow: Optional[FlowRef] = None) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded. With
         ``flow``, at most its window ahead of what the caller has taken: past it this stream stops
         reading its rows, and the engine parks them until it reads again (serving/flow.py)."""
-        streams = await self._admit(segments)
+        t_in = time.monotonic()
+        streams = await self._submit(segments)
+        t_admit = time.monotonic()
         if isinstance(streams, EngineError):
             raise streams
         credit = FlowCredit(flow)
+        first = True
         try:
             async for seg, chunk in aordered_chunks(streams):
                 await credit.ready()
-                yield self._wire(seg, chunk)
+                wire = self._wire(seg, chunk)
+                if first:
+                    first = False
+                    wire.hops = _first_hops(streams[0], t_in, t_admit)
+                yield wire
         finally:
             for st in streams:
                 if st.admitted_at is not None:
@@ -153,6 +179,7 @@ class Acoustic:
             "running_rows": self.engine.running_rows,
             "waiting_rows": self.engine.waiting_rows,
             "parked_rows": self.engine.parked_rows,
+            "admit_idle_at_once": self._admit_idle_at_once,
             "torch_threads": self.engine.torch_threads,
             "config": self.engine.cfg.model_dump(),
             "weights_kind": self.model.weights.kind,
@@ -184,6 +211,21 @@ class Acoustic:
             self.engine.stop()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _first_hops(st, t_in: float, t_admit: float) -> dict:
+    """Where the first chunk's time went in this process (ms, one monotonic clock): the admission
+    window (``@serve.batch``'s wait and the submit), the engine's queue and prefill (``admitted_at``
+    is set once the row's prefill is merged), the first chunk's decode, and the hand-over from the
+    decode thread to this stream."""
+    now = time.monotonic()
+    out = {"admit_window": min(st.submitted_at, t_admit) - t_in, "acoustic_total": now - t_in}
+    if st.admitted_at is not None:
+        out["queue_prefill"] = st.admitted_at - st.submitted_at
+        if st.first_chunk_at is not None:
+            out["first_chunk"] = st.first_chunk_at - st.admitted_at
+            out["acoustic_handover"] = now - st.first_chunk_at
+    return {k: round(v * 1000.0, 2) for k, v in out.items()}
 
 
 def _placement() -> dict:

@@ -36,7 +36,9 @@ class TextNormalizer:
         ``max_request_seconds`` raises ``RequestTooLarge``."""
         t0 = time.perf_counter()
         plan = self.planner.plan(text, options, voice, client=client)
-        metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
+        took = time.perf_counter() - t0
+        metrics.observe("tts_stage_seconds", took, stage="normalise")
+        plan.planned_ms = round(took * 1000.0, 2)
         return plan
 
     def replan(
@@ -49,5 +51,7 @@ class TextNormalizer:
         """A script of several parts (SSML pieces, dialogue turns: their voices already resolved)."""
         t0 = time.perf_counter()
         plan = self.planner.plan_script(parts, options, client=client)
-        metrics.observe("tts_stage_seconds", time.perf_counter() - t0, stage="normalise")
+        took = time.perf_counter() - t0
+        metrics.observe("tts_stage_seconds", took, stage="normalise")
+        plan.planned_ms = round(took * 1000.0, 2)
         return plan

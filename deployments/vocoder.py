@@ -38,6 +38,23 @@ log = logging.getLogger("ray.serve")
 MIN_YIELD_BYTES = 2048
 
 
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 2)
+
+
+def _first_window(assembler: AudioAssembler, feed_s: float, credit_s: float, t0: float) -> dict:
+    """The first bytes' share of this stream (ms, this process's clock): the feeds until then (the
+    sliding window's decode and the encoder, with the hand-over to the torch thread), the wait for
+    the caller's window, the whole of it from the call's start."""
+    return {
+        "vocoder_feed": _ms(feed_s),
+        "vocode": _ms(assembler.vocode_seconds),
+        "encode": _ms(assembler.encode_seconds),
+        "vocoder_credit": _ms(credit_s),
+        "vocoder_total": _ms(time.perf_counter() - t0),
+    }
+
+
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml).
 @serve.deployment
 class Vocoder:
@@ -88,15 +105,24 @@ class Vocoder:
         done = False
         sent_first = False
         batch_rows = 0
+        first: dict = {}  # where the first audio's time went, here and in the Acoustic stage (ms)
+        feed_s = 0.0
         try:
             async for wire in chunks:
                 batch_rows = batch_rows or wire.batch_rows
+                if wire.hops is not None and not first:
+                    first = {**wire.hops, "acoustic_call": _ms(time.perf_counter() - t0)}
                 hidden = torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32))
                 # Decoding is CPU-bound: keep it off the replica's event loop.
+                t_feed = time.perf_counter()
                 pending += await self._torch_thread.acall(assembler.feed, wire.segment, hidden, wire.final)
+                feed_s += time.perf_counter() - t_feed
                 marks = assembler.take_marks()
                 if pending and (marks or not sent_first or len(pending) >= MIN_YIELD_BYTES):
+                    t_credit = time.perf_counter()
                     await credit.ready()
+                    if not sent_first:
+                        first.update(_first_window(assembler, feed_s, time.perf_counter() - t_credit, t0))
                     yield pending
                     pending = b""
                     sent_first = True
@@ -117,7 +143,12 @@ class Vocoder:
             metrics.observe("tts_stage_seconds", assembler.vocode_seconds, stage="vocode")
             metrics.observe("tts_stage_seconds", assembler.encode_seconds, stage="encode")
             yield StreamSummary(
-                seconds, len(plan.segments), batch_rows, assembler.vocode_seconds, assembler.encode_seconds
+                seconds,
+                len(plan.segments),
+                batch_rows,
+                assembler.vocode_seconds,
+                assembler.encode_seconds,
+                first_audio=first or None,
             )
         finally:
             if done:

@@ -494,6 +494,10 @@ class AcousticLive(BaseModel):
     # Rows join the running batch at the next step anyway (continuous batching): the window only
     # groups prefills, and every request's first audio waits for it.
     batch_wait_timeout_s: float = Field(default=0.01, ge=0.0, le=2.0)
+    # A request that finds the engine idle (no row running or waiting, none in the window) is
+    # submitted at once: no other request's prefill to group it with, and its first audio does
+    # not wait the window (deployments/acoustic.py).
+    admit_idle_at_once: bool = True
 
     @model_validator(mode="after")
     def _only_live_fields(self) -> "AcousticLive":
@@ -501,7 +505,7 @@ class AcousticLive(BaseModel):
         if unknown:
             raise ValueError(
                 f"not a live Acoustic setting: {', '.join(unknown)} (live: max_batch_size, "
-                f"batch_wait_timeout_s, {', '.join(LIVE_ACOUSTIC_FIELDS)})"
+                f"batch_wait_timeout_s, admit_idle_at_once, {', '.join(LIVE_ACOUSTIC_FIELDS)})"
             )
         return self
 

@@ -23,6 +23,7 @@ import asyncio
 import math
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -65,6 +66,9 @@ class RequestRecord:
     error: Optional[str] = None
     cut: bool = False
     chunks: list = field(default_factory=list)  # (t, audio bytes)
+    # Sent as X-Request-Id (Serve keeps the caller's): joins the request with the server's log line.
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    server_timing: Optional[str] = None  # the answer's Server-Timing (the proxy's share)
 
     @property
     def ok(self) -> bool:
@@ -117,9 +121,11 @@ class Target:
 
 
 async def _exchange(client: httpx.AsyncClient, target: Target, rec: RequestRecord, clock: Callable[[], float]) -> None:
-    async with client.stream("POST", "/v1/audio/speech", json=target.body(rec.text, rec.seed)) as r:
+    headers = {"X-Request-Id": rec.request_id}
+    async with client.stream("POST", "/v1/audio/speech", json=target.body(rec.text, rec.seed), headers=headers) as r:
         rec.status = r.status_code
         rec.cache = r.headers.get("x-cache")
+        rec.server_timing = r.headers.get("server-timing")
         if r.status_code != 200:
             await r.aread()
             rec.error = f"http_{r.status_code}"

@@ -189,6 +189,8 @@ class Plan:
     gain_db: float = 0.0
     lead_in: float = 0.0
     loudness: Optional[float] = None
+    # The TextNormalizer's own time on this plan (ms): the Ingress logs the call's cost beside it.
+    planned_ms: float = 0.0
 
     def pause_after(self, i: int) -> float:
         return self.pauses[i] if i < len(self.pauses) else 0.0
@@ -215,6 +217,8 @@ class WireChunk:
     final: bool
     finish_reason: Optional[str] = None
     batch_rows: int = 0  # rows decoding together when this chunk left (for logs)
+    # The stream's first chunk only: where its time went in the Acoustic process (ms, measured there).
+    hops: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -245,3 +249,6 @@ class StreamSummary:
     batch_rows: int  # rows in the acoustic batch when this request's first chunk was decoded
     vocode_seconds: float
     encode_seconds: float
+    # Where the first audio's time went in the Vocoder and Acoustic processes (ms, each measured
+    # inside its own process): the Ingress logs it with the request (docs/architecture.md, "First audio, hop by hop").
+    first_audio: Optional[dict] = None

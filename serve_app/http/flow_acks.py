@@ -9,10 +9,15 @@ the Ingress replica's own HTTP server), each request is marked as one this middl
 ``REF_HEADER`` (taken off before the client sees it), and every body block reported once the
 server has handed it to the socket: the Ingress then stays at most a window ahead of the client,
 and so does every stage before it. Installed with the front guard (``front_guard.middlewares``).
+
+Every answer also says how long the proxy held the request before its answer started
+(``Server-Timing: proxy;dur=<ms>``, this process's clock): with the client's own time to first
+byte and the Ingress's, where a first audio's time went between the client and the Ingress.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +36,7 @@ class FlowAcksMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        t_in = time.perf_counter()
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != _ACKS]
         scope = dict(scope, headers=[*headers, (_ACKS, b"1")])
         acks: Optional[FlowAcks] = None
@@ -44,8 +50,9 @@ class FlowAcksMiddleware:
                         ref = FlowRef.from_header(v.decode("latin-1"))
                     else:
                         kept.append((k, v))
+                kept.append((b"server-timing", b"proxy;dur=%.1f" % ((time.perf_counter() - t_in) * 1000.0)))
+                message = dict(message, headers=kept)
                 if ref is not None:
-                    message = dict(message, headers=kept)
                     acks = FlowAcks(ref)
             await send(message)  # returns once the server has the bytes (it waits while the socket is full)
             if acks is not None and message["type"] == "http.response.body":

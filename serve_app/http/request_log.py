@@ -37,6 +37,9 @@ class RequestRecord:
     segments: int = 0
     audio_s: float = 0.0
     batch_rows: int = 0
+    # Where the first audio's time went, hop by hop (ms; docs/architecture.md, "First audio, hop by hop"): each
+    # measured inside the process it runs in, so the figures hold across nodes.
+    first_audio: dict = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter, repr=False)
 
     @classmethod
@@ -50,6 +53,12 @@ class RequestRecord:
             client,
             text=req.input if log_text else None,
         )
+
+    def hop(self, name: str, seconds: float) -> None:
+        self.first_audio[name] = round(seconds * 1000.0, 2)
+
+    def since_start(self) -> float:
+        return time.perf_counter() - self.t0
 
     def first_byte(self) -> None:
         self.ttfb_s = time.perf_counter() - self.t0

@@ -200,18 +200,36 @@ class SpeechService:
         )
 
     async def _open(
-        self, req: SpeechRequest, voice: Voice, script: Script, client: str = ""
+        self,
+        req: SpeechRequest,
+        voice: Voice,
+        script: Script,
+        client: str = "",
+        rec: Optional[RequestRecord] = None,
+        slot: Optional["asyncio.Future[Slot]"] = None,
     ) -> tuple[Any, bytes, Plan]:
-        """Plan and start a synthesis; return the byte stream, its first chunk and the plan."""
+        """Plan and start a synthesis; return the byte stream, its first chunk and the plan.
+        ``rec``: where the plan's and the first chunk's calls are timed (the call as seen here; the
+        callee's own share comes back with the plan and the stream's summary). ``slot``: the stream
+        slot being taken meanwhile (its round trip overlaps the plan's); no stage streams before it
+        is held."""
         gen = None
         try:
+            t0 = time.perf_counter()
             plan = await self._plan(req, voice, script, client)
+            if slot is not None:
+                await asyncio.shield(slot)  # its owner releases it, whatever happens here
+            t1 = time.perf_counter()
             plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
             gen = self.open_vocoder(plan, req.response_format)
             try:
                 first = await gen.__anext__()
             except StopAsyncIteration:
                 first = b""
+            if rec is not None:
+                rec.hop("plan_call", t1 - t0)
+                rec.first_audio["normalizer"] = plan.planned_ms
+                rec.hop("vocoder_call", time.perf_counter() - t1)
             return gen, first, plan
         except asyncio.CancelledError:
             if gen is not None:
@@ -236,6 +254,7 @@ class SpeechService:
         directives = {d.strip().lower() for d in cache_control.split(",")}
         rec.caller = caller.id
         slot: Optional[Slot] = None
+        taking: Optional[asyncio.Future] = None
         try:
             self._check(req)
             check_priority(caller, req.priority)
@@ -272,11 +291,14 @@ class SpeechService:
             else:
                 metrics.inc("tts_cache_total", result="bypass")
             self.check_busy()
-            slot = await hold_slot(self.slots, caller)
+            taking = asyncio.ensure_future(hold_slot(self.slots, caller))
+            rec.hop("ingress_checks", rec.since_start())
             try:
                 gen, first, plan = await asyncio.wait_for(
-                    self._open(req, voice, script, caller.id), self.settings.request_timeout_s
+                    self._open(req, voice, script, caller.id, rec, taking), self.settings.request_timeout_s
                 )
+                slot = taking.result()
+                rec.hop("ingress_opened", rec.since_start())
             except asyncio.TimeoutError:
                 raise APIError(
                     504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error", code="timeout"
@@ -284,6 +306,8 @@ class SpeechService:
         except BaseException as exc:
             if slot is not None:
                 slot.release()
+            elif taking is not None:
+                _release_when_taken(taking)
             api_exc = to_api_error(exc) if isinstance(exc, Exception) else None
             if api_exc is None:
                 raise
@@ -321,6 +345,7 @@ class SpeechService:
             while True:
                 if isinstance(data, StreamSummary):
                     rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                    rec.first_audio.update(data.first_audio or {})
                 elif isinstance(data, SegmentMark):
                     segment = speech_segment(data, plan)
                     segments.append(segment)
@@ -468,6 +493,20 @@ class SpeechService:
             headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
             stream = paced(stream, FlowCredit(ref))
         return OwnedStreamResponse(stream, items, media_type=body.content_type, headers=headers)
+
+
+def _release_when_taken(taking: asyncio.Future) -> None:
+    """A stream slot being taken for a request that failed: given back once it is held (a refusal
+    or a failed take holds nothing; its exception is retrieved here)."""
+
+    def done(t: asyncio.Future) -> None:
+        if not t.cancelled() and t.exception() is None:
+            t.result().release()
+
+    if taking.done():
+        done(taking)
+    else:
+        taking.add_done_callback(done)
 
 
 def _edge_cacheable_voice(name: str) -> bool:

@@ -242,14 +242,24 @@ class FlowCredit:
 
 
 class FlowAcks:
-    """The consumer's side of one edge: ``took()`` after taking each item. Registers the stream at
-    once, so a producer whose consumer takes nothing at all still waits for it."""
+    """The consumer's side of one edge: ``took()`` after taking each item. Registers the stream
+    right away, so a producer whose consumer takes nothing at all still waits for it: on the next
+    turn of the event loop when there is one, so the call that opens the stream (or the answer's
+    first bytes) leaves first; a producer asks only once it is a window ahead, long after."""
 
     def __init__(self, ref: Optional[FlowRef]):
         self.ref = ref
         self.taken = 0
+        self._reported = False
         self._board = board(ref.board) if ref is not None else None
-        self._report()
+        try:
+            asyncio.get_running_loop().call_soon(self._register)
+        except RuntimeError:  # no loop here: at once
+            self._register()
+
+    def _register(self) -> None:
+        if not self._reported:  # else a report went already
+            self._report()
 
     def took(self, n: int = 1) -> None:
         if self.ref is None:
@@ -267,6 +277,7 @@ class FlowAcks:
 
     def _report(self) -> None:
         if self.ref is not None:
+            self._reported = True
             self._fire("ack", self.ref.stream, self.taken)
 
     def _fire(self, method: str, *args: Any) -> None:
