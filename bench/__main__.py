@@ -22,6 +22,10 @@ SUBCOMMANDS = {
         "WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, playback gaps",
     ),
     "vocoder": ("bench.vocoder", "the Vocoder stage alone: audio s/s per core, today's path vs the optimised one, SNR"),
+    "fidelity": (
+        "bench.fidelity",
+        "batch invariance: rows alone vs batched vs ChatTTS's own decode, int8 and float32, deep and full size",
+    ),
     "step": (
         "bench.step",
         "the decode step: GPT forward vs the rest, batch 1/8/16, tiny and full size, int8 vs float32",

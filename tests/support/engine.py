@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.lib.reference import TokenLog, chattts_tokens  # noqa: F401  (re-exported for the tests)
 from serve_app.engine.acoustic import AcousticEngine, HiddenChunk, RowStream, SegmentRequest
 from serve_app.engine.config import AcousticConfig, VocoderConfig
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
@@ -158,46 +159,3 @@ def streamed_vs_one_shot(vocoder: Vocoder, chunks: list[HiddenChunk]) -> dict:
         (float(np.abs(ref[e - half : e + half] - y[e - half : e + half]).max()) for e in edges), default=0.0
     )
     return {"snr_db": snr_db(ref, y), "worst_edge": worst_edge, "peak": float(np.abs(ref).max()), "samples": len(ref)}
-
-
-def chattts_tokens(chat, req) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens (n, 4) and hidden states (n, 768) of ChatTTS's own ``_infer_code`` for one segment."""
-    from ChatTTS import Chat
-
-    params = Chat.InferCodeParams(
-        prompt=req.prompt,
-        spk_emb=req.spk_emb,
-        spk_smp=req.spk_smp,
-        txt_smp=req.txt_smp,
-        temperature=req.temperature,
-        top_P=req.top_p,
-        top_K=req.top_k,
-        repetition_penalty=req.repetition_penalty,
-        max_new_token=req.max_new_tokens,
-        min_new_token=req.max_new_tokens,
-        show_tqdm=False,
-        manual_seed=req.seed,
-    )
-    out = list(chat._infer_code([req.text], False, chat.device, True, params))[-1]
-    return out.ids[0], out.hiddens[0]
-
-
-class TokenLog:
-    """Observes the engine's sampler: every token each row draws, by row (the engine only
-    streams hidden states)."""
-
-    def __init__(self, engine):
-        self.by_row: dict[int, list[torch.Tensor]] = {}
-        sample = engine.sampler.sample
-
-        def record(state, hidden, start=0):
-            tokens, ok = sample(state, hidden, start)
-            for row, token, good in zip(engine.batch.rows[start:], tokens, ok.tolist()):
-                if good:
-                    self.by_row.setdefault(row.stream.row_id, []).append(token)
-            return tokens, ok
-
-        engine.sampler.sample = record
-
-    def tokens(self, stream) -> torch.Tensor:
-        return torch.stack(self.by_row[stream.row_id])

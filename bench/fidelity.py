@@ -1,0 +1,252 @@
+"""Batch invariance: does a row decode the same speech alone, in a batch, and as ChatTTS does?
+
+For each weights size (``random-deep``: ChatTTS's real depths at narrow widths, what CI runs;
+``random``: full size) and CPU precision (``int8``, the default, and ``none``: float32), in this
+process, under near-greedy sampling (temperature 1e-5, fixed seeds):
+
+* **alone vs batched**: ``--rows`` rows of different prompt lengths, arriving ``--stagger`` steps
+  apart (each joins a running batch), each also decoded alone on a fresh engine: rows whose
+  tokens are equal, rows whose hidden states are bit-identical, the smallest frame cosine;
+* **ChatTTS alone / batched**: each row's tokens against ChatTTS's own ``Chat._infer_code`` for
+  it on the same loaded model (the same int8 layers), and the smallest frame cosine of their
+  hidden states;
+* **step cost** (``--cost-against REV``): the decode step at batch 1/8/16, full size, float32 and
+  int8, of this revision and of ``REV`` (``python -m bench step``'s measurement, in subprocesses),
+  the ratio being what invariance costs when ``REV`` is the revision before it.
+
+    python -m bench fidelity --out bench/results/fidelity-DATE [--sizes random-deep,random] [--cost-against REV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .lib.harness import command_line, git_revision, logger, now
+from .lib.procs import REPO_ROOT
+from .lib.render import fmt, pyplot, save, write_files
+
+_log = logger("fidelity")
+GREEDY = 1e-5
+TEXTS = (
+    "你好。",
+    "hello world, this is a test of batching.",
+    "今天天气很好，我们出去走走吧，顺便买点东西回来。",
+    "一二三四五六七八九十，百千万亿，数字读出来。",
+    "The quick brown fox jumps over the lazy dog near the river bank today.",
+    "短句。",
+    "Batching changes the speed of a step, never its speech.",
+    "长长的句子，短短的句子，都在同一个批次里解码。",
+)
+PRECISIONS = {"int8": "int8", "float32": "none"}
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+
+def _cosine_min(a: Any, b: Any) -> float:
+    import torch
+
+    n = min(a.shape[0], b.shape[0])
+    if n == 0:
+        return float("nan")
+    return float(torch.nn.functional.cosine_similarity(a[:n].float(), b[:n].float(), dim=-1).min())
+
+
+def measure(weights: str, quantize: str, rows: int, tokens: int, stagger: int, chattts: bool) -> list[dict]:
+    """The table's rows for one model: alone vs batched, and ChatTTS against both."""
+    import torch
+
+    from serve_app.engine.acoustic import AcousticConfig, AcousticEngine, SegmentRequest
+    from serve_app.engine.config import ModelConfig, WeightsConfig
+    from serve_app.engine.voices import OPENAI_VOICES, speaker_from_seed
+    from serve_app.engine.weights.loading import load_model
+
+    from .lib.reference import TokenLog, chattts_tokens
+
+    torch.set_grad_enabled(False)
+    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), quantize=quantize))
+    voices = list(OPENAI_VOICES.values())
+    reqs = [
+        SegmentRequest(
+            text=TEXTS[i % len(TEXTS)],
+            spk_emb=speaker_from_seed(model.chat.speaker, voices[i % len(voices)]),
+            seed=1000 + i,
+            temperature=GREEDY,
+            max_new_tokens=tokens + 7 * i,
+            min_new_tokens=tokens + 7 * i,
+            target_tokens=tokens + 7 * i,
+        )
+        for i in range(rows)
+    ]
+
+    def engine() -> tuple[Any, Any]:
+        eng = AcousticEngine(model, AcousticConfig(max_rows=max(16, rows), listener_margin_s=None))
+        return eng, TokenLog(eng)
+
+    def drained(stream: Any) -> Any:
+        chunks = list(stream)
+        return torch.cat([c.hidden for c in chunks])
+
+    alone = []
+    for r in reqs:
+        eng, log = engine()
+        stream = eng.submit(r)
+        eng.run_until_idle()
+        alone.append((log.tokens(stream), drained(stream)))
+    eng, log = engine()
+    streams = []
+    for r in reqs:
+        streams.append(eng.submit(r))
+        for _ in range(stagger):
+            eng.step()
+    eng.run_until_idle()
+    batched = [(log.tokens(s), drained(s)) for s in streams]
+    _log(f"{weights} {quantize}: {rows} rows, up to {eng.stats.max_rows} at once")
+
+    def row(path: str, pairs: list[tuple[tuple, tuple]]) -> dict:
+        return {
+            "size": weights,
+            "precision": quantize if quantize != "none" else "float32",
+            "path": path,
+            "rows": len(pairs),
+            "tokens_equal": sum(bool(torch.equal(a[0], b[0])) for a, b in pairs),
+            "bit_identical": sum(bool(torch.equal(a[1], b[1])) for a, b in pairs),
+            "min_cosine": min(_cosine_min(a[1], b[1]) for a, b in pairs),
+        }
+
+    out = [row("alone vs batched", list(zip(alone, batched)))]
+    if chattts:
+        ref = [chattts_tokens(model.chat, r) for r in reqs]
+        out.append(row("ChatTTS vs alone", list(zip(ref, alone))))
+        out.append(row("ChatTTS vs batched", list(zip(ref, batched))))
+    for r in out:
+        _log(
+            f"  {r['path']}: tokens equal {r['tokens_equal']}/{r['rows']}, bit-identical {r['bit_identical']}, "
+            f"min cosine {r['min_cosine']:.6f}"
+        )
+    return out
+
+
+def step_cost(against: str, batches: list[int], tokens: int, pairs: int) -> dict:
+    """bench step's measurement (full size, fp32 and int8) of ``against`` and of this revision, in
+    ``pairs`` alternating pairs of subprocesses (so both see the machine's load alike): the
+    median step time of each."""
+    from . import step
+    from .lib.stats import median
+
+    args = argparse.Namespace(batches=batches, tokens=tokens, reps=1)
+    worktree = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), against], check=True, cwd=REPO_ROOT)
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    try:
+        for i in range(pairs):
+            _log(f"step cost, pair {i + 1}/{pairs}: revision {against}, then this revision")
+            runs["before"].append(step.run_tree(worktree, "random", args, "fp32,int8"))
+            runs["after"].append(step.run_tree(None, "random", args, "fp32,int8"))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT)
+    rows = []
+    for b in map(str, batches):
+        for v in ("int8", "fp32"):
+            old, new = (median([r["batches"][b][v]["step_ms"] for r in runs[k]]) for k in ("before", "after"))
+            rows.append({"batch": int(b), "variant": v, "before_ms": old, "after_ms": new, "cost": new / old - 1})
+    return {"against": against, "pairs": pairs, "rows": rows, "runs": runs}
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def to_markdown(r: dict) -> str:
+    lines = [
+        f"# Batch invariance ({r['revision']}, {r['started']})",
+        "",
+        f"`{r['command']}`",
+        "",
+        f"Near-greedy (temperature {GREEDY}), {r['rows']} rows joining a running batch {r['stagger']} steps apart, "
+        f"{r['tokens']}+ tokens each. Target: every row's tokens equal alone and batched, and equal to ChatTTS's "
+        "own decode; alone vs batched bit-identical.",
+        "",
+        "| size | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for x in r["results"]:
+        lines.append(
+            f"| {x['size']} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
+            f"{x['bit_identical']} | {fmt(x['min_cosine'], 6)} |"
+        )
+    lines.append("")
+    cost = r.get("step_cost")
+    if cost:
+        lines += [
+            f"## Step cost against {cost['against']} (full size, ms per decode step, median of "
+            f"{cost['pairs']} alternating pairs)",
+            "",
+            "| variant | batch | before ms | after ms | cost |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {x['variant']} | {x['batch']} | {fmt(x['before_ms'])} | {fmt(x['after_ms'])} | {100 * x['cost']:+.1f} % |"
+            for x in cost["rows"]
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_png(r: dict, path: Path) -> None:
+    plt = pyplot()
+    res = r["results"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(res)), 3.6))
+    labels = [f"{x['size']}\n{x['precision']}\n{x['path']}" for x in res]
+    ax.bar(labels, [x["tokens_equal"] / x["rows"] for x in res], label="rows with equal tokens")
+    ax.bar(labels, [x["bit_identical"] / x["rows"] for x in res], width=0.4, label="bit-identical hidden states")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of rows")
+    ax.set_title("Batch invariance")
+    ax.tick_params(axis="x", labelsize=6)
+    ax.legend(fontsize=7)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, default=None, help="report directory (default bench/results/fidelity-<time>)")
+    ap.add_argument("--sizes", default="random-deep,random", help="weights sources, comma-separated")
+    ap.add_argument("--precisions", default="int8,float32", help="CPU precisions, comma-separated")
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=40, help="tokens of the first row (each next one 7 more)")
+    ap.add_argument("--stagger", type=int, default=3, help="steps between two rows' arrivals")
+    ap.add_argument("--no-chattts", action="store_true", help="skip the comparison with ChatTTS's own decode")
+    ap.add_argument("--cost-against", default=None, help="a git revision: the step cost against it (full size)")
+    ap.add_argument("--cost-pairs", type=int, default=3, help="alternating before/after runs of the step cost")
+
+
+def main(a: argparse.Namespace) -> int:
+    out = a.out or REPO_ROOT / "bench" / "results" / f"fidelity-{time.strftime('%Y-%m-%d-%H%M')}"
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": now(),
+        "revision": git_revision(),
+        "command": command_line(a.argv, out),
+        "rows": a.rows,
+        "tokens": a.tokens,
+        "stagger": a.stagger,
+        "results": [],
+    }
+    for size in [s for s in a.sizes.split(",") if s]:
+        for p in [p for p in a.precisions.split(",") if p]:
+            report["results"] += measure(size, PRECISIONS[p], a.rows, a.tokens, a.stagger, not a.no_chattts)
+    if a.cost_against:
+        report["step_cost"] = step_cost(a.cost_against, [1, 8, 16], 60, a.cost_pairs)
+    report["passed"] = all(x["tokens_equal"] == x["rows"] for x in report["results"]) and all(
+        x["bit_identical"] == x["rows"] for x in report["results"] if x["path"] == "alone vs batched"
+    )
+    write_files(report, out, "report.json", to_markdown, to_png)
+    print(to_markdown(report))
+    return 0 if report["passed"] else 1
