@@ -26,11 +26,6 @@ FIRST_AUDIO_TARGETS = {
         60.0,
         "the service's own share of first audio at 1 client, ms p50: TTFB - the model's hops of the same request",
     ),
-    "ttfb_minus_first_chunk_ms_c1": (
-        "<=",
-        60.0,
-        "TTFB p50 at 1 client - the ceiling's first chunk alone (ms; the model in its own process, cores idle)",
-    ),
 }
 
 
@@ -57,6 +52,7 @@ def compute_ratios(report: dict) -> dict:
     if _get(serve_c, 1, "first_audio") or _get(report, "serve", "first_audio_ab"):
         r["first_audio_service_ms_c1"] = _service_ms(report, 1)
         r["ttfb_minus_first_chunk_ms_c1"] = _minus_ms(_get(serve_c, 1, "ttfb_s", "p50"), first)
+        r["first_audio_service_ms_c1_closed"] = _get(serve_c, 1, "first_audio", "hops_ms", "service", "p50")
     v = _service_ms(report, 8)
     if v is not None:
         r["first_audio_service_ms_c8"] = v
@@ -79,12 +75,12 @@ def compute_ratios(report: dict) -> dict:
 
 
 def _service_ms(report: dict, c: int) -> object:
-    """The service's share of first audio (p50, ms) at ``c`` clients: the closed loop's, else at 1
-    client the before/after's shipped side."""
-    v = _get(report, "serve", "closed", c, "first_audio", "hops_ms", "service", "p50")
-    if v is None and c == 1:
-        v = _get(report, "serve", "first_audio_ab", "after", "hops_ms", "service", "p50")
-    return v
+    """The service's share of first audio (p50, ms) at ``c`` clients: TTFB - the model's own hops
+    (queue and prefill, first chunk, first vocoder window) of the same requests. At 1 client the
+    before/after's shipped side when measured (its one-row requests give 4-6x the closed loop's
+    completions, taken in alternation with the other side), else the closed loop's."""
+    v = _get(report, "serve", "first_audio_ab", "after", "hops_ms", "service", "p50") if c == 1 else None
+    return v if v is not None else _get(report, "serve", "closed", c, "first_audio", "hops_ms", "service", "p50")
 
 
 def _minus_ms(a: object, b: object) -> object:
