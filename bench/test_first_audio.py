@@ -23,16 +23,19 @@ LINE = {
         "first_chunk": 320.0,
         "acoustic_handover": 0.4,
         "vocoder_feed": 28.0,
+        "ingress_http": 3.0,
     },
 }
 
 
 def test_hops_add_up_to_the_client_ttfb_and_split_the_proxy():
     h = first_audio.hops_of(0.52, LINE, proxy=510.0)
-    assert h["proxy"] == 20.0 and h["client_http"] == 10.0 and h["proxy_ingress"] == 10.0
+    assert h["proxy"] == 20.0 and h["client_http"] == 10.0 and h["proxy_ingress"] == 7.0 and h["ingress_http"] == 3.0
     assert h["plan_handle"] == 6.0 and h["vocoder_handle"] == 10.0 and h["acoustic_handle"] == 15.0
     assert h["model"] == 448.0 and round(h["service"], 6) == 72.0
-    parts = [n for n, _ in first_audio.HOPS if n not in ("client_http", "proxy_ingress")] + ["ingress_other"]
+    parts = [n for n, _ in first_audio.HOPS if n not in ("client_http", "proxy_ingress", "ingress_http")] + [
+        "ingress_other"
+    ]
     assert abs(sum(h[n] for n in parts) - h["ttfb"]) < 1e-6
 
 

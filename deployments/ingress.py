@@ -220,6 +220,7 @@ class Ingress:
 
     async def _answer(self, body: SpeechRequest, request: Request, timed: bool = False):
         rec = RequestRecord.start(body, _request_id(), client="http", log_text=self.settings.log_text)
+        rec.since_arrival(getattr(request.state, "t_in", None))
         cache_control = request.headers.get("cache-control", "")
         try:
             if timed:

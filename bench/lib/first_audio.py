@@ -22,7 +22,8 @@ from .stats import percentiles
 HOPS = (
     ("proxy", "Serve's proxy, its hooks and the HTTP exchange: client TTFB - Ingress TTFB"),
     ("client_http", "of which client <-> proxy (HTTP parse, socket, the client): TTFB - the proxy's Server-Timing"),
-    ("proxy_ingress", "of which in the proxy (hooks, the call to the Ingress and back): Server-Timing - Ingress TTFB"),
+    ("proxy_ingress", "of which the proxy: hooks, the call to the Ingress and back (Server-Timing - Ingress)"),
+    ("ingress_http", "of which the Ingress's HTTP stack before the request's record (body, validation)"),
     ("ingress_checks", "Ingress: checks, voice, script, cache key, stream slot"),
     ("plan_handle", "TextNormalizer call's own cost: call - normalizer"),
     ("normalizer", "TextNormalizer: the plan itself"),
@@ -100,7 +101,9 @@ def hops_of(ttfb_s: float, line: dict, proxy: Optional[float] = None) -> Optiona
     }
     if proxy is not None:
         h["client_http"] = ttfb_s * 1000.0 - proxy
-        h["proxy_ingress"] = proxy - ingress_ttfb
+        h["proxy_ingress"] = proxy - ingress_ttfb - f.get("ingress_http", 0.0)
+    if "ingress_http" in f:
+        h["ingress_http"] = f["ingress_http"]
     # Whatever the Ingress's hops do not cover between its start and the first item (rounding, the
     # wait_for around the open): kept so the hops add up to the client's TTFB.
     covered = f["ingress_checks"] + f["plan_call"] + f["vocoder_call"]

@@ -87,6 +87,7 @@ class GuardMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})["t_in"] = time.perf_counter()  # the request log's ingress_http hop
         path = self.policy.path_of(scope)
         if not self.policy.is_public(path):
             try:

@@ -57,6 +57,12 @@ class RequestRecord:
     def hop(self, name: str, seconds: float) -> None:
         self.first_audio[name] = round(seconds * 1000.0, 2)
 
+    def since_arrival(self, t_in: Optional[float]) -> None:
+        """The Ingress's HTTP stack before this record (the guard middleware's ``t_in``: body read
+        and parsed, the route's validation): ``ingress_http``."""
+        if t_in is not None:
+            self.hop("ingress_http", self.t0 - t_in)
+
     def since_start(self) -> float:
         return time.perf_counter() - self.t0
 
