@@ -42,7 +42,14 @@ TEXTS = (
     "Batching changes the speed of a step, never its speech.",
     "长长的句子，短短的句子，都在同一个批次里解码。",
 )
-PRECISIONS = {"int8": "int8", "float32": "none"}
+# precision -> (model.quantize, model.dtype): int8 and float32 on CPU; bfloat16 / float16 where the
+# device is a GPU (python -m bench gpu runs them there).
+PRECISIONS = {
+    "int8": ("int8", "float32"),
+    "float32": ("none", "float32"),
+    "bfloat16": ("none", "bfloat16"),
+    "float16": ("none", "float16"),
+}
 
 
 # ---------------------------------------------------------------------------------- measuring
@@ -57,7 +64,9 @@ def _cosine_min(a: Any, b: Any) -> float:
     return float(torch.nn.functional.cosine_similarity(a[:n].float(), b[:n].float(), dim=-1).min())
 
 
-def measure(weights: str, quantize: str, rows: int, tokens: int, stagger: int, chattts: bool) -> list[dict]:
+def measure(
+    weights: str, precision: str, rows: int, tokens: int, stagger: int, chattts: bool, device: str = "cpu"
+) -> list[dict]:
     """The table's rows for one model: alone vs batched, and ChatTTS against both."""
     import torch
 
@@ -69,7 +78,10 @@ def measure(weights: str, quantize: str, rows: int, tokens: int, stagger: int, c
     from .lib.reference import TokenLog, chattts_tokens
 
     torch.set_grad_enabled(False)
-    model = load_model(ModelConfig(weights=WeightsConfig(source=weights), quantize=quantize))
+    quantize, dtype = PRECISIONS[precision]
+    model = load_model(
+        ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype, quantize=quantize)
+    )
     voices = list(OPENAI_VOICES.values())
     reqs = [
         SegmentRequest(
@@ -106,12 +118,13 @@ def measure(weights: str, quantize: str, rows: int, tokens: int, stagger: int, c
             eng.step()
     eng.run_until_idle()
     batched = [(log.tokens(s), drained(s)) for s in streams]
-    _log(f"{weights} {quantize}: {rows} rows, up to {eng.stats.max_rows} at once")
+    _log(f"{weights} {precision} on {device}: {rows} rows, up to {eng.stats.max_rows} at once")
 
     def row(path: str, pairs: list[tuple[tuple, tuple]]) -> dict:
         return {
             "size": weights,
-            "precision": quantize if quantize != "none" else "float32",
+            "precision": precision,
+            "device": device,
             "path": path,
             "rows": len(pairs),
             "tokens_equal": sum(bool(torch.equal(a[0], b[0])) for a, b in pairs),
@@ -171,12 +184,12 @@ def to_markdown(r: dict) -> str:
         f"{r['tokens']}+ tokens each. Target: every row's tokens equal alone and batched, and equal to ChatTTS's "
         "own decode; alone vs batched bit-identical.",
         "",
-        "| size | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| size | device | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     for x in r["results"]:
         lines.append(
-            f"| {x['size']} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
+            f"| {x['size']} | {x['device']} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
             f"{x['bit_identical']} | {fmt(x['min_cosine'], 6)} |"
         )
     lines.append("")
@@ -218,7 +231,8 @@ def to_png(r: dict, path: Path) -> None:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=None, help="report directory (default bench/results/fidelity-<time>)")
     ap.add_argument("--sizes", default="random-deep,random", help="weights sources, comma-separated")
-    ap.add_argument("--precisions", default="int8,float32", help="CPU precisions, comma-separated")
+    ap.add_argument("--precisions", default="int8,float32", help=f"comma-separated, of {', '.join(PRECISIONS)}")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (bfloat16 / float16 want cuda)")
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=40, help="tokens of the first row (each next one 7 more)")
     ap.add_argument("--stagger", type=int, default=3, help="steps between two rows' arrivals")
@@ -241,7 +255,7 @@ def main(a: argparse.Namespace) -> int:
     }
     for size in [s for s in a.sizes.split(",") if s]:
         for p in [p for p in a.precisions.split(",") if p]:
-            report["results"] += measure(size, PRECISIONS[p], a.rows, a.tokens, a.stagger, not a.no_chattts)
+            report["results"] += measure(size, p, a.rows, a.tokens, a.stagger, not a.no_chattts, a.device)
     if a.cost_against:
         report["step_cost"] = step_cost(a.cost_against, [1, 8, 16], 60, a.cost_pairs)
     report["passed"] = all(x["tokens_equal"] == x["rows"] for x in report["results"]) and all(

@@ -21,5 +21,5 @@ def test_fidelity_at_the_deep_test_size_passes_every_row(tmp_path):
         (p, x) for p in ("int8", "float32") for x in ("alone vs batched", "ChatTTS vs alone", "ChatTTS vs batched")
     }
     assert all(x["rows"] == 3 for x in report["results"])
-    assert (tmp_path / "report.md").read_text().count("| random-deep |") == 6
+    assert (tmp_path / "report.md").read_text().count("| random-deep | cpu |") == 6
     assert (tmp_path / "report.png").stat().st_size > 0

@@ -164,21 +164,25 @@ def test_parked_rows_resume_exactly_where_they_left(deep_models, deep_speaker):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("precision", ["int8", "none"])
 def test_rows_decode_chattts_own_tokens_alone_and_batched(deep_models, deep_speaker, precision):
-    """Near-greedy, each row's tokens are the ones ChatTTS's own ``Chat._infer_code`` decodes for
-    it on the same loaded model (same int8 layers), alone and joined mid-flight by other rows."""
+    """Near-greedy, each row's tokens and hidden states are the ones ChatTTS's own
+    ``Chat._infer_code`` decodes for it on the same loaded model (same int8 layers), bit for bit,
+    alone and joined mid-flight by other rows."""
     model = deep_models[precision]
     rows = [
         seg(deep_speaker, 30, seed=31, text="今天天气很好，我们出去走走吧。", temperature=GREEDY),
         seg(deep_speaker, 24, seed=32, text="hello world", temperature=GREEDY),
     ]
-    expected = [chattts_tokens(model.chat, r)[0] for r in rows]
+    reference = [chattts_tokens(model.chat, r) for r in rows]
+    expected = [tokens for tokens, _ in reference]
     eng = engine_for(model)
     log = TokenLog(eng)
     for r, want in zip(rows, expected):
         stream = eng.submit(r)
         eng.run_until_idle()
-        drain(stream)
+        hidden = drain(stream)[1]
         assert torch.equal(log.tokens(stream), want), (precision, "alone", r.text)
+        # On CPU the very arithmetic: each row attends over exactly its own keys, as ChatTTS does.
+        assert torch.equal(hidden, reference[rows.index(r)][1]), (precision, "alone", r.text)
     others = [seg(deep_speaker, 40, seed=33, temperature=0.7, text=TEXTS[3]), seg(deep_speaker, 20, seed=34)]
     streams = [eng.submit(others[0])]
     for _ in range(3):
@@ -189,6 +193,6 @@ def test_rows_decode_chattts_own_tokens_alone_and_batched(deep_models, deep_spea
     streams.append(eng.submit(rows[1]))
     eng.run_until_idle()
     assert eng.stats.max_rows == 4
-    for stream, want, r in zip((streams[1], streams[3]), expected, rows):
-        drain(stream)
+    for stream, (want, hidden), r in zip((streams[1], streams[3]), reference, rows):
+        assert torch.equal(drain(stream)[1], hidden), (precision, "batched", r.text)
         assert torch.equal(log.tokens(stream), want), (precision, "batched", r.text)

@@ -2,16 +2,17 @@
 
 Rows are left-aligned (right padding): row i's KV fills columns 0..pos[i]-1 of its buffer row,
 and a step writes each row's new column at its own ``pos[i]`` (which is also its position id).
-Per layer the keys (and values) live in a zero-filled (B, H, capacity, D) buffer; attention reads
-its first ``span`` columns, ``span`` the columns in use rounded up to ``ALIGN``, under a mask
-that is True on each row's real columns.
+Per layer the keys (and values) live in a zero-filled (B, H, capacity, D) buffer.
 
-Why this layout: batch invariance. A row's attention then reads its keys at the same columns, in
-the same blocks, as when it decodes alone; the other rows only add masked columns after them, in
-whole ``ALIGN`` blocks, which add exact zeros to every sum (torch's CPU attention, checked by
-tests/unit/test_batch_invariance.py). With left padding a row's keys moved whenever a longer
-row joined, and the kernels' reduction order moved with them: under int8 (which rounds each
-activation to 8 bits) that flipped tokens.
+Why this layout: batch invariance. A row's keys are then a contiguous run from column 0 that no
+other row moves: the CPU decode step (``DecodeForward``) attends each row over exactly its own
+keys, the computation ChatTTS's own decode does for it alone, whatever else is in the batch.
+Where one call must cover the batch (a GPU step, CUDA graphs, transformers' own forward),
+attention reads the first ``span`` columns, the columns in use rounded up to ``ALIGN``, under a
+mask that is True on each row's real columns: the other rows then only add masked columns after
+a row's keys, in whole blocks. With left padding a row's keys moved whenever a longer row joined,
+and the kernels' reduction order moved with them: under int8 (which rounds each activation to 8
+bits) that flipped tokens (tests/unit/test_batch_invariance.py).
 
 The buffers are re-allocated only every ``KV_HEADROOM`` steps. Admission appends prefilled rows
 (TGI's ``concatenate``: one re-pack of the batch); retirement drops rows (TGI's ``filter``:
@@ -95,6 +96,7 @@ class BatchState:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.pos: Optional[torch.Tensor] = None  # (B,) real tokens per row: its next column and position id
+        self.lengths: list[int] = []  # the same on the host (per-row attention slices by it, no device sync)
         self._t = 0  # columns in use: the longest row (max of pos), kept on the host
         self.step_span = 0  # columns the current step's attention reads (open_step)
         self.sampling = SamplingState(device)  # per-row sampling parameters, recent tokens, next input
@@ -119,7 +121,7 @@ class BatchState:
 
     def reset(self) -> None:
         self.rows, self.keys, self.values, self.kbuf, self.vbuf = [], [], [], [], []
-        self.pos, self._t = None, 0
+        self.pos, self._t, self.lengths = None, 0, []
         self.sampling.reset()
 
     # ------------------------------------------------------------------ concatenate
@@ -162,6 +164,7 @@ class BatchState:
                 raise
             self._t = t
         self.pos = pos
+        self.lengths = self.lengths + lengths
         self.sampling.append([p.row.req for p in prefilled], [p.sampling for p in prefilled])
         self.rows.extend(p.row for p in prefilled)
 
@@ -203,6 +206,7 @@ class BatchState:
         """After the forward: every row holds one more column (buffers re-allocated if they grew)."""
         self.set_kv(kbuf, vbuf, self._t + 1)
         self.pos = self.pos + 1
+        self.lengths = [n + 1 for n in self.lengths]
 
     # ------------------------------------------------------------------ park
 
@@ -212,7 +216,7 @@ class BatchState:
         where they left off."""
         out = []
         for i in indices:
-            n = int(self.pos[i])
+            n = self.lengths[i]
             keys = [b[i : i + 1, :, :n].clone() for b in self.kbuf]
             values = [b[i : i + 1, :, :n].clone() for b in self.vbuf]
             out.append(Prefilled(self.rows[i], keys, values, None, self.sampling.take(i)))
@@ -243,6 +247,7 @@ class BatchState:
         idx = torch.tensor(order, dtype=torch.long, device=self.device)
         self.rows = [self.rows[i] for i in order]
         self.pos = self.pos.index_select(0, idx)
+        self.lengths = [self.lengths[i] for i in order]
         self.sampling.select(idx)
         end = self._t
         if holes:
@@ -252,7 +257,7 @@ class BatchState:
                 buf[dst, :, :end] = buf[src, :, :end]
         # Columns past the longest remaining row carry nothing: cut them (views; they stay
         # allocated, finite, and masked until the buffers are next re-allocated).
-        self.set_kv([b[:n] for b in self.kbuf], [b[:n] for b in self.vbuf], int(self.pos.max()))
+        self.set_kv([b[:n] for b in self.kbuf], [b[:n] for b in self.vbuf], max(self.lengths))
 
 
 def pack_rows(rows: list[torch.Tensor], capacity: int) -> torch.Tensor:

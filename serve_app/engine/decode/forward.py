@@ -69,11 +69,15 @@ class DecodeForward:
     def __call__(self, batch: BatchState, emb: torch.Tensor) -> torch.Tensor:
         """``emb`` (B, hidden): each row's new token embedded -> the last hidden states (B, hidden);
         the batch's buffers get the step's KV column of each row and advance by one (``open_step``
-        / ``close_step`` as around transformers' forward). Attention reads the step's aligned
-        span under the mask (batch.py: why the span is aligned)."""
+        / ``close_step`` as around transformers' forward). On CPU each row attends over exactly
+        its own keys; elsewhere the batch attends in one call over the step's aligned span under
+        the mask (batch.py: why)."""
         b = emb.shape[0]
         mask = batch.open_step()[:, None, None, :]  # (B, 1, 1, span), True = attend
         span = batch.step_span
+        # On CPU each row attends over its own keys in a call of its own: the same arithmetic as
+        # when it decodes alone, and as ChatTTS's decode of it. A GPU takes the batch in one call.
+        lengths = [n + 1 for n in batch.lengths] if emb.device.type == "cpu" else None
         if span > self.cos.shape[0]:  # a position past the table (positions stay below the span)
             self._rotary_table(2 * span)
         h = emb.unsqueeze(1)  # (B, 1, hidden)
@@ -91,14 +95,28 @@ class DecodeForward:
             kbuf, vbuf = batch.write_column(i, k, v)
             kbufs.append(kbuf)
             vbufs.append(vbuf)
-            o = F.scaled_dot_product_attention(
-                q,
-                kbuf[:, :, :span],
-                vbuf[:, :, :span],
-                attn_mask=mask,
-                scale=self.scaling,
-                enable_gqa=self.kv_heads != self.heads,
-            )
+            if lengths is not None:  # each row over exactly its own keys (batch.py: why)
+                o = torch.cat(
+                    [
+                        F.scaled_dot_product_attention(
+                            q[r : r + 1],
+                            kbuf[r : r + 1, :, :n],
+                            vbuf[r : r + 1, :, :n],
+                            scale=self.scaling,
+                            enable_gqa=self.kv_heads != self.heads,
+                        )
+                        for r, n in enumerate(lengths)
+                    ]
+                )
+            else:
+                o = F.scaled_dot_product_attention(
+                    q,
+                    kbuf[:, :, :span],
+                    vbuf[:, :, :span],
+                    attn_mask=mask,
+                    scale=self.scaling,
+                    enable_gqa=self.kv_heads != self.heads,
+                )
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         batch.close_step(kbufs, vbufs)
