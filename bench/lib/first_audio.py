@@ -244,6 +244,8 @@ def markdown(report: dict) -> list[str]:
         ("ttfb", "client TTFB"),
     )
     for name, what in (*HOPS, *extra):
+        if all(_hop(b, name) is None for _, b in cols):
+            continue  # not measured by that run (an earlier revision)
         out.append(f"| {name} | " + " | ".join(str(_hop(b, name)) for _, b in cols) + f" | {what} |")
     out.append("| requests joined | " + " | ".join(str(b.get("joined")) for _, b in cols) + " | |")
     if ab:
