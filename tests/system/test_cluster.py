@@ -82,7 +82,7 @@ class App:
                 for a in apps.values()
             )
 
-        wait_for(settled, 300, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY")
+        wait_for(settled, 300, 0.5, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY")
         return time.monotonic() - t0
 
     def acoustic(self, states=("RUNNING",)) -> list[dict]:
@@ -108,7 +108,7 @@ def app(request, chattts_cache_dir) -> App:
         port = free_port()
         a = App(cluster, port, str(chattts_cache_dir), cluster.root)
         ready_s = a.deploy(a.config(), "base")
-        wait_for(lambda: httpx.get(a.url + "/readyz", timeout=5).status_code == 200, 300, what="/readyz 200")
+        wait_for(lambda: httpx.get(a.url + "/readyz", timeout=5).status_code == 200, 300, 0.5, what="/readyz 200")
         report("cluster: head + 2 GPU nodes started", f"{start_s:.1f} s")
         report("cluster: serve deploy to apps running", f"{ready_s:.1f} s")
         yield a
@@ -158,7 +158,12 @@ def _wait_acoustic(app: App, n: int, timeout_s: float, what: str) -> list[dict]:
         coming = [r for r in live if r["state"] not in ("RUNNING", "STOPPING")]
         return running if len(running) == n and not coming else []
 
-    return wait_for(probe, timeout_s, what=what)
+    return wait_for(probe, timeout_s, 0.5, what=what)
+
+
+async def _acoustic_target(cluster: LocalCluster) -> int:
+    deps = (await asyncio.to_thread(cluster.serve_details))["applications"]["chattts"]["deployments"]
+    return deps["Acoustic"]["target_num_replicas"]
 
 
 async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
@@ -172,12 +177,13 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     async with StepLoad(app.url) as load:
         load.set_clients(6)  # 6 one-row streams / (0.5 fill * 4 rows) -> 3 replicas
         t_step = load.clock()
-
-        async def target() -> int:
-            deps = (await asyncio.to_thread(cluster.serve_details))["applications"]["chattts"]["deployments"]
-            return deps["Acoustic"]["target_num_replicas"]
-
-        await wait_until_async(target, 60, 0.5, until=lambda n: n >= 2, what="the policy raising Acoustic's target")
+        await wait_until_async(
+            lambda: _acoustic_target(cluster),
+            60,
+            0.5,
+            until=lambda n: n >= 2,
+            what="the policy raising Acoustic's target",
+        )
         decided_s = load.clock() - t_step
         peak = await asyncio.to_thread(_wait_acoustic, app, 3, 240, "3 Acoustic replicas running")
         running_s = load.clock() - t_step
@@ -271,7 +277,7 @@ async def test_killed_gpu_node_fails_only_its_streams_and_replicas_come_back(app
             reps = await asyncio.to_thread(app.acoustic)
             return reps if len(reps) >= 2 and all(r["node_id"] != victim.node_id for r in reps) else []
 
-        after = await wait_until_async(back, 240, 1.0, what="2 Acoustic replicas on the surviving node")
+        after = await wait_until_async(back, 240, 0.5, what="2 Acoustic replicas on the surviving node")
         back_s = load.clock() - t_kill
         t_back = load.clock()
 
@@ -396,7 +402,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         wait_until,
         running_per_node,
         300,
-        2.0,
+        0.5,
         until=placed_on(gpu_nodes),
         what="GPU nodes only: the CPU stages placed, the Vocoder at its bound on each GPU node",
     )
@@ -412,7 +418,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
         wait_until,
         running_per_node,
         300,
-        2.0,
+        0.5,
         until=placed_on(workers),
         what="with a CPU group: the Vocoder at its bound on the CPU node too",
     )
@@ -420,7 +426,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     assert left == waiting - per_node["Vocoder"] and left >= 1, (waiting, left)  # still asks for more
     await asyncio.to_thread(_wait_acoustic, app, 2, 240, "2 Acoustic replicas (min_replicas)")
     await asyncio.to_thread(
-        wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 1.0, "/readyz 200"
+        wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 0.5, "/readyz 200"
     )
     cpu_group_s = time.monotonic() - t0 - placed_s
 
@@ -428,6 +434,13 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     async with StepLoad(app.url) as load:
         load.set_clients(8)  # 8 one-row streams / (0.5 fill * 4 rows) -> 4 replicas: every half-GPU
         t_step = load.clock()
+        await wait_until_async(
+            lambda: _acoustic_target(cluster), 120, 0.5, until=lambda n: n >= 4, what="the policy asking for 4 Acoustic"
+        )
+        # Asked: the shipped downscale delay (minutes) holds the target while two clients keep
+        # streaming. The full load would only starve the new replicas' start on these 2 cores
+        # (seen: 80 s before their process ran, 160 s to RUNNING, under all 8).
+        load.set_clients(2)
         peak = await asyncio.to_thread(_wait_acoustic, app, 4, 240, "4 Acoustic replicas running")
         running_s = load.clock() - t_step
         reps = {n: await asyncio.to_thread(cluster.replicas, n, states=None) for n in CPU_STAGES}
