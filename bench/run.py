@@ -553,7 +553,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--quick",
         action="store_true",
-        help="short run (< 10 min on 2 cores): c1 and c8, ceiling b1/b8, open loop at 70%%",
+        help="short run (~10 min on 2 cores): c1 and c8, ceiling b1/b8, first audio before/after, open loop at 70%%",
     )
     r.add_argument("--out", default=None, help="output directory (default bench/results/tmp-<date-time>, git-ignored)")
     r.add_argument(
