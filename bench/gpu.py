@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from .gpu_plan import SERVE_VARIANTS, STEPS, GpuPlan
 from .gpu_report import write_report
-from .gpu_steps import Deadline, PartialResult, run_ceiling, run_serve, run_tests
+from .gpu_steps import Deadline, PartialResult, run_ceiling, run_fidelity, run_serve, run_tests
 from .lib.harness import Harness, ints, logger
 
 _log = logger("gpu")
@@ -63,10 +63,11 @@ class GpuCheck:
         plan, state, path = self.plan, self._state, self.harness.path
         steps: dict[str, Callable[[float], dict]] = {
             "tests": lambda b: run_tests(plan, self.out, b),
+            "fidelity": lambda b: run_fidelity(plan, self.out, b),
             "ceiling": lambda b: run_ceiling(plan, self.out, serve_args, b),
             **{v: (lambda b, v=v: run_serve(plan, v, self.deadline, b, state, path)) for v in SERVE_VARIANTS},
         }
-        caps = {"tests": plan.tests_timeout_s, "ceiling": plan.ceiling_timeout_s}
+        caps = {"tests": plan.tests_timeout_s, "fidelity": plan.fidelity_timeout_s, "ceiling": plan.ceiling_timeout_s}
         with self.harness:
             self.harness.watchdog(self.deadline.left, self._mark_killed)
             try:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from .lib.procs import REPO_ROOT
 from .lib.serve import GPU_CONFIG
 
-STEPS = ("tests", "ceiling", "serve_2x0.5", "serve_1x1")
+STEPS = ("tests", "fidelity", "ceiling", "serve_2x0.5", "serve_1x1")
 # name -> (Acoustic replicas, num_gpus each). The single replica gets the decode slots of both.
 SERVE_VARIANTS = {"serve_2x0.5": (2, 0.5), "serve_1x1": (1, 1.0)}
 
@@ -28,6 +28,11 @@ class GpuPlan:
     tests_timeout_s: float = 100.0
     tests_filter: str = "cuda"  # pytest -k: the CPU pairs already run in CI
     tests_paths: tuple = ("tests",)  # where pytest collects the gpu-marked tests
+    # Batch invariance in the GPU's dtypes (python -m bench fidelity): rows alone vs batched vs ChatTTS.
+    fidelity_precisions: str = "bfloat16,float16"
+    fidelity_rows: int = 4
+    fidelity_tokens: int = 40
+    fidelity_timeout_s: float = 90.0
     ceiling_batches: list = field(default_factory=lambda: [1, 8, 32, 64])
     ceiling_reps: int = 1
     first_chunk_reps: int = 3
@@ -53,6 +58,10 @@ class GpuPlan:
             # Only the module that holds them: collecting the whole suite costs more than the cases.
             tests_paths=("tests/system/test_gpu.py",),
             tests_timeout_s=240.0,
+            fidelity_precisions="float32",
+            fidelity_rows=3,
+            fidelity_tokens=12,
+            fidelity_timeout_s=120.0,
             ceiling_batches=[1, 2],
             first_chunk_reps=1,
             ceiling_timeout_s=120.0,

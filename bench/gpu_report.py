@@ -69,6 +69,20 @@ def to_markdown(report: dict) -> str:
                 f"| `{c['name']}` | {c['outcome']} | {_f(c.get('time_s'), 1)} | {props} | {msg[0][:160] if msg else ''} |"
             )
 
+    fid = report.get("fidelity")
+    if fid:
+        lines += [
+            "",
+            "## Batch invariance (`python -m bench fidelity`)",
+            "",
+            "| size | device | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
+            "|---|---|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {x['size']} | {x.get('device')} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
+            f"{x['bit_identical']} | {_f(x['min_cosine'], 6)} |"
+            for x in fid.get("results", [])
+        ]
     ceil = report.get("ceiling")
     if ceil:
         lines += [

@@ -225,6 +225,34 @@ def run_ceiling(plan: GpuPlan, out: Path, serve_args: dict, budget_s: float) -> 
     return result
 
 
+def run_fidelity(plan: GpuPlan, out: Path, budget_s: float) -> dict:
+    """``python -m bench fidelity`` on the device in its dtypes: its report (rows alone vs batched vs
+    ChatTTS). Exit 1 means measured and not invariant, which is a finding, not a failed step."""
+    argv = bench_command(
+        "fidelity",
+        "--sizes",
+        plan.weights,
+        "--precisions",
+        plan.fidelity_precisions,
+        "--device",
+        plan.device,
+        "--rows",
+        str(plan.fidelity_rows),
+        "--tokens",
+        str(plan.fidelity_tokens),
+        "--out",
+        str(out / "fidelity"),
+    )
+    rc, log_tail = run_to_end("fidelity", argv, out / "fidelity.log", timeout_s=budget_s)
+    path = out / "fidelity" / "report.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    if rc is None:
+        raise PartialResult(result, f"fidelity still running after {budget_s:.0f}s (killed)")
+    if rc not in (0, 1) or not result.get("results"):
+        raise PartialResult(result, exited("fidelity", rc, log_tail))
+    return result
+
+
 def exited(what: str, rc: Optional[int], log_tail: str) -> str:
     """'<what> exited <rc>: <its last log line>', then the log's tail."""
     last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "")

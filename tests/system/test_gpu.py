@@ -274,7 +274,17 @@ def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "gpu"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "gpu", "--dry-run", "--steps", "tests,ceiling,serve_2x0.5", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "gpu",
+            "--dry-run",
+            "--steps",
+            "tests,fidelity,ceiling,serve_2x0.5",
+            "--out",
+            str(out),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -285,6 +295,7 @@ def test_gpu_check_dry_run(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert {k: s["status"] for k, s in report["steps"].items()} == {
         "tests": "ok",
+        "fidelity": "ok",
         "ceiling": "ok",
         "serve_2x0.5": "ok",
     }, report["steps"]
@@ -294,6 +305,14 @@ def test_gpu_check_dry_run(tmp_path):
     cases = {c["name"]: c for c in tests["cases"]}
     assert cases["test_same_tokens_as_cpu_float32[cpu-bfloat16]"]["outcome"] == "passed"
     assert cases["test_same_tokens_as_cpu_float32[cuda-float16]"]["outcome"] == "skipped"
+    # Batch invariance in the device's dtypes (float32 on the dry run's CPU: invariant there).
+    fidelity = report["fidelity"]
+    assert fidelity["passed"] and {x["path"] for x in fidelity["results"]} == {
+        "alone vs batched",
+        "ChatTTS vs alone",
+        "ChatTTS vs batched",
+    }
+    assert "## Batch invariance" in (out / "report.md").read_text()
     ceiling = report["ceiling"]
     assert set(ceiling["batches"]) == {"1", "2"}
     assert all(b["audio_s_per_s"] > 0 and b["step_ms"] > 0 for b in ceiling["batches"].values())
