@@ -49,6 +49,7 @@ class Acoustic:
         self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
         self._admit_idle_at_once = AcousticLive.model_fields["admit_idle_at_once"].default
         self._in_window = 0  # requests waiting in the admission window
+        self._entering: list = []  # streams submitted here whose rows are not admitted yet
         self.engine = AcousticEngine(self.model, self._args)
         self.refiner = TextRefiner(self.model, self.engine.cfg)
         self._refine_thread = TorchThread("refine", threads=1)  # one torch thread: no second team
@@ -104,20 +105,32 @@ class Acoustic:
         return out
 
     async def _submit(self, segments: list[SegmentRequest]):
-        """The request's row streams (or its EngineError): at once when the engine is idle (no row
-        running or waiting, no request in the window: nothing to group its prefill with), else
-        through the admission window. A request right behind an idle one finds a row waiting."""
-        engine = self.engine
-        if self._admit_idle_at_once and not self._in_window and not engine.running_rows and not engine.waiting_rows:
+        """The request's row streams (or its EngineError): at once when the engine is idle, else
+        through the admission window. Idle: no row running or waiting, no request in the window,
+        and no row this replica submitted still on its way in (popped for its prefill, a row is
+        neither waiting nor running yet): requests arriving together still share an admission."""
+        if self._admit_idle_at_once and not self._in_window and self._engine_idle():
             try:
-                return engine.submit_all(segments, loop=asyncio.get_running_loop())
+                streams = self.engine.submit_all(segments, loop=asyncio.get_running_loop())
             except EngineError as exc:
                 return exc
+            self._enter(streams)
+            return streams
         self._in_window += 1
         try:
-            return await self._admit(segments)
+            streams = await self._admit(segments)
         finally:
             self._in_window -= 1
+        if not isinstance(streams, EngineError):
+            self._enter(streams)
+        return streams
+
+    def _enter(self, streams: list) -> None:
+        self._entering = [st for st in (*self._entering, *streams) if st.admitted_at is None and not st.started]
+
+    def _engine_idle(self) -> bool:
+        self._enter([])
+        return not self._entering and not self.engine.running_rows and not self.engine.waiting_rows
 
     async def stream(self, segments: list[SegmentRequest], flow: Optional[FlowRef] = None) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded. With
