@@ -167,7 +167,7 @@ def rows() -> list[Row]:
 def check(where: str, row: Row, status: int, err: Any, failures: list[str]) -> bool:
     """Append a failure unless the answer is the table's; True when it is."""
     want = row.expect
-    if isinstance(err, APIError):
+    if isinstance(err, APIError) and err.message:
         got = (status, err.code, err.param, err.type)
     elif isinstance(err, dict) and set(err) == {"message", "type", "param", "code"} and err["message"]:
         got = (status, err["code"], err["param"], err["type"])
@@ -180,10 +180,18 @@ def check(where: str, row: Row, status: int, err: Any, failures: list[str]) -> b
 
 
 def _error_of(r: httpx.Response) -> Any:
+    """The error object of an answer that is exactly OpenAI's JSON error body, else its text."""
     try:
-        return r.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return r.text[:200]
+        body = r.json()
+    except ValueError:
+        body = None
+    if (
+        r.headers.get("content-type", "").startswith("application/json")
+        and isinstance(body, dict)
+        and set(body) == {"error"}
+    ):
+        return body["error"]
+    return r.text[:200]
 
 
 def via_http(url: str, row: Row, failures: list[str]) -> None:

@@ -8,7 +8,6 @@ tests/serve/test_ws_sessions.py.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import AsyncIterator
 
 import httpx
@@ -49,25 +48,8 @@ async def test_custom_voice_by_id_or_name(app_url, served):
         await asyncio.to_thread(httpx.delete, app_url + f"/v1/audio/voices/{voice_id}", timeout=60)
 
 
-# ---------------------------------------------------------------------------------------- errors
-
-
-@pytest.mark.parametrize(
-    "start, code, error_code",
-    [
-        ({"type": "session.start", "voice": "nobody"}, 4400, "voice_not_found"),
-        ({"type": "session.start", "model": "whisper-1"}, 4404, "model_not_found"),
-    ],
-    ids=["unknown voice", "unknown model"],
-)
-async def test_admission_errors_get_an_error_event_and_a_clean_close(served, start, code, error_code):
-    async with served.connect() as s:
-        await s.send_raw(json.dumps(start))
-        assert await s.closed() == code
-    errors = s.of("error")
-    assert len(errors) == 1 and errors[0]["error"]["code"] == error_code, s.events
-    assert set(errors[0]["error"]) == {"message", "type", "param", "code"}
-    assert s.frames == 0
+# Errors at session.start (an unknown voice or model: the error event, the close code, no audio)
+# are checked through every front door in test_error_contract.py.
 
 
 # ---------------------------------------------------------------------------------------- keys
