@@ -116,7 +116,11 @@ def test_the_page_loads_and_asks_for_a_key(browser, server):
     pg = context.new_page()
     pg.goto(server + "/")
     assert pg.url.endswith("/ui/") and pg.title().startswith("ChatTTS")
-    pg.wait_for_selector("#error:not([hidden])")  # no key yet: the voice list answers 401
+    # No key yet: the built-in voices are listed (keyless discovery), speaking answers 401.
+    wait_js(pg, "document.querySelectorAll('#voice option').length >= 13")
+    t = speak(pg, "你好。", "mp3", timeout_s=60)
+    assert t["error"] is not None
+    pg.wait_for_selector("#error:not([hidden])")
     text = pg.inner_text("#error")
     assert "401" in text and "API key" in text, text
     pg.fill("#api-key", API_KEY)
