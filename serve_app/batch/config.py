@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from ..engine.audio import AudioFormat
 from ..engine.config import AcousticConfig, Device, DType, ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
+from ..engine.strict import StrictModel
 from ..engine.types import SynthesisOptions
 from ..settings import IngressSettings
 
@@ -77,11 +78,7 @@ def row_id(raw: Any) -> Optional[str]:
     return v if isinstance(v, str) else None
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BatchConfig(_Strict):
+class BatchConfig(StrictModel):
     """One run of ``chattts-serve batch``: input, output, cluster, model and the stages' sizes."""
 
     input: str = Field(description="JSONL, CSV or Parquet file(s): a path, directory or glob Ray Data reads.")

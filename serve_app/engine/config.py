@@ -10,7 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from .strict import StrictModel
 
 WeightsSource = Literal["auto", "huggingface", "local", "random", "random-tiny", "random-deep"]
 Device = Literal["auto", "cpu", "cuda", "mps"]
@@ -35,11 +37,7 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "chattts-serve"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class WeightsConfig(_Strict):
+class WeightsConfig(StrictModel):
     source: WeightsSource = "auto"
     path: Optional[str] = Field(default=None, description="Asset directory (ChatTTS layout) for source=local.")
     cache_dir: Optional[str] = Field(
@@ -66,7 +64,7 @@ class WeightsConfig(_Strict):
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     weights: WeightsConfig = WeightsConfig()
     device: Device = "auto"
     dtype: DType = Field(
@@ -111,7 +109,7 @@ class ModelConfig(_Strict):
         return "int8" if getattr(device, "type", str(device)) == "cpu" and self.dtype == "float32" else "none"
 
 
-class AcousticConfig(_Strict):
+class AcousticConfig(StrictModel):
     """Decode-loop knobs (docs/architecture.md, "The decode loop")."""
 
     max_rows: int = Field(default=16, ge=1, description="Rows decoded together at most.")
@@ -221,7 +219,7 @@ class AcousticConfig(_Strict):
     )
 
 
-class VocoderConfig(_Strict):
+class VocoderConfig(StrictModel):
     """Sliding-window decode (docs/architecture.md, "The sliding-window vocoder")."""
 
     left_context_tokens: int = Field(
@@ -252,7 +250,7 @@ class VocoderConfig(_Strict):
     )
 
 
-class SegmentLimits(_Strict):
+class SegmentLimits(StrictModel):
     """How long a segment's generation may run."""
 
     max_chars: int = Field(default=120, ge=8, description="Segment length cut by the splitter.")
@@ -307,7 +305,7 @@ def acoustic_heard_through(acoustic: AcousticConfig, vocoder: VocoderConfig) -> 
     )
 
 
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     model: ModelConfig = ModelConfig()
     acoustic: AcousticConfig = AcousticConfig()
     vocoder: VocoderConfig = VocoderConfig()

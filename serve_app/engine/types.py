@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from .audio import GAIN_DB_RANGE, SAMPLE_RATE
+from .strict import StrictModel
 from .text import CONTROL_TAG_RE
 from .text.lexicon import Pronunciations
 
@@ -39,14 +40,12 @@ LEXICON_REF_PATTERN = r"^(lex_[0-9a-f]{24}|none)$"
 INTERNAL_CLIENT = "internal"
 
 
-class SynthesisOptions(BaseModel):
+class SynthesisOptions(StrictModel):
     """What a caller may choose about one synthesis: the one home of these defaults and ranges.
 
     The HTTP/handle request (``protocol.SpeechRequest``) extends it and converts itself with
     ``to_options()``; the planner reads it; ``SegmentRequest``'s defaults come from it.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     voice: str = Field(
         default="alloy",

@@ -37,17 +37,13 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import error_body
-from ..settings import FrontGuardSettings
+from ..settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings  # noqa: F401 - the hook's names: bench imports them here
 from .middleware import AUTH_HEADER, header
 
 log = logging.getLogger("ray.serve")
 
 ENV = "CHATTTS_FRONT_GUARD"
 WARN_EVERY_S = 60.0  # one log line per refused client or address at most this often
-# Ray's hook, read by Serve's proxy (and each replica's own HTTP server) when it starts: set it in
-# the environment of `ray start` / `serve run`.
-HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-IMPORT_PATH = "serve_app.http.front_guard:middlewares"
 _AUTH = AUTH_HEADER.encode()
 _STARTS = ("http.response.start", "websocket.accept", "websocket.http.response.start")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..engine.styles import MAX_INSTRUCTIONS_CHARS
 from ..engine.text.ssml import looks_like_ssml
@@ -27,7 +27,7 @@ class JobRequest(ApiOptions):
     are ``SpeechRequest``'s (``DialogueRequest``'s with turns); ``priority`` is the service's
     (``jobs.priority``: below interactive requests)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict (a StrictModel through SynthesisOptions), unlike SpeechRequest, which ignores unknown fields.
 
     model: str = Field(default="chattts", max_length=64)
     input: str = Field(

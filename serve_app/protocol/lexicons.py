@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from ..engine.strict import StrictModel
 from ..engine.text.lexicon import LexiconEntry
 
 
-class CreateLexicon(BaseModel):
+class CreateLexicon(StrictModel):
     """``POST /v1/audio/lexicons``: entries map written text to an ``alias`` ("SQL" -> "sequel")
     or, for Chinese, to ``pinyin`` with tone numbers, one syllable per character (银行 ->
     "yin2 hang2": 行 is hang2 there). ``default``: applied to this key's requests that name no
     lexicon (the newest default wins; ``"lexicon": "none"`` in a request turns it off)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=64)
     entries: list[LexiconEntry] = Field(min_length=1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
+from ..engine.strict import StrictModel
 from ..engine.types import SynthesisOptions
 from .speech import ApiOptions, options_of
 
@@ -22,7 +23,7 @@ class SessionStart(ApiOptions):
     """The first message: the session's options, validated like the HTTP body's
     (``SynthesisOptions``' fields and ranges, the voice also as ``{"id": ...}``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict (a StrictModel through SynthesisOptions), unlike SpeechRequest, which ignores unknown fields.
 
     type: Literal["session.start"]
     model: str = Field(default="chattts", max_length=64)
@@ -42,9 +43,7 @@ class SessionStart(ApiOptions):
         return options_of(self)
 
 
-class TextAppend(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TextAppend(StrictModel):
     type: Literal["text.append"]
     text: str = Field(min_length=1)  # an empty append would only re-scan the buffer
 
@@ -56,24 +55,21 @@ class TextAppend(BaseModel):
         return v
 
 
-class TextFlush(BaseModel):
+class TextFlush(StrictModel):
     """Speak what is buffered now, even mid-sentence."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["text.flush"]
 
 
-class Cancel(BaseModel):
+class Cancel(StrictModel):
     """Barge-in: drop the buffered text and every segment not yet sent; the session stays open."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["cancel"]
 
 
-class Close(BaseModel):
+class Close(StrictModel):
     """Speak the rest, send ``done``, close."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["close"]
 
 

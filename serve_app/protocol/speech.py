@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..engine.audio import CONTENT_TYPES, AudioFormat
 from ..engine.loudness import LOUDNESS_RANGE_LUFS
+from ..engine.strict import StrictModel
 from ..engine.styles import MAX_INSTRUCTIONS_CHARS
 from ..engine.text.ssml import looks_like_ssml
 from ..engine.types import MAX_SPEAKER_CHARS, SynthesisOptions
@@ -25,10 +26,8 @@ def options_of(request: SynthesisOptions) -> SynthesisOptions:
     return SynthesisOptions.model_construct(**{k: getattr(request, k) for k in SynthesisOptions.model_fields})
 
 
-class VoiceRef(BaseModel):
+class VoiceRef(StrictModel):
     """OpenAI's shape for a custom voice: ``"voice": {"id": "voice_..."}``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1, max_length=64)
 
@@ -160,10 +159,8 @@ class TimedSpeech(BaseModel):
     captions_format: Optional[CaptionFormat] = None
 
 
-class DialogueTurn(BaseModel):
+class DialogueTurn(StrictModel):
     """One turn of a dialogue: who speaks it, the text (plain or SSML), how."""
-
-    model_config = ConfigDict(extra="forbid")
 
     voice: Union[Annotated[str, Field(max_length=MAX_SPEAKER_CHARS)], VoiceRef] = "alloy"
     input: str = Field(min_length=1)

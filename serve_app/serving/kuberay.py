@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from ..http.front_guard import HOOK_ENV, IMPORT_PATH
+from ..settings import HOOK_ENV, IMPORT_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"

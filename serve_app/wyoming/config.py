@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
+from ..engine.strict import StrictModel
 from ..settings import IngressSettings
 
 _INGRESS = IngressSettings()
@@ -19,10 +20,8 @@ ENV_BASE_URL = "CHATTTS_BASE_URL"
 ENV_API_KEY = "CHATTTS_API_KEY"
 
 
-class WyomingLimits(BaseModel):
+class WyomingLimits(StrictModel):
     """What one Wyoming client may cost this process and the service."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_text_chars: int = Field(
         default=_INGRESS.max_input_chars,
@@ -46,10 +45,8 @@ class WyomingLimits(BaseModel):
     samples_per_chunk: int = Field(default=1024, ge=1, description="The most samples in one audio-chunk event.")
 
 
-class WyomingSettings(BaseModel):
+class WyomingSettings(StrictModel):
     """``chattts-serve wyoming``: the command's flags over the environment."""
-
-    model_config = ConfigDict(extra="forbid")
 
     uri: str = Field(default=f"tcp://0.0.0.0:{DEFAULT_PORT}", description="tcp://host:port or unix://path")
     base_url: str = Field(default="http://127.0.0.1:8000", description="The service's public base URL.")

@@ -15,6 +15,7 @@ from wyoming.event import Event
 from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
 from ..engine.audio import SAMPLE_RATE
+from ..engine.strict import StrictModel
 from ..engine.types import MAX_SPEAKER_CHARS
 from ..errors import APIError, invalid_value
 
@@ -88,10 +89,8 @@ def lang_of(language: Optional[str]) -> Optional[str]:
     return primary if primary in LANGUAGES else None
 
 
-class SpeechOptions(BaseModel):
+class SpeechOptions(StrictModel):
     """What a synthesize (or a stream) asks of the service besides its text."""
-
-    model_config = ConfigDict(extra="forbid")
 
     voice: str
     lang: Optional[Literal["en", "zh"]] = None

@@ -19,9 +19,8 @@ from support.report import report
 from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
-from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
 
 pytestmark = pytest.mark.serve
 

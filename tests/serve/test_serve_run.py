@@ -17,8 +17,7 @@ from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.engine.wav import with_true_length
-from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
-from serve_app.settings import FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
 
 pytestmark = pytest.mark.serve
 

@@ -164,7 +164,7 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     # The edge cache is off too: tests count what the Ingress answers (test_serve_run.py runs it).
     from serve_app.http.edge_cache import ENV as EDGE_ENV
     from serve_app.http.front_guard import ENV as GUARD_ENV
-    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
+    from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
     init_env.setenv(HOOK_ENV, IMPORT_PATH)
     init_env.setenv(GUARD_ENV, '{"enabled": false}')

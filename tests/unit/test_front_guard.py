@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, FrontGuard, middlewares, settings_from_env
+from serve_app.http.front_guard import FrontGuard, middlewares, settings_from_env
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
 
 GOOD = "Bearer good-key"
 

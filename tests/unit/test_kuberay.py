@@ -358,7 +358,8 @@ def test_front_guard_in_every_proxy(docs):
     front guard through Ray's proxy hook, and the import path names the guard's Ray callback."""
     from ray._common.utils import import_attr
 
-    from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH, middlewares
+    from serve_app.http.front_guard import middlewares
+    from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
     assert import_attr(IMPORT_PATH) is middlewares
     for name, p in _pods(docs["RayService"]).items():

@@ -27,8 +27,9 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from ..strict import StrictModel
 from .chars import SAYABLE_CJK_RE
 from .pinyin import PinyinError, parse_pinyin, substitute
 
@@ -64,11 +65,11 @@ def _wordish(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
 
 
-class LexiconEntry(BaseModel):
+class LexiconEntry(StrictModel):
     """One entry: ``text`` as written, said as ``alias`` (words, read like the request's text),
     or, for Chinese, with ``pinyin``: one toned syllable per character (``"yin2 hang2"``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     text: str = Field(min_length=1, max_length=MAX_ENTRY_CHARS)
     alias: Optional[str] = Field(default=None, min_length=1, max_length=MAX_ALIAS_CHARS)
@@ -101,10 +102,10 @@ class LexiconEntry(BaseModel):
         return "".join(substitute(c, s) or c for c, s in zip(self.text, self.pinyin.split()))
 
 
-class Pronunciations(BaseModel):
+class Pronunciations(StrictModel):
     """A resolved lexicon as it travels with the options (the Ingress fills it from the store)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     entries: tuple[LexiconEntry, ...] = Field(default=(), max_length=MAX_ENTRIES)
 
