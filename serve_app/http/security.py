@@ -1,4 +1,5 @@
-"""Who is calling, and what they may do: API keys, per-key grants, stream slots.
+"""Who is calling, and what they may do: API keys and per-key grants (the ``Caller`` and its stream
+slots are ``callers.py``'s).
 
 Keys come from an environment variable (comma-separated) and/or a file (one key per line,
 ``#`` comments); the file path is configuration, never user input. A key is checked against
@@ -13,16 +14,15 @@ voices belong to the key id (``anonymous`` without keys).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
 import os
-import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Optional
 
+# Caller and the stream slots live in callers.py (serving/slots.py counts them too); importers here keep working.
+from ..callers import Caller, LocalSlots, Slot, StreamSlots, hold_slot, too_many_streams  # noqa: F401
 from ..errors import APIError
 from ..settings import KeyGrants, SecuritySettings
 
@@ -46,16 +46,6 @@ def load_api_keys(settings: SecuritySettings) -> list[bytes]:
             if line:
                 keys.append(line)
     return [k.encode() for k in keys if k]
-
-
-@dataclass(frozen=True)
-class Caller:
-    id: str  # key id, or "ip:<address>" without keys: what limits and fair admission count
-    owner: str  # whose custom voices: the key id, or "anonymous" without keys
-    max_priority: int
-    max_streams: int  # 0 = unlimited
-    max_voices: Optional[int]  # None: the voice store's per-key default
-    admin: bool = False
 
 
 class APIKeyAuth:
@@ -122,79 +112,3 @@ def check_priority(caller: Caller, priority: int) -> None:
             param="priority",
             code="priority_not_allowed",
         )
-
-
-# ------------------------------------------------------------------ stream slots
-
-
-def too_many_streams(limit: int) -> APIError:
-    return APIError(
-        429,
-        f"too many concurrent streams for this client (limit {limit})",
-        type="rate_limit_error",
-        code="too_many_streams",
-        headers={"Retry-After": "1"},
-    )
-
-
-class Slot:
-    """One held stream slot. ``release()`` is idempotent and safe from any exit path."""
-
-    def __init__(self, on_release=None):
-        self._on_release = on_release
-
-    def release(self) -> None:
-        on_release, self._on_release = self._on_release, None
-        if on_release is not None:
-            on_release()
-
-
-class StreamSlots(Protocol):
-    async def acquire(self, caller: Caller) -> Slot:
-        """A slot for one stream of ``caller`` (429 when it holds its limit already)."""
-        ...
-
-
-class LocalSlots:
-    """Stream slots counted in this process (one Ingress replica; also the fallback when the
-    cluster-wide counter is unreachable)."""
-
-    def __init__(self) -> None:
-        self._active: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def held(self, client: str) -> int:
-        return self._active.get(client, 0)
-
-    def try_acquire(self, client: str, limit: int) -> bool:
-        with self._lock:
-            n = self._active.get(client, 0)
-            if limit and n >= limit:
-                return False
-            self._active[client] = n + 1
-            return True
-
-    def release_one(self, client: str) -> None:
-        with self._lock:
-            n = self._active.get(client, 0) - 1
-            if n <= 0:
-                self._active.pop(client, None)
-            else:
-                self._active[client] = n
-
-    async def acquire(self, caller: Caller) -> Slot:
-        if not caller.max_streams:
-            return Slot()
-        if not self.try_acquire(caller.id, caller.max_streams):
-            raise too_many_streams(caller.max_streams)
-        return Slot(lambda: self.release_one(caller.id))
-
-
-async def hold_slot(slots: StreamSlots, caller: Caller) -> Slot:
-    """``slots.acquire`` that never leaks: a cancellation while the slot is being taken gives it back."""
-    task = asyncio.ensure_future(slots.acquire(caller))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.add_done_callback(lambda t: t.result().release() if not t.cancelled() and t.exception() is None else None)
-        raise

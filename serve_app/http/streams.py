@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator
 import anyio
 from fastapi.responses import StreamingResponse
 
+from ..callers import Slot
 from .request_log import RequestRecord
-from .security import Slot
 
 
 class SynthesisStream:

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Optional
 
-from ..http.security import Caller, LocalSlots, Slot, too_many_streams
+from ..callers import Caller, LocalSlots, Slot, too_many_streams
 
 log = logging.getLogger("ray.serve")
 

@@ -11,11 +11,12 @@ import time
 import pytest
 from fastapi import Request
 
+from serve_app.callers import LocalSlots, hold_slot
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.jsonlimits import JsonDepthGuard, check_json_depth
 from serve_app.http.middleware import HttpPolicy, caller_of
-from serve_app.http.security import APIKeyAuth, LocalSlots, check_priority, hold_slot, key_id
+from serve_app.http.security import APIKeyAuth, check_priority, key_id
 from serve_app.serving.slots import SlotTable
 from serve_app.settings import KeyGrants, SecuritySettings
 
