@@ -30,6 +30,8 @@ from cachetools import Cache, TLRUCache
 from ..engine.types import Voice
 from ..engine.voices import effective_seed
 from ..settings import CacheConfig
+from .factory import open_store
+from .redis_client import CircuitBreaker, open_redis, safe_url
 
 log = logging.getLogger(__name__)
 
@@ -309,65 +311,27 @@ class RedisCache(AudioCache):
         rng: Optional[random.Random] = None,
     ):
         _check_ttl(ttl_s, jitter)
-        # Imported here so the module (and memory/none backends) works without the client.
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.url = url
         self.ttl_s = float(ttl_s)
         self.jitter = float(jitter)
         self.timeout_s = float(timeout_s)
         self.max_item_bytes = max_item_bytes
         self.backoff_s = float(backoff_s)
-        self._clock = clock
         self._rng = rng or random.Random()
-        # No client-side retries (redis-py >= 6 retries 3x by default): the breaker decides.
-        self._redis = Redis.from_url(
-            url,
-            socket_timeout=self.timeout_s,
-            socket_connect_timeout=self.timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
+        # No client-side retries: the breaker decides when Redis is tried again.
+        self._redis = open_redis(url, self.timeout_s, fail_fast=True)
         # Hard per-call deadline: connect + command + a large value's transfer, whatever the
         # socket timeouts do.
         self._deadline_s = 3 * self.timeout_s
-        self._open_until = 0.0  # breaker: skip Redis until this clock time; 0 = closed
+        self._breaker = CircuitBreaker("redis cache", safe_url(url), self.backoff_s, clock, logger=log)
         self.hits = self.misses = self.errors = self.skipped = self.puts = 0
-
-    def _allowed(self) -> bool:
-        if self._open_until == 0.0:
-            return True
-        now = self._clock()
-        if now < self._open_until:
-            return False
-        self._open_until = now + self.backoff_s  # half-open: this call probes, others skip
-        return True
-
-    def _ok(self) -> None:
-        if self._open_until:
-            log.info("redis cache at %s is back", self._safe_url())
-        self._open_until = 0.0
 
     def _fail(self, op: str, exc: BaseException) -> None:
         self.errors += 1
-        if self._open_until == 0.0:  # log once per outage, not once per request
-            log.warning(
-                "redis cache %s failed (%s: %s); skipping redis for %.1fs",
-                op,
-                type(exc).__name__,
-                exc,
-                self.backoff_s,
-            )
-        self._open_until = self._clock() + self.backoff_s
-
-    def _safe_url(self) -> str:
-        return self.url.split("@")[-1]  # no credentials in logs
+        self._breaker.failed(op, exc)
 
     async def get(self, key: str) -> Optional[bytes]:
-        if not self._allowed():
+        if not self._breaker.allow():
             self.skipped += 1
             self.misses += 1
             return None
@@ -377,7 +341,7 @@ class RedisCache(AudioCache):
             self._fail("get", exc)
             self.misses += 1
             return None
-        self._ok()
+        self._breaker.succeeded()
         if data is None:
             self.misses += 1
             return None
@@ -388,7 +352,7 @@ class RedisCache(AudioCache):
         if self.max_item_bytes is not None and len(data) > self.max_item_bytes:
             self.skipped += 1
             return
-        if not self._allowed():
+        if not self._breaker.allow():
             self.skipped += 1
             return
         ttl_ms = max(1, int(jittered_ttl(self.ttl_s, self.jitter, self._rng) * 1000))
@@ -397,7 +361,7 @@ class RedisCache(AudioCache):
         except Exception as exc:  # noqa: BLE001
             self._fail("put", exc)
             return
-        self._ok()
+        self._breaker.succeeded()
         self.puts += 1
 
     async def close(self) -> None:
@@ -414,7 +378,7 @@ class RedisCache(AudioCache):
             "errors": self.errors,
             "skipped": self.skipped,
             "puts": self.puts,
-            "breaker_open": self._open_until != 0.0,
+            "breaker_open": self._breaker.is_open,
         }
 
 
@@ -423,17 +387,24 @@ class RedisCache(AudioCache):
 # ---------------------------------------------------------------------------------------------
 
 
+def _memory_cache(cfg: CacheConfig) -> AudioCache:
+    return MemoryCache(cfg.max_bytes, cfg.ttl_s, cfg.jitter, max_item_bytes=cfg.max_item_bytes)
+
+
+def _redis_cache(cfg: CacheConfig) -> AudioCache:
+    assert cfg.redis_url is not None
+    return RedisCache(
+        cfg.redis_url,
+        cfg.ttl_s,
+        cfg.jitter,
+        timeout_s=cfg.redis_timeout_s,
+        max_item_bytes=cfg.max_item_bytes,
+        backoff_s=cfg.redis_backoff_s,
+    )
+
+
+_BACKENDS = {"memory": _memory_cache, "redis": _redis_cache, "none": lambda _cfg: NullCache()}
+
+
 def make_cache(cfg: CacheConfig) -> AudioCache:
-    if cfg.backend == "memory":
-        return MemoryCache(cfg.max_bytes, cfg.ttl_s, cfg.jitter, max_item_bytes=cfg.max_item_bytes)
-    if cfg.backend == "redis":
-        assert cfg.redis_url is not None
-        return RedisCache(
-            cfg.redis_url,
-            cfg.ttl_s,
-            cfg.jitter,
-            timeout_s=cfg.redis_timeout_s,
-            max_item_bytes=cfg.max_item_bytes,
-            backoff_s=cfg.redis_backoff_s,
-        )
-    return NullCache()
+    return open_store(_BACKENDS, cfg)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...settings import JobsSettings
+from ..factory import open_store
 from .chunking import chapter_first_chunks, chunk_seed, cut_script, cut_text, estimated_pcm_bytes, split_chapters
 from .files import JobFiles, Place
 from .model import (
@@ -111,24 +112,34 @@ def store_identity(cfg: JobsSettings) -> tuple[Any, ...]:
     return (cfg.backend, store_location(cfg), sorted(cfg.storage_options.items()), cfg.redis_url, cfg.redis_prefix)
 
 
-def make_files(cfg: JobsSettings) -> JobFiles:
-    if cfg.backend == "fsspec":
-        from .object_files import ObjectFiles
-        from .objects import open_objects
+def _object_files(cfg: JobsSettings) -> JobFiles:
+    from .object_files import ObjectFiles
+    from .objects import open_objects
 
-        assert cfg.url is not None
-        return ObjectFiles(open_objects(cfg.url, cfg.storage_options))
+    assert cfg.url is not None
+    return ObjectFiles(open_objects(cfg.url, cfg.storage_options))
+
+
+def _directory_files(cfg: JobsSettings) -> JobFiles:
     from .directory import DirectoryFiles
 
     return DirectoryFiles(jobs_root(cfg))
 
 
+_FILES = {"directory": _directory_files, "fsspec": _object_files}
+
+
+def make_files(cfg: JobsSettings) -> JobFiles:
+    return open_store(_FILES, cfg)
+
+
 def make_job_store(cfg: JobsSettings) -> JobStore:
+    """The files ``cfg.backend`` names, the state beside them or, with ``redis_url``, in Redis."""
     files = make_files(cfg)
     if cfg.redis_url:
         from .redis_states import RedisStates
 
-        return JobStore(RedisStates(cfg.redis_url, cfg.redis_prefix, cfg.redis_timeout_s), files)
+        return JobStore(RedisStates(cfg), files)
     if cfg.backend == "fsspec":
         from .object_files import ObjectFiles
 

@@ -9,7 +9,7 @@ A creation is one WATCH/MULTI transaction: the owner's set and its jobs' states 
 room is checked in Python with the same ``check_room`` every backend uses, and the writes go in
 one MULTI; when anything watched changed meanwhile (another creation, the runner's progress) the
 check runs again. A save is ``SET ... XX`` (only while the job exists), a removal one MULTI.
-Owner-scoped reads use the voice store's script: another owner's id stops where a missing one
+Owner-scoped reads use the record stores' script: another owner's id stops where a missing one
 does. No persistence of its own: configure the Redis server to keep its data.
 """
 
@@ -18,17 +18,22 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from ..voices.redis_store import _GET_OWNED_LUA as GET_OWNED_LUA
+from ...settings import JobsSettings
+from ..records import GET_OWNED_LUA
+from ..redis_client import open_redis
 from .model import JOB_ID_RE, LOCK_TIMEOUT_S, JobGone, JobLimits, StoredJob, check_room, owner_tag, usage_of
 from .states import JobStates, parse_state
 
 
 class RedisStates(JobStates):
-    def __init__(self, url: str, prefix: str, timeout_s: float):
+    def __init__(self, cfg: JobsSettings):
         import redis
 
+        assert cfg.redis_url is not None
+        prefix = cfg.redis_prefix
         self._WatchError = redis.WatchError
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        # Sync: the store's calls already run on worker threads (the runner's, the Ingress's to_thread).
+        self._redis = open_redis(cfg.redis_url, cfg.redis_timeout_s, sync=True)
         self._prefix = prefix
         self._ids = f"{prefix}:ids"
         self._get_owned = self._redis.register_script(GET_OWNED_LUA)

@@ -26,10 +26,9 @@ from ...engine.text.pinyin import syllable_table
 from ...engine.types import SynthesisOptions
 from ...errors import APIError
 from ...settings import LexiconStoreConfig
-from .directory import DirectoryLexiconStore
+from ..factory import open_store
 from .model import LEXICON_ID_RE, StoredLexicon, lexicon_not_found, parse_create
-from .redis_store import RedisLexiconStore
-from .store import LexiconStore, MemoryLexiconStore
+from .store import DirectoryLexiconStore, LexiconStore, MemoryLexiconStore, RedisLexiconStore
 
 __all__ = [
     "LEXICON_ID_RE",
@@ -46,13 +45,16 @@ __all__ = [
 ]
 
 
+_BACKENDS: dict[str, type[LexiconStore]] = {
+    "memory": MemoryLexiconStore,
+    "directory": DirectoryLexiconStore,
+    "redis": RedisLexiconStore,
+}
+
+
 def make_lexicon_store(cfg: LexiconStoreConfig) -> LexiconStore:
     """``cfg`` resolved already (``LexiconStoreConfig.resolved``: no backend left to the voices')."""
-    if cfg.backend == "memory":
-        return MemoryLexiconStore(cfg)
-    if cfg.backend == "redis":
-        return RedisLexiconStore(cfg)
-    return DirectoryLexiconStore(cfg)
+    return open_store(_BACKENDS, cfg, cfg.backend or "directory")
 
 
 def check_syllables(lexicon: StoredLexicon) -> None:

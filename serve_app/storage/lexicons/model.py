@@ -3,7 +3,6 @@ default lexicon of an owner, and the errors they answer with."""
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 import time
@@ -15,9 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ...engine.text.lexicon import MAX_ENTRIES, LexiconEntry, Pronunciations
 from ...errors import APIError
 from ...settings import LexiconStoreConfig
-from ..voices.model import ANONYMOUS, MAX_OWNER_CHARS, default_voices_dir
-
-log = logging.getLogger(__name__)
+from ..records import ANONYMOUS, MAX_OWNER_CHARS, Index
+from ..voices.model import default_voices_dir
 
 # As voice ids: lower-case hex, \A..\Z (no "$" before a final newline).
 LEXICON_ID_RE = re.compile(r"\Alex_[0-9a-f]{24}\Z")
@@ -29,12 +27,12 @@ __all__ = [
     "LEXICON_ID_RE",
     "MAX_NAME_CHARS",
     "StoredLexicon",
-    "check_room",
     "default_lexicons_dir",
     "lexicon_not_found",
     "new_lexicon_id",
     "parse_create",
-    "store_unavailable",
+    "read_index",
+    "write_index",
 ]
 
 
@@ -152,26 +150,10 @@ def lexicon_not_found(lexicon_id: Optional[str], status: int = 404) -> APIError:
     return APIError(status, f"no lexicon with id {shown!r}", param="lexicon", code="lexicon_not_found")
 
 
-def store_unavailable(exc: BaseException) -> APIError:
-    log.warning("lexicon store failed: %s: %s", exc.__class__.__name__, exc)
-    return APIError(
-        503,
-        "lexicon store unavailable; retry shortly",
-        type="server_error",
-        code="lexicon_store_unavailable",
-        headers={"Retry-After": "2"},
-    )
+def read_index(raw: dict) -> Index:
+    """``index.json``: ``{"ids": {id: owner tag}, "defaults": {owner tag: id}}`` (creation order kept)."""
+    return Index(ids=dict(raw.get("ids", {})), pointers=dict(raw.get("defaults", {})))
 
 
-def check_room(owned: int, total: int, max_owned: int, max_total: int) -> None:
-    """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
-    if owned >= max_owned:
-        raise APIError(
-            409,
-            f"this API key owns its limit of lexicons ({max_owned}); delete one first",
-            code="lexicon_quota_exceeded",
-        )
-    if total >= max_total:
-        raise APIError(
-            409, f"the lexicon store is full ({max_total} lexicons); delete one first", code="too_many_lexicons"
-        )
+def write_index(index: Index) -> dict:
+    return {"ids": index.ids, "defaults": index.pointers}

@@ -37,7 +37,7 @@ from ...engine.errors import UnknownVoiceError, VoiceError
 from ...engine.types import Voice
 from ...engine.voices import OPENAI_VOICES, VoiceResolver, list_voices
 from ...settings import VoiceStoreConfig
-from .directory import DirectoryVoiceStore
+from ..factory import open_store
 from .model import (
     ANONYMOUS,
     MAX_CONSENT_BY_CHARS,
@@ -56,7 +56,7 @@ from .model import (
     stored_voice,
 )
 from .redis_store import RedisVoiceStore
-from .store import MemoryVoiceStore, VoiceStore
+from .store import DirectoryVoiceStore, MemoryVoiceStore, VoiceStore
 
 __all__ = [
     "ANONYMOUS",
@@ -82,12 +82,16 @@ __all__ = [
 ]
 
 
+_BACKENDS: dict[str, type[VoiceStore]] = {
+    "memory": MemoryVoiceStore,
+    "directory": DirectoryVoiceStore,
+    "redis": RedisVoiceStore,
+}
+
+
 def make_voice_store(cfg: VoiceStoreConfig) -> VoiceStore:
-    if cfg.backend == "memory":
-        return MemoryVoiceStore(cfg)
-    if cfg.backend == "redis":
-        return RedisVoiceStore(cfg)
-    return DirectoryVoiceStore(cfg)
+    """The store ``cfg.backend`` names (``open_store``: every store's factory has this shape)."""
+    return open_store(_BACKENDS, cfg)
 
 
 # ------------------------------------------------------------------ resolving a request's voice

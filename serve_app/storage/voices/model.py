@@ -4,7 +4,6 @@ they answer with."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 import secrets
@@ -18,8 +17,7 @@ from ...engine.text.tags import strip_stray_brackets
 from ...engine.types import Voice
 from ...engine.voices import MAX_SEED, OPENAI_VOICES
 from ...errors import APIError
-
-log = logging.getLogger(__name__)
+from ..records import ANONYMOUS, MAX_OWNER_CHARS, Index, owner_tag
 
 # Lower-case hex only: two ids never differ only in case, so none can collide with another on a
 # case-insensitive filesystem. \A..\Z, not ^..$: "$" also matches before a final "\n", and
@@ -37,11 +35,6 @@ VoiceKind = Literal["speaker", "seed", "clip"]
 # A consent statement and who gave it, bounded: kept with the voice, shown in its detail.
 MAX_CONSENT_CHARS = 1000
 MAX_CONSENT_BY_CHARS = 200
-
-# The owner of voices made without API keys, and of documents stored before voices had owners
-# (the same string as ``http.security.ANONYMOUS``; storage does not import the HTTP layer).
-ANONYMOUS = "anonymous"
-MAX_OWNER_CHARS = 128
 
 
 def default_voices_dir() -> Path:
@@ -143,27 +136,12 @@ def name_key(name: str) -> str:
     return hashlib.sha256(name.casefold().encode()).hexdigest()[:32]
 
 
-def owner_tag(owner: str) -> str:
-    """An owner as the backends name it (a hash: an owner never becomes a path or key either)."""
-    return hashlib.sha256(b"owner\0" + owner.encode()).hexdigest()[:16]
-
-
 def index_key(owner: str, name: str) -> str:
     """The name index's key of ``owner``'s voice ``name``: ``<owner tag>.<name hash>``, so names
     are unique per owner. The anonymous owner's keys are the bare name hash, the key every voice
     had before voices had owners: an index written then reads unchanged, as anonymous's."""
     key = name_key(name)
     return key if owner == ANONYMOUS else f"{owner_tag(owner)}.{key}"
-
-
-def owns_key(owner: str, key: str) -> bool:
-    """Whether a name index key is in ``owner``'s part of the index."""
-    return "." not in key if owner == ANONYMOUS else key.startswith(owner_tag(owner) + ".")
-
-
-def same_name_keys(keys, name_hash: str):
-    """The index keys of every owner's voice with the name whose hash is ``name_hash``."""
-    return [k for k in keys if k == name_hash or k.endswith("." + name_hash)]
 
 
 def clean_transcript(text: Any, max_chars: int) -> str:
@@ -234,17 +212,6 @@ def new_voice_id() -> str:
     return "voice_" + secrets.token_hex(12)  # lower-case hex, as VOICE_ID_RE requires
 
 
-def store_unavailable(exc: BaseException) -> APIError:
-    log.warning("voice store failed: %s: %s", exc.__class__.__name__, exc)
-    return APIError(
-        503,
-        "voice store unavailable; retry shortly",
-        type="server_error",
-        code="voice_store_unavailable",
-        headers={"Retry-After": "2"},
-    )
-
-
 def name_taken(name: str) -> APIError:
     return APIError(
         409,
@@ -254,25 +221,18 @@ def name_taken(name: str) -> APIError:
     )
 
 
-def store_full(limit: int) -> APIError:
-    return APIError(409, f"the voice store is full ({limit} voices); delete one first", code="too_many_voices")
+def read_names(raw: dict[str, str]) -> Index:
+    """``names.json`` (index key -> id) read: the key tells the owner (``index_key``), so the file
+    is both the name index and every owner's ids."""
+    ids = {v: (k.split(".", 1)[0] if "." in k else owner_tag(ANONYMOUS)) for k, v in raw.items()}
+    return Index(ids=ids, pointers=dict(raw))
 
 
-def quota_reached(limit: int) -> APIError:
-    return APIError(
-        409, f"this API key owns its limit of custom voices ({limit}); delete one first", code="voice_quota_exceeded"
-    )
+def write_names(index: Index) -> dict[str, str]:
+    return index.pointers  # every voice has its name: the pointers hold every id
 
 
-def check_room(owned: int, total: int, max_owned: int, max_voices: int) -> None:
-    """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
-    if owned >= max_owned:
-        raise quota_reached(max_owned)
-    if total >= max_voices:
-        raise store_full(max_voices)
-
-
-# ------------------------------------------------------------------ backends
+# ------------------------------------------------------------------ making one
 
 
 def stored_voice(name: str, kind: VoiceKind, owner: str = ANONYMOUS, **fields: Any) -> StoredVoice:
