@@ -45,16 +45,10 @@ __all__ = [
 ]
 
 
-_BACKENDS: dict[str, type[LexiconStore]] = {
-    "memory": MemoryLexiconStore,
-    "directory": DirectoryLexiconStore,
-    "redis": RedisLexiconStore,
-}
-
-
 def make_lexicon_store(cfg: LexiconStoreConfig) -> LexiconStore:
     """``cfg`` resolved already (``LexiconStoreConfig.resolved``: no backend left to the voices')."""
-    return open_store(_BACKENDS, cfg, cfg.backend or "directory")
+    backends = {"memory": MemoryLexiconStore, "directory": DirectoryLexiconStore, "redis": RedisLexiconStore}
+    return open_store(backends, cfg, cfg.backend or "directory")
 
 
 def check_syllables(lexicon: StoredLexicon) -> None:

@@ -15,8 +15,6 @@ from .model import LEXICON_ID_RE, StoredLexicon, default_lexicons_dir, read_inde
 # index.json, {"ids": {id: owner tag}, "defaults": {owner tag: id}}.
 LEXICONS = RecordKind(
     noun="lexicon",
-    plural="lexicons",
-    owned_plural="lexicons",
     id_re=LEXICON_ID_RE,
     model=StoredLexicon,
     key_letter="l",
@@ -35,13 +33,8 @@ class LexiconStore(OwnedStore):
     kind = LEXICONS
     cfg: LexiconStoreConfig
 
-    @property
-    def max_total(self) -> int:
-        return self.cfg.max_lexicons
-
-    @property
-    def default_quota(self) -> int:
-        return self.cfg.max_lexicons_per_key
+    def limits(self) -> tuple[int, int]:
+        return self.cfg.max_lexicons_per_key, self.cfg.max_lexicons
 
     def pointer(self, lexicon: StoredLexicon) -> Optional[str]:
         return owner_tag(lexicon.owner) if lexicon.default else None

@@ -40,8 +40,6 @@ class RecordKind:
     record under a taken field is refused, else the newest wins)."""
 
     noun: str  # "voice": in error messages and codes
-    plural: str  # "voices"
-    owned_plural: str  # "custom voices": what a key owns its limit of
     id_re: re.Pattern
     model: Any  # the document's pydantic class
     key_letter: str  # Redis: the document under <prefix>:<key_letter>:<id>
@@ -52,6 +50,11 @@ class RecordKind:
     unique_pointers: bool = False
     track_owners: bool = False  # Redis: every owner's tag in <prefix>:owners (a voice store's adoption)
     taken: Optional[Callable[[Any], APIError]] = None  # the 409 for a taken unique pointer
+    owned_plural: str = ""  # what a key owns its limit of ("custom voices"; default: the plural)
+
+    @property
+    def plural(self) -> str:
+        return self.noun + "s"
 
     def parse(self, doc: str | bytes) -> Any:
         return self.model.model_validate_json(doc)
@@ -76,7 +79,7 @@ class RecordKind:
     def quota_reached(self, limit: int) -> APIError:
         return APIError(
             409,
-            f"this API key owns its limit of {self.owned_plural} ({limit}); delete one first",
+            f"this API key owns its limit of {self.owned_plural or self.plural} ({limit}); delete one first",
             code=f"{self.noun}_quota_exceeded",
         )
 

@@ -28,15 +28,14 @@ class OwnedStore(ABC):
 
     # ------------------------------------------------------------------ the kind's part
 
-    @property
     @abstractmethod
-    def max_total(self) -> int:
-        """Records the store holds at most (every owner's together)."""
+    def limits(self) -> tuple[int, int]:
+        """(records one owner holds at most unless its key grants another number, records the
+        store holds at most: every owner's together)."""
 
     @property
-    @abstractmethod
-    def default_quota(self) -> int:
-        """Records one owner holds at most, unless its key grants another number."""
+    def max_total(self) -> int:
+        return self.limits()[1]
 
     def pointer(self, record: Any) -> Optional[str]:
         """The pointer field ``record`` sets when it is made (None: none)."""
@@ -57,7 +56,7 @@ class OwnedStore(ABC):
 
     def owned_limit(self, max_owned: Optional[int]) -> int:
         """An owner's quota: its key's grant, else the store's default."""
-        return self.default_quota if max_owned is None else max_owned
+        return self.limits()[0] if max_owned is None else max_owned
 
     async def check_room(self, owner: str, max_owned: Optional[int] = None) -> None:
         """409 when ``owner`` holds its quota already or the store is full: checked before any
@@ -67,7 +66,7 @@ class OwnedStore(ABC):
 
     async def create(self, record: Any, max_owned: Optional[int] = None) -> Any:
         """Store a new record for ``record.owner``; 409 when a unique pointer is taken, the owner
-        holds its quota (``max_owned``, None: ``default_quota``) or the store is full; 503 when the
+        holds its quota (``max_owned``, None: the kind's default) or the store is full; 503 when the
         backend fails."""
         doc = record.to_json()
         self._check_doc(doc)

@@ -82,16 +82,9 @@ __all__ = [
 ]
 
 
-_BACKENDS: dict[str, type[VoiceStore]] = {
-    "memory": MemoryVoiceStore,
-    "directory": DirectoryVoiceStore,
-    "redis": RedisVoiceStore,
-}
-
-
 def make_voice_store(cfg: VoiceStoreConfig) -> VoiceStore:
     """The store ``cfg.backend`` names (``open_store``: every store's factory has this shape)."""
-    return open_store(_BACKENDS, cfg)
+    return open_store({"memory": MemoryVoiceStore, "directory": DirectoryVoiceStore, "redis": RedisVoiceStore}, cfg)
 
 
 # ------------------------------------------------------------------ resolving a request's voice

@@ -27,7 +27,6 @@ from .model import (
 # stored before owners); directory: names.json, index key -> id.
 VOICES = RecordKind(
     noun="voice",
-    plural="voices",
     owned_plural="custom voices",
     id_re=VOICE_ID_RE,
     model=StoredVoice,
@@ -49,13 +48,8 @@ class VoiceStore(OwnedStore):
     kind = VOICES
     cfg: VoiceStoreConfig
 
-    @property
-    def max_total(self) -> int:
-        return self.cfg.max_voices
-
-    @property
-    def default_quota(self) -> int:
-        return self.cfg.max_voices_per_key
+    def limits(self) -> tuple[int, int]:
+        return self.cfg.max_voices_per_key, self.cfg.max_voices
 
     def pointer(self, voice: StoredVoice) -> str:
         return index_key(voice.owner, voice.name)
