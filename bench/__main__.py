@@ -11,52 +11,53 @@ import importlib
 import sys
 from typing import Optional
 
-# subcommand: (module, one line of help). Runners first, then the tools and studies.
+# subcommand: (module, one line of help). The runners, then the tools they use or that read their
+# reports, then the studies (bench/studies/: measurements behind one code choice).
 SUBCOMMANDS = {
     "run": ("bench.run", "ceiling, baseline and the project under load; writes report.json/.md/.png"),
     "ceiling": ("bench.ceiling", "the model alone, in-process: audio s/s by batch size, the first chunk's time"),
-    "baseline": ("bench.baseline", "the 'before' server (one Chat.infer at a time), for `run` or by hand"),
-    "cache-hit": ("bench.cache_hit", "latency and throughput of the response cache against a running app"),
     "realtime": (
         "bench.realtime",
         "WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, playback gaps",
     ),
-    "vocoder": ("bench.vocoder", "the Vocoder stage alone: audio s/s per core, today's path vs the optimised one, SNR"),
+    "gpu": ("bench.gpu", "the one-command GPU check: gpu tests, ceiling, Serve 2x0.5 vs 1x1 GPU (~8 min)"),
     "fidelity": (
         "bench.fidelity",
         "batch invariance: rows alone vs batched vs ChatTTS's own decode, int8 and float32, deep and full size",
-    ),
-    "step": (
-        "bench.step",
-        "the decode step: GPT forward vs the rest, batch 1/8/16, tiny and full size, int8 vs float32",
-    ),
-    "batch": (
-        "bench.batch",
-        "bulk synthesis (chattts-serve batch) against the service on one corpus; 1 vs 2 acoustic actors",
-    ),
-    "dialogue": ("bench.dialogue", "a ten-turn, two-voice dialogue: /v1/audio/dialogue vs the turns one after another"),
-    "jobs": ("bench.jobs", "an interactive client's first audio alone and beside a running background job"),
-    "memory": (
-        "bench.memory",
-        "where the model stages' memory goes, in-process: RSS per load and decode step, KV, mappings",
-    ),
-    "fairness": (
-        "bench.fairness",
-        "the engine alone: a polite client's first chunk beside a client with 200 queued segments",
     ),
     "abuse": (
         "bench.abuse",
         "a polite client's first audio alone and under eight attackers (costly requests, idle sockets, slow bodies, "
         "flush floods, dot jobs, silence dialogues, public-page keys, unkeyed slow bodies)",
     ),
-    "autoscale": (
-        "bench.autoscale",
-        "step load on a local multi-node cluster: replicas, engine queue, latency per second",
+    "batch": (
+        "bench.batch",
+        "bulk synthesis (chattts-serve batch) against the service on one corpus; 1 vs 2 acoustic actors",
     ),
-    "gpu": ("bench.gpu", "the one-command GPU check: gpu tests, ceiling, Serve 2x0.5 vs 1x1 GPU (~8 min)"),
+    "baseline": ("bench.baseline", "the 'before' server (one Chat.infer at a time), for `run` or by hand"),
+    "cache-hit": ("bench.cache_hit", "latency and throughput of the response cache against a running app"),
     "gpu-ceiling": ("bench.gpu_steps", "(the GPU check's ceiling step, in its own process)"),
     "compare": ("bench.compare", "key numbers of several `run` reports side by side (markdown)"),
-    "report": ("bench.report", "render reports again from their JSON (report.md, report.png, timeline.png)"),
+    "report": ("bench.report", "render any subcommand's report again from its JSON (report.md and its plot)"),
+    "step": ("bench.studies.step", "study: the decode step, GPT forward vs the rest, batch 1/8/16, int8 vs float32"),
+    "vocoder": (
+        "bench.studies.vocoder",
+        "study: the Vocoder stage alone, audio s/s per core, today's path vs the optimised one",
+    ),
+    "dialogue": (
+        "bench.studies.dialogue",
+        "study: a ten-turn, two-voice dialogue, /v1/audio/dialogue vs one turn at a time",
+    ),
+    "jobs": ("bench.studies.jobs", "study: an interactive client's first audio alone and beside a background job"),
+    "memory": ("bench.studies.memory", "study: where the model stages' memory goes, RSS per load and decode step, KV"),
+    "fairness": (
+        "bench.studies.fairness",
+        "study: a polite client's first chunk beside a client with 200 queued segments",
+    ),
+    "autoscale": (
+        "bench.studies.autoscale",
+        "study: step load on a local multi-node cluster, replicas and latency per second",
+    ),
     "numerics": ("bench.studies.numerics", "study: int8 vs float32 GPT linear layers (kernels, profile)"),
     "text-compare": ("bench.studies.text_compare", "study: our number rules against WeTextProcessing"),
 }

@@ -39,7 +39,7 @@ import httpx
 from .abuse_attackers import ATTACKER_KEY, ATTACKERS, POLITE_KEY, Tally, apply_only, delete_jobs
 from .abuse_attackers import add_arguments as add_attacker_arguments
 from .lib.harness import Harness
-from .lib.render import fmt, render_files, write_files
+from .lib.report import Col, Doc, Kind, ms
 from .lib.stats import percentiles, ratio
 
 POLITE_TEXT = "你好，欢迎使用语音合成服务。"
@@ -104,81 +104,74 @@ def summarize(values: list[Optional[float]]) -> dict:
     return {**percentiles(ok, (50, 90), extras=("max",)), "n": len(values), "failed": len(values) - len(ok)}
 
 
-def to_markdown(report: dict) -> str:
+FIRST_AUDIO = [
+    Col("polite client, first audio", 0),
+    Col("n", lambda x: x[1]["n"]),
+    Col("failed", lambda x: x[1]["failed"]),
+    Col("p50 ms", lambda x: ms(x[1]["p50"]), nd=0),
+    Col("p90 ms", lambda x: ms(x[1]["p90"]), nd=0),
+]
+PHASES = ("alone", "attacked")
+
+
+def to_doc(report: dict) -> Doc:
     m = report["meta"]
-    lines = [
-        f"# Abuse benchmark, {m['started']}",
-        "",
-        f"`{m['command']}`",
-        "",
+    doc = Doc(f"Abuse benchmark, {m['started']}", m["command"])
+    doc.add(
         f"weights: {m['weights']}; front guard: {m.get('front_guard', 'off')}; "
         f"load average at start {m.get('loadavg_start')}",
         "",
-    ]
+    )
     if "error" in report:
-        lines += [f"**The run failed:** `{report['error']}`", ""]
-    alone, under = report.get("alone", {}), report.get("attacked", {})
-    lines += ["| polite client, first audio | n | failed | p50 ms | p90 ms |", "|---|---|---|---|---|"]
-    for name, s in (("alone", alone), ("under attack", under)):
-        if s:
-            lines.append(
-                f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
-                f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |"
-            )
+        doc.add(f"**The run failed:** `{report['error']}`", "")
+    phases = [
+        (name, s) for name, s in (("alone", report.get("alone", {})), ("under attack", report.get("attacked", {}))) if s
+    ]
+    doc.table(FIRST_AUDIO, phases, before=())
     if "ratio_p50" in report:
         met = report["ratio_p50"] is not None and report["ratio_p50"] <= TARGET_RATIO
-        lines += [
+        doc.add(
             "",
             f"**p50 under attack / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
             f"{'met' if met else 'missed'})",
-        ]
-    lines += ["", "| attacker | what it got: count (slowest answer) |", "|---|---|"]
-    for name, outcomes in report.get("attackers", {}).items():
-        slowest = report.get("attackers_slowest_s", {}).get(name, {})
-        lines.append(
-            f"| {name} | "
-            + ", ".join(
-                f"{k}: {v}" + (f" ({slowest[k]} s)" if k in slowest else "") for k, v in sorted(outcomes.items())
-            )
-            + " |"
         )
-    if report.get("ingress_loop_stall_ms"):
-        lines += ["", "| Ingress event loop, longest stall ms | alone | under attack |", "|---|---|---|"]
-        for key, label in (("longest_ms", "late wake"), ("longest_busy_ms", "while the process ran")):
-            lines.append(
-                f"| {label} | "
-                + " | ".join(
-                    str(report["ingress_loop_stall_ms"].get(ph, {}).get(key, "–")) for ph in ("alone", "attacked")
-                )
-                + " |"
-            )
-    if report.get("cpu_cores"):
-        walls = report.get("phase_wall_s", {})
-        lines += [
-            "",
-            f"| cores used (CPU s per s; phases {walls.get('alone')} s / {walls.get('attacked')} s in all) "
-            "| alone | under attack |",
-            "|---|---|---|",
+    slowest = report.get("attackers_slowest_s", {})
+
+    def got(item: tuple) -> str:
+        name, outcomes = item
+        s = slowest.get(name, {})
+        return ", ".join(f"{k}: {v}" + (f" ({s[k]} s)" if k in s else "") for k, v in sorted(outcomes.items()))
+
+    attackers = [Col("attacker", 0), Col("what it got: count (slowest answer)", got)]
+    doc.table(attackers, report.get("attackers", {}).items())
+    stall = report.get("ingress_loop_stall_ms")
+    if stall:
+        cols = [Col("Ingress event loop, longest stall ms", 1)] + [
+            Col(h, lambda x, ph=ph: str(stall.get(ph, {}).get(x[0], "–")))
+            for h, ph in zip(("alone", "under attack"), PHASES)
         ]
-        for group in sorted(set().union(*report["cpu_cores"].values())):
-            lines.append(
-                f"| {group} | "
-                + " | ".join(str(report["cpu_cores"].get(ph, {}).get(group, "–")) for ph in ("alone", "attacked"))
-                + " |"
-            )
-    if report.get("rss_peak_mib"):
-        lines += ["", "| replica | peak RSS MiB, alone | under attack |", "|---|---|---|"]
-        for group, alone_mib in report["rss_peak_mib"].get("alone", {}).items():
-            lines.append(f"| {group} | {alone_mib} | {report['rss_peak_mib'].get('attacked', {}).get(group, '–')} |")
-    return "\n".join(lines) + "\n"
+        doc.table(cols, [("longest_ms", "late wake"), ("longest_busy_ms", "while the process ran")])
+    cores = report.get("cpu_cores")
+    if cores:
+        walls = report.get("phase_wall_s", {})
+        head = f"cores used (CPU s per s; phases {walls.get('alone')} s / {walls.get('attacked')} s in all)"
+        cols = [Col(head, lambda g: g)] + [
+            Col(h, lambda g, ph=ph: str(cores.get(ph, {}).get(g, "–")))
+            for h, ph in zip(("alone", "under attack"), PHASES)
+        ]
+        doc.table(cols, sorted(set().union(*cores.values())))
+    rss = report.get("rss_peak_mib")
+    if rss:
+        cols = [
+            Col("replica", 0),
+            Col("peak RSS MiB, alone", lambda x: str(x[1])),
+            Col("under attack", lambda x: str(rss.get("attacked", {}).get(x[0], "–"))),
+        ]
+        doc.table(cols, rss.get("alone", {}).items())
+    return doc
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "abuse.json", to_markdown, indent=1)
-
-
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, to_markdown)
+KIND = Kind("abuse.json", to_doc, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -246,7 +239,7 @@ def main(a: argparse.Namespace) -> int:
     runner = None
     url = a.url
     harness = Harness(
-        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights if not a.url else "as served"
+        Path(a.out) if a.out else None, KIND.write, a.argv, weights=a.weights if not a.url else "as served"
     )
     report = harness.report
     apply_only(a)
@@ -320,5 +313,5 @@ def main(a: argparse.Namespace) -> int:
                 runner.stop()
             if store is not None:
                 store.cleanup()
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .lib.harness import Harness, ints, logger
-from .lib.render import fmt, write_files
+from .lib.report import Col, Doc, Kind, failed, fmt
 
 _log = logger("batch")
 TARGET = 1.2
@@ -169,50 +169,54 @@ def targets(report: dict) -> dict:
     return out
 
 
-def to_markdown(report: dict) -> str:
+BULK = [
+    Col(
+        "bulk: acoustic actors (CPUs / threads each)",
+        lambda x: f"{x[0]} ({x[1]['acoustic_cpus']:g} / {x[1]['acoustic_threads']})",
+    ),
+    Col("audio s/s, steady (groups)", lambda x: f"{fmt(x[1]['audio_s_per_s'], 3)} ({x[1]['steady_groups']})"),
+    Col("audio s/s, whole run", lambda x: x[1]["audio_s_per_s_whole_run"], nd=3),
+    Col("audio (s)", lambda x: str(x[1]["audio_s"])),
+    Col("wall (s)", lambda x: str(x[1]["wall_s"])),
+    Col("first row after (s)", lambda x: str(x[1]["first_row_s"])),
+    Col("groups x rows", lambda x: f"{x[1]['groups']} x {x[1]['group_rows']}"),
+    Col("vocoders", lambda x: x[1]["vocoders"]),
+]
+SERVICE = [
+    Col("service: clients", 0),
+    Col("audio s/s", lambda x: x[1]["audio_s_per_s"], nd=3),
+    Col("TTFB p50 (s)", lambda x: x[1]["ttfb_s"].get("p50")),
+    Col(
+        "latency p50 / p99 (s)", lambda x: f"{fmt(x[1]['latency_s'].get('p50'))} / {fmt(x[1]['latency_s'].get('p99'))}"
+    ),
+    Col("done", lambda x: x[1]["completed"]),
+    Col("errors", lambda x: x[1]["errors"]),
+    Col("rows per step", lambda x: (x[1].get("engine") or {}).get("mean_rows_per_step")),
+]
+TARGETS = [
+    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
+    Col("value", lambda x: str(x[1]["value"])),
+    Col("met", lambda x: "–" if x[1]["met"] is None else str(x[1]["met"])),
+]
+
+
+def to_doc(report: dict) -> Doc:
     m = report["meta"]
-    lines = [
-        f"# Bulk synthesis against the service, {m['started']}",
-        "",
-        f"`{m['command']}`",
-        "",
+    doc = Doc(f"Bulk synthesis against the service, {m['started']}", m["command"])
+    doc.add(
         f"weights: {m['weights']}, {m['rows']} corpus rows per bulk run, {m['cpus']} CPUs, "
         f"load average at start {m['loadavg_start']}, at the end {m.get('loadavg_end')}",
         "",
-    ]
+    )
     if report.get("error"):
-        lines += [f"**The run failed:** `{report['error']}` (the tables hold what was measured before).", ""]
-    lines += [
-        "| bulk: acoustic actors (CPUs / threads each) | audio s/s, steady (groups) | audio s/s, whole run "
-        "| audio (s) | wall (s) | first row after (s) | groups x rows | vocoders |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for n, b in (report.get("bulk") or {}).items():
-        lines.append(
-            f"| {n} ({b['acoustic_cpus']:g} / {b['acoustic_threads']}) | {fmt(b['audio_s_per_s'], 3)} "
-            f"({b['steady_groups']}) "
-            f"| {fmt(b['audio_s_per_s_whole_run'], 3)} | {b['audio_s']} | {b['wall_s']} | {b['first_row_s']} "
-            f"| {b['groups']} x {b['group_rows']} | {b['vocoders']} |"
-        )
-    lines += [
-        "",
-        "| service: clients | audio s/s | TTFB p50 (s) | latency p50 / p99 (s) | done | errors | rows per step |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for c, s in ((report.get("serve") or {}).get("levels") or {}).items():
-        lines.append(
-            f"| {c} | {fmt(s['audio_s_per_s'], 3)} | {fmt(s['ttfb_s'].get('p50'))} "
-            f"| {fmt(s['latency_s'].get('p50'))} / {fmt(s['latency_s'].get('p99'))} | {s['completed']} "
-            f"| {s['errors']} | {fmt((s.get('engine') or {}).get('mean_rows_per_step'))} |"
-        )
-    lines += ["", "| target | value | met |", "|---|---|---|"]
-    for name, t in (report.get("targets") or {}).items():
-        lines.append(f"| {name} {t['target']} | {t['value']} | {'–' if t['met'] is None else t['met']} |")
-    return "\n".join(lines) + "\n"
+        doc.add(failed(report, " (the tables hold what was measured before)."), "")
+    doc.table(BULK, (report.get("bulk") or {}).items(), before=())
+    doc.table(SERVICE, ((report.get("serve") or {}).get("levels") or {}).items())
+    doc.table(TARGETS, (report.get("targets") or {}).items())
+    return doc
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "batch.json", to_markdown)
+KIND = Kind("batch.json", to_doc)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -244,7 +248,7 @@ def main(a: argparse.Namespace) -> int:
     a.serve_s = a.serve_s or (30.0 if a.quick else 90.0)
     harness = Harness(
         Path(a.out) if a.out else None,
-        write_report,
+        KIND.write,
         a.argv,
         weights=a.weights,
         rows=a.rows,
@@ -260,5 +264,5 @@ def main(a: argparse.Namespace) -> int:
             harness.write()
         report["serve"] = serve_phase(a)
         report["targets"] = targets(report)
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0

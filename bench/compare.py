@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .lib.render import fmt, get
+from .lib.report import fmt, get
 from .run_report import TARGETS
 
 

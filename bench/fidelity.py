@@ -28,7 +28,7 @@ from typing import Any
 
 from .lib.harness import command_line, git_revision, logger, now
 from .lib.procs import REPO_ROOT
-from .lib.render import fmt, pyplot, save, write_files
+from .lib.report import Col, Doc, Figure, Kind, Panel, bars
 
 _log = logger("fidelity")
 GREEDY = 1e-5
@@ -149,8 +149,8 @@ def step_cost(against: str, batches: list[int], tokens: int, pairs: int) -> dict
     """bench step's measurement (full size, fp32 and int8) of ``against`` and of this revision, in
     ``pairs`` alternating pairs of subprocesses (so both see the machine's load alike): the
     median step time of each."""
-    from . import step
     from .lib.stats import median
+    from .studies import step
 
     args = argparse.Namespace(batches=batches, tokens=tokens, reps=1)
     worktree = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "tree"
@@ -174,55 +174,56 @@ def step_cost(against: str, batches: list[int], tokens: int, pairs: int) -> dict
 # ---------------------------------------------------------------------------------- report
 
 
-def to_markdown(r: dict) -> str:
-    lines = [
-        f"# Batch invariance ({r['revision']}, {r['started']})",
-        "",
-        f"`{r['command']}`",
-        "",
+COLUMNS = [
+    Col("size", "size"),
+    Col("device", "device"),
+    Col("precision", "precision"),
+    Col("path", "path"),
+    Col("rows", "rows", right=True),
+    Col("tokens equal", "tokens_equal", right=True),
+    Col("bit-identical", "bit_identical", right=True),
+    Col("min frame cosine", "min_cosine", nd=6, right=True),
+]
+COST_COLUMNS = [
+    Col("variant", "variant"),
+    Col("batch", "batch", right=True),
+    Col("before ms", "before_ms", right=True),
+    Col("after ms", "after_ms", right=True),
+    Col("cost", lambda x: f"{100 * x['cost']:+.1f} %", right=True),
+]
+
+
+def to_doc(r: dict) -> Doc:
+    doc = Doc(f"Batch invariance ({r['revision']}, {r['started']})", r["command"], end="")
+    doc.add(
         f"Near-greedy (temperature {GREEDY}), {r['rows']} rows joining a running batch {r['stagger']} steps apart, "
         f"{r['tokens']}+ tokens each. Target: every row's tokens equal alone and batched, and equal to ChatTTS's "
         "own decode; alone vs batched bit-identical.",
-        "",
-        "| size | device | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
-        "|---|---|---|---|---:|---:|---:|---:|",
-    ]
-    for x in r["results"]:
-        lines.append(
-            f"| {x['size']} | {x['device']} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
-            f"{x['bit_identical']} | {fmt(x['min_cosine'], 6)} |"
-        )
-    lines.append("")
+    )
+    doc.table(COLUMNS, r["results"]).add("")
     cost = r.get("step_cost")
     if cost:
-        lines += [
+        head = (
             f"## Step cost against {cost['against']} (full size, ms per decode step, median of "
-            f"{cost['pairs']} alternating pairs)",
-            "",
-            "| variant | batch | before ms | after ms | cost |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {x['variant']} | {x['batch']} | {fmt(x['before_ms'])} | {fmt(x['after_ms'])} | {100 * x['cost']:+.1f} % |"
-            for x in cost["rows"]
-        ]
-        lines.append("")
-    return "\n".join(lines)
+            f"{cost['pairs']} alternating pairs)"
+        )
+        doc.table(COST_COLUMNS, cost["rows"], before=(head, "")).add("")
+    return doc
 
 
-def to_png(r: dict, path: Path) -> None:
-    plt = pyplot()
+def to_figure(r: dict) -> Figure:
     res = r["results"]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(res)), 3.6))
     labels = [f"{x['size']}\n{x['precision']}\n{x['path']}" for x in res]
-    ax.bar(labels, [x["tokens_equal"] / x["rows"] for x in res], label="rows with equal tokens")
-    ax.bar(labels, [x["bit_identical"] / x["rows"] for x in res], width=0.4, label="bit-identical hidden states")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("share of rows")
-    ax.set_title("Batch invariance")
-    ax.tick_params(axis="x", labelsize=6)
-    ax.legend(fontsize=7)
-    save(fig, path)
+    panel = Panel("Batch invariance", ylabel="share of rows", ylim=(0, 1.05), grid=None, tick_size=6)
+    panel.legend = {"fontsize": 7}
+    panel.add(
+        bars(labels, [x["tokens_equal"] / x["rows"] for x in res], "rows with equal tokens"),
+        bars(labels, [x["bit_identical"] / x["rows"] for x in res], "bit-identical hidden states", width=0.4),
+    )
+    return Figure([panel], size=(max(6, 0.9 * len(res)), 3.6))
+
+
+KIND = Kind("report.json", to_doc, to_figure)
 
 
 # ---------------------------------------------------------------------------------- main
@@ -261,6 +262,6 @@ def main(a: argparse.Namespace) -> int:
     report["passed"] = all(x["tokens_equal"] == x["rows"] for x in report["results"]) and all(
         x["bit_identical"] == x["rows"] for x in report["results"] if x["path"] == "alone vs batched"
     )
-    write_files(report, out, "report.json", to_markdown, to_png)
-    print(to_markdown(report))
+    KIND.write(report, out)
+    print(KIND.markdown(report))
     return 0 if report["passed"] else 1

@@ -7,207 +7,187 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
-from .lib.render import by_clients, log2_panel, pyplot, render_files, save, seconds_vs_clients, write_files
-from .lib.render import fmt as _f
-from .lib.render import get as _get
-
-
-def write_report(report: dict, out: Path) -> None:
-    """report.json, .md and .png from a snapshot (steps go on mutating theirs)."""
-    write_files(json.loads(json.dumps(report, default=str)), out, "report.json", to_markdown, to_png)
+from . import fidelity
+from .lib.report import Col, Doc, Figure, Kind, Panel, Series, by_clients, log2_panel, points, seconds_panel
+from .lib.report import fmt as _f
+from .lib.report import get as _get
 
 
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, to_markdown, to_png)
+def _first_line(text: Optional[str], n: int) -> str:
+    lines = (text or "").splitlines()
+    return lines[0][:n] if lines else ""
 
 
-# ------------------------------------------------------------------ report
+STEPS = [
+    Col("step", 0),
+    Col("status", lambda x: str(x[1].get("status"))),
+    Col("wall s", (1, "wall_s"), nd=1),
+    Col("budget s", (1, "budget_s"), nd=0),
+    Col("error", lambda x: _first_line(x[1].get("error"), 200)),
+]
+TESTS = [
+    Col("test", lambda c: f"`{c['name']}`"),
+    Col("outcome", "outcome"),
+    Col("s", "time_s", nd=1),
+    Col("recorded", lambda c: ", ".join(f"{k}={v}" for k, v in (c.get("properties") or {}).items())),
+    Col("message", lambda c: _first_line(c.get("message"), 160)),
+]
+FIDELITY = [
+    Col("size", "size"),
+    Col("device", lambda x: str(x.get("device"))),
+    *fidelity.COLUMNS[2:],
+]
+CEILING = [
+    Col("batch", 0),
+    Col("audio s/s", (1, "audio_s_per_s"), nd=3),
+    Col("step ms", (1, "step_ms")),
+    Col("steps", lambda x: str(x[1].get("steps"))),
+    Col("mean rows", (1, "mean_rows"), nd=1),
+    Col("prefill s", (1, "prefill_s"), nd=3),
+    Col("wall s", (1, "wall_s")),
+    Col("peak GPU MiB", (1, "peak_gpu_mib"), nd=0),
+]
+SERVE = [
+    Col("variant", 0),
+    Col("clients", 1),
+    Col("audio s/s", (2, "audio_s_per_s"), nd=3),
+    Col("req/s", (2, "requests_per_s"), nd=3),
+    Col("TTFB p50", (2, "ttfb_s", "p50")),
+    Col("TTFB p99", (2, "ttfb_s", "p99")),
+    Col("lat p50", (2, "latency_s", "p50")),
+    Col("lat p99", (2, "latency_s", "p99")),
+    Col("done", lambda x: str(x[2].get("completed"))),
+    Col("errors", lambda x: str(x[2].get("errors"))),
+    Col("cut", lambda x: str(x[2].get("cut"))),
+    Col("mean batch", (2, "engine", "mean_rows_per_step")),
+    Col("GPU mem peak MiB", (2, "gpu", "mem_used_peak_mib"), nd=0),
+    Col("GPU util %", (2, "gpu", "util_mean_pct"), nd=0),
+]
 
 
-def to_markdown(report: dict) -> str:
+def to_doc(report: dict) -> Doc:
     meta = report.get("meta", {})
     plan = report.get("plan", {})
-    lines = [
-        f"# chattts-serve GPU check{' (dry run: CPU, tiny weights)' if meta.get('dry_run') else ''}",
-        "",
+    doc = Doc(f"chattts-serve GPU check{' (dry run: CPU, tiny weights)' if meta.get('dry_run') else ''}", end="")
+    doc.add(
         f"- date: {meta.get('started')} → {meta.get('finished')} (wall {_f(meta.get('wall_s'), 0)} s, "
         f"deadline {_f(plan.get('deadline_s'), 0)} s)",
         f"- machine: {meta.get('cpus')} CPUs, GPU: {meta.get('host_gpu') or 'none'}; git {meta.get('git')}",
         f"- command `{meta.get('command')}`; weights {plan.get('weights')}, {plan.get('device')} {plan.get('dtype')}",
-        "",
-        "## Steps",
-        "",
-        "| step | status | wall s | budget s | error |",
-        "|---|---|---|---|---|",
-    ]
-    for name, s in report.get("steps", {}).items():
-        err = (s.get("error") or "").splitlines()
-        lines.append(
-            f"| {name} | {s.get('status')} | {_f(s.get('wall_s'), 1)} | {_f(s.get('budget_s'), 0)} | "
-            f"{err[0][:200] if err else ''} |"
-        )
-    lines += [f"- warning: {w}" for w in report.get("warnings", [])]
+    )
+    doc.table(STEPS, report.get("steps", {}).items(), before=("", "## Steps", ""))
+    doc.add(*[f"- warning: {w}" for w in report.get("warnings", [])])
 
     tests = report.get("tests")
     if tests:
         sm = tests.get("summary", {})
-        lines += [
-            "",
-            "## Tests (`pytest -m gpu`)",
-            "",
+        summary = (
             f"`{tests.get('command')}`: {sm.get('passed')} passed, {sm.get('failed')} failed, "
-            f"{sm.get('errors')} errors, {sm.get('skipped')} skipped",
-            "",
-            "| test | outcome | s | recorded | message |",
-            "|---|---|---|---|---|",
-        ]
-        for c in tests.get("cases", []):
-            props = ", ".join(f"{k}={v}" for k, v in (c.get("properties") or {}).items())
-            msg = (c.get("message") or "").splitlines()
-            lines.append(
-                f"| `{c['name']}` | {c['outcome']} | {_f(c.get('time_s'), 1)} | {props} | {msg[0][:160] if msg else ''} |"
-            )
+            f"{sm.get('errors')} errors, {sm.get('skipped')} skipped"
+        )
+        doc.table(TESTS, tests.get("cases", []), before=("", "## Tests (`pytest -m gpu`)", "", summary, ""))
 
     fid = report.get("fidelity")
     if fid:
-        lines += [
-            "",
-            "## Batch invariance (`python -m bench fidelity`)",
-            "",
-            "| size | device | precision | path | rows | tokens equal | bit-identical | min frame cosine |",
-            "|---|---|---|---|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {x['size']} | {x.get('device')} | {x['precision']} | {x['path']} | {x['rows']} | {x['tokens_equal']} | "
-            f"{x['bit_identical']} | {_f(x['min_cosine'], 6)} |"
-            for x in fid.get("results", [])
-        ]
+        head = "## Batch invariance (`python -m bench fidelity`)"
+        doc.table(FIDELITY, fid.get("results", []), before=("", head, ""))
     ceil = report.get("ceiling")
     if ceil:
-        lines += [
-            "",
-            "## Ceiling (the engine alone, no serving)",
-            "",
+        about = (
             f"{ceil.get('weights')} weights on {ceil.get('device')} {ceil.get('dtype')} ({ceil.get('gpu_name') or 'CPU'}), "
             f"{ceil.get('tokens_per_row')} tokens per row, loaded in {_f(ceil.get('load_s'), 1)} s, weights on the GPU "
-            f"{_f(ceil.get('weights_gpu_mib'), 0)} MiB",
-            "",
-            "| batch | audio s/s | step ms | steps | mean rows | prefill s | wall s | peak GPU MiB |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for n in sorted(ceil.get("batches", {}), key=int):
-            b = ceil["batches"][n]
-            lines.append(
-                f"| {n} | {_f(b.get('audio_s_per_s'), 3)} | {_f(b.get('step_ms'), 2)} | {b.get('steps')} | "
-                f"{_f(b.get('mean_rows'), 1)} | {_f(b.get('prefill_s'), 3)} | {_f(b.get('wall_s'), 2)} | "
-                f"{_f(b.get('peak_gpu_mib'), 0)} |"
-            )
+            f"{_f(ceil.get('weights_gpu_mib'), 0)} MiB"
+        )
+        rows = [(n, ceil["batches"][n]) for n in sorted(ceil.get("batches", {}), key=int)]
+        doc.table(CEILING, rows, before=("", "## Ceiling (the engine alone, no serving)", "", about, ""))
         fc = ceil.get("first_chunk")
         if fc:
-            lines += [
+            doc.add(
                 "",
                 f"First chunk at batch 1 ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
                 f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s",
-            ]
+            )
 
     serve = report.get("serve") or {}
     if serve:
-        lines += [
-            "",
-            "## Serve (config/serve.gpu.yaml, closed loop)",
-            "",
-            "| variant | clients | audio s/s | req/s | TTFB p50 | TTFB p99 | lat p50 | lat p99 | done | errors | cut | "
-            "mean batch | GPU mem peak MiB | GPU util % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
+        rows = [(name, c, v["closed"][c]) for name, v in serve.items() for c in sorted(v.get("closed", {}), key=int)]
+        doc.table(SERVE, rows, before=("", "## Serve (config/serve.gpu.yaml, closed loop)", ""))
         for name, v in serve.items():
-            for c in sorted(v.get("closed", {}), key=int):
-                s = v["closed"][c]
-                lines.append(
-                    f"| {name} | {c} | {_f(s.get('audio_s_per_s'), 3)} | {_f(s.get('requests_per_s'), 3)} | "
-                    f"{_f(_get(s, 'ttfb_s', 'p50'))} | {_f(_get(s, 'ttfb_s', 'p99'))} | {_f(_get(s, 'latency_s', 'p50'))} | "
-                    f"{_f(_get(s, 'latency_s', 'p99'))} | {s.get('completed')} | {s.get('errors')} | {s.get('cut')} | "
-                    f"{_f(_get(s, 'engine', 'mean_rows_per_step'))} | {_f(_get(s, 'gpu', 'mem_used_peak_mib'), 0)} | "
-                    f"{_f(_get(s, 'gpu', 'util_mean_pct'), 0)} |"
-                )
-        for name, v in serve.items():
-            lines.append(
+            doc.add(
                 f"\n{name}: Serve start {_f(v.get('start_s'), 1)} s; overrides: "
                 + ", ".join(f"`{k}={val}`" for k, val in (v.get("overrides") or {}).items())
             )
-    lines += [
+    doc.add(
         "",
         "Throughput = seconds of audio received per wall second; TTFB = time to the first audio byte; "
         'mean batch = decode rows per engine step (one replica only). See bench/README.md, "GPU check".',
         "",
-    ]
-    return "\n".join(lines)
+    )
+    return doc
 
 
-def to_png(report: dict, path: Path) -> None:
+STYLES = {"serve_2x0.5": ("tab:blue", "o-"), "serve_1x1": ("tab:orange", "s-")}
+
+
+def to_figure(report: dict) -> Figure:
     serve = report.get("serve") or {}
     ceil = report.get("ceiling") or {}
-    batches = ceil.get("batches") or {}
-    fig, axes = pyplot().subplots(2, 2, figsize=(13, 9.5))
-    styles = {"serve_2x0.5": ("tab:blue", "o-"), "serve_1x1": ("tab:orange", "s-")}
+    batches = sorted((ceil.get("batches") or {}).items(), key=lambda x: int(x[0]))
 
-    ax = axes[0][0]
-    for name, v in serve.items():
-        pts = by_clients(v.get("closed", {}), "audio_s_per_s")
-        if pts:
-            ax.plot(
-                *zip(*pts),
-                styles.get(name, ("gray", "o-"))[1],
-                color=styles.get(name, ("gray",))[0],
-                label=f"{name} (N clients)",
-            )
-    cpts = [(int(n), b.get("audio_s_per_s")) for n, b in sorted(batches.items(), key=lambda x: int(x[0]))]
-    if cpts:
-        ax.plot(*zip(*cpts), "^--", color="tab:green", label="ceiling (engine, batch N)")
-    log2_panel(
-        ax,
-        "Throughput",
-        "concurrent clients / batch size",
-        "audio seconds per wall second",
-        [p[1] for p in cpts] + [y for v in serve.values() for _, y in by_clients(v.get("closed", {}), "audio_s_per_s")],
-    )
+    def color(name: str) -> str:
+        return STYLES.get(name, ("gray", "o-"))[0]
 
-    for ax, key, title in (
-        (axes[0][1], "ttfb_s", "Time to first audio byte"),
-        (axes[1][0], "latency_s", "Latency (whole response)"),
-    ):
-        for name, v in serve.items():
-            color = styles.get(name, ("gray",))[0]
-            for q, style in (("p50", "o-"), ("p99", "^:")):
-                pts = by_clients(v.get("closed", {}), key, q)
-                if pts:
-                    ax.plot(*zip(*pts), style, color=color, label=f"{name} {q}")
-        if key == "ttfb_s" and _get(ceil, "first_chunk", "raw_s"):
-            ax.axhline(ceil["first_chunk"]["raw_s"], color="tab:green", ls="--", label="raw first chunk, batch 1")
-        seconds_vs_clients(ax, title)
-
-    ax = axes[1][1]
-    pts = [
-        (int(n), b.get("step_ms"), b.get("peak_gpu_mib")) for n, b in sorted(batches.items(), key=lambda x: int(x[0]))
+    series = [
+        points(
+            by_clients(v.get("closed", {}), "audio_s_per_s"),
+            f"{name} (N clients)",
+            STYLES.get(name, ("", "o-"))[1],
+            color=color(name),
+        )
+        for name, v in serve.items()
     ]
-    if pts:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:green", label="decode step ms")
-        mem = [(p[0], p[2]) for p in pts if p[2] is not None]
-        if mem:
-            ax2 = ax.twinx()
-            ax2.plot(*zip(*mem), "s:", color="tab:purple", label="peak GPU MiB")
-            ax2.set_ylabel("peak GPU memory, MiB")
-            ax2.set_ylim(bottom=0)
-            ax2.legend(fontsize=8, loc="lower right")
-    log2_panel(
-        ax, "Ceiling: decode step time and peak GPU memory", "batch size", "ms per decode step", [p[1] for p in pts]
+    cpts = [(int(n), b.get("audio_s_per_s")) for n, b in batches]
+    series.append(points(cpts, "ceiling (engine, batch N)", "^--", color="tab:green"))
+    panels = [log2_panel("Throughput", "concurrent clients / batch size", "audio seconds per wall second", series)]
+    # (order of the original layout: TTFB top right, latency bottom left)
+    for key, title in (("ttfb_s", "Time to first audio byte"), ("latency_s", "Latency (whole response)")):
+        lines = [
+            points(by_clients(v.get("closed", {}), key, q), f"{name} {q}", style, color=color(name))
+            for name, v in serve.items()
+            for q, style in (("p50", "o-"), ("p99", "^:"))
+        ]
+        if key == "ttfb_s" and _get(ceil, "first_chunk", "raw_s"):
+            raw = ceil["first_chunk"]["raw_s"]
+            lines.append(
+                Series("hline", y=raw, label="raw first chunk, batch 1", kw={"color": "tab:green", "ls": "--"})
+            )
+        panels.append(seconds_panel(title, lines))
+    pts = [(int(n), b.get("step_ms"), b.get("peak_gpu_mib")) for n, b in batches]
+    step = log2_panel(
+        "Ceiling: decode step time and peak GPU memory",
+        "batch size",
+        "ms per decode step",
+        [points([p[:2] for p in pts], "decode step ms", color="tab:green")],
     )
-
+    mem = [(p[0], p[2]) for p in pts if p[2] is not None]
+    if mem:
+        step.twin = Panel(ylabel="peak GPU memory, MiB", ylim=(0, None), grid=None, not_measured=False)
+        step.twin.legend = {"fontsize": 8, "loc": "lower right"}
+        step.twin.add(points(mem, "peak GPU MiB", "s:", color="tab:purple"))
+    panels.append(step)
     meta, plan = report.get("meta", {}), report.get("plan", {})
-    fig.suptitle(
+    title = (
         f"chattts-serve GPU check{' (dry run)' if meta.get('dry_run') else ''}, {meta.get('started', '')}, "
-        f"{meta.get('host_gpu') or 'no GPU'}, {plan.get('weights')} weights, {plan.get('device')} {plan.get('dtype')}",
-        fontsize=10,
+        f"{meta.get('host_gpu') or 'no GPU'}, {plan.get('weights')} weights, {plan.get('device')} {plan.get('dtype')}"
     )
-    save(fig, path)
+    return Figure(panels, shape=(2, 2), size=(13, 9.5), title=title)
+
+
+KIND = Kind("report.json", to_doc, to_figure)
+
+
+def write_report(report: dict, out: Path) -> None:
+    """report.json, .md and .png from a snapshot (steps go on mutating theirs)."""
+    KIND.write(json.loads(json.dumps(report, default=str)), out)

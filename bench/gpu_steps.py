@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from .gpu_plan import SERVE_VARIANTS, GpuPlan, serve_config
 from .lib.harness import command_line, ints, logger
 from .lib.procs import bench_command, free_port, run_to_end
-from .lib.render import write_json
+from .lib.report import write_json
 from .lib.sampler import GpuSampler
 
 

@@ -30,13 +30,13 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import httpx
 
 from .lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from .lib.harness import Harness, ints
-from .lib.render import render_files, write_files
+from .lib.report import Col, Doc, Kind, failed
 from .lib.stats import median, nearest_rank
 
 TOKENS_PER_S = 30.0
@@ -247,47 +247,52 @@ def targets(levels: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def to_markdown(report: dict) -> str:
-    lines = [
-        f"# Realtime (WebSocket) benchmark, {report['meta']['started']}",
+def _pair(key: str, nd: int = 2, scale: float = 1.0, hi: str = "max") -> Callable[[tuple], str]:
+    """``p50 / <hi>`` of one of a level's distributions, as the table shows it."""
+    return lambda x: f"{scale * x[1][key]['p50']:.{nd}f} / {scale * x[1][key][hi]:.{nd}f}"
+
+
+COLUMNS = [
+    Col("sessions", 0),
+    Col("WS first audio after sentence p50 / p90 (ms)", _pair("ws_first_audio_s", 0, 1000, "p90")),
+    Col("HTTP TTFB of the sentence p50 / p90 (ms)", _pair("http_ttfb_s", 0, 1000, "p90")),
+    Col("ratio p50", lambda x: f"{x[1]['ratio_p50']:.2f}"),
+    Col("playback gaps per session p50 / max (s)", _pair("gap_s")),
+    Col("sessions with gaps", lambda x: f"{x[1]['sessions_with_gaps']} of {x[1]['sessions'] * x[1]['rounds']}"),
+    Col("start-up buffer for no gap p50 / max (s)", _pair("buffer_needed_s")),
+    Col("control: gaps of the whole reply over HTTP p50 / max (s)", _pair("http_whole_reply_gap_s")),
+    Col(
+        "audio / writing / wall per session (s)",
+        lambda x: f"{x[1]['audio_s_per_session']} / {x[1]['write_s_per_session']} / {x[1]['wall_s_per_session']}",
+    ),
+    Col(
+        f"decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f})",
+        lambda x: str(x[1].get("ms_per_decode_step", "–")),
+    ),
+    Col("mean rows per step", lambda x: str(x[1].get("engine", {}).get("mean_rows_per_step", "–"))),
+]
+TARGETS = [
+    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
+    Col("value", lambda x: str(x[1]["value"])),
+    Col("met", lambda x: str(x[1]["met"])),
+]
+
+
+def to_doc(report: dict) -> Doc:
+    m = report["meta"]
+    doc = Doc(f"Realtime (WebSocket) benchmark, {m['started']}", m["command"])
+    doc.add(
+        f"weights: {m['weights']}, LLM: {m['tokens_per_s']} tokens/s, load average at start {m['loadavg_start']}",
         "",
-        f"`{report['meta']['command']}`",
-        "",
-        f"weights: {report['meta']['weights']}, LLM: {report['meta']['tokens_per_s']} tokens/s, "
-        f"load average at start {report['meta']['loadavg_start']}",
-        "",
-        "| sessions | WS first audio after sentence p50 / p90 (ms) | HTTP TTFB of the sentence p50 / p90 (ms) | ratio p50 "
-        "| playback gaps per session p50 / max (s) | sessions with gaps | start-up buffer for no gap p50 / max (s) "
-        "| control: gaps of the whole reply over HTTP p50 / max (s) "
-        "| audio / writing / wall per session (s) "
-        f"| decode step (ms; real time needs <= {REAL_TIME_STEP_MS:.1f}) | mean rows per step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    )
     if report.get("error"):
-        lines[1:1] = ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
-    for n, lv in report.get("levels", {}).items():
-        w, h, g = lv["ws_first_audio_s"], lv["http_ttfb_s"], lv["gap_s"]
-        lines.append(
-            f"| {n} | {1000 * w['p50']:.0f} / {1000 * w['p90']:.0f} | {1000 * h['p50']:.0f} / {1000 * h['p90']:.0f} "
-            f"| {lv['ratio_p50']:.2f} | {g['p50']:.2f} / {g['max']:.2f} | {lv['sessions_with_gaps']} of "
-            f"{lv['sessions'] * lv['rounds']} | {lv['buffer_needed_s']['p50']:.2f} / {lv['buffer_needed_s']['max']:.2f} "
-            f"| {lv['http_whole_reply_gap_s']['p50']:.2f} / {lv['http_whole_reply_gap_s']['max']:.2f} "
-            f"| {lv['audio_s_per_session']} / {lv['write_s_per_session']} / "
-            f"{lv['wall_s_per_session']} | {lv.get('ms_per_decode_step', '–')} "
-            f"| {lv.get('engine', {}).get('mean_rows_per_step', '–')} |"
-        )
-    lines += ["", "| target | value | met |", "|---|---|---|"]
-    for name, t in report.get("targets", {}).items():
-        lines.append(f"| {name} {t['target']} | {t['value']} | {t['met']} |")
-    return "\n".join(lines) + "\n"
+        doc.add(failed(report, " (the tables hold what was measured before)."), "")
+    doc.table(COLUMNS, report.get("levels", {}).items(), before=())
+    doc.table(TARGETS, report.get("targets", {}).items())
+    return doc
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "realtime.json", to_markdown, indent=1)
-
-
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, to_markdown)
+KIND = Kind("realtime.json", to_doc, indent=1)
 
 
 # ---------------------------------------------------------------------------------------- command
@@ -323,7 +328,7 @@ def main(a: argparse.Namespace) -> int:
     url = a.url
     harness = Harness(
         Path(a.out) if a.out else None,
-        write_report,
+        KIND.write,
         a.argv,
         weights=a.weights if not a.url else "as served",
         tokens_per_s=a.tokens_per_s,
@@ -365,5 +370,5 @@ def main(a: argparse.Namespace) -> int:
             if runner:
                 runner.stop()
         report["targets"] = targets(report["levels"])
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0

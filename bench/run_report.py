@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .lib import first_audio
-from .lib.render import by_clients, legend, plain_log_axis, pyplot, render_files, save, seconds_vs_clients, write_files
-from .lib.render import fmt as _f
-from .lib.render import get as _get
+from .lib.report import Col, Doc, Figure, Kind, Panel, Series, by_clients, failed, line, points, seconds_panel
+from .lib.report import fmt as _f
+from .lib.report import get as _get
 from .lib.stats import ratio as _ratio
 
 TARGETS = {
@@ -99,118 +99,124 @@ def check_targets(ratios: dict) -> dict:
 
 # ------------------------------------------------------------------ markdown
 
+CLOSED = [
+    Col("system", 0),
+    Col("clients", 1),
+    Col("audio s/s", (2, "audio_s_per_s"), nd=3),
+    Col("req/s", (2, "requests_per_s"), nd=3),
+    Col("TTFB p50", (2, "ttfb_s", "p50")),
+    Col("TTFB p95", (2, "ttfb_s", "p95")),
+    Col("lat p50", (2, "latency_s", "p50")),
+    Col("lat p95", (2, "latency_s", "p95")),
+    Col("lat p99", (2, "latency_s", "p99")),
+    Col("done", lambda x: str(x[2].get("completed"))),
+    Col("errors", lambda x: str(x[2].get("errors"))),
+    Col("cut", lambda x: str(x[2].get("cut"))),
+    Col("mean batch", lambda x: (x[2].get("engine") or {}).get("mean_rows_per_step")),
+    Col("peak RSS MiB", (2, "rss", "peak_total_mib"), nd=0),
+]
+OPEN = [
+    Col("batching", 0),
+    Col("load", lambda x: f"{int(float(x[1]) * 100)}%"),
+    Col("rate req/s", (2, "rate_rps"), nd=3),
+    Col("sent", lambda x: str(x[2].get("sent"))),
+    Col("done", lambda x: str(x[2].get("completed"))),
+    Col("errors", lambda x: str(x[2].get("errors"))),
+    Col("cut", lambda x: str(x[2].get("cut"))),
+    Col("lat mean", (2, "latency_s", "mean")),
+    Col("lat p50", (2, "latency_s", "p50")),
+    Col("lat p95", (2, "latency_s", "p95")),
+    Col("lat p99", (2, "latency_s", "p99")),
+    Col("TTFB mean", (2, "ttfb_s", "mean")),
+    Col("TTFB p95", (2, "ttfb_s", "p95")),
+    Col("mean batch", (2, "engine", "mean_rows_per_step")),
+]
+TARGET_COLUMNS = [
+    Col("ratio", lambda x: f"`{x[0]}`"),
+    Col("value", lambda x: x[1]["value"], nd=3),
+    Col("target", lambda x: x[1]["target"]),
+    Col("met", lambda x: {True: "yes", False: "**no**", None: "not measured"}[x[1]["met"]]),
+    Col("meaning", lambda x: x[1]["what"]),
+]
 
-def _closed_rows(system: str, closed: dict) -> list[str]:
-    rows = []
-    for c in sorted(closed, key=int):
-        s = closed[c]
-        eng = s.get("engine") or {}
-        rows.append(
-            f"| {system} | {c} | {_f(s.get('audio_s_per_s'), 3)} | {_f(s.get('requests_per_s'), 3)} | "
-            f"{_f(_get(s, 'ttfb_s', 'p50'))} | {_f(_get(s, 'ttfb_s', 'p95'))} | "
-            f"{_f(_get(s, 'latency_s', 'p50'))} | {_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | "
-            f"{s.get('completed')} | {s.get('errors')} | {s.get('cut')} | {_f(eng.get('mean_rows_per_step'))} | "
-            f"{_f(_get(s, 'rss', 'peak_total_mib'), 0)} |"
-        )
-    return rows
+
+def _levels(system: str, levels: dict) -> list[tuple]:
+    return [(system, c, levels[c]) for c in sorted(levels, key=int)]
 
 
-def to_markdown(report: dict) -> str:
+def to_doc(report: dict) -> Doc:
     meta = report.get("meta", {})
-    lines = [
-        f"# chattts-serve benchmark ({'quick' if meta.get('quick') else 'full'} run)",
-        "",
+    doc = Doc(f"chattts-serve benchmark ({'quick' if meta.get('quick') else 'full'} run)", end="")
+    doc.add(
         f"- date: {meta.get('started')} → {meta.get('finished')} (wall {_f(meta.get('wall_s'), 0)} s)",
         f"- machine: {meta.get('cpus')} CPUs, {meta.get('mem_gib')} GiB RAM, {meta.get('platform')}; "
         f"load average at start {meta.get('loadavg_start')}, at end {meta.get('loadavg_end')}",
         f"- weights: {meta.get('weights')}; git {meta.get('git')}; command `{meta.get('command')}`",
         f"- project's HTTP front door: {(meta.get('plan') or {}).get('front_door', 'proxy')}",
-    ]
+    )
     if report.get("error"):
-        lines += ["", f"**The run failed:** `{report['error']}` (the tables hold what was measured before)."]
+        doc.add("", failed(report, " (the tables hold what was measured before)."))
     if report.get("warnings"):
-        lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
-    lines += ["", "## Targets", "", "| ratio | value | target | met | meaning |", "|---|---|---|---|---|"]
-    for name, t in (report.get("targets") or {}).items():
-        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
-        lines.append(f"| `{name}` | {_f(t['value'], 3)} | {t['target']} | {met} | {t['what']} |")
+        doc.add("", *[f"- warning: {w}" for w in report["warnings"]])
+    doc.table(TARGET_COLUMNS, (report.get("targets") or {}).items(), before=("", "## Targets", ""))
     extras = {k: v for k, v in (report.get("ratios") or {}).items() if k not in (report.get("targets") or TARGETS)}
     if extras:
-        lines += ["", "Other ratios: " + ", ".join(f"`{k}` = {_f(v, 3)}" for k, v in extras.items())]
+        doc.add("", "Other ratios: " + ", ".join(f"`{k}` = {_f(v, 3)}" for k, v in extras.items()))
 
     section = first_audio.markdown(report)
     if section:
-        lines += ["", *section[:-1]]
+        doc.add("", *section[:-1])
     ceil = report.get("ceiling")
     if ceil:
-        lines += [
-            "",
-            "## Ceiling (raw in-process, no serving)",
-            "",
-            f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; audio seconds per wall second:",
-            "",
-            "| batch | " + " | ".join(ceil.get("methods", {})) + " | ceiling |",
-            "|---|" + "---|" * (len(ceil.get("methods", {})) + 1),
-        ]
-        for n in sorted(ceil.get("ceiling", {}), key=int):
-            vals = [_f(_get(m, n, "audio_s_per_s"), 3) for m in ceil.get("methods", {}).values()]
-            lines.append(f"| {n} | " + " | ".join(vals) + f" | {_f(ceil['ceiling'][n], 3)} |")
+        methods = ceil.get("methods", {})
+        cols = [Col("batch", lambda n: n)]
+        cols += [Col(name, lambda n, m=m: _get(m, n, "audio_s_per_s"), nd=3) for name, m in methods.items()]
+        cols.append(Col("ceiling", lambda n: ceil["ceiling"][n], nd=3))
+        head = (
+            f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; "
+            "audio seconds per wall second:"
+        )
+        rows = sorted(ceil.get("ceiling", {}), key=int)
+        doc.table(cols, rows, before=("", "## Ceiling (raw in-process, no serving)", "", head, ""))
         fc = ceil.get("first_chunk")
         if fc:
-            lines += [
+            doc.add(
                 "",
                 f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
                 f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s",
-            ]
+            )
         from .studies.numerics import quantize_markdown
 
-        lines += quantize_markdown(ceil.get("quantize"))
+        doc.add(*quantize_markdown(ceil.get("quantize")))
 
-    lines += [
-        "",
-        "## Closed loop (N clients back to back)",
-        "",
-        "| system | clients | audio s/s | req/s | TTFB p50 | TTFB p95 | lat p50 | lat p95 | lat p99 | done | errors | cut "
-        "| mean batch | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    lines += _closed_rows("baseline", _get(report, "baseline", "closed") or {})
-    lines += _closed_rows("serve", _get(report, "serve", "closed") or {})
+    closed = _levels("baseline", _get(report, "baseline", "closed") or {})
+    closed += _levels("serve", _get(report, "serve", "closed") or {})
+    doc.table(CLOSED, closed, before=("", "## Closed loop (N clients back to back)", ""))
 
     open_ = _get(report, "serve", "open") or {}
     if open_:
         cap = _get(report, "serve", "capacity") or {}
-        lines += [
-            "",
-            "## Open loop (Poisson arrivals), continuous vs window batching",
-            "",
+        head = (
             f"Capacity: {_f(cap.get('audio_s_per_s'), 3)} audio s/s = {_f(cap.get('requests_per_s'), 3)} req/s "
-            f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request).",
-            "",
-            "| batching | load | rate req/s | sent | done | errors | cut | lat mean | lat p50 | lat p95 | lat p99 | TTFB mean "
-            "| TTFB p95 | mean batch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"(best closed-loop throughput / {_f(cap.get('mean_audio_s_per_request'), 2)} s mean audio per request)."
+        )
+        rows = [
+            (mode, load, open_[mode][load]) for mode in ("continuous", "window") for load in sorted(open_.get(mode, {}))
         ]
-        for mode in ("continuous", "window"):
-            for load in sorted(open_.get(mode, {})):
-                s = open_[mode][load]
-                lines.append(
-                    f"| {mode} | {int(float(load) * 100)}% | {_f(s.get('rate_rps'), 3)} | {s.get('sent')} | {s.get('completed')} | "
-                    f"{s.get('errors')} | {s.get('cut')} | {_f(_get(s, 'latency_s', 'mean'))} | {_f(_get(s, 'latency_s', 'p50'))} | "
-                    f"{_f(_get(s, 'latency_s', 'p95'))} | {_f(_get(s, 'latency_s', 'p99'))} | {_f(_get(s, 'ttfb_s', 'mean'))} | "
-                    f"{_f(_get(s, 'ttfb_s', 'p95'))} | {_f(_get(s, 'engine', 'mean_rows_per_step'))} |"
-                )
+        doc.table(
+            OPEN, rows, before=("", "## Open loop (Poisson arrivals), continuous vs window batching", "", head, "")
+        )
 
     rss = {k: _get(report, k, "rss_peak") for k in ("baseline", "serve")}
     if any(rss.values()):
-        lines += ["", "## Peak RSS (MiB)", ""]
+        doc.add("", "## Peak RSS (MiB)", "")
         for k, v in rss.items():
             if v:
                 parts = ", ".join(f"{p} {m:.0f}" for p, m in v.get("peak_by_process_mib", {}).items())
-                lines.append(f"- {k}: total {v.get('peak_total_mib', 0):.0f} ({parts})")
+                doc.add(f"- {k}: total {v.get('peak_total_mib', 0):.0f} ({parts})")
     env = _get(report, "serve", "replica_env")
     if env:
-        lines += [
+        doc.add(
             "",
             "Serve replicas: "
             + "; ".join(
@@ -218,10 +224,10 @@ def to_markdown(report: dict) -> str:
                 for g, lst in env.items()
                 if lst
             ),
-        ]
+        )
     busy = _get(report, "serve", "closed", "8", "replica_threads")
     if busy:
-        lines += [
+        doc.add(
             "",
             "CPU use at 8 clients (cores used, threads busier than 25% of a core; busiest threads' "
             "share of the phase on a CPU / waiting for one): "
@@ -233,26 +239,26 @@ def to_markdown(report: dict) -> str:
                 )
                 for g, lst in busy.items()
             ),
-        ]
+        )
     for phase, procs in (_get(report, "serve", "profile") or {}).items():
-        lines += ["", f"## Profile (py-spy, closed loop {phase}): share of busy samples", ""]
+        doc.add("", f"## Profile (py-spy, closed loop {phase}): share of busy samples", "")
         for name, prof in procs.items():
             if "stages_pct" not in prof:
-                lines.append(f"- {name}: {prof.get('error', 'no samples')}")
+                doc.add(f"- {name}: {prof.get('error', 'no samples')}")
                 continue
             stages = ", ".join(f"{k} {v}%" for k, v in prof["stages_pct"].items())
             top = ", ".join(f"`{k}` {v}%" for k, v in prof["top_self_pct"][:6])
-            lines.append(f"- {name} ({prof['samples']} samples): {stages}. Top self time: {top}")
+            doc.add(f"- {name} ({prof['samples']} samples): {stages}. Top self time: {top}")
     ov = _get(report, "serve", "overrides")
     if ov:
-        lines += ["", "Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in ov.items())]
-    lines += [
+        doc.add("", "Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in ov.items()))
+    doc.add(
         "",
         "Definitions: see bench/README.md. Throughput = seconds of audio received per wall second; "
         "TTFB = time to the first audio byte; mean batch = decode rows per engine step during the phase.",
         "",
-    ]
-    return "\n".join(lines)
+    )
+    return doc
 
 
 def _thread_shares(x: dict) -> str:
@@ -264,84 +270,74 @@ def _thread_shares(x: dict) -> str:
 
 # ------------------------------------------------------------------ plot
 
+COLORS = {"serve": "tab:blue", "baseline": "tab:red", "ceiling": "tab:green", "window": "tab:orange"}
 
-def to_png(report: dict, path: Path) -> None:
-    fig, axes = pyplot().subplots(2, 2, figsize=(13, 9.5))
-    colors = {"serve": "tab:blue", "baseline": "tab:red", "ceiling": "tab:green", "window": "tab:orange"}
+
+def to_figure(report: dict) -> Figure:
     serve_c = _get(report, "serve", "closed") or {}
     base_c = _get(report, "baseline", "closed") or {}
     ceiling = _get(report, "ceiling", "ceiling") or {}
+    systems = (("serve", serve_c), ("baseline", base_c))
 
-    ax = axes[0][0]
-    for name, closed in (("serve", serve_c), ("baseline", base_c)):
-        pts = by_clients(closed, "audio_s_per_s")
-        if pts:
-            ax.plot(*zip(*pts), "o-", color=colors[name], label=f"{name} (N clients)")
+    throughput = Panel("Throughput", "concurrent clients / batch size", "audio seconds per wall second", log2x=True)
+    throughput.ylim = (0, None)
+    for name, closed in systems:
+        throughput.add(points(by_clients(closed, "audio_s_per_s"), f"{name} (N clients)", color=COLORS[name]))
     cpts = sorted((int(k), v) for k, v in ceiling.items() if v is not None)
-    if cpts:
-        ax.plot(*zip(*cpts), "s--", color=colors["ceiling"], label="ceiling (raw batch N)")
-    ax.set_title("Throughput")
-    ax.set_xlabel("concurrent clients / batch size")
-    ax.set_ylabel("audio seconds per wall second")
-    ax.set_xscale("log", base=2)
-    plain_log_axis(ax)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    legend(ax)
+    throughput.add(points(cpts, "ceiling (raw batch N)", "s--", color=COLORS["ceiling"]))
 
-    panels = (
-        (axes[0][1], "latency_s", "latency", ("p50", "p99"), "Latency (whole response)"),
-        (axes[1][0], "ttfb_s", "TTFB", ("p50", "p95"), "Time to first audio byte"),
-    )
-    for ax, key, label, qs, title in panels:
-        for name, closed in (("serve", serve_c), ("baseline", base_c)):
-            for q, style in zip(qs, ("o-", "^:")):
-                pts = by_clients(closed, key, q)
-                if pts:
-                    ax.plot(*zip(*pts), style, color=colors[name], label=f"{name} {label} {q}")
+    panels = [throughput]
+    for key, label, qs, title in (
+        ("latency_s", "latency", ("p50", "p99"), "Latency (whole response)"),
+        ("ttfb_s", "TTFB", ("p50", "p95"), "Time to first audio byte"),
+    ):
+        series = [
+            points(by_clients(closed, key, q), f"{name} {label} {q}", style, color=COLORS[name])
+            for name, closed in systems
+            for q, style in zip(qs, ("o-", "^:"))
+        ]
         fc = _get(report, "ceiling", "first_chunk", "raw_s")
         if key == "ttfb_s" and fc:
-            ax.axhline(fc, color=colors["ceiling"], ls="--", label="raw first chunk alone")
-        seconds_vs_clients(ax, title)
+            series.append(
+                Series("hline", y=fc, label="raw first chunk alone", kw={"color": COLORS["ceiling"], "ls": "--"})
+            )
+        panels.append(seconds_panel(title, series))
 
-    ax = axes[1][1]
     open_ = _get(report, "serve", "open") or {}
-    for mode, color in (("continuous", colors["serve"]), ("window", colors["window"])):
-        d = open_.get(mode) or {}
+    loop = Panel(
+        "Open loop (Poisson): continuous vs window batching", "offered load, % of measured capacity", "seconds"
+    )
+    loop.xlim = (0, 100)
+    for mode, color in (("continuous", COLORS["serve"]), ("window", COLORS["window"])):
         pts = sorted(
             (float(k) * 100, _get(v, "latency_s", "mean"), _get(v, "latency_s", "p95"), _get(v, "ttfb_s", "mean"))
-            for k, v in d.items()
+            for k, v in (open_.get(mode) or {}).items()
         )
         pts = [p for p in pts if p[1] is not None]
         if pts:
             xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1] for p in pts], "o-", color=color, label=f"{mode}: latency mean")
-            ax.plot(xs, [p[2] for p in pts], "^:", color=color, label=f"{mode}: latency p95")
-            ax.plot(xs, [p[3] for p in pts], "x--", color=color, alpha=0.6, label=f"{mode}: TTFB mean")
-    ax.set_title("Open loop (Poisson): continuous vs window batching")
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("offered load, % of measured capacity")
-    ax.set_ylabel("seconds")
-    ax.grid(True, alpha=0.3)
-    legend(ax)
+            loop.add(
+                line(xs, [p[1] for p in pts], f"{mode}: latency mean", "o-", color=color),
+                line(xs, [p[2] for p in pts], f"{mode}: latency p95", "^:", color=color),
+                line(xs, [p[3] for p in pts], f"{mode}: TTFB mean", "x--", color=color, alpha=0.6),
+            )
+    panels.append(loop)
 
     meta = report.get("meta", {})
     r = report.get("ratios", {})
     sub = ", ".join(f"{k}={v:.2f}" for k, v in r.items() if k in TARGETS and v is not None)
-    fig.suptitle(
+    title = (
         f"chattts-serve bench ({'quick' if meta.get('quick') else 'full'}, {meta.get('started', '')}, "
-        f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}",
-        fontsize=10,
+        f"{meta.get('cpus')} CPUs, {meta.get('weights')} weights)\n{sub}"
     )
-    save(fig, path)
+    return Figure(panels, shape=(2, 2), size=(13, 9.5), title=title)
 
 
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, to_markdown, to_png)
+KIND = Kind("report.json", to_doc, to_figure)
 
 
 def write_all(report: dict, out: Path) -> None:
     """Ratios and targets computed from the report, then report.json, .md and .png."""
     report["ratios"] = compute_ratios(report)
     report["targets"] = check_targets(report["ratios"])
-    write_files(report, out, "report.json", to_markdown, to_png)
+    KIND.write(report, out)

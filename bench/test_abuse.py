@@ -60,6 +60,6 @@ def test_a_tally_keeps_each_outcomes_slowest_answer_and_the_report_shows_it():
         "attackers_slowest_s": {"unkeyed-slow-bodies": t.slowest_s},
         "ingress_loop_stall_ms": {"alone": {"longest_ms": 30.0}, "attacked": {"longest_ms": 80.0}},
     }
-    md = abuse.to_markdown(json.loads(json.dumps(report)))
+    md = abuse.KIND.markdown(json.loads(json.dumps(report)))
     assert "401: 2 (1.5 s)" in md and "429 too_many_refusals: 1," not in md
     assert "| late wake | 30.0 | 80.0 |" in md

@@ -3,9 +3,9 @@ completeness, the metrics parser, the step syntax."""
 
 from __future__ import annotations
 
-from bench.autoscale import failures, parse_metrics, parse_steps, per_second, scale_events
 from bench.lib.corpus import expected_pcm_bytes
 from bench.lib.loadgen import RequestRecord, complete
+from bench.studies.autoscale import failures, parse_metrics, parse_steps, per_second, scale_events
 
 
 def _sample(t, acoustic, rows=None):

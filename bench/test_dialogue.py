@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import dialogue
 from bench.lib.corpus import SAMPLE_RATE
+from bench.studies import dialogue
 
 
 def test_the_turns_are_ten_two_voices_taking_turns_about_thirty_seconds():
@@ -106,6 +106,6 @@ def test_the_report_renders_from_a_partial_report(tmp_path):
         "summary": dialogue.summarize(rounds, 0.0),
         "warnings": [],
     }
-    dialogue.write_report(report, tmp_path)
+    dialogue.KIND.write(report, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "sequential / dialogue (p50): 3.00" in md and (tmp_path / "report.png").stat().st_size > 0

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import SUBCOMMANDS, main
-from bench.lib.render import get
-from bench.run_report import check_targets, compute_ratios, load_key, to_markdown
+from bench.lib.report import get
+from bench.run_report import KIND, check_targets, compute_ratios, load_key
 
 RESULTS = Path(__file__).parent / "results"
 ABSOLUTE = re.compile(r"/(work|root|tmp|home)/[A-Za-z._-]+/")
@@ -93,7 +93,7 @@ def test_ratios_and_targets():
     t = check_targets(r)
     assert t["serve_vs_baseline_c8"]["met"] is False and t["p99_vs_baseline_c8"]["met"] is True
     report["ratios"], report["targets"] = r, t
-    assert "serve_vs_ceiling_c8" in to_markdown(report)
+    assert "serve_vs_ceiling_c8" in KIND.markdown(report)
 
 
 def committed_reports() -> list[Path]:

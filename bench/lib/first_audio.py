@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
+from .report import Col, Table
 from .stats import percentiles
 
 # Shown in this order; every figure in ms. "model" is the engine's own share (prefill and first
@@ -231,22 +232,20 @@ def markdown(report: dict) -> list[str]:
     cols = [(f"c{c}", b) for c, b in levels.items()]
     if ab:
         cols += [("A/B before", ab.get("before") or {}), ("A/B after", ab.get("after") or {})]
-    out = [
-        "## First audio, hop by hop (ms, p50 per hop over the requests joined with the Ingress's log)",
-        "",
-        "| hop | " + " | ".join(name for name, _ in cols) + " | what |",
-        "|---|" + "---|" * len(cols) + "---|",
-    ]
     extra = (
         ("ingress_other", "Ingress: the rest between its start and the first item"),
         ("model", "**the model**: queue+prefill + first chunk + first vocoder window"),
         ("service", "**the service's own share**: TTFB - the model"),
         ("ttfb", "client TTFB"),
     )
-    for name, what in (*HOPS, *extra):
-        if all(_hop(b, name) is None for _, b in cols):
-            continue  # not measured by that run (an earlier revision)
-        out.append(f"| {name} | " + " | ".join(str(_hop(b, name)) for _, b in cols) + f" | {what} |")
+    # not measured by a run of an earlier revision: left out
+    rows = [(name, what) for name, what in (*HOPS, *extra) if any(_hop(b, name) is not None for _, b in cols)]
+    columns = [Col("hop", 0)] + [Col(name, lambda x, b=b: str(_hop(b, x[0]))) for name, b in cols] + [Col("what", 1)]
+    out = [
+        "## First audio, hop by hop (ms, p50 per hop over the requests joined with the Ingress's log)",
+        "",
+        *Table(columns, rows).lines(),
+    ]
     out.append("| requests joined | " + " | ".join(str(b.get("joined")) for _, b in cols) + " | |")
     if ab:
         out += [

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..lib.harness import logger
-from ..lib.render import fmt as _f
-from ..lib.render import get as _get
+from ..lib.report import Col, Table
+from ..lib.report import fmt as _f
 from ..lib.stats import mean
 from ..lib.stats import median as _median
 
@@ -453,11 +453,41 @@ def profile_steps(quantize: str, batch: int, tokens: int, threads: int, weights:
     }
 
 
+NUMERICS_COLUMNS = [
+    Col("segment", 0),
+    Col("prompt tokens", lambda x: str(x[1].get("prompt_tokens"))),
+    Col(
+        "near-greedy tokens equal before the first difference",
+        lambda x: f"{x[1].get('tokens_equal_before_first_difference')} of {x[1].get('agree_tokens')}",
+    ),
+    Col("same, fp32 vs fp32-dual (control)", (1, "control_fp32_vs_dual_tokens_equal_before_first_difference")),
+    Col("teacher-forced positions", lambda x: str(x[1].get("tf_positions"))),
+    Col("hidden cosine min", (1, "tf_cosine_min"), nd=5),
+    Col("p01", (1, "tf_cosine_p01"), nd=5),
+    Col("mean", (1, "tf_cosine_mean"), nd=5),
+]
+
+
 def quantize_markdown(q: Optional[dict]) -> list[str]:
     """The ceiling's int8 vs float32 rows and numerics table (this module), if it has them."""
     if not q:
         return []
     variants = q.get("variants", [])
+    step = lambda x: x[1].get("gpt_step") or {}  # noqa: E731
+    cols = [Col("batch", 0)]
+    cols += [Col(f"GPT step {v} ms", lambda x, v=v: step(x).get(f"{v}_ms"), nd=1) for v in variants]
+    cols += [
+        Col(
+            head,
+            lambda x, b=b: (
+                f"{_f(step(x).get(f'int8_speedup_vs_{b}'))} / {_f(step(x).get(f'int8_speedup_of_means_vs_{b}'))}"
+            ),
+        )
+        for head, b in (("int8 speed-up vs fp32 (median / of means)", "fp32"), ("vs fp32-dual", "fp32-dual"))
+    ]
+    cols += [Col(f"engine step {v} ms", (1, v, "engine_step_ms"), nd=1) for v in variants]
+    cols += [Col(f"audio s/s {v}", (1, v, "audio_s_per_s"), nd=3) for v in variants]
+    cols.append(Col("int8 audio s/s vs fp32-dual", (1, "int8_audio_ratio_vs_fp32-dual")))
     lines = [
         "",
         "### int8 vs float32 (`model.quantize`)",
@@ -468,43 +498,12 @@ def quantize_markdown(q: Optional[dict]) -> list[str]:
         f"whole step, sampling included) and audio s/s (decode and vocode): medians of {q.get('reps')} runs per "
         "variant, interleaved.",
         "",
-        "| batch | "
-        + " | ".join(f"GPT step {v} ms" for v in variants)
-        + " | int8 speed-up vs fp32 (median / of means) | vs fp32-dual | "
-        + " | ".join(f"engine step {v} ms" for v in variants)
-        + " | "
-        + " | ".join(f"audio s/s {v}" for v in variants)
-        + " | int8 audio s/s vs fp32-dual |",
-        "|---|" + "---|" * (3 * len(variants) + 3),
+        *Table(cols, sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0]))).lines(),
     ]
-    for n, row in sorted(q.get("batches", {}).items(), key=lambda kv: int(kv[0])):
-        step = row.get("gpt_step") or {}
-        cells = [_f(step.get(f"{v}_ms"), 1) for v in variants]
-        cells += [
-            f"{_f(step.get(f'int8_speedup_vs_{b}'))} / {_f(step.get(f'int8_speedup_of_means_vs_{b}'))}"
-            for b in ("fp32", "fp32-dual")
-        ]
-        cells += [_f(_get(row, v, "engine_step_ms"), 1) for v in variants]
-        cells += [_f(_get(row, v, "audio_s_per_s"), 3) for v in variants]
-        cells.append(_f(row.get("int8_audio_ratio_vs_fp32-dual")))
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     num = q.get("numerics")
     if num:
-        lines += [
-            "",
-            f"Numerics, int8 against {num.get('reference')} on the same weights:",
-            "",
-            "| segment | prompt tokens | near-greedy tokens equal before the first difference | same, fp32 vs fp32-dual "
-            "(control) | teacher-forced positions | hidden cosine min | p01 | mean |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for i, s in enumerate(num.get("segments", [])):
-            lines.append(
-                f"| {i} | {s.get('prompt_tokens')} | {s.get('tokens_equal_before_first_difference')} of "
-                f"{s.get('agree_tokens')} | {_f(s.get('control_fp32_vs_dual_tokens_equal_before_first_difference'))} | "
-                f"{s.get('tf_positions')} | {_f(s.get('tf_cosine_min'), 5)} | "
-                f"{_f(s.get('tf_cosine_p01'), 5)} | {_f(s.get('tf_cosine_mean'), 5)} |"
-            )
+        lines += ["", f"Numerics, int8 against {num.get('reference')} on the same weights:", ""]
+        lines += Table(NUMERICS_COLUMNS, enumerate(num.get("segments", []))).lines()
     return lines
 
 

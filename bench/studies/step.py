@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .lib.harness import command_line, git_revision, ints, logger, now
-from .lib.procs import REPO_ROOT
-from .lib.render import fmt, pyplot, save, write_files
-from .lib.stats import median
+from ..lib.harness import command_line, git_revision, ints, logger, now
+from ..lib.procs import REPO_ROOT
+from ..lib.report import Col, Doc, Figure, Kind, Panel, bars, fmt
+from ..lib.stats import median
 
 _log = logger("step")
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
@@ -61,7 +61,7 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
     seg = planner.plan(TEXT, SynthesisOptions()).segments[0]
     swap = None
     if variants != ["fp32"]:
-        from .studies.numerics import LinearVariants
+        from .numerics import LinearVariants
 
         swap = LinearVariants(model.chat.gpt.gpt)
 
@@ -134,7 +134,7 @@ def run_tree(tree: Optional[Path], weights: str, a: argparse.Namespace, variants
         out = Path(tmp) / "step.json"
         # This bench first (both trees have a ``bench``), then the tree first for ``serve_app``.
         code = (
-            "import sys; sys.path.insert(0, sys.argv[2]); import bench.step as s; sys.path.insert(0, sys.argv[1]); "
+            "import sys; sys.path.insert(0, sys.argv[2]); import bench.studies.step as s; sys.path.insert(0, sys.argv[1]); "
             "sys.exit(s.cli_worker(sys.argv[3:]))"
         )
         argv = [
@@ -175,70 +175,66 @@ def cli_worker(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------- report
 
 
-def to_markdown(r: dict) -> str:
-    lines = [
-        f"# Decode step ({r['revision']}, {r['started']})",
-        "",
-        f"`{r['command']}`",
-        "",
+STEP_COLUMNS = [
+    Col("weights", 0),
+    Col("variant", 2),
+    Col("batch", 1, right=True),
+    Col("step ms", lambda x: x[3]["step_ms"], right=True),
+    Col("GPT ms", lambda x: x[3]["forward_ms"], right=True),
+    Col("non-GPT %", lambda x: x[3]["non_gpt_pct"], nd=0, right=True),
+    Col("engine tok/s", lambda x: x[3]["tokens_per_s"], nd=1, right=True),
+    Col("GPT tok/s", lambda x: x[3]["forward_tokens_per_s"], nd=1, right=True),
+    Col("engine / GPT", lambda x: x[3]["tokens_per_s"] / x[3]["forward_tokens_per_s"], right=True),
+]
+INT8_COLUMNS = [
+    Col("weights", 0),
+    Col("batch", 1, right=True),
+    Col("engine", lambda x: f"{fmt(x[2]['int8_speedup'])}x", right=True),
+    Col("GPT forward", lambda x: f"{fmt(x[2]['int8_gpt_speedup'])}x", right=True),
+]
+SPEEDUP_COLUMNS = [
+    Col("weights", 0),
+    Col("batch", 1, right=True),
+    Col("step time, before / after", lambda x: f"{fmt(x[2])}x", right=True),
+]
+
+
+def to_doc(r: dict) -> Doc:
+    doc = Doc(f"Decode step ({r['revision']}, {r['started']})", r["command"], end="")
+    doc.add(
         "Per step, median of the runs: the whole step, the GPT forward inside it, the rest's share, "
         "and tokens per second of the engine against the bare forward's rate (target: the engine within "
         "15 % of the forward at full size, batch 1 and 8).",
         "",
-    ]
+    )
     for tree_name, trees in (
         ("this revision", r["current"]),
         (f"against {r.get('against')}", r.get("against_results")),
     ):
         if not trees:
             continue
-        lines += [
-            f"## {tree_name}",
-            "",
-            "| weights | variant | batch | step ms | GPT ms | non-GPT % | engine tok/s | GPT tok/s | engine / GPT |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        rows = [
+            (res["weights"], b, v, m)
+            for res in trees
+            for b, row in res["batches"].items()
+            for v, m in row.items()
+            if isinstance(m, dict)
         ]
-        for res in trees:
-            for b, row in res["batches"].items():
-                for v, m in row.items():
-                    if not isinstance(m, dict):
-                        continue
-                    lines.append(
-                        f"| {res['weights']} | {v} | {b} | {fmt(m['step_ms'])} | {fmt(m['forward_ms'])} | "
-                        f"{fmt(m['non_gpt_pct'], 0)} | {fmt(m['tokens_per_s'], 1)} | {fmt(m['forward_tokens_per_s'], 1)} | "
-                        f"{fmt(m['tokens_per_s'] / m['forward_tokens_per_s'])} |"
-                    )
-        lines.append("")
+        doc.table(STEP_COLUMNS, rows, before=(f"## {tree_name}", "")).add("")
         int8 = [(res["weights"], b, row) for res in trees for b, row in res["batches"].items() if "int8_speedup" in row]
         if int8:
-            lines += [
-                "int8 / float32 (dual layout), interleaved in one process (target >= 2x engine tokens/s):",
-                "",
-                "| weights | batch | engine | GPT forward |",
-                "|---|---:|---:|---:|",
-            ]
-            lines += [
-                f"| {w} | {b} | {fmt(row['int8_speedup'])}x | {fmt(row['int8_gpt_speedup'])}x |" for w, b, row in int8
-            ]
-            lines.append("")
+            head = "int8 / float32 (dual layout), interleaved in one process (target >= 2x engine tokens/s):"
+            doc.table(INT8_COLUMNS, int8, before=(head, "")).add("")
     if r.get("speedup"):
-        lines += [
-            "## this revision against the other",
-            "",
-            "| weights | batch | step time, before / after |",
-            "|---|---:|---:|",
-        ]
-        lines += [f"| {w} | {b} | {fmt(x)}x |" for w, b, x in r["speedup"]]
-        lines.append("")
-    return "\n".join(lines)
+        doc.table(SPEEDUP_COLUMNS, r["speedup"], before=("## this revision against the other", "")).add("")
+    return doc
 
 
-def to_png(r: dict, path: Path) -> None:
-    plt = pyplot()
+def to_figure(r: dict) -> Figure:
     trees = [("now", r["current"])] + ([("before", r["against_results"])] if r.get("against_results") else [])
     weights = [res["weights"] for res in r["current"]]
-    fig, axes = plt.subplots(1, len(weights), figsize=(5 * len(weights), 3.6), squeeze=False)
-    for ax, w in zip(axes[0], weights):
+    panels = []
+    for w in weights:
         labels, gpt, rest = [], [], []
         for name, results in trees:
             res = next((x for x in results if x["weights"] == w), None)
@@ -247,12 +243,12 @@ def to_png(r: dict, path: Path) -> None:
                 labels.append(f"{name}\nB={b}")
                 gpt.append(m["forward_ms"])
                 rest.append(m["step_ms"] - m["forward_ms"])
-        ax.bar(labels, gpt, label="GPT forward")
-        ax.bar(labels, rest, bottom=gpt, label="rest of the step")
-        ax.set_title(f"{w}: ms per decode step (float32)")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.legend(fontsize=7)
-    save(fig, path)
+        p = Panel(f"{w}: ms per decode step (float32)", grid=None, tick_size=7, legend={"fontsize": 7})
+        panels.append(p.add(bars(labels, gpt, "GPT forward"), bars(labels, rest, "rest of the step", bottom=gpt)))
+    return Figure(panels, shape=(1, len(weights)), size=(5 * len(weights), 3.6))
+
+
+KIND = Kind("report.json", to_doc, to_figure)
 
 
 # ---------------------------------------------------------------------------------- main
@@ -306,6 +302,6 @@ def main(a: argparse.Namespace) -> int:
             for cur, old in zip(report["current"], report["against_results"])
             for b, row in cur["batches"].items()
         ]
-    write_files(report, out, "report.json", to_markdown, to_png)
-    print(to_markdown(report))
+    KIND.write(report, out)
+    print(KIND.markdown(report))
     return 0

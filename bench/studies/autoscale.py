@@ -26,16 +26,16 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import httpx
 
-from .lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
-from .lib.harness import Harness
-from .lib.loadgen import RequestRecord, StepLoad, complete
-from .lib.render import pyplot, render_files, save, write_files
-from .lib.sampler import Periodic
-from .lib.stats import percentiles
+from ..lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
+from ..lib.harness import Harness
+from ..lib.loadgen import RequestRecord, StepLoad, complete
+from ..lib.report import Figure, Kind, Panel, Series, line
+from ..lib.sampler import Periodic
+from ..lib.stats import percentiles
 
 STAGES = ("Ingress", "TextNormalizer", "Acoustic", "Vocoder")
 
@@ -183,63 +183,62 @@ def failures(records: list[RequestRecord], expected: dict[str, int]) -> dict:
     }
 
 
-def to_png(report: dict, path: Path) -> None:
+def to_figure(report: dict) -> Optional[Figure]:
+    if not report.get("timeline"):  # a run that failed before its load ran has none to draw
+        return None
     rows = [r for r in report["timeline"] if "replicas" in r]
     t = [r["t"] for r in rows]
-    fig, axes = pyplot().subplots(4, 1, figsize=(11, 12), sharex=True)
-    ax = axes[0]
-    ax.step(t, [r["clients"] for r in rows], where="post", label="clients (offered load)", color="black")
-    ax.plot(t, [r["finished_1s"] for r in rows], label="requests finished / s", alpha=0.7)
-    ax.set_ylabel("load")
-    ax.legend(loc="upper right")
-    ax = axes[1]
-    for stage in STAGES:
-        ax.step(t, [r["replicas"][stage] for r in rows], where="post", label=f"{stage} replicas")
-    ax.plot(t, [r["desired"] for r in rows], "k:", label="policy desired (Acoustic)")
-    ax.set_ylabel("replicas")
-    ax.legend(loc="upper right", fontsize=8)
-    ax = axes[2]
-    replicas = sorted({k for r in rows for k in r["acoustic"]})
-    for k in replicas:
-        ax.plot(
-            t,
-            [
-                (r["acoustic"].get(k, {}).get("waiting", 0) or 0) + (r["acoustic"].get(k, {}).get("running", 0) or 0)
-                if k in r["acoustic"]
-                else math.nan
-                for r in rows
-            ],
-            label=f"{k} waiting+running",
-        )
-    ax.set_ylabel("engine rows per replica")
-    ax.legend(loc="upper right", fontsize=8)
-    ax = axes[3]
-    for key, style in (("ttfb_s", "--"), ("latency_s", "-")):
-        for q in ("p50", "p95"):
-            ax.plot(t, [r[key][q] if r[key][q] is not None else math.nan for r in rows], style, label=f"{key[:-2]} {q}")
-    ax.set_ylabel("seconds (trailing 5 s)")
-    ax.set_xlabel("seconds since the load started")
-    ax.legend(loc="upper right", fontsize=8)
+
+    def panel(ylabel: str, *series: Series, **legend: Any) -> Panel:
+        return Panel(ylabel=ylabel, grid=None, legend={"loc": "upper right", **legend}, not_measured=False).add(*series)
+
+    load = panel(
+        "load",
+        Series("step", t, [r["clients"] for r in rows], "clients (offered load)", kw={"color": "black"}),
+        line(t, [r["finished_1s"] for r in rows], "requests finished / s", "", alpha=0.7),
+    )
+    replicas = panel(
+        "replicas",
+        *[Series("step", t, [r["replicas"][stage] for r in rows], f"{stage} replicas") for stage in STAGES],
+        line(t, [r["desired"] for r in rows], "policy desired (Acoustic)", "k:"),
+        fontsize=8,
+    )
+
+    def rows_of(k: str) -> list[float]:
+        per = [r["acoustic"].get(k) for r in rows]
+        return [math.nan if x is None else (x.get("waiting", 0) or 0) + (x.get("running", 0) or 0) for x in per]
+
+    engine = panel(
+        "engine rows per replica",
+        *[line(t, rows_of(k), f"{k} waiting+running", "") for k in sorted({k for r in rows for k in r["acoustic"]})],
+        fontsize=8,
+    )
+    latency = panel(
+        "seconds (trailing 5 s)",
+        *[
+            line(t, [r[key][q] if r[key][q] is not None else math.nan for r in rows], f"{key[:-2]} {q}", style)
+            for key, style in (("ttfb_s", "--"), ("latency_s", "-"))
+            for q in ("p50", "p95")
+        ],
+        fontsize=8,
+    )
+    latency.xlabel = "seconds since the load started"
     ev = report["events"]
-    for a in axes:
-        for key in ("step_up_s", "step_down_s"):
-            if ev.get(key) is not None:
-                a.axvline(ev[key], color="grey", lw=0.8)
-    fig.suptitle(f"autoscale: {report['meta']['command']}", fontsize=9)
-    save(fig, path)
+    for p in (load, replicas, engine, latency):
+        p.add(
+            *[
+                Series("vline", x=ev[k], kw={"color": "grey", "lw": 0.8})
+                for k in ("step_up_s", "step_down_s")
+                if ev.get(k) is not None
+            ]
+        )
+    title = f"autoscale: {report['meta']['command']}"
+    return Figure(
+        [load, replicas, engine, latency], shape=(4, 1), size=(11, 12), title=title, title_size=9, sharex=True
+    )
 
 
-def _timeline_png(report: dict, path: Path) -> None:
-    if report.get("timeline"):  # a run that failed before its load ran has none to draw
-        to_png(report, path)
-
-
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "report.json", None, _timeline_png, png="timeline.png", indent=1)
-
-
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, None, _timeline_png, png="timeline.png")
+KIND = Kind("report.json", None, to_figure, png="timeline.png", indent=1)
 
 
 # ---------------------------------------------------------------------- the command
@@ -282,9 +281,9 @@ async def _drive(load: StepLoad, steps: list[tuple[float, int]]) -> None:
 def main(a: argparse.Namespace) -> int:
     import json
 
-    from .lib.cluster import LocalCluster, cluster_config, write_config
-    from .lib.procs import free_port, wait_for
-    from .lib.serve import get_path
+    from ..lib.cluster import LocalCluster, cluster_config, write_config
+    from ..lib.procs import free_port, wait_for
+    from ..lib.serve import get_path
 
     out = Path(a.out)
     steps = a.steps
@@ -301,7 +300,7 @@ def main(a: argparse.Namespace) -> int:
     segments = get_path(cfg, "applications.chattts.args.segments")
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, segments)
     cluster = LocalCluster(workers=a.workers)
-    harness = Harness(out, write_report, a.argv)
+    harness = Harness(out, KIND.write, a.argv)
     report, meta = harness.report, harness.meta
     report["config"] = {
         "steps": steps,

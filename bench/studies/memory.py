@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .lib.harness import command_line, git_revision, ints, logger, now
-from .lib.procs import REPO_ROOT, load_average
-from .lib.render import fmt, write_files
+from ..lib.harness import command_line, git_revision, ints, logger, now
+from ..lib.procs import REPO_ROOT, load_average
+from ..lib.report import Col, Doc, Kind, fmt
 
 _log = logger("memory")
 STAGES = ("acoustic", "vocoder")
@@ -102,7 +102,7 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     from serve_app.engine.pipeline import Planner, SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
-    from .lib.corpus import load_corpus
+    from ..lib.corpus import load_corpus
 
     ph.mark("import engine")
     torch.set_grad_enabled(False)
@@ -275,37 +275,36 @@ def run_stage(stage: str, a: argparse.Namespace) -> dict:
         return json.loads(out.read_text())
 
 
-def to_markdown(r: dict) -> str:
-    lines = [
-        f"# Memory of the model stages, in-process ({r['revision']}, {r['started']})",
-        "",
-        f"`{r['command']}`",
-        "",
+PHASES = [
+    Col("after", "phase"),
+    Col("RSS", "rss", right=True),
+    Col("anon", "anon", right=True),
+    Col("file", "file", right=True),
+    Col("peak RSS", lambda p: str(p.get("peak_rss", "")), right=True),
+    Col("peak KV", lambda p: fmt(p["peak_kv_mib"], 1) if "peak_kv_mib" in p else "", right=True),
+]
+MAPPINGS = [Col("mapping", lambda m: f"`{m['mapping']}`"), Col("RSS", "rss_mib", right=True)]
+
+
+def to_doc(r: dict) -> Doc:
+    doc = Doc(f"Memory of the model stages, in-process ({r['revision']}, {r['started']})", r["command"], end="")
+    doc.add(
         f"Load average at the start {r['load_average']}. RSS in MiB (anonymous + file-backed); a Serve replica "
         "adds Ray's worker (~150 MiB).",
         "",
-    ]
+    )
     for res in r["stages"]:
         title = res["stage"] + (
             f" (quantize {res['quantize']}, dual layout {res['cpu_dual_layout']}, rows of {res['mean_tokens']} tokens)"
             if res["stage"] == "acoustic"
             else ""
         )
-        lines += [
-            f"## {title}",
-            "",
-            "| after | RSS | anon | file | peak RSS | peak KV |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for p in res["phases"]:
-            lines.append(
-                f"| {p['phase']} | {p['rss']} | {p['anon']} | {p['file']} | {p.get('peak_rss', '')} | "
-                f"{fmt(p['peak_kv_mib'], 1) if 'peak_kv_mib' in p else ''} |"
-            )
-        lines += ["", "Largest mappings at the end:", "", "| mapping | RSS |", "|---|---:|"]
-        lines += [f"| `{m['mapping']}` | {m['rss_mib']} |" for m in res["mappings"]]
-        lines.append("")
-    return "\n".join(lines)
+        doc.table(PHASES, res["phases"], before=(f"## {title}", ""))
+        doc.table(MAPPINGS, res["mappings"], before=("", "Largest mappings at the end:", "")).add("")
+    return doc
+
+
+KIND = Kind("memory.json", to_doc)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -331,5 +330,5 @@ def main(a: argparse.Namespace) -> int:
     for stage in a.stages.split(","):
         _log(f"stage {stage}")
         report["stages"].append(run_stage(stage, a))
-        write_files(report, out, "memory.json", to_markdown)
+        KIND.write(report, out)
     return 0

@@ -22,7 +22,7 @@ counters (``Acoustic.stats()`` before and after each way) say how many rows each
 
     python -m bench dialogue                                  # tiny weights: checks the tooling
     python -m bench dialogue --weights random --out bench/results/dialogue-<date>
-    python -m bench.dialogue --url http://127.0.0.1:8000      # a running app (no engine counters)
+    python -m bench dialogue --url http://127.0.0.1:8000      # a running app (no engine counters)
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import hashlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import httpx
 
-from .lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, plan_corpus, planned_samples
-from .lib.harness import Harness, logger
-from .lib.render import fmt, pyplot, save, write_files
-from .lib.stats import median, ratio
+from ..lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, plan_corpus, planned_samples
+from ..lib.harness import Harness, logger
+from ..lib.report import Col, Doc, Figure, Kind, Panel, Series, bars, failed, fmt, line
+from ..lib.stats import median, ratio
 
 TARGET_RATIO = 2.5
 NO_STORE = {"Cache-Control": "no-store"}
@@ -304,112 +304,100 @@ def run_sequential(client: httpx.Client, seeds: list[int]) -> tuple[dict[str, An
 # ------------------------------------------------------------------------------ report
 
 
-def to_markdown(report: dict) -> str:
+def _engine(key: str) -> Callable[[tuple], Any]:
+    return lambda x: x[1]["engine"].get(key)
+
+
+WAYS_COLUMNS = [
+    Col("way", 0),
+    Col("to the last byte p50 (s)", lambda x: x[1]["wall_s_p50"]),
+    Col("each round (s)", lambda x: ", ".join(fmt(v) for v in x[1]["wall_s"])),
+    Col("first audio p50 (s)", lambda x: x[1]["first_audio_s_p50"]),
+    Col("audio (s)", lambda x: str(x[1]["audio_s"])),
+    Col("rows per step", _engine("mean_rows_per_step")),
+    Col("decode step (ms)", _engine("ms_per_decode_step")),
+    Col(
+        "engine decode / prefill (s, all rounds)",
+        lambda x: f"{fmt(x[1]['engine'].get('decode_s'))} / {fmt(x[1]['engine'].get('prefill_s'))}",
+    ),
+    Col("decode steps (all rounds)", _engine("steps")),
+    Col("rows parked (all rounds)", _engine("rows_parked")),
+]
+TURNS = [
+    Col("turn", 0),
+    Col("voice", lambda x: x[1]["voice"]),
+    Col("text", lambda x: x[1]["input"]),
+    Col("segments", lambda x: x[1]["segments"]),
+    Col("planned audio (s)", lambda x: str(x[1]["audio_s"])),
+    Col("sequential: seconds to its last byte, p50", 2),
+]
+
+
+def to_doc(report: dict) -> Doc:
     m = report["meta"]
-    lines = [
-        f"# Dialogue benchmark, {m['started']}",
-        "",
-        f"`{m['command']}`",
-        "",
+    doc = Doc(f"Dialogue benchmark, {m['started']}", m["command"])
+    doc.add(
         f"weights: {m['weights']}, git {m['git']}, {m['cpus']} CPUs, rounds: {m['rounds']}, seed {m['seed']}, "
         f"pause between turns {m['pause_s']} s, load average at start {m['loadavg_start']}, at end "
         f"{m.get('loadavg_end', '–')}, wall {m.get('wall_s', '–')} s",
         "",
-    ]
+    )
     if report.get("error"):
-        lines += [f"**The run failed:** `{report['error']}` (the tables hold what was measured before).", ""]
+        doc.add(failed(report, " (the tables hold what was measured before)."), "")
     s = report.get("summary")
     if s:
-        d, q = s["dialogue"], s["sequential"]
         met = s["ratio_p50"] is not None and s["ratio_p50"] >= TARGET_RATIO
-        lines += [
+        head = (
             f"**sequential / dialogue (p50): {fmt(s['ratio_p50'])}** (target >= {TARGET_RATIO}: "
             f"{'met' if met else 'missed'}); per round {', '.join(fmt(x) for x in s['ratio_per_round'])}. "
             f"Audio lengths matched: {s['audio_match']} (samples identical in {s['identical_pcm_rounds'] or '–'} rounds; "
-            f"distinct audio over the rounds: {s.get('distinct_pcm_over_rounds', '–')}).",
-            "",
-            "| way | to the last byte p50 (s) | each round (s) | first audio p50 (s) | audio (s) | rows per step "
-            "| decode step (ms) | engine decode / prefill (s, all rounds) | decode steps (all rounds) "
-            "| rows parked (all rounds) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for way, w in (("dialogue (one request)", d), ("sequential (10 requests)", q)):
-            e = w["engine"]
-            lines.append(
-                f"| {way} | {fmt(w['wall_s_p50'])} | {', '.join(fmt(x) for x in w['wall_s'])} "
-                f"| {fmt(w['first_audio_s_p50'])} | {w['audio_s']} | {fmt(e.get('mean_rows_per_step'))} "
-                f"| {fmt(e.get('ms_per_decode_step'))} | {fmt(e.get('decode_s'))} / {fmt(e.get('prefill_s'))} "
-                f"| {fmt(e.get('steps'))} | {fmt(e.get('rows_parked'))} |"
-            )
-        lines += ["", "The dialogue's audio includes its 9 pauses; the speech in it is the sequential audio."]
+            f"distinct audio over the rounds: {s.get('distinct_pcm_over_rounds', '–')})."
+        )
+        ways = [("dialogue (one request)", s["dialogue"]), ("sequential (10 requests)", s["sequential"])]
+        doc.table(WAYS_COLUMNS, ways, before=(head, ""))
+        doc.add("", "The dialogue's audio includes its 9 pauses; the speech in it is the sequential audio.")
     if report.get("turns"):
-        lines += [
-            "",
-            "| turn | voice | text | segments | planned audio (s) | sequential: seconds to its last byte, p50 |",
-            "|---|---|---|---|---|---|",
-        ]
         per_turn = [r["sequential"]["turn_wall_s"] for r in report.get("rounds", []) if "sequential" in r]
-        for i, t in enumerate(report["turns"]):
-            p50 = median(x[i] for x in per_turn) if per_turn else None
-            lines.append(f"| {i} | {t['voice']} | {t['input']} | {t['segments']} | {t['audio_s']} | {fmt(p50)} |")
+        rows = [(i, t, median(x[i] for x in per_turn) if per_turn else None) for i, t in enumerate(report["turns"])]
+        doc.table(TURNS, rows)
     if report.get("warnings"):
-        lines += ["", "Warnings:", *[f"- {w}" for w in report["warnings"]]]
-    return "\n".join(lines) + "\n"
+        doc.add("", "Warnings:", *[f"- {w}" for w in report["warnings"]])
+    return doc
 
 
-def to_png(report: dict, path: Path) -> None:
+COLORS = {"dialogue": "tab:blue", "sequential": "tab:orange"}
+
+
+def to_figure(report: dict) -> Figure:
     rounds = report.get("rounds") or []
     if not rounds:
         raise ValueError("no rounds measured")
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"dialogue": "tab:blue", "sequential": "tab:orange"}
+    received = Panel("audio received (every round)", "seconds since the first request", "audio seconds")
     top = 0.0
     for i, r in enumerate(rounds):
         for way in WAYS:
-            if way not in r:
-                continue
-            pts = r[way]["timeline"]
-            top = max(top, pts[-1][0])
-            ax1.plot(
-                [0] + [p[0] for p in pts],
-                [0] + [p[1] for p in pts],
-                color=colors[way],
-                alpha=0.8,
-                lw=1.2,
-                label=way if i == 0 else None,
-            )
-    ax1.plot([0, top], [0, top], color="gray", ls="--", lw=0.8, label="real time")
-    ax1.set(title="audio received (every round)", xlabel="seconds since the first request", ylabel="audio seconds")
-    ax1.grid(True, alpha=0.3)
-    ax1.legend(fontsize=8)
-    labels = [f"round {i}" for i in range(len(rounds))]
-    x = range(len(rounds))
-    for k, way in enumerate(WAYS):
-        ax2.bar(
-            [i + (k - 0.5) * 0.38 for i in x],
-            [r.get(way, {}).get("wall_s", 0) for r in rounds],
-            width=0.38,
-            color=colors[way],
-            label=way,
-        )
+            if way in r:
+                pts = r[way]["timeline"]
+                top = max(top, pts[-1][0])
+                xs, ys = [0] + [p[0] for p in pts], [0] + [p[1] for p in pts]
+                received.add(line(xs, ys, way if i == 0 else None, "", color=COLORS[way], alpha=0.8, lw=1.2))
+    received.add(line([0, top], [0, top], "real time", "", color="gray", ls="--", lw=0.8))
     s = report.get("summary") or {}
+    walls = Panel(
+        f"to the last byte (sequential / dialogue p50 {fmt(s.get('ratio_p50'))}x)", ylabel="seconds", grid="y"
+    )
+    walls.xticks = (list(range(len(rounds))), [f"round {i}" for i in range(len(rounds))])
+    for k, way in enumerate(WAYS):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(rounds))]
+        walls.add(bars(xs, [r.get(way, {}).get("wall_s", 0) for r in rounds], way, width=0.38, color=COLORS[way]))
     for i, q in enumerate(s.get("ratio_per_round", [])):
         if q is not None:
             top_i = max(rounds[i].get(w, {}).get("wall_s", 0) for w in WAYS)
-            ax2.text(i, top_i * 1.02, f"{q:.2f}x", ha="center", fontsize=8)
-    ax2.set_xticks(list(x), labels)
-    ax2.set(title=f"to the last byte (sequential / dialogue p50 {fmt(s.get('ratio_p50'))}x)", ylabel="seconds")
-    ax2.grid(True, axis="y", alpha=0.3)
-    ax2.legend(fontsize=8)
-    save(fig, path)
+            walls.add(Series("text", i, top_i * 1.02, f"{q:.2f}x", kw={"ha": "center", "fontsize": 8}))
+    return Figure([received, walls], shape=(1, 2), size=(11, 4))
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "dialogue.json", to_markdown, to_png, indent=1)
-
-
-# ------------------------------------------------------------------------------ command
+KIND = Kind("dialogue.json", to_doc, to_figure, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -438,15 +426,15 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
         argv = list(sys.argv[1:] if a is None else a)
         a = p.parse_args(argv)
         a.argv = ["dialogue", *argv]
-    from .lib.procs import REPO_ROOT, free_port
-    from .lib.serve import ServeRunner, apply_overrides, load_config
+    from ..lib.procs import REPO_ROOT, free_port
+    from ..lib.serve import ServeRunner, apply_overrides, load_config
 
     out = Path(a.out) if a.out else REPO_ROOT / "bench" / "results" / f"dialogue-{time.strftime('%Y-%m-%d')}"
     runner = None
     url = a.url
     harness = Harness(
         out,
-        write_report,
+        KIND.write,
         a.argv,
         weights=a.weights if not a.url else "as served",
         rounds=a.rounds,
@@ -528,7 +516,7 @@ def main(a: "argparse.Namespace | Sequence[str] | None" = None) -> int:
         finally:
             if runner:
                 runner.stop()
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0
 
 

@@ -10,7 +10,7 @@ and p90 in each condition, their ratio (target <= 1.3) and what the job made mea
 (characters and audio seconds per second of wall time).
 
     python -m bench jobs --out bench/results/jobs-<date>      # starts config/serve.yaml, tiny weights
-    python -m bench.jobs --url http://127.0.0.1:8000          # a running app (no keys)
+    python -m bench jobs --url http://127.0.0.1:8000          # a running app (no keys)
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Optional
 
 import httpx
 
-from .lib.harness import Harness
-from .lib.render import fmt, write_files
-from .lib.stats import percentiles, ratio
+from ..lib.harness import Harness
+from ..lib.report import Col, Doc, Kind, failed, ms
+from ..lib.stats import percentiles, ratio
 
 TARGET_RATIO = 1.3
 INTERACTIVE_TEXT = "你好，欢迎使用语音合成服务。"
@@ -113,41 +113,44 @@ def summarize(values: list[Optional[float]]) -> dict[str, Any]:
     return {**percentiles(ok, qs=(50, 90), extras=()), "failed": len(values) - len(ok)}
 
 
-def to_markdown(report: dict) -> str:
-    lines = ["# Interactive first audio beside a background job", "", f"`{report['meta'].get('command', '')}`", ""]
+FIRST_AUDIO = [
+    Col("interactive client, first audio", 0),
+    Col("n", lambda x: x[1]["n"]),
+    Col("failed", lambda x: x[1]["failed"]),
+    Col("p50 ms", lambda x: ms(x[1]["p50"]), nd=0),
+    Col("p90 ms", lambda x: ms(x[1]["p90"]), nd=0),
+]
+JOB_PHASES = [
+    Col("job phase", lambda x: x[0] + 1),
+    Col("wall s", lambda x: str(x[1]["wall_s"])),
+    Col("characters/s", lambda x: str(x[1]["chars_per_s"])),
+    Col("audio s/s", lambda x: str(x[1]["audio_s_per_s"])),
+    Col("chunks done / total", lambda x: f"{x[1]['chunks_done']} / {x[1]['chunks_total']}"),
+    Col("status at end", lambda x: str(x[1]["status_at_end"])),
+]
+
+
+def to_doc(report: dict) -> Doc:
+    doc = Doc("Interactive first audio beside a background job", report["meta"].get("command", ""))
     if report.get("error"):
-        lines += [f"**The run failed:** `{report['error']}`", ""]
-    lines += ["| interactive client, first audio | n | failed | p50 ms | p90 ms |", "|---|---|---|---|---|"]
-    for name, key in (("alone", "alone"), ("beside a job", "with_job")):
-        s = report.get(key)
-        if s:
-            lines.append(
-                f"| {name} | {s['n']} | {s['failed']} | {fmt(s['p50'] and 1000 * s['p50'], 0)} "
-                f"| {fmt(s['p90'] and 1000 * s['p90'], 0)} |"
-            )
+        doc.add(failed(report), "")
+    phases = [
+        (name, report[key]) for name, key in (("alone", "alone"), ("beside a job", "with_job")) if report.get(key)
+    ]
+    doc.table(FIRST_AUDIO, phases, before=())
     if "ratio_p50" in report:
         met = report["ratio_p50"] is not None and report["ratio_p50"] <= TARGET_RATIO
-        lines += [
+        doc.add(
             "",
             f"**p50 beside a job / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
             f"{'met' if met else 'missed'})",
-        ]
+        )
     if report.get("job_phases"):
-        lines += [
-            "",
-            "| job phase | wall s | characters/s | audio s/s | chunks done / total | status at end |",
-            "|---|---|---|---|---|---|",
-        ]
-        for i, p in enumerate(report["job_phases"]):
-            lines.append(
-                f"| {i + 1} | {p['wall_s']} | {p['chars_per_s']} | {p['audio_s_per_s']} | "
-                f"{p['chunks_done']} / {p['chunks_total']} | {p['status_at_end']} |"
-            )
-    return "\n".join(lines) + "\n"
+        doc.table(JOB_PHASES, enumerate(report["job_phases"]))
+    return doc
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "jobs.json", to_markdown, indent=1)
+KIND = Kind("jobs.json", to_doc, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,13 +175,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    from .lib.procs import free_port
-    from .lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
+    from ..lib.procs import free_port
+    from ..lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
 
     runner = None
     url = a.url
     harness = Harness(
-        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights if not a.url else "as served"
+        Path(a.out) if a.out else None, KIND.write, a.argv, weights=a.weights if not a.url else "as served"
     )
     report = harness.report
     store = tempfile.TemporaryDirectory(prefix="bench-jobs-") if url is None else None
@@ -221,12 +224,12 @@ def main(a: argparse.Namespace) -> int:
                 runner.stop()
             if store is not None:
                 store.cleanup()
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m bench.jobs", description=__doc__.strip().split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench jobs", description=__doc__.strip().split("\n\n")[0])
     add_arguments(ap)
     ns = ap.parse_args()
     ns.argv = ["jobs", *sys.argv[1:]]  # recorded as the `python -m bench jobs` command it equals

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .lib.harness import Harness
-from .lib.render import fmt, render_files, write_files
+from ..lib.harness import Harness
+from ..lib.report import Col, Doc, Kind
 
 POLITE_TEXT = "你好，欢迎使用语音合成服务。"
 HEAVY_TEXT = "语音合成服务需要在异常输入面前保持稳定。"
@@ -94,34 +94,27 @@ def measure(model, spk: str, repeats: int, polite_first: bool, **changes) -> dic
     }
 
 
-def to_markdown(report: dict) -> str:
+COLUMNS = [
+    Col("setting", "setting"),
+    Col("clients met", "met"),
+    Col("polite alone ms", "alone_ms", nd=1),
+    Col("beside the heavy client ms", "beside_ms", nd=1),
+    Col("ratio", lambda r: str(r["ratio"])),
+    Col("heavy rows running", "heavy_rows_running"),
+]
+
+
+def to_doc(report: dict) -> Doc:
     m = report["meta"]
-    lines = [
-        f"# Fair admission in the engine, {m['started']}",
-        "",
-        f"`{m['command']}`",
-        "",
-        f"weights: {m['weights']}, max_rows {m['max_rows']}; load average at start {m.get('loadavg_start')}",
-        "",
-        "| setting | clients met | polite alone ms | beside the heavy client ms | ratio | heavy rows running |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in report.get("results", []):
-        lines.append(
-            f"| {r['setting']} | {r['met']} | {fmt(r['alone_ms'], 1)} | {fmt(r['beside_ms'], 1)} | {r['ratio']} "
-            f"| {r['heavy_rows_running']} |"
-        )
+    doc = Doc(f"Fair admission in the engine, {m['started']}", m["command"])
+    doc.add(f"weights: {m['weights']}, max_rows {m['max_rows']}; load average at start {m.get('loadavg_start')}")
+    doc.table(COLUMNS, report.get("results", []))
     if "error" in report:
-        lines += ["", f"**The run failed:** `{report['error']}`"]
-    return "\n".join(lines) + "\n"
+        doc.add("", f"**The run failed:** `{report['error']}`")
+    return doc
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "fairness.json", to_markdown, indent=1)
-
-
-def render(report: dict, out: Path) -> None:
-    render_files(report, out, to_markdown)
+KIND = Kind("fairness.json", to_doc, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,7 +130,7 @@ def main(a: argparse.Namespace) -> int:
     from serve_app.engine.weights.loading import load_model
 
     harness = Harness(
-        Path(a.out) if a.out else None, write_report, a.argv, weights=a.weights, max_rows=AcousticConfig().max_rows
+        Path(a.out) if a.out else None, KIND.write, a.argv, weights=a.weights, max_rows=AcousticConfig().max_rows
     )
     report = harness.report
     with harness:
@@ -162,5 +155,5 @@ def main(a: argparse.Namespace) -> int:
             "target": TARGET_RATIO,
             "met": default["ratio"] <= TARGET_RATIO,
         }
-    print(to_markdown(report))
+    print(KIND.markdown(report))
     return 0

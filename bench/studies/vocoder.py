@@ -27,11 +27,11 @@ import argparse
 import datetime as dt
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Optional
 
-from .lib.harness import Harness, logger
-from .lib.render import fmt, pyplot, save, write_files
-from .lib.stats import median
+from ..lib.harness import Harness, logger
+from ..lib.report import Col, Doc, Figure, Kind, Panel, fmt, grouped_bars
+from ..lib.stats import median
 
 _log = logger("vocoder")
 
@@ -217,82 +217,78 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
 # ---------------------------------------------------------------------------------- report
 
 
-def to_markdown(report: dict) -> str:
+def _variant(key: str) -> Callable[[tuple], Any]:
+    return lambda x: x[2][key]
+
+
+VARIANTS = [
+    Col("variant", 0),
+    Col("cache_state", _variant("cache_state")),
+    Col("matmuls", _variant("dtype")),
+    Col("stage", lambda x: x[1]["audio_s_per_core"]),
+    Col("speed-up", lambda x: f"{fmt(x[1]['speedup'])}x"),
+    Col("Decoder", lambda x: x[1]["decoder_audio_s_per_core"]),
+    Col("Vocos", lambda x: x[1]["vocos_audio_s_per_core"]),
+    Col("other %", lambda x: 100 * x[1]["other_share"], nd=1),
+    Col("wall", lambda x: x[1]["wall_audio_s_per_s"]),
+    Col("SNR vs today", lambda x: x[1]["snr_vs_today_db"], nd=1),
+    Col("SNR vs one-shot", lambda x: x[1]["snr_vs_one_shot_db"], nd=1),
+]
+ENCODERS = [
+    Col("format", 0),
+    Col("encoder", lambda x: x[1]["audio_s_per_core"], nd=1),
+    Col("stage today", lambda x: x[1]["stage_today"]),
+    Col("stage default", lambda x: x[1]["stage_default"]),
+]
+
+
+def to_doc(report: dict) -> Doc:
     m, s = report["meta"], report.get("setup", {})
-    lines = [
-        f"# Vocoder stage per CPU core, {m['started']}",
-        "",
-        f"`{m['command']}`",
-        "",
+    doc = Doc(f"Vocoder stage per CPU core, {m['started']}", m["command"])
+    doc.add(
         f"weights {m['weights']}, {s.get('utterances')} x {s.get('tokens')} tokens ({s.get('audio_s')} s of audio), "
         f"chunks {s.get('first_chunk_tokens')} then {s.get('chunk_tokens')}, torch threads {s.get('threads')}, "
         f"layer scale {s.get('layer_scale') or 'as loaded'}; median of {m.get('reps')} interleaved runs; "
         f"load average at start {m.get('loadavg_start')}",
         "",
-    ]
+    )
     rf = s.get("receptive_field_frames_each_side")
     if rf:
-        lines += [
+        doc.add(
             f"Receptive field each side, mel frames (2 per token): Decoder {rf['decoder']}, Vocos {rf['vocos']}, "
             f"ISTFT {rf['istft']}: {rf['total']} frames = {rf['total'] / 2:g} tokens.",
             "",
-        ]
-    lines += [
+        )
+    doc.add(
         "Audio seconds per CPU second (one thread); SNR of the streamed PCM, dB. `today` runs ChatTTS's modules; "
         "the others the layer-by-layer net (engine/vocoder_net.py, weights packed once for oneDNN), so `carried "
         "state only` and `bf16 only` include the packing.",
-        "",
-        "| variant | cache_state | matmuls | stage | speed-up | Decoder | Vocos | other % | wall | SNR vs today | SNR vs one-shot |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in report.get("results", {}).items():
-        v = s["variants"][name]
-        lines.append(
-            f"| {name} | {v['cache_state']} | {v['dtype']} | {fmt(r['audio_s_per_core'])} | {fmt(r['speedup'])}x "
-            f"| {fmt(r['decoder_audio_s_per_core'])} | {fmt(r['vocos_audio_s_per_core'])} "
-            f"| {fmt(100 * r['other_share'], 1)} | {fmt(r['wall_audio_s_per_s'])} | {fmt(r['snr_vs_today_db'], 1)} "
-            f"| {fmt(r['snr_vs_one_shot_db'], 1)} |"
-        )
+    )
+    rows = [(name, r, s["variants"][name]) for name, r in report.get("results", {}).items()]
+    doc.table(VARIANTS, rows)
     if report.get("encoders"):
-        lines += [
-            "",
-            "Encoders (the default's PCM, streamed) and the whole stage with each: audio s per CPU s.",
-            "",
-            "| format | encoder | stage today | stage default |",
-            "|---|---|---|---|",
-        ]
-        for f, e in report["encoders"].items():
-            lines.append(
-                f"| {f} | {fmt(e['audio_s_per_core'], 1)} | {fmt(e['stage_today'])} | {fmt(e['stage_default'])} |"
-            )
+        note = "Encoders (the default's PCM, streamed) and the whole stage with each: audio s per CPU s."
+        doc.table(ENCODERS, report["encoders"].items(), before=("", note, ""))
     for w in report.get("warnings", []):
-        lines += ["", f"warning: {w}"]
+        doc.add("", f"warning: {w}")
     if "error" in report:
-        lines += ["", f"**The run failed:** `{report['error']}`"]
-    return "\n".join(lines) + "\n"
+        doc.add("", f"**The run failed:** `{report['error']}`")
+    return doc
 
 
-def to_png(report: dict, path: Path) -> None:
+def to_figure(report: dict) -> Optional[Figure]:
     results = report.get("results")
     if not results:
-        return
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
+        return None
     names = list(results)
-    xs = range(len(names))
-    for i, (key, label) in enumerate(
-        (("audio_s_per_core", "stage"), ("decoder_audio_s_per_core", "Decoder"), ("vocos_audio_s_per_core", "Vocos"))
-    ):
-        ax.bar([x + (i - 1) * 0.27 for x in xs], [results[n][key] or 0 for n in names], width=0.27, label=label)
-    ax.set_xticks(list(xs), names)
-    ax.set(title="Vocoder: audio seconds per CPU second (one thread)", ylabel="audio s / CPU s")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    save(fig, path)
+    cols = (("audio_s_per_core", "stage"), ("decoder_audio_s_per_core", "Decoder"), ("vocos_audio_s_per_core", "Vocos"))
+    panel = Panel("Vocoder: audio seconds per CPU second (one thread)", ylabel="audio s / CPU s", grid="y")
+    panel.xticks = (list(range(len(names))), names)
+    panel.add(*grouped_bars([results[n] for n in names], cols, 0.27))
+    return Figure([panel], size=(8, 4))
 
 
-def write_report(report: dict, out: Path) -> None:
-    write_files(report, out, "vocoder.json", to_markdown, to_png, png="vocoder.png", indent=1)
+KIND = Kind("vocoder.json", to_doc, to_figure, png="vocoder.png", indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -309,8 +305,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(a: argparse.Namespace) -> int:
     out = Path(a.out) if a.out else Path(__file__).parent / "results" / f"vocoder-{dt.date.today().isoformat()}"
-    harness = Harness(out, write_report, a.argv, weights=a.weights, reps=a.reps)
+    harness = Harness(out, KIND.write, a.argv, weights=a.weights, reps=a.reps)
     with harness:
         measure(a, harness.report, harness.write)
-    print(to_markdown(harness.report))
+    print(KIND.markdown(harness.report))
     return 0 if "error" not in harness.report else 1
