@@ -1,20 +1,18 @@
 """The acoustic engine: ChatTTS's GPT decoded as one running batch with per-row state.
 
-The loop owns a batch of rows (one row = one text segment). Between two decode steps it
-admits waiting rows (each is prefilled alone, then its KV cache is left-padded and merged into
-the batch: TGI's ``concatenate``) and drops finished or cancelled rows (their KV columns go with
-them: TGI's ``filter``). Every row keeps its own position ids, sampling parameters, seed
-(a private ``torch.Generator`` drawn once per step, so its tokens do not depend on its
-neighbours), token budget and chunk schedule. Each row streams chunks of GPT hidden states,
-which is what ChatTTS's decoder turns into mel frames.
+The loop owns a batch of rows (one row = one text segment). Between two decode steps it admits
+waiting rows (each is prefilled alone, then its KV joins the batch's buffers: TGI's
+``concatenate``) and drops finished or cancelled rows (their KV goes with them: TGI's
+``filter``). Every row keeps its own position ids, sampling parameters, seed (a private
+``torch.Generator`` drawn once per step, so its tokens do not depend on its neighbours), token
+budget and chunk schedule. Each row streams chunks of GPT hidden states, which is what
+ChatTTS's decoder turns into mel frames.
 
-The parts live in ``decode/``: the waiting queue and admission (``Scheduler``), the batch's
-tensors (``BatchState``), sampling (``Sampler``), the streams (``RowStream``) and, with
-``cuda_graphs``, the static step replayed from CUDA graphs (``GraphRunner``). This module runs
-them: prefill, the decode step, chunk emission, and the one failure path (``_fail``).
-
-``continuous=False`` turns this into window batching (a batch runs to its end before the next
-one is admitted), kept for the benchmark comparison.
+The parts live in ``decode/`` (``Scheduler``, ``Prefiller``, ``BatchState``, ``Sampler``,
+``RowStream``, ``ParkedRows``, ``EngineStats``, with ``cuda_graphs`` ``GraphRunner``). This
+module runs them: the loop, admission, the decode step, chunk emission, back-pressure, and the
+one failure path (``_fail``). ``continuous=False`` turns this into window batching (a batch
+runs to its end before the next one is admitted), kept for the benchmark comparison.
 
 It uses ChatTTS's own modules: the tokenizer and speaker prompt format, ``Embed`` (code
 embeddings and heads), the ``LlamaModel`` and ``gen_logits``. No Ray, no HTTP.
@@ -28,66 +26,31 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-from transformers import DynamicCache
 
 from .config import AcousticConfig
-from .decode.batch import KV_HEADROOM, NUM_VQ, BatchState, Prefilled, code_embeddings
+from .decode.batch import BatchState, Prefilled, code_embeddings
 from .decode.cuda_graph import GraphRunner, buckets_for
 from .decode.forward import DecodeForward
+from .decode.parking import ParkedRows, falling_behind, wakes_loop
+from .decode.prefill import Prefiller
 from .decode.row import Row
-from .decode.sampling import REPETITION_WINDOW, Sampler
-from .decode.scheduler import AGING_SECONDS, Scheduler
+from .decode.sampling import Sampler
+from .decode.scheduler import Scheduler
+from .decode.stats import EngineStats
 from .decode.streams import HiddenChunk, RowStream, StreamGroup
-from .errors import ClientQueueFull, EngineError, EngineOverloaded, RequestTooLarge
+from .errors import EngineError
 from .threads import apply_torch_threads
 from .types import SegmentRequest
 from .voices import SpeakerSampler
 from .weights.loading import LoadedModel
 
-# Names importers use from here (tests, bench, deployments).
-__all__ = [
-    "AGING_SECONDS",
-    "KV_HEADROOM",
-    "NUM_VQ",
-    "REPETITION_WINDOW",
-    "AcousticConfig",
-    "AcousticEngine",
-    "ClientQueueFull",
-    "EngineError",
-    "EngineOverloaded",
-    "EngineStats",
-    "HiddenChunk",
-    "RequestTooLarge",
-    "RowStream",
-    "SegmentRequest",
-]
+# Re-exported for the benchmarks and older callers; the engine's own code imports each from its home.
+__all__ = ["AcousticConfig", "AcousticEngine", "HiddenChunk", "RowStream", "SegmentRequest"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0  # decode steps (one forward of the running batch)
-    row_steps: int = 0  # sum over steps of rows in the batch
-    admissions: int = 0  # times one or more rows joined the batch
-    rows_admitted: int = 0
-    rows_finished: int = 0
-    rows_cancelled: int = 0
-    rows_failed: int = 0
-    rows_parked: int = 0  # times a row left the batch because its consumer fell behind
-    rows_resumed: int = 0
-    max_rows: int = 0
-    graph_steps: int = 0  # decode steps run by the static path (CUDA graphs, cuda_graphs=True)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-
-    @property
-    def mean_rows(self) -> float:
-        return self.row_steps / self.steps if self.steps else 0.0
 
 
 class AcousticEngine:
@@ -112,7 +75,8 @@ class AcousticEngine:
         self.scheduler = Scheduler()  # guarded by _lock
         self.batch = BatchState(self.gpt.config, self.gpt_device)  # decode thread only
         # Rows out of the batch while their consumers catch up, with their KV (decode thread only).
-        self.parked: list[Prefilled] = []
+        self.parked = ParkedRows()
+        self.prefill = Prefiller(chat, self.gpt, self.embed, self.device, self.gpt_device, self.gpt_dtype)
         self.sampler = Sampler(self.embed, self.eos)
         # The decode step's forward without transformers' generic plumbing (decode/forward.py);
         # transformers' forward where the GPT is not the plain Llama it writes out.
@@ -276,9 +240,8 @@ class AcousticEngine:
         # Rows still waiting for a slot would otherwise leave their consumers blocked forever.
         with self._lock:
             waiting = self.scheduler.drain()
-        for row in [*self.batch.rows, *waiting, *(p.row for p in self.parked)]:
+        for row in [*self.batch.rows, *waiting, *self.parked.drain()]:
             self._fail(row, "engine stopped")
-        self.parked = []
         self._retire()
 
     def _pop_admissible(self) -> list[Row]:
@@ -308,7 +271,7 @@ class AcousticEngine:
         prefilled: list[Prefilled] = []
         for row in new_rows:
             try:
-                prefilled.append(self._prefill(row))
+                prefilled.append(self.prefill(row))
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 log.warning("prefill failed: %s", exc)
                 self._fail(row, f"prefill failed: {exc}")
@@ -332,30 +295,6 @@ class AcousticEngine:
             self._sample_and_advance(start, torch.cat([p.hidden for p in prefilled]))
         self.stats.prefill_seconds += time.perf_counter() - t0
         self._retire()
-
-    def _prefill(self, row: Row) -> Prefilled:
-        chat = self.chat
-        req = row.req
-        # ChatTTS's own prompt building (Chat._infer_code): a reference clip's transcript goes
-        # into the text, its audio codes after the text (the tokenizer's ``prompt``).
-        text = chat.speaker.decorate_code_prompts([req.text], req.prompt, req.txt_smp, req.spk_emb)
-        codes = chat.speaker.decode_prompt(req.spk_smp) if req.spk_smp is not None else None
-        input_ids, _attn, text_mask = chat.tokenizer.encode(text, NUM_VQ, prompt=codes, device=self.gpt_device)
-        emb = self.embed(input_ids, text_mask)
-        if row.req.spk_emb is not None:
-            chat.speaker.apply(emb, row.req.spk_emb, input_ids, chat.tokenizer.spk_emb_ids, self.gpt_device)
-        row.prompt_len = int(input_ids.shape[1])
-        cache = DynamicCache(config=self.gpt.config)
-        out = self.gpt(
-            inputs_embeds=emb.to(self.gpt_device, self.gpt_dtype),
-            position_ids=torch.arange(row.prompt_len, device=self.gpt_device).unsqueeze(0),
-            cache=cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[:, -1].to(self.device, torch.float32)
-        keys = [layer.keys for layer in cache.layers]
-        values = [layer.values for layer in cache.layers]
-        return Prefilled(row, keys, values, hidden)
 
     # ------------------------------------------------------------------ decode
 
@@ -439,37 +378,20 @@ class AcousticEngine:
         limit = self.cfg.max_stream_chunks
         if limit is None or self._thread is None:
             return
-        slow = [
-            i
-            for i, row in enumerate(self.batch.rows)
-            if row.stream.backlog >= limit
-            or (row.stream.group is not None and row.stream.group.holds(row.stream, limit))
-        ]
+        slow = falling_behind(self.batch.rows, limit)
         if not slow:
             return
         parked = self.batch.park(slow)
-        for p in parked:
-            p.row.stream.on_taken = self._poke
-        self.parked += parked
+        self.parked.add(parked, self._poke)
         self.stats.rows_parked += len(parked)
 
-    def _ready_to_resume(self, p: Prefilled) -> bool:
-        limit = self.cfg.max_stream_chunks
-        stream = p.row.stream
-        if stream.cancelled.is_set() or limit is None:
-            return True
-        group = stream.group
-        return stream.backlog <= limit // 2 and (group is None or group.releases(stream, limit))
-
     def _resumable(self) -> bool:
-        return any(self._ready_to_resume(p) for p in self.parked)
+        return self.parked.any_ready(self.cfg.max_stream_chunks)
 
     def _poke(self, stream: RowStream) -> None:
         """A parked row's consumer, or a request's, took a chunk (its thread): wake the loop once
         it caught up."""
-        limit = self.cfg.max_stream_chunks
-        group = stream.group
-        if limit is None or group is not None or stream.backlog <= limit // 2:
+        if wakes_loop(stream, self.cfg.max_stream_chunks):
             with self._wake:
                 self._stalled = False
                 self._wake.notify()
@@ -481,21 +403,11 @@ class AcousticEngine:
         if not self.parked:
             return
         free = self.cfg.max_rows + self.cfg.reserved_rows - len(self.batch.rows)
-        back, still = [], []
-        for p in self.parked:
-            if p.row.stream.cancelled.is_set():
-                p.row.finish_reason = "cancelled"
-                self._end(p.row)
-            elif self._ready_to_resume(p) and len(back) < free:
-                back.append(p)
-            else:
-                still.append(p)
-        self.parked = still
+        back, cancelled = self.parked.take(free, self.cfg.max_stream_chunks)
+        for row in cancelled:
+            self._end(row)
         if not back:
             return
-        for p in back:
-            if p.row.stream.group is None:  # a request's rows keep waking the loop for their group
-                p.row.stream.on_taken = None
         try:
             self.batch.merge(back)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: these rows fail, the batch goes on

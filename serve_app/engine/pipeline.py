@@ -16,9 +16,10 @@ from typing import AsyncIterator, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from .acoustic import AcousticEngine, HiddenChunk, RowStream
+from .acoustic import AcousticEngine
 from .audio import SAMPLE_RATE, AudioEncoder, new_encoder
 from .config import EngineConfig, VocoderConfig, acoustic_heard_through
+from .decode.streams import HiddenChunk, RowStream
 from .errors import EmptyInputError  # noqa: F401  (re-exported: callers catch it with the planner)
 from .planner import Planner, segment_seed  # noqa: F401  (re-exported)
 from .threads import TorchThread, on_new_thread

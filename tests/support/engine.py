@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from bench.lib.reference import TokenLog, chattts_tokens  # noqa: F401  (re-exported for the tests)
-from serve_app.engine.acoustic import AcousticEngine, HiddenChunk, RowStream, SegmentRequest
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, VocoderConfig
+from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
+from serve_app.engine.types import SegmentRequest
 from serve_app.engine.vocoder import Vocoder
 from support.audio import snr_db
 

@@ -30,8 +30,9 @@ import torch.nn.utils.parametrize as P
 from support.engine import drain, fixed_chunks, seg, streamed_vs_one_shot
 
 from bench.lib.procs import REPO_ROOT as REPO
-from serve_app.engine.acoustic import KV_HEADROOM, AcousticEngine
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import ModelConfig
+from serve_app.engine.decode.batch import KV_HEADROOM
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.weights.loading import load_model
 

@@ -13,7 +13,7 @@ from support.engine import fixed_chunks, seg
 from support.report import report
 from transformers import LlamaConfig
 
-from serve_app.engine.acoustic import AcousticEngine, EngineError
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.batch import KV_HEADROOM, BatchState, Prefilled, aligned
 from serve_app.engine.decode.cuda_graph import BUCKETS, GraphRunner, buckets_for
@@ -21,7 +21,7 @@ from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.sampling import Sampler, SamplingState, uniforms
 from serve_app.engine.decode.scheduler import AGING_SECONDS, Scheduler, prompt_len_estimate
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
-from serve_app.engine.errors import EngineOverloaded
+from serve_app.engine.errors import EngineError, EngineOverloaded
 from serve_app.engine.types import SegmentRequest
 
 

@@ -30,14 +30,10 @@ from support.engine import (
     streamed_vs_one_shot,
 )
 
-from serve_app.engine.acoustic import (
-    AcousticEngine,
-    EngineError,
-    EngineOverloaded,
-    HiddenChunk,
-    SegmentRequest,
-)
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import EngineConfig, ModelConfig, SegmentLimits, VocoderConfig
+from serve_app.engine.decode.streams import HiddenChunk
+from serve_app.engine.errors import EngineError, EngineOverloaded
 from serve_app.engine.pacing import (
     TOKENS_PER_SECOND,
     expected_seconds,
@@ -46,6 +42,7 @@ from serve_app.engine.pacing import (
     speed_tag_level,
 )
 from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions, Synthesizer
+from serve_app.engine.types import SegmentRequest
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import (
     OPENAI_VOICES,
@@ -228,12 +225,12 @@ def test_buffered_kv_cache_matches_transformers_dynamic_cache(make_engine, spk):
     """The in-place KV buffers (regrown every KV_HEADROOM steps, re-packed on merge and filter),
     read by transformers' own forward through the batch's cache layers, give what the written-out
     decode step gives, and what each row gets decoded alone."""
-    import serve_app.engine.acoustic as acoustic
+    from serve_app.engine.decode.batch import KV_HEADROOM
 
     # Rows longer than the headroom, of different lengths (the batch is filtered mid-flight); the
     # middle row ends first, so the last row moves into its slot.
     reqs = [
-        seg(spk, 2 * acoustic.KV_HEADROOM + 20, seed=1),
+        seg(spk, 2 * KV_HEADROOM + 20, seed=1),
         seg(spk, 30, seed=3),
         seg(spk, 90, seed=2, text="hello world"),
     ]

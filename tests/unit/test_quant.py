@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from support.engine import fixed_chunks
 from torch import nn
 
-from serve_app.engine.acoustic import AcousticEngine, SegmentRequest
+from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import ModelConfig
 from serve_app.engine.linear import DualLayoutLinear
 from serve_app.engine.quant import Int8Linear, quantize_gpt, quantize_linears
+from serve_app.engine.types import SegmentRequest
 from serve_app.engine.voices import speaker_from_seed
 from serve_app.engine.weights.loading import load_model
 

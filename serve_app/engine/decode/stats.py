@@ -1,0 +1,26 @@
+"""What the decode loop counts (``AcousticEngine.stats``): steps, rows in and out, time spent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # decode steps (one forward of the running batch)
+    row_steps: int = 0  # sum over steps of rows in the batch
+    admissions: int = 0  # times one or more rows joined the batch
+    rows_admitted: int = 0
+    rows_finished: int = 0
+    rows_cancelled: int = 0
+    rows_failed: int = 0
+    rows_parked: int = 0  # times a row left the batch because its consumer fell behind
+    rows_resumed: int = 0
+    max_rows: int = 0
+    graph_steps: int = 0  # decode steps run by the static path (CUDA graphs, cuda_graphs=True)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def mean_rows(self) -> float:
+        return self.row_steps / self.steps if self.steps else 0.0
