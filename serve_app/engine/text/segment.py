@@ -23,12 +23,22 @@ from . import data
 from .chars import WS_RE, is_speakable, sanitize, text_length
 from .tags import ATOM_RE, CONTROL_TAG_RE
 
-__all__ = ["locate_pieces", "segment_fits", "split_segments", "split_sentences", "split_unfinished"]
+__all__ = [
+    "CLAUSE_PUNCT",
+    "CLOSERS",
+    "SENTENCE_PUNCT",
+    "locate_pieces",
+    "segment_fits",
+    "split_segments",
+    "split_sentences",
+    "split_unfinished",
+]
 
-# Sentence ends, clause breaks, closing quotes/brackets that belong to the sentence they close.
-_SENT_PUNCT = "。！？!?…"
-_CLAUSE_PUNCT = "，、；,;：:"
-_CLOSERS = "\"'”’」』）)】》"
+# Sentence ends, clause breaks, closing quotes/brackets that belong to the sentence they close:
+# the one home of these boundaries (a job's chunking, storage/jobs/chunking.py, cuts with them too).
+SENTENCE_PUNCT = "。！？!?…"
+CLAUSE_PUNCT = "，、；,;：:"
+CLOSERS = "\"'”’」』）)】》"
 # Words whose trailing "." is not a sentence end.
 _ABBREVIATIONS = frozenset(data.load("en.json")["abbreviations"])
 _ABBR_TAIL_RE = re.compile(r"[A-Za-z.]{1,12}$")
@@ -62,9 +72,9 @@ def split_sentences(text: str) -> List[str]:
         ch = text[i]
         if ch == "\n":
             i += 1
-        elif ch in _SENT_PUNCT or (ch == "." and _is_full_stop(text, i)):
+        elif ch in SENTENCE_PUNCT or (ch == "." and _is_full_stop(text, i)):
             i += 1
-            while i < n and (text[i] in _SENT_PUNCT or text[i] == "." or text[i] in _CLOSERS):
+            while i < n and (text[i] in SENTENCE_PUNCT or text[i] == "." or text[i] in CLOSERS):
                 i += 1
         else:
             i += 1
@@ -81,7 +91,7 @@ def _split_clauses(text: str) -> List[str]:
     pieces: List[str] = []
     start = 0
     for i, ch in enumerate(text):
-        if ch not in _CLAUSE_PUNCT:
+        if ch not in CLAUSE_PUNCT:
             continue
         if ch in ",:" and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit():
             continue
@@ -255,9 +265,9 @@ def split_unfinished(text: str, max_chars: int = 120, max_seconds: Optional[floa
         return "", text
     last = sentences[-1]
     done = "".join(sentences[:-1])
-    tail = last.rstrip(_CLOSERS)
+    tail = last.rstrip(CLOSERS)
     stop = tail.endswith(".") and not tail[-2:-1].isdigit() and _is_full_stop(tail, len(tail) - 1)
-    if stop or tail.endswith("\n") or (tail and tail[-1] in _SENT_PUNCT):
+    if stop or tail.endswith("\n") or (tail and tail[-1] in SENTENCE_PUNCT):
         return done + last, ""
     if segment_fits(last, max_chars, max_seconds):
         return done, last

@@ -9,11 +9,12 @@ one's seed) are fixed before any work and a chunk done again gives the same audi
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Iterable, Optional
 
 from ...engine.audio import SAMPLE_RATE
 from ...engine.pacing import expected_seconds, speed_tag_level
 from ...engine.text.chars import is_speakable
+from ...engine.text.segment import CLAUSE_PUNCT, CLOSERS, SENTENCE_PUNCT
 from ...engine.voices import MAX_SEED
 from .model import PCM_BYTES_PER_SAMPLE, JobChunk, JobPart
 
@@ -22,12 +23,24 @@ from .model import PCM_BYTES_PER_SAMPLE, JobChunk, JobPart
 CHUNK_SEED_STEP = 104729
 
 _PARAGRAPH_RE = re.compile(r"\n[ \t\u3000\r]*\n\s*")
+
+
+def _marks(chars: Iterable[str]) -> str:
+    """A regex character class of ``chars``."""
+    return "[" + "".join(re.escape(c) for c in chars) + "]"
+
+
+# The splitter's marks (engine/text/segment.py, their one home), in patterns that cut a whole
+# book linearly. A job also ends a sentence at a semicolon (a clause mark to the splitter), and a
+# "]" closes one as a quote does.
+_SEMICOLONS = "；;"
+_CLOSERS = _marks(CLOSERS + "]")
 # Where a sentence ends: its end marks and any closing quotes or brackets after them; a full stop
 # only before whitespace (not 3.5, e.g., www); a line break. Every branch is a maximal run matched
 # without look-ahead, so a scan is linear (a look-ahead after ``\.+`` retried the whole run from each
 # of its dots: quadratic on a run of full stops); ``_cut`` checks the full stop's whitespace itself.
-_SENTENCE_END_RE = re.compile(r"[。！？!?；;…]+[”’」』）)\]\"']*|(\.+[”’\"')\]]*)|\n")
-_CLAUSE_END_RE = re.compile(r"[，,、：:]+|\s+")
+_SENTENCE_END_RE = re.compile(rf"{_marks(SENTENCE_PUNCT + _SEMICOLONS)}+{_CLOSERS}*|(\.+{_CLOSERS}*)|\n")
+_CLAUSE_END_RE = re.compile(rf"{_marks(c for c in CLAUSE_PUNCT if c not in _SEMICOLONS)}+|\s+")
 
 
 def chunk_seed(seed: int, index: int) -> int:
