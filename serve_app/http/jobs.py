@@ -7,10 +7,10 @@ options), as ``text/plain`` (the body is the text, the options are query paramet
 multipart form (a ``file`` part, or an ``input`` field, and the options as fields). Everything is
 checked before the job is stored, the cheap refusals first (a caller without a key, the owner's
 active jobs and room, before the body is read; the model and the length, ``jobs.max_input_chars``);
-then, off the event loop, the script is read (SSML, turns; each distinct voice resolved once for
-the caller and kept with the job), cut into chunks, each with its seed, and every chunk planned as
-the runner will plan it: the job reserves its planned audio (``storage/jobs/planning.py``), and
-answers 202 ``queued``.
+then (``job_build.py``), off the event loop, the script is read (SSML, turns; each distinct voice
+resolved once for the caller and kept with the job), cut into chunks, each with its seed, and every
+chunk planned as the runner will plan it: the job reserves its planned audio
+(``storage/jobs/planning.py``), and answers 202 ``queued``.
 
 Every job belongs to the caller that made it (``Caller.owner``): another key's id answers 404
 exactly like a missing one, and an admin key sees every key's.
@@ -31,15 +31,12 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.audio import CONTENT_TYPES
 from ..engine.captions import CAPTION_TYPES
 from ..engine.config import SegmentLimits
-from ..engine.errors import EmptyInputError, JobError, JobNotReady, JobQuotaExceeded, UnknownJobError
-from ..engine.types import ScriptPart, Voice
-from ..engine.voices import effective_seed
+from ..engine.errors import JobError, JobNotReady, UnknownJobError
 from ..errors import APIError, as_api_error
 from ..protocol import (
     AudioJob,
     AudioJobDeleted,
     AudioJobList,
-    JobRequest,
 )
 from ..serving.jobs import job_runner
 from ..settings import JobsSettings
@@ -50,44 +47,23 @@ from ..storage.jobs import (
     captions_file_name,
     chapter_first_chunks,
     check_room,
-    cut_script,
-    cut_text,
     job_limits,
     make_job_store,
     new_job_id,
-    split_chapters,
 )
-from ..storage.jobs.planning import JobPlanner, pieces, reservation
+from ..storage.jobs.planning import JobPlanner, reservation
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
+from .job_build import BuiltJob, JobBuilder
 from .job_request import read_job_request
-from .job_script import CollectorDeferred, ThreadVoices, job_parts
+from .job_script import CollectorDeferred
 from .job_views import JOBS_PATH, file_response, job_view, not_found, store_call
-from .script import dialogue_script, speech_script, style_headers, styled
 from .security import ANONYMOUS, Caller
-from .speech import check_model
 
 log = logging.getLogger("ray.serve")
 
 RUNNER_PING_S = 5.0  # how soon a restarted runner (or a new app version's settings) is told the settings
 RUNNER_CALL_S = 5.0
-
-
-@dataclasses.dataclass
-class _Built:
-    """A job request read, checked and cut, before it is planned and stored."""
-
-    model: str
-    response_format: str
-    captions: Optional[str]
-    options: Any  # SynthesisOptions, the seed the effective one
-    headers: dict[str, str]
-    voice: Voice
-    voice_name: str
-    script_voices: list[Voice]
-    chunks: list
-    chapters: Optional[list]
-    used_bytes: int  # the owner's jobs' bytes when it was checked
 
 
 class JobsService:
@@ -112,8 +88,7 @@ class JobsService:
         self.limits = job_limits(cfg)
         self.store = make_job_store(cfg)
         self.voices = voices
-        self.lexicons: Optional[LexiconBook] = None  # the Ingress's lexicon store (None: lexicons off)
-        self.planner = JobPlanner(segments or SegmentLimits())
+        self.builder = JobBuilder(cfg, self.limits, self.store, voices, JobPlanner(segments or SegmentLimits()))
         self._submitting: set[str] = set()  # owners with a submission being read and planned here
         self._runner_args = (app_name, cfg, normalizer, vocoder)
         if runner is not None:
@@ -121,6 +96,15 @@ class JobsService:
         else:
             self.runner = job_runner(*self._runner_args)
             self._keeper = asyncio.get_event_loop().create_task(self._keep_runner())
+
+    @property
+    def lexicons(self) -> Optional[LexiconBook]:
+        """The Ingress's lexicon store (None: lexicons off), set once it has one."""
+        return self.builder.admission.lexicons
+
+    @lexicons.setter
+    def lexicons(self, book: Optional[LexiconBook]) -> None:
+        self.builder.admission.lexicons = book
 
     async def _keep_runner(self) -> None:
         """Tell the runner our settings and stages now and then: a runner that outlived an older
@@ -189,7 +173,7 @@ class JobsService:
         CollectorDeferred.submission(True)
         try:
             with CollectorDeferred():
-                built = await self._build(await read_job_request(request, self.cfg.max_upload_bytes), caller)
+                built = await self.builder.build(await read_job_request(request, self.cfg.max_upload_bytes), caller)
             # The request, its turns and parts are gone now: what is planned is the chunks alone.
             return await self._create(built, caller, request.scope.get("root_path", ""))
         except APIError:
@@ -200,61 +184,7 @@ class JobsService:
             self._submitting.discard(caller.owner)
             CollectorDeferred.submission(False)
 
-    async def _build(self, req: JobRequest, caller: Caller) -> "_Built":
-        """The request read into the job's chunks (and its voices), every piece of it checked."""
-        check_model(req.model)
-        if req.script_chars > self.cfg.max_input_chars:
-            raise APIError(
-                413,
-                f"input is {req.script_chars} characters; the limit is {self.cfg.max_input_chars}",
-                param="turns" if req.turns is not None else "input",
-                code="input_too_long",
-            )
-        used = await self._store(self.store.usage, caller.owner)
-        check_room(used, self.limits, 1)  # again: the body took a while
-        voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
-        script_voices: list[Voice] = []
-        if req.turns is not None or req.is_ssml:
-            # Parsed and every voice resolved now (a malformed document is a 400 before anything
-            # is stored), on a thread's loop; the chunks keep the script's parts, the job its voices.
-            catalog = ThreadVoices(self.voices, asyncio.get_running_loop())
-            cap = self.cfg.max_input_chars
-            script = await asyncio.to_thread(
-                asyncio.run,
-                dialogue_script(req, catalog, caller, cap)
-                if req.turns is not None
-                else speech_script(req, voice, catalog, caller, cap),
-            )
-            options, headers, chapters = script.options, script.headers, None
-            seed = effective_seed(voice, options.seed)
-            silence = self.planner.limits.max_silence_seconds
-            script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts or [], seed, silence)
-            voice_name = voice.name if req.turns is None else "+".join(dict.fromkeys(t.voice for t in req.turns))[:200]
-        else:
-            options, style = styled(req.to_options(), req.instructions)
-            headers, voice_name = style_headers([style]), voice.name
-            seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
-            chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
-        options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
-        if self.lexicons is not None:  # the entries go into the job's options: a later edit does not change it
-            options = await self.lexicons.apply(options, caller.owner, admin=caller.admin)
-        if not chunks:
-            raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
-        return _Built(
-            req.model,
-            req.response_format,
-            req.captions,
-            options,
-            headers,
-            voice,
-            voice_name,
-            script_voices,
-            chunks,
-            chapters,
-            used.bytes,
-        )
-
-    async def _create(self, built: "_Built", caller: Caller, root: str) -> JSONResponse:
+    async def _create(self, built: BuiltJob, caller: Caller, root: str) -> JSONResponse:
         """Plan the built job, reserve its planned audio, store it and tell the runner."""
         chunks, chapters, voice, script_voices, options = (
             built.chunks,
@@ -263,7 +193,7 @@ class JobsService:
             built.script_voices,
             built.options,
         )
-        seconds = await self._planned_seconds(
+        seconds = await self.builder.planned_seconds(
             chunks,
             options,
             voice,
@@ -317,54 +247,6 @@ class JobsService:
         )
         headers = {"Location": f"{root}{JOBS_PATH}/{job.id}", **built.headers}
         return JSONResponse(job_view(job, root).model_dump(), status_code=202, headers=headers)
-
-    def _cut_script(self, parts: list[ScriptPart], seed: int, max_silence_s: float) -> tuple[list[Voice], list]:
-        voices, job_parts_ = job_parts(parts)
-        return voices, cut_script(job_parts_, seed, self.cfg.chunk_chars, max_silence_s)
-
-    async def _planned_seconds(
-        self,
-        chunks: list,
-        options: Any,
-        voice: Voice,
-        script_voices: list[Voice],
-        owner: str,
-        chapters: bool,
-        room: int,
-    ) -> float:
-        """The job's planned audio (``JobPlanner``), a piece of chunks per thread call; a chunk the
-        runner's planner would refuse is a 413 now, and planning stops with a 409 as soon as the
-        reservation passes the owner's room."""
-        seen: dict[str, float] = {}
-        total = 0.0
-        for start, end in pieces(chunks):
-            total += sum(
-                await asyncio.to_thread(
-                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen
-                )
-            )
-            needed = reservation(total, chapters, self.cfg.reservation_headroom)[1]
-            if needed > room:
-                raise JobQuotaExceeded(
-                    f"this job needs {'at least ' if end < len(chunks) else ''}{needed} bytes (its normalised plan: "
-                    f"{total:.0f} s of audio so far{', twice with chapters' if chapters else ''}, with "
-                    f"jobs.reservation_headroom); your jobs have {max(0, room)} bytes of room "
-                    "(jobs.max_bytes_per_key): delete finished ones or send less text"
-                )
-        return total
-
-    def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:
-        """The job's chunks, and its chapters when asked for (``split_chapters``)."""
-        chapters = split_chapters(req.input) if req.chapters else None
-        chunks = cut_text(
-            req.input,
-            seed,
-            self.cfg.chunk_chars,
-            self.cfg.paragraph_pause_s,
-            chapters,
-            self.cfg.chapter_pause_s if chapters else 0.0,
-        )
-        return chunks, chapters
 
     async def get(self, job_id: str, caller: Caller, root: str = "") -> AudioJob:
         return job_view(await self._job(job_id, caller), root)

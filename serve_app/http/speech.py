@@ -1,38 +1,41 @@
-"""The speech pipeline behind ``POST /v1/audio/speech`` and the handle API: checks, voice, cache,
-plan, stream, errors.
+"""Speech behind ``POST /v1/audio/speech`` and the handle API: admission, script, cache, plan,
+stream, errors.
 
-Every request is validated and planned (normalised, split, voice resolved) before any byte is
-sent, and the first audio chunk is awaited before the response starts, so an error before audio
-still gets its proper status and an OpenAI-style body. The stages are Serve handles: the
-TextNormalizer plans, the Acoustic stage refines text (``refine_text``) and reports its queue,
-the Vocoder drives the stream (it pulls hidden states from the Acoustic stage itself).
+Every request is admitted (``pipeline/admission.py``: model, length, priority, voice, lexicon;
+on a cache miss the busy switch and a stream slot) and planned (normalised, split) before any
+byte is sent, and the first audio chunk is awaited before the response starts, so an error
+before audio still gets its proper status and an OpenAI-style body. The stages are reached
+through the speech pipeline over their Serve handles (``pipeline/handles.py``); the Acoustic
+stage also reports its queue here, for the busy and skip-refine switches.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import Response
 
-from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary, Voice
+from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary
 from ..engine.voices import VoiceResolver
 from ..errors import APIError, as_api_error, to_api_error
-from ..protocol import MODEL_IDS, DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
+from ..pipeline import Admission, Admitted, AudioStream, HandlesPipeline
+from ..pipeline.admission import check_model  # noqa: F401  (re-exported: the error contract's test names it)
+from ..pipeline.admission import release_when_taken as _release_when_taken  # noqa: F401  (re-exported)
+from ..protocol import DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
 from ..serving import metrics
-from ..serving.flow import REF_HEADER, AckedStream, FlowCredit, FlowRef, paced
+from ..serving.flow import REF_HEADER, FlowCredit, FlowRef, paced
 from ..settings import CacheConfig, FlowSettings, IngressSettings
-from ..storage.cache import make_cache, request_key
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
-from .answers import Hit, build_timed_answer, hit_items, segments_key, speech_segment, whole, with_audio
+from .answers import Hit, build_timed_answer, hit_items, speech_segment, whole, with_audio
 from .edge_cache import EDGE_HEADER
 from .request_log import RequestRecord
-from .script import Script, dialogue_script, speech_script, with_lexicon
-from .security import Caller, Slot, StreamSlots, check_priority, hold_slot
+from .script import Script, dialogue_script, speech_script
+from .security import Caller, StreamSlots
+from .speech_cache import SpeechCache
 from .sse import sse_stream
 from .streams import OwnedStreamResponse, SynthesisStream
 
@@ -48,16 +51,6 @@ def as_request(request: Union[SpeechRequest, dict], kind: type[SpeechRequest] = 
         return kind.model_validate(request)
     except Exception as exc:  # noqa: BLE001 - pydantic.ValidationError
         raise as_api_error(exc) from None
-
-
-def check_model(model: str) -> None:
-    if model not in MODEL_IDS:
-        raise APIError(
-            404,
-            f"model {model!r} does not exist; use one of {', '.join(MODEL_IDS)}",
-            param="model",
-            code="model_not_found",
-        )
 
 
 # The warm-up's own synthesis: no key, no slot, default priority.
@@ -93,21 +86,27 @@ class SpeechService:
         flow: FlowSettings = FlowSettings(),
         flow_board: Optional[str] = None,
     ):
-        self.slots = slots
         self.flow = flow
         self.flow_board = flow_board  # None: no back-pressure (no board to report to)
-        self.normalizer = normalizer
-        self.vocoder = vocoder
+        self.pipeline = HandlesPipeline(normalizer, vocoder, acoustic)
         self.acoustic = acoustic
         self.voices = voices
-        self.cache_config = cache
-        self.cache = make_cache(cache)
-        self.lexicons: Optional[LexiconBook] = None  # the Ingress's lexicon store (None: lexicons off)
+        self.admission = Admission(voices, slots, self.check_busy)
+        self.cache = SpeechCache(cache)
         self.weights_kind = "unknown"
         self.weights_id = "unknown"  # cached audio is only valid for the same weights and engine code
         self._queue_rows = 0
         self._poll_task: Optional[asyncio.Task] = None
         self.apply(settings)
+
+    @property
+    def lexicons(self) -> Optional[LexiconBook]:
+        """The Ingress's lexicon store (None: lexicons off), set once it has one."""
+        return self.admission.lexicons
+
+    @lexicons.setter
+    def lexicons(self, book: Optional[LexiconBook]) -> None:
+        self.admission.lexicons = book
 
     def apply(self, settings: IngressSettings) -> None:
         self.settings = settings
@@ -148,41 +147,30 @@ class SpeechService:
                 headers={"Retry-After": "2"},
             )
 
-    def _check(self, req: SpeechRequest) -> None:
-        check_model(req.model)
-        if len(req.input) > self.settings.max_input_chars:
-            raise APIError(
-                413,
-                f"input is {len(req.input)} characters; the limit is {self.settings.max_input_chars}",
-                param="input",
-                code="input_too_long",
-            )
-
     # ------------------------------------------------------------------ the pipeline
 
-    async def script(self, req: SpeechRequest, voice: Voice, caller: Caller) -> Script:
+    async def script(self, req: SpeechRequest, admitted: Admitted) -> Script:
         """The request as the planner's script: instructions applied, SSML or a dialogue's turns
-        as parts with their voices resolved for the caller (a malformed document: 400 here)."""
+        as parts with their voices resolved for the caller (a malformed document: 400 here), its
+        lexicon's entries in its options."""
+        caller, cap = admitted.caller, self.settings.max_input_chars
         if isinstance(req, DialogueRequest):
-            script = await dialogue_script(req, self.voices, caller, self.settings.max_input_chars)
+            script = await dialogue_script(req, self.voices, caller, cap)
         else:
-            script = await speech_script(req, voice, self.voices, caller, self.settings.max_input_chars)
-        return await with_lexicon(script, self.lexicons, caller)
+            script = await speech_script(req, admitted.voice, self.voices, caller, cap)
+        script.options = admitted.with_lexicon(script.options)
+        return script
 
-    async def _plan(self, req: SpeechRequest, voice: Voice, script: Script, client: str = "") -> Plan:
-        options = script.options
-        if script.parts is not None:  # SSML, a dialogue: no refine_text (its text is not the input's)
-            return await self.normalizer.plan_script.remote(script.parts, options, client=client)
-        plan = await self.normalizer.plan.remote(req.input, options, voice, client=client)
-        if req.refine_text:
-            busy = self.settings.skip_refine_queue_rows
-            if busy is not None and self._queue_rows >= busy:
-                log.info("queue at %d rows: skipping refine_text", self._queue_rows)
-            else:
-                seed = plan.segments[0].seed if plan.segments else 0
-                texts = await self.acoustic.refine.remote(plan.texts, seed)
-                plan = await self.normalizer.replan.remote(texts, options, voice, client=client)
-        return plan
+    def _refine(self, req: SpeechRequest, script: Script) -> bool:
+        """refine_text, unless the acoustic queue is past ``skip_refine_queue_rows`` (a script's
+        parts are never refined)."""
+        if not req.refine_text or script.parts is not None:
+            return False
+        busy = self.settings.skip_refine_queue_rows
+        if busy is not None and self._queue_rows >= busy:
+            log.info("queue at %d rows: skipping refine_text", self._queue_rows)
+            return False
+        return True
 
     def flow_ref(self) -> Optional[FlowRef]:
         """A new stream's edge to report on (None when back-pressure is off)."""
@@ -190,51 +178,36 @@ class SpeechService:
             return None
         return FlowRef.new(self.flow_board, self.flow.window)
 
-    def open_vocoder(self, plan: Plan, response_format: str) -> AckedStream:
-        """The Vocoder's stream of ``plan``, reported as this replica takes its byte blocks."""
-        ref = self.flow_ref()
-        return AckedStream(
-            self.vocoder.options(stream=True).stream.remote(plan, response_format, ref),
-            ref,
-            counts=lambda item: isinstance(item, bytes),
-        )
+    def open_audio(self, plan: Plan, response_format: str) -> AudioStream:
+        """The pipeline's stream of ``plan``, reported as this replica takes its byte blocks."""
+        return self.pipeline.audio(plan, response_format, self.flow_ref())
 
     async def _open(
-        self,
-        req: SpeechRequest,
-        voice: Voice,
-        script: Script,
-        client: str = "",
-        rec: Optional[RequestRecord] = None,
-        slot: Optional["asyncio.Future[Slot]"] = None,
-    ) -> tuple[Any, bytes, Plan]:
-        """Plan and start a synthesis; return the byte stream, its first chunk and the plan.
-        ``rec``: where the plan's and the first chunk's calls are timed (the call as seen here; the
-        callee's own share comes back with the plan and the stream's summary). ``slot``: the stream
-        slot being taken meanwhile (its round trip overlaps the plan's); no stage streams before it
-        is held."""
-        gen = None
+        self, req: SpeechRequest, script: Script, admitted: Admitted, rec: RequestRecord
+    ) -> tuple[AudioStream, bytes, Plan]:
+        """Plan and start a synthesis; return the stream, its first chunk and the plan. ``rec``:
+        where the plan's and the first chunk's calls are timed (the call as seen here; the callee's
+        own share comes back with the plan and the stream's summary). The stream slot is being
+        taken meanwhile (its round trip overlaps the plan's); no stage streams before it is held
+        (a stream cut here, by an error or a cancel, stops its stages itself)."""
         try:
             t0 = time.perf_counter()
-            plan = await self._plan(req, voice, script, client)
-            if slot is not None:
-                await asyncio.shield(slot)  # its owner releases it, whatever happens here
+            source = script.parts if script.parts is not None else req.input
+            plan = await self.pipeline.plan(
+                source, script.options, admitted.voice, admitted.caller.id, self._refine(req, script)
+            )
+            await admitted.held()
             t1 = time.perf_counter()
             plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
-            gen = self.open_vocoder(plan, req.response_format)
+            gen = self.open_audio(plan, req.response_format)
             try:
                 first = await gen.__anext__()
             except StopAsyncIteration:
                 first = b""
-            if rec is not None:
-                rec.hop("plan_call", t1 - t0)
-                rec.first_audio["normalizer"] = plan.planned_ms
-                rec.hop("vocoder_call", time.perf_counter() - t1)
+            rec.hop("plan_call", t1 - t0)
+            rec.first_audio["normalizer"] = plan.planned_ms
+            rec.hop("vocoder_call", time.perf_counter() - t1)
             return gen, first, plan
-        except asyncio.CancelledError:
-            if gen is not None:
-                gen.cancel()
-            raise
         except Exception as exc:  # noqa: BLE001
             raise as_api_error(exc) from None
 
@@ -251,82 +224,45 @@ class SpeechService:
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
         byte raise APIError.
         """
-        directives = {d.strip().lower() for d in cache_control.split(",")}
         rec.caller = caller.id
-        slot: Optional[Slot] = None
-        taking: Optional[asyncio.Future] = None
+        admitted: Optional[Admitted] = None
         try:
-            self._check(req)
-            check_priority(caller, req.priority)
-            # Built-in or custom (the voice store): an unknown voice fails here, before any work.
-            voice = await self.voices.resolve(req.voice, caller.owner, admin=caller.admin)  # the caller's own
-            script = await self.script(req, voice, caller)
-            key = (
-                request_key(
-                    req,
-                    voice,
-                    weights_id=self.weights_id,
-                    options=script.options,
-                    voices=[v.cache_id for v in script.voices],
-                    scope="" if self.cache_config.share_across_keys else caller.owner,
-                )
-                if self.weights_id != "unknown"
-                else None
+            # Model, length, priority, voice, lexicon; the busy switch and a stream slot on a miss.
+            chars = (len(req.input), self.settings.max_input_chars, "input")
+            admitted = await self.admission.admit(
+                caller, req.model, req.voice, req.lexicon, chars=chars, priority=req.priority
             )
-            if key is not None and "no-store" in directives:
-                key = None
-                metrics.inc("tts_cache_total", result="bypass")
-            elif key is not None and "no-cache" in directives:
-                rec.cache = "miss"
-                metrics.inc("tts_cache_total", result="miss")
-            elif key is not None:
-                hit = await self._cached(key, timed)
-                rec.cache = "hit" if hit is not None else "miss"
-                metrics.inc("tts_cache_total", result=rec.cache)
-                if hit is not None:
-                    rec.first_byte()
-                    rec.finish("200")
-                    hit.headers = script.headers
-                    return hit
-            else:
-                metrics.inc("tts_cache_total", result="bypass")
-            self.check_busy()
-            taking = asyncio.ensure_future(hold_slot(self.slots, caller))
+            script = await self.script(req, admitted)
+            key = self.cache.key(req, admitted.voice, script, self.weights_id, caller.owner)
+            key, hit = await self.cache.lookup(key, cache_control, rec, timed)
+            if hit is not None:
+                rec.first_byte()
+                rec.finish("200")
+                hit.headers = script.headers
+                return hit
+            self.admission.take_stream(admitted)
             rec.hop("ingress_checks", rec.since_start())
             try:
                 gen, first, plan = await asyncio.wait_for(
-                    self._open(req, voice, script, caller.id, rec, taking), self.settings.request_timeout_s
+                    self._open(req, script, admitted, rec), self.settings.request_timeout_s
                 )
-                slot = taking.result()
                 rec.hop("ingress_opened", rec.since_start())
             except asyncio.TimeoutError:
                 raise APIError(
                     504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error", code="timeout"
                 ) from None
         except BaseException as exc:
-            if slot is not None:
-                slot.release()
-            elif taking is not None:
-                _release_when_taken(taking)
+            if admitted is not None:
+                admitted.release()
             api_exc = to_api_error(exc) if isinstance(exc, Exception) else None
             if api_exc is None:
                 raise
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        stream = SynthesisStream(self._chain(first, gen, rec, key, plan), slot, gen, rec)
+        stream = SynthesisStream(self._chain(first, gen, rec, key, plan), admitted.hand_over(), gen, rec)
         stream.headers = script.headers
         return stream
-
-    async def _cached(self, key: str, timed: bool) -> Optional[Hit]:
-        audio = await self.cache.get(key)
-        if audio is None or not timed:
-            return None if audio is None else Hit(audio)
-        stored = await self.cache.get(segments_key(key))
-        if stored is None:
-            return None  # stored without its timing: synthesise again (and store both)
-        timing = json.loads(stored)
-        return Hit(audio, [SpeechSegment.model_validate(s) for s in timing["segments"]], timing["duration"])
 
     async def _chain(
         self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan
@@ -337,38 +273,40 @@ class SpeechService:
         kept: Optional[list[bytes]] = [] if key else None
         segments: list[SpeechSegment] = []
         size = 0
-        limit = self.cache_config.max_item_bytes
+        limit = self.cache.config.max_item_bytes
         deadline = rec.t0 + self.settings.request_timeout_s
         rec.first_byte()
         try:
-            data: Any = first
-            while True:
-                if isinstance(data, StreamSummary):
-                    rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
-                    rec.first_audio.update(data.first_audio or {})
-                elif isinstance(data, SegmentMark):
-                    segment = speech_segment(data, plan)
-                    segments.append(segment)
-                    yield segment
-                elif data:
-                    if kept is not None:
-                        size += len(data)
-                        kept = kept if size <= limit else None
+            async with gen:  # left before its end (timeout, client gone, a stage failed): every stage stops
+                data: Any = first
+                while True:
+                    if isinstance(data, StreamSummary):
+                        rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                        rec.first_audio.update(data.first_audio or {})
+                    elif isinstance(data, SegmentMark):
+                        segment = speech_segment(data, plan)
+                        segments.append(segment)
+                        yield segment
+                    elif data:
                         if kept is not None:
-                            kept.append(data)
-                    yield data
-                try:
-                    data = await asyncio.wait_for(gen.__anext__(), max(0.001, deadline - time.perf_counter()))
-                except StopAsyncIteration:
-                    break
-                except asyncio.TimeoutError:
-                    status = "timeout"
-                    log.warning(
-                        "request %s hit its %gs timeout mid-stream", rec.request_id, self.settings.request_timeout_s
-                    )
-                    return
+                            size += len(data)
+                            kept = kept if size <= limit else None
+                            if kept is not None:
+                                kept.append(data)
+                        yield data
+                    try:
+                        data = await asyncio.wait_for(gen.__anext__(), max(0.001, deadline - time.perf_counter()))
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.TimeoutError:
+                        status = "timeout"
+                        log.warning(
+                            "request %s hit its %gs timeout mid-stream",
+                            rec.request_id,
+                            self.settings.request_timeout_s,
+                        )
+                        return
             status = "200"
-            gen.close()
         except asyncio.CancelledError:
             status = "client_disconnect"
             raise
@@ -378,12 +316,9 @@ class SpeechService:
             raise
         finally:
             if status == "200":
-                if kept:  # stored whole: a hit is one answer, with its true length (joined off the loop)
-                    await self.cache.put(key, await asyncio.to_thread(whole, kept))
-                    timing = {"segments": [seg.model_dump() for seg in segments], "duration": rec.audio_s}
-                    await self.cache.put(segments_key(key), json.dumps(timing).encode())
-            else:  # client gone, timeout or a stage failed: stop every stage's work
-                gen.cancel()
+                if kept:
+                    await self.cache.put(key, kept, segments, rec.audio_s)
+            else:  # client gone, timeout or a stage failed (the stream stopped its stages)
                 metrics.inc("tts_stream_aborted_total", reason=status)
             rec.finish(status)
 
@@ -417,7 +352,7 @@ class SpeechService:
         # X-Cache only where the cache is the caller's own: on a cache shared across keys a hit
         # would tell one key what another has asked for.
         out = {"X-Weights": self.weights_kind, "Cache-Control": "no-store"}
-        if not self.cache_config.share_across_keys:
+        if not self.cache.config.share_across_keys:
             out["X-Cache"] = rec.cache
         return out
 
@@ -493,20 +428,6 @@ class SpeechService:
             headers[REF_HEADER] = ref.header()  # the middleware takes it off the answer
             stream = paced(stream, FlowCredit(ref))
         return OwnedStreamResponse(stream, items, media_type=body.content_type, headers=headers)
-
-
-def _release_when_taken(taking: asyncio.Future) -> None:
-    """A stream slot being taken for a request that failed: given back once it is held (a refusal
-    or a failed take holds nothing; its exception is retrieved here)."""
-
-    def done(t: asyncio.Future) -> None:
-        if not t.cancelled() and t.exception() is None:
-            t.result().release()
-
-    if taking.done():
-        done(taking)
-    else:
-        taking.add_done_callback(done)
 
 
 def _edge_cacheable_voice(name: str) -> bool:

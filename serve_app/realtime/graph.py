@@ -1,56 +1,61 @@
 """A WebSocket session inside the Serve graph: the session (``session.py``) over the Ingress's
-handles, admitted like an HTTP request (key, model, voice, busy switch, stream slot)."""
+speech pipeline, admitted as an HTTP request is (key, model, voice, busy switch, stream slot)."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncIterator, Callable, Optional
 
+from ..callers import Caller
 from ..engine.audio import format_sample_rate
-from ..engine.text.lexicon import Pronunciations
-from ..engine.types import Plan, StreamSummary, Voice
+from ..engine.types import Plan, SynthesisOptions
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
-from ..http.security import Caller, Slot, check_priority, hold_slot
-from ..http.speech import SpeechService, check_model
+from ..http.speech import SpeechService
+from ..pipeline import Admitted, AudioItem, AudioStream, SpeechPipeline
 from ..protocol import SessionCreated, SessionStart
 from ..settings import IngressSettings
+from .handshake import serve_session
 from .messages import SessionLimits, close_code
-from .session import serve_session
 
 
-class GraphBackend:
-    """A session's way into the graph: per cut, a TextNormalizer plan (with the voice resolved
-    once, at the session's start); per segment, a Vocoder stream (as an HTTP request), cancelled
-    when the session stops reading it."""
+class PipelineBackend:
+    """A session's way into a speech pipeline: per cut, a plan of its text (with the voice and
+    lexicon admitted once, at the session's start, and its caller as the client); per segment, a
+    stream of the pipeline's (as an HTTP request's), stopped when the session stops reading it.
+    ``open_audio``: how a stream is opened (the Ingress's reports its flow); ``errors``: what a
+    stage's failure becomes (the graph's: its APIError; None: raised as it is)."""
 
-    def __init__(self, normalizer: Any, open_vocoder: Callable[[Plan, str], Any], client: str = ""):
-        self.normalizer = normalizer
-        self.open_vocoder = open_vocoder  # SpeechService.open_vocoder: a Vocoder stream, reported as it is read
-        self.voice: Optional[Voice] = None
-        self.client = client  # who asked (key id or ip:<addr>): the engine's fair admission
-        self.pronunciations: Optional[Pronunciations] = None  # the session's lexicon, resolved at its start
+    def __init__(
+        self,
+        pipeline: SpeechPipeline,
+        open_audio: Optional[Callable[[Plan, str], AudioStream]] = None,
+        errors: Optional[Callable[[BaseException], Exception]] = as_api_error,
+    ):
+        self.pipeline = pipeline
+        self.open_audio = open_audio or pipeline.audio
+        self.errors = errors
+        self.admitted: Optional[Admitted] = None  # the session's start, once admitted
 
-    async def plan(self, text: str, options: Any) -> Plan:
-        if self.pronunciations is not None:
-            options = options.model_copy(update={"pronunciations": self.pronunciations})
+    async def plan(self, text: str, options: SynthesisOptions) -> Plan:
+        admitted = self.admitted
+        if admitted is not None:
+            options = admitted.with_lexicon(options)
+        voice, client = (admitted.voice, admitted.caller.id) if admitted is not None else (None, "")
         try:
-            return await self.normalizer.plan.remote(text, options, self.voice, client=self.client)
+            return await self.pipeline.plan(text, options, voice, client)
         except Exception as exc:  # noqa: BLE001 - a full queue is 503, a known error keeps its status
-            raise as_api_error(exc) from None
+            raise self._failed(exc) from None
 
-    async def audio(self, plan: Plan, response_format: str) -> AsyncIterator[Union[bytes, StreamSummary]]:
-        gen = self.open_vocoder(plan, response_format)
-        done = False
+    async def audio(self, plan: Plan, response_format: str) -> AsyncIterator[AudioItem]:
         try:
-            async for item in gen:
-                yield item
-            done = True
-            gen.close()
+            async with self.open_audio(plan, response_format) as stream:
+                async for item in stream:
+                    yield item
         except Exception as exc:  # noqa: BLE001
-            raise as_api_error(exc) from None
-        finally:
-            if not done:  # cancel, disconnect, or a failure: stop every stage's work
-                gen.cancel()
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: Exception) -> Exception:
+        return exc if self.errors is None else self.errors(exc)
 
 
 def session_limits(settings: IngressSettings) -> SessionLimits:
@@ -112,21 +117,15 @@ async def run_session(
             unstarted.leave(waiting.pop())
 
     await ws.accept()
-    slots: list[Slot] = []  # the caller's stream slot once taken
-    backend = GraphBackend(speech.normalizer, speech.open_vocoder)
+    backend = PipelineBackend(speech.pipeline, speech.open_audio)
 
     async def admit(start: SessionStart) -> SessionCreated:
         started()
         caller = identify(start.api_key)
-        backend.client = caller.id
-        check_model(start.model)
-        check_priority(caller, start.priority)
-        # Built-in or custom (the voice store): an unknown voice fails here, before any work.
-        backend.voice = await speech.voices.resolve(start.voice, caller.owner, admin=caller.admin)  # the caller's own
-        if speech.lexicons is not None:  # its lexicon (or the key's default), another key's unknown as a missing one
-            backend.pronunciations = await speech.lexicons.pronunciations(start.lexicon, caller.owner, caller.admin)
-        speech.check_busy()
-        slots.append(await hold_slot(speech.slots, caller))
+        # Model, priority, voice, lexicon, the busy switch and a stream slot (held till the end).
+        backend.admitted = await speech.admission.admit(
+            caller, start.model, start.voice, start.lexicon, priority=start.priority, stream=True
+        )
         rec.voice, rec.format = voice_label(start.voice), start.response_format
         return SessionCreated(
             id=request_id,
@@ -139,8 +138,8 @@ async def run_session(
         _, stats = await serve_session(ws, backend, admit, session_limits(speech.settings))
     finally:
         started()
-        for slot in slots:
-            slot.release()
+        if backend.admitted is not None:
+            backend.admitted.release()
     rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
     rec.ttfb_s = stats.first_audio_s  # from the session's start: it includes the client's writing
     rec.finish(stats.status)

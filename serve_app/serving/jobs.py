@@ -35,23 +35,25 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from ..engine.audio import SAMPLE_RATE
-from ..engine.errors import EmptyInputError, EngineOverloaded
-from ..engine.types import ScriptPart, SegmentMark, Voice
+from ..engine.types import SegmentMark
 from ..errors import to_api_error
+from ..pipeline.handles import HandlesPipeline
 from ..settings import JobsSettings
-from ..storage.jobs import JobChunk, JobGone, StoredJob, make_job_store, store_identity, store_location
+from ..storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
 from ..storage.jobs.model import JobScript
 from ..storage.jobs.objects import clean_spool
-from ..storage.jobs.planning import script_parts
+from .job_audio import SAMPLE_BYTES, write_audio
+from .running_job import ReservationExceeded, _Job  # noqa: F401  (_Job: tests take jobs up by hand)
+
+_write_audio = write_audio  # its name before it moved (tests use it)
 
 log = logging.getLogger("ray.serve")
 
 NAMESPACE = "chattts_serve"
 MAX_BACKOFF_S = 10.0
-SAMPLE_BYTES = 2
 
 
 def runner_name(app_name: str) -> str:
@@ -75,10 +77,6 @@ def job_runner(app_name: str, settings: JobsSettings, normalizer: Any, vocoder: 
     return actor.remote(settings.model_dump(), normalizer, vocoder)
 
 
-def _is(exc: BaseException, kind: type) -> bool:
-    return isinstance(exc, kind) or isinstance(getattr(exc, "cause", None), kind)
-
-
 def _reason(exc: BaseException) -> str:
     known = to_api_error(exc)
     if known is not None:
@@ -87,62 +85,13 @@ def _reason(exc: BaseException) -> str:
     return f"{cause.__class__.__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}".rstrip(": ")
 
 
-class ReservationExceeded(Exception):
-    """The job's audio outgrew what it reserved of its owner's quota."""
-
-
-class _Job:
-    """A job the runner holds: its state, its chunks, what is left and what runs."""
-
-    def __init__(self, job: StoredJob, script: JobScript, done: dict[int, int]):
-        chunks = script.chunks
-        self.job = job
-        self.chunks = chunks
-        job.chunks_total = len(chunks)
-        job.chunk_samples = [done.get(k, -1) for k in range(len(chunks))]
-        job.chars_done = sum(len(c.text) for k, c in enumerate(chunks) if k in done)
-        job.bytes = job.input_bytes + SAMPLE_BYTES * job.audio_samples
-        self.pending = [k for k in range(len(chunks)) if k not in done]  # in order
-        self.tasks: dict[int, asyncio.Task] = {}
-        self.options = job.synthesis_options()
-        self.voice = Voice(**script.voice)
-        self.script_voices = [Voice(**v) for v in script.script_voices]  # an SSML or dialogue job's
-        self.streaming: dict[int, int] = {}  # chunk -> PCM bytes it has streamed so far (not stored yet)
-        self.save_lock = asyncio.Lock()
-        job.run_started_at, job.run_chars_start = time.time(), job.chars_done
-        self.stopped = False
-        self.finishing = False
-
-    def script_parts(self, chunk: JobChunk) -> list[ScriptPart]:
-        return script_parts(chunk, self.script_voices)
-
-    def check_room(self, k: int, more: int) -> None:
-        """``ReservationExceeded`` when chunk ``k``'s ``more`` bytes take the job's PCM (stored,
-        and streaming in its other chunks) past its limit (0: a job made before limits)."""
-        limit = self.job.pcm_limit_bytes
-        if not limit:
-            return
-        self.streaming[k] = more
-        pcm = SAMPLE_BYTES * self.job.audio_samples + sum(self.streaming.values())
-        if pcm > limit:
-            raise ReservationExceeded(
-                f"the job's audio passed its reservation at chunk {k}: {pcm} bytes of PCM, {limit} reserved "
-                "(its normalised plan with jobs.reservation_headroom)"
-            )
-
-    @property
-    def complete(self) -> bool:
-        return self.job.chunks_done == len(self.chunks)
-
-
 class JobRunner:
     """The Ray actor. Async: every method runs on one event loop, file work in threads."""
 
     def __init__(self, settings: dict, normalizer: Any, vocoder: Any):
         self.settings = JobsSettings.model_validate(settings)
         self.store = make_job_store(self.settings)
-        self.normalizer = normalizer
-        self.vocoder = vocoder
+        self.pipeline = HandlesPipeline(normalizer, vocoder)
         self.jobs: dict[str, _Job] = {}
         self._running: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
@@ -170,9 +119,9 @@ class JobRunner:
             self._rescan_now = True
         self.settings = new
         if normalizer is not None:
-            self.normalizer = normalizer
+            self.pipeline.normalizer = normalizer
         if vocoder is not None:
-            self.vocoder = vocoder
+            self.pipeline.vocoder = vocoder
         self._wake.set()
 
     async def notify(self) -> None:
@@ -265,7 +214,7 @@ class JobRunner:
     def _count_replicas(self) -> None:
         """Running Acoustic replicas of the Vocoder's application (Serve's status, from its
         controller); kept as it was when Serve cannot say."""
-        app = getattr(self.vocoder, "app_name", None)
+        app = getattr(self.pipeline.vocoder, "app_name", None)
         try:
             from ray import serve
 
@@ -364,7 +313,7 @@ class JobRunner:
                     if known is not None and known.status < 500 and known.status != 429:
                         await self._fail(active, known.code or "chunk_failed", f"chunk {k}: {known.message}")
                         return
-                    busy = _is(exc, EngineOverloaded)  # a full queue is no failure: wait for room
+                    busy = known is not None and known.code == "overloaded"  # a full queue: wait for room
                     tries += 0 if busy else 1
                     if tries > self.settings.max_chunk_retries:
                         await self._fail(
@@ -395,13 +344,12 @@ class JobRunner:
         """Plan and speak chunk ``k`` as one request; store its PCM whole. Its samples."""
         job, chunk = active.job, active.chunks[k]
         options = active.options.model_copy(update={"seed": chunk.seed, "priority": self.settings.priority})
+        script = active.script_parts(chunk) if chunk.parts is not None else chunk.text
         try:
-            if chunk.parts is not None:
-                plan = await self.normalizer.plan_script.remote(active.script_parts(chunk), options, client=job.owner)
-            else:
-                plan = await self.normalizer.plan.remote(chunk.text, options, active.voice, client=job.owner)
+            plan = await self.pipeline.plan(script, options, active.voice, client=job.owner)
         except Exception as exc:  # noqa: BLE001
-            if not _is(exc, EmptyInputError):
+            known = to_api_error(exc)
+            if known is None or known.code != "empty_input":
                 raise
             plan = None  # nothing the normaliser can say (symbols only): an empty chunk
         parts: list[bytes] = []
@@ -409,18 +357,15 @@ class JobRunner:
         timing: list[list] = []  # [start, end, text] per segment, samples in this chunk's PCM
         active.streaming[k] = 0
         if plan is not None:
-            gen = self.vocoder.options(stream=True).stream.remote(plan, "pcm", None)
-            try:
-                async for item in gen:
+            # Cancelled, timed out or failed: the stream stops the stages' work too.
+            async with self.pipeline.audio(plan, "pcm") as stream:
+                async for item in stream:
                     if isinstance(item, bytes):
                         size += len(item)
                         active.check_room(k, size)  # as it comes: a runaway chunk is never held whole
                         parts.append(item)
                     elif isinstance(item, SegmentMark):
                         timing.append([item.start, item.end, plan.source_of(item.index), plan.speaker_of(item.index)])
-            except BaseException:
-                gen.cancel()  # cancelled, timed out or failed: the stages stop their work too
-                raise
         pcm = b"".join(parts)
         await asyncio.to_thread(self.store.put_chunk, job, k, pcm, timing if job.captions else None)
         return len(pcm) // SAMPLE_BYTES
@@ -439,7 +384,7 @@ class JobRunner:
         active.finishing = True
         job = active.job
         try:
-            size = await asyncio.to_thread(_write_audio, self.store, job, active.chunks)
+            size = await asyncio.to_thread(write_audio, self.store, job, active.chunks)
             now = time.time()
             job.status = "succeeded"
             job.finished_at = now
@@ -485,76 +430,3 @@ class JobRunner:
 def parallel_chunks(settings: JobsSettings, acoustic_replicas: int) -> int:
     """Chunks the runner keeps going at once for this many running Acoustic replicas."""
     return max(1, min(settings.max_parallel_chunks, settings.chunks_per_acoustic_replica * max(1, acoustic_replicas)))
-
-
-def _write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
-    """The whole file, then (made with chapters) each chapter's, and where each chapter lies in
-    the whole file (``job.chapter_times``); made with captions, each file's captions too. The
-    bytes written."""
-    size = store.put_audio(job, _encoded(store, job, chunks, 0, len(chunks)))
-    if job.captions:
-        size += store.put_captions(job, _captions(store, job, chunks, 0, len(chunks)))
-    times = []
-    at = 0
-    for n, (first, end) in enumerate(job.chapter_spans() if job.chapter_titles else []):
-        size += store.put_audio(job, _encoded(store, job, chunks, first, end, trailing_pause=False), chapter=n)
-        if job.captions:
-            size += store.put_captions(job, _captions(store, job, chunks, first, end), chapter=n)
-        own = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(_pauses(chunks, first, end, False))
-        times.append((round(at / SAMPLE_RATE, 6), round(own / SAMPLE_RATE, 6)))
-        at += own + _pause_samples(chunks[end - 1])
-    job.chapter_times = times
-    return size
-
-
-def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
-    """Captions of the file made from chunks [first, end): each chunk's segments moved to where
-    the chunk starts in that file (the chunks before it and their pauses)."""
-    from ..engine.captions import TimedText, to_srt, to_webvtt
-
-    items: list[TimedText] = []
-    at = 0
-    for k, pause in zip(range(first, end), _pauses(chunks, first, end, True)):
-        for start, stop, text, *speaker in store.read_timing(job, k):
-            items.append(TimedText((at + start) / SAMPLE_RATE, (at + stop) / SAMPLE_RATE, text, *speaker))
-        at += max(0, job.chunk_samples[k]) + pause
-    return to_srt(items) if job.captions == "srt" else to_webvtt(items)
-
-
-def _pause_samples(chunk: JobChunk) -> int:
-    return int(round(chunk.pause_after * SAMPLE_RATE))
-
-
-def _pauses(chunks: list[JobChunk], first: int, end: int, trailing_pause: bool) -> list[int]:
-    pauses = [_pause_samples(chunks[k]) for k in range(first, end)]
-    if not trailing_pause and pauses:
-        pauses[-1] = 0
-    return pauses
-
-
-def _encoded(
-    store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int, trailing_pause: bool = True
-) -> Iterator[bytes]:
-    """A file's bytes from chunks [first, end), chunk by chunk (one chunk's PCM in memory at a
-    time): in order with their pauses (the last one's only with ``trailing_pause``), through one
-    encoder. A WAV's header carries its true size at once (the length is known), so the file is
-    written front to back."""
-    import numpy as np
-
-    from ..engine.audio import new_encoder
-    from ..engine.wav import wav_header
-
-    fmt = job.response_format
-    pauses = _pauses(chunks, first, end, trailing_pause)
-    if fmt == "wav":
-        total = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(pauses)
-        yield wav_header(SAMPLE_RATE, SAMPLE_BYTES * total)
-        fmt = "pcm"
-    encoder = new_encoder(fmt)
-    for k, pause in zip(range(first, end), pauses):
-        pcm = np.frombuffer(store.read_chunk(job, k), dtype="<i2")
-        if len(pcm):
-            yield encoder.write(pcm)
-        if pause:
-            yield encoder.write(np.zeros(pause, dtype=np.int16))
-    yield encoder.close()

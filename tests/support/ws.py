@@ -235,22 +235,26 @@ async def _admit(start):
 
 
 class EngineBackend:
-    """The graph's work in this process: the planner (TextNormalizer), the continuously batched
-    engine (Acoustic) and per-plan assembly and encoding (Vocoder), as the stages do it. It
-    records every text sent to ``plan`` and every segment request sent to ``audio``, in order."""
+    """The graph's work in this process: the session's backend over the in-process speech
+    pipeline (``LocalPipeline``: the planner, the continuously batched engine, per-plan assembly
+    and encoding, as the stages do it), stage errors raised as they are. It records every text
+    sent to ``plan`` and every segment request sent to ``audio``, in order."""
 
     def __init__(self, model, limits) -> None:
         from serve_app.engine.acoustic import AcousticEngine
         from serve_app.engine.planner import Planner
         from serve_app.engine.threads import TorchThread
         from serve_app.engine.vocoder import Vocoder
+        from serve_app.pipeline.local import LocalPipeline
+        from serve_app.realtime.graph import PipelineBackend
         from support.engine import fixed_chunks
 
         self.planner = Planner(limits)
         self.engine = AcousticEngine(model, fixed_chunks(max_rows=16))
-        self.vocoder = Vocoder(model)
         self.thread = TorchThread("vocoder", threads=1)
         self.engine.start()
+        self.pipeline = LocalPipeline(self.planner, self.engine, Vocoder(model), self.thread)
+        self.session_backend = PipelineBackend(self.pipeline, errors=None)
         self.opened: list = []
         self.planned: list[str] = []
 
@@ -260,22 +264,13 @@ class EngineBackend:
 
     async def plan(self, text: str, options):
         self.planned.append(text)
-        return self.planner.plan(text, options)
+        return await self.session_backend.plan(text, options)
 
     async def audio(self, plan, response_format: str):
-        from serve_app.engine.audio import SAMPLE_RATE
-        from serve_app.engine.pipeline import AudioAssembler, aordered_chunks
-        from serve_app.engine.types import StreamSummary
-
         self.opened += plan.segments
-        assembler = AudioAssembler(self.vocoder, response_format)
-        streams = self.engine.submit_all(plan.segments, loop=asyncio.get_running_loop())
-        async for seg, chunk in aordered_chunks(streams):  # cancels the rows when closed early
-            data = await self.thread.acall(assembler.feed, seg, chunk.hidden, chunk.final)
-            if data:
-                yield data
-        yield await self.thread.acall(assembler.close)
-        yield StreamSummary(assembler.samples / SAMPLE_RATE, len(plan.segments), 0, 0.0, 0.0)
+        async with contextlib.aclosing(self.session_backend.audio(plan, response_format)) as items:
+            async for item in items:
+                yield item
 
     async def speak(self, text: str, options, fmt: str = "pcm") -> bytes:
         """One request for the whole text (what HTTP does)."""

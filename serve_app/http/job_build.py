@@ -1,0 +1,153 @@
+"""A job request read into what a job is made of (``http/jobs.py`` stores it): admitted (model,
+length, voice, lexicon), its script read (SSML, turns: each distinct voice resolved once for the
+caller), cut into chunks with their seeds, and every chunk planned as the runner will plan it to
+size the job's reservation. Everything proportional to the input's size runs off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Optional
+
+from ..callers import Caller
+from ..engine.errors import EmptyInputError, JobQuotaExceeded
+from ..engine.types import ScriptPart, Voice
+from ..engine.voices import effective_seed
+from ..pipeline.admission import Admission
+from ..protocol import JobRequest
+from ..settings import JobsSettings
+from ..storage.jobs import JobLimits, JobStore, check_room, cut_script, cut_text, split_chapters
+from ..storage.jobs.planning import JobPlanner, pieces, reservation
+from ..storage.voices import VoiceCatalog
+from .job_script import ThreadVoices, job_parts
+from .job_views import store_call
+from .script import dialogue_script, speech_script, style_headers, styled
+
+
+@dataclasses.dataclass
+class BuiltJob:
+    """A job request read, checked and cut, before it is planned and stored."""
+
+    model: str
+    response_format: str
+    captions: Optional[str]
+    options: Any  # SynthesisOptions, the seed the effective one
+    headers: dict[str, str]
+    voice: Voice
+    voice_name: str
+    script_voices: list[Voice]
+    chunks: list
+    chapters: Optional[list]
+    used_bytes: int  # the owner's jobs' bytes when it was checked
+
+
+class JobBuilder:
+    """``planner``: the job planner with the TextNormalizer's limits (``args.segments``), which
+    the runner's chunks are planned with too. ``admission``: no busy switch, no stream slot (the
+    runner paces the chunks)."""
+
+    def __init__(
+        self, cfg: JobsSettings, limits: JobLimits, store: JobStore, voices: VoiceCatalog, planner: JobPlanner
+    ):
+        self.cfg = cfg
+        self.limits = limits
+        self.store = store
+        self.voices = voices
+        self.planner = planner
+        self.admission = Admission(voices)
+
+    async def build(self, req: JobRequest, caller: Caller) -> BuiltJob:
+        """The request read into the job's chunks (and its voices), every piece of it checked."""
+        # Model, length, voice (the caller's own), lexicon (its entries go into the job's options:
+        # a later edit does not change it).
+        chars = (req.script_chars, self.cfg.max_input_chars, "turns" if req.turns is not None else "input")
+        admitted = await self.admission.admit(caller, req.model, req.voice, req.lexicon, chars=chars)
+        used = await store_call(self.store.usage, caller.owner)
+        check_room(used, self.limits, 1)  # again: the body took a while
+        voice = admitted.voice
+        script_voices: list[Voice] = []
+        if req.turns is not None or req.is_ssml:
+            # Parsed and every voice resolved now (a malformed document is a 400 before anything
+            # is stored), on a thread's loop; the chunks keep the script's parts, the job its voices.
+            catalog = ThreadVoices(self.voices, asyncio.get_running_loop())
+            cap = self.cfg.max_input_chars
+            script = await asyncio.to_thread(
+                asyncio.run,
+                dialogue_script(req, catalog, caller, cap)
+                if req.turns is not None
+                else speech_script(req, voice, catalog, caller, cap),
+            )
+            options, headers, chapters = script.options, script.headers, None
+            seed = effective_seed(voice, options.seed)
+            silence = self.planner.limits.max_silence_seconds
+            script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts or [], seed, silence)
+            voice_name = voice.name if req.turns is None else "+".join(dict.fromkeys(t.voice for t in req.turns))[:200]
+        else:
+            options, style = styled(req.to_options(), req.instructions)
+            headers, voice_name = style_headers([style]), voice.name
+            seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
+            chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
+        options = admitted.with_lexicon(options.model_copy(update={"seed": seed, "priority": self.cfg.priority}))
+        if not chunks:
+            raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
+        return BuiltJob(
+            req.model,
+            req.response_format,
+            req.captions,
+            options,
+            headers,
+            voice,
+            voice_name,
+            script_voices,
+            chunks,
+            chapters,
+            used.bytes,
+        )
+
+    def _cut_script(self, parts: list[ScriptPart], seed: int, max_silence_s: float) -> tuple[list[Voice], list]:
+        voices, job_parts_ = job_parts(parts)
+        return voices, cut_script(job_parts_, seed, self.cfg.chunk_chars, max_silence_s)
+
+    async def planned_seconds(
+        self,
+        chunks: list,
+        options: Any,
+        voice: Voice,
+        script_voices: list[Voice],
+        owner: str,
+        chapters: bool,
+        room: int,
+    ) -> float:
+        """The job's planned audio (``JobPlanner``), a piece of chunks per thread call; a chunk the
+        runner's planner would refuse is a 413 now, and planning stops with a 409 as soon as the
+        reservation passes the owner's room."""
+        seen: dict[str, float] = {}
+        total = 0.0
+        for start, end in pieces(chunks):
+            total += sum(
+                await asyncio.to_thread(
+                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen
+                )
+            )
+            needed = reservation(total, chapters, self.cfg.reservation_headroom)[1]
+            if needed > room:
+                raise JobQuotaExceeded(
+                    f"this job needs {'at least ' if end < len(chunks) else ''}{needed} bytes (its normalised plan: "
+                    f"{total:.0f} s of audio so far{', twice with chapters' if chapters else ''}, with "
+                    f"jobs.reservation_headroom); your jobs have {max(0, room)} bytes of room "
+                    "(jobs.max_bytes_per_key): delete finished ones or send less text"
+                )
+        return total
+
+    def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:
+        """The job's chunks, and its chapters when asked for (``split_chapters``)."""
+        chapters = split_chapters(req.input) if req.chapters else None
+        chunks = cut_text(
+            req.input,
+            seed,
+            self.cfg.chunk_chars,
+            self.cfg.paragraph_pause_s,
+            chapters,
+            self.cfg.chapter_pause_s if chapters else 0.0,
+        )
+        return chunks, chapters

@@ -1,0 +1,105 @@
+"""The speech pipeline in one process, over the engine's pieces as the stages use them: the
+planner (the TextNormalizer's), a running ``AcousticEngine`` (the Acoustic stage's decode loop)
+and the vocoder with one ``AudioAssembler`` per stream on a single torch thread (the Vocoder
+stage's). For tests and tools that need what the graph does without Ray; it imports torch, so
+nothing on the Ingress side imports this module."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
+
+from ..engine.audio import SAMPLE_RATE
+from ..engine.pipeline import AudioAssembler, aordered_chunks
+from ..engine.planner import Planner
+from ..engine.threads import TorchThread
+from ..engine.types import Plan, ScriptPart, StreamSummary, SynthesisOptions, Voice
+from ..engine.vocoder import Vocoder
+from .interface import AudioItem, SpeechPipeline
+from .stream import AudioStream
+
+Refine = Callable[[list[str], int], Awaitable[list[str]]]
+
+
+class LocalPipeline(SpeechPipeline):
+    """``engine``: an ``AcousticEngine``, started (its owner stops it). ``thread``: the torch
+    thread the vocoder and the encoders run on. ``refine``: ChatTTS's refine_text pass
+    (``engine/refine.py``'s ``refine_async``, bound), None where no refiner is loaded."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        engine: Any,
+        vocoder: Vocoder,
+        thread: TorchThread,
+        vocoder_cfg: Any = None,
+        refine: Optional[Refine] = None,
+    ):
+        self.planner = planner
+        self.engine = engine
+        self.vocoder = vocoder
+        self.thread = thread
+        self.vocoder_cfg = vocoder_cfg
+        self.refine = refine
+
+    async def plan_text(self, text: str, options: SynthesisOptions, voice: Optional[Voice], client: str) -> Plan:
+        return self.planner.plan(text, options, voice, client=client)
+
+    async def plan_parts(self, parts: Sequence[ScriptPart], options: SynthesisOptions, client: str) -> Plan:
+        return self.planner.plan_script(list(parts), options, client=client)
+
+    async def refine_texts(self, texts: list[str], seed: int) -> list[str]:
+        if self.refine is None:
+            raise ValueError("refine_text needs a refiner: this pipeline has none")
+        return await self.refine(texts, seed)
+
+    async def replan(self, texts: list[str], options: SynthesisOptions, voice: Optional[Voice], client: str) -> Plan:
+        return self.planner.plan_texts(texts, options, voice, client=client)
+
+    def audio(self, plan: Plan, response_format: str, flow_ref: Any = None) -> AudioStream:
+        """``flow_ref``: ignored (nothing crosses a process here)."""
+        return AudioStream(_EngineStream(self, plan, response_format))
+
+
+class _EngineStream:
+    """One plan through the engine: its rows are submitted at the first read; ``cancel()`` drops
+    them at the engine's next step."""
+
+    def __init__(self, local: LocalPipeline, plan: Plan, response_format: str):
+        self._local = local
+        self._plan = plan
+        self._format = response_format
+        self._rows: list = []
+        self._items = self._run()
+
+    def __aiter__(self) -> AsyncIterator[AudioItem]:
+        return self._items
+
+    def cancel(self) -> None:
+        for row in self._rows:
+            row.cancel()
+
+    async def _run(self) -> AsyncIterator[AudioItem]:
+        local, plan = self._local, self._plan
+        assembler = AudioAssembler(
+            local.vocoder,
+            self._format,
+            local.vocoder_cfg,
+            pauses=plan.pauses,
+            gain_db=plan.gain_db,
+            lead_in=plan.lead_in,
+            loudness=plan.loudness,
+        )
+        self._rows = local.engine.submit_all(plan.segments, loop=asyncio.get_running_loop())
+        async for seg, chunk in aordered_chunks(self._rows):  # closed early: the rows are cancelled
+            data = await local.thread.acall(assembler.feed, seg, chunk.hidden, chunk.final)
+            if data:
+                yield data
+            for mark in assembler.take_marks():
+                yield mark
+        yield await local.thread.acall(assembler.close)
+        for mark in assembler.take_marks():
+            yield mark
+        yield StreamSummary(
+            assembler.samples / SAMPLE_RATE, len(plan.segments), 0, assembler.vocode_seconds, assembler.encode_seconds
+        )
