@@ -194,7 +194,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--front-guard",
         default="on",
         choices=["on", "off"],
-        help="the front guard in Serve's proxy (serve_app/http/front_guard.py), with its default settings",
+        help="the front guard in Serve's proxy (deployments/proxy/front_guard.py), with its default settings",
     )
     p.add_argument("--out", help="write abuse.json and report.md here")
 

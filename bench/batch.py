@@ -6,7 +6,7 @@ cores), with the same weights (``--weights``) on CPU:
 
 1. **Bulk, 1 acoustic actor** (1 Ray CPU, 2 torch threads: the service's Acoustic replica) and
    **bulk, 2 acoustic actors** (0.5 CPU and 1 thread each): ``--rows`` rows of bench/corpus.txt
-   (cycled, each row its own seed) through ``serve_app.batch.run_batch``, as the command runs it,
+   (cycled, each row its own seed) through ``deployments.bulk.run_batch``, as the command runs it,
    into a scratch directory. Throughput in steady state: the audio of the groups after the
    first wave (one group per actor) over the time from that wave's last row to the run's last
    row (start-up, model loading and the first decode are before it, as the service's warm-up is
@@ -49,8 +49,8 @@ def corpus_rows(n: int, seed: int) -> list[dict]:
 
 
 def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str, Any]:
-    from serve_app.batch.config import BatchConfig
-    from serve_app.batch.job import run_batch
+    from deployments.bulk.config import BatchConfig
+    from deployments.bulk.job import run_batch
     from serve_app.engine.config import WeightsConfig
 
     cpus, threads = ACTOR_SHAPES.get(actors, (1.0 / actors, 1))

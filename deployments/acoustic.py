@@ -19,6 +19,8 @@ import numpy as np
 import ray
 from ray import serve
 
+from deployments.autoscaling import engine_stats
+from serve_app import metrics
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
 from serve_app.engine.errors import EngineError
@@ -28,9 +30,7 @@ from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights.loading import load_model
-from serve_app.serving import metrics
-from serve_app.serving.autoscaling import engine_stats
-from serve_app.serving.flow import FlowCredit, FlowRef, board, board_name
+from serve_app.pipeline.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
 
 log = logging.getLogger("ray.serve")
@@ -57,7 +57,7 @@ class Acoustic:
         self.engine.start()
         self._gauges = asyncio.get_event_loop().create_task(self._report_queue())
         self._warmup()
-        board(board_name(serve.get_replica_context().app_name))  # the back-pressure board, found now (serving/flow.py)
+        board(board_name(serve.get_replica_context().app_name))  # the back-pressure board, found now (pipeline/flow.py)
         self.placement = _placement()
         log.info("Acoustic ready in %.1fs (%s weights)", time.perf_counter() - t0, self.model.weights.kind)
         log.info("Acoustic placement %s", json.dumps(self.placement))
@@ -135,7 +135,7 @@ class Acoustic:
     async def stream(self, segments: list[SegmentRequest], flow: Optional[FlowRef] = None) -> AsyncIterator[WireChunk]:
         """Hidden-state chunks of every segment, in segment order, as they are decoded. With
         ``flow``, at most its window ahead of what the caller has taken: past it this stream stops
-        reading its rows, and the engine parks them until it reads again (serving/flow.py)."""
+        reading its rows, and the engine parks them until it reads again (pipeline/flow.py)."""
         t_in = time.monotonic()
         streams = await self._submit(segments)
         t_admit = time.monotonic()
@@ -175,7 +175,7 @@ class Acoustic:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics: the engine's queue, read by the Acoustic policy
-        (serve_app/serving/autoscaling.py) in the controller."""
+        (deployments/autoscaling.py) in the controller."""
         return engine_stats(self.engine.waiting_rows, self.engine.running_rows, self.engine.cfg.max_rows)
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:

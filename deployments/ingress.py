@@ -8,6 +8,7 @@ API for other Ray apps: ``synthesize(request)`` -> bytes and ``stream(request)``
 ``.options(stream=True)``).
 """
 
+import functools
 import uuid
 from typing import AsyncIterator, Optional, Union
 
@@ -16,6 +17,8 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.job_runner import job_runner
+from deployments.slots import SharedSlots
 from serve_app.engine.config import SegmentLimits
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
@@ -31,6 +34,7 @@ from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
+from serve_app.pipeline.flow import ACKS_HEADER, board, board_name
 from serve_app.protocol import (
     MODEL_IDS,
     AudioJob,
@@ -47,8 +51,6 @@ from serve_app.protocol import (
 )
 from serve_app.protocol.lexicons import LexiconDeleted, LexiconDetail, LexiconList
 from serve_app.realtime.graph import UnstartedSockets, run_session
-from serve_app.serving.flow import ACKS_HEADER, board, board_name
-from serve_app.serving.slots import SharedSlots
 from serve_app.settings import (
     CacheConfig,
     FlowSettings,
@@ -123,8 +125,8 @@ class Ingress:
             normalizer,
             vocoder,
             self.voices.catalog,
-            app_name,
             SegmentLimits.model_validate(segments or {}),
+            find_runner=functools.partial(job_runner, app_name, jobs_config, normalizer, vocoder),
         )
         lexicon_config = LexiconStoreConfig.model_validate(lexicons or {}).resolved(voice_config)
         HTTP_POLICY.route_max_bytes[LEXICONS_PATH] = lexicon_config.max_upload_bytes

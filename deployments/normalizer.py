@@ -12,10 +12,10 @@ from typing import Optional
 
 from ray import serve
 
+from serve_app import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import Plan, ScriptPart, SynthesisOptions, Voice
-from serve_app.serving import metrics
 
 log = logging.getLogger("ray.serve")
 

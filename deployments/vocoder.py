@@ -18,6 +18,7 @@ import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from serve_app import metrics
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
@@ -27,8 +28,7 @@ from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.wav import with_true_length
 from serve_app.engine.weights.loading import load_vocoder
-from serve_app.serving import metrics
-from serve_app.serving.flow import AckedStream, FlowCredit, FlowRef, board, board_name
+from serve_app.pipeline.flow import AckedStream, FlowCredit, FlowRef, board, board_name
 from serve_app.settings import FlowSettings
 
 log = logging.getLogger("ray.serve")
@@ -87,7 +87,7 @@ class Vocoder:
         """Encoded audio bytes as they are made, a ``SegmentMark`` right after the bytes that
         complete each segment, then one ``StreamSummary``. The Acoustic stage stays at most a
         window ahead of what this stream has decoded, and with ``flow`` this stream stays at most
-        its window ahead of what the caller has taken (serving/flow.py)."""
+        its window ahead of what the caller has taken (pipeline/flow.py)."""
         t0 = time.perf_counter()
         assembler = AudioAssembler(
             self.vocoder,

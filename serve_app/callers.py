@@ -2,7 +2,7 @@
 stream slots a caller holds (``Slot``, ``StreamSlots``, ``LocalSlots``).
 
 Neutral ground (no Ray, no HTTP framework): the Ingress's HTTP layer (``http/security.py``
-makes callers from API keys) and the cluster-wide slot counter (``serving/slots.py``) both build
+makes callers from API keys) and the cluster-wide slot counter (``deployments/slots.py``) both build
 on it without importing each other.
 """
 
@@ -97,3 +97,14 @@ async def hold_slot(slots: StreamSlots, caller: Caller) -> Slot:
     except asyncio.CancelledError:
         task.add_done_callback(lambda t: t.result().release() if not t.cancelled() and t.exception() is None else None)
         raise
+
+
+def check_priority(caller: Caller, priority: int) -> None:
+    if priority > caller.max_priority:
+        raise APIError(
+            403,
+            f"priority {priority} is above what this key may ask for ({caller.max_priority})",
+            type="permission_error",
+            param="priority",
+            code="priority_not_allowed",
+        )

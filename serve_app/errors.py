@@ -117,9 +117,9 @@ def invalid_value(errors: Sequence[dict[str, Any]], skip: tuple[str, ...] = ("bo
 
 
 def _is_backpressure(exc: BaseException) -> bool:
-    from ray.serve.exceptions import BackPressureError  # only where a Serve handle raised it
-
-    return isinstance(exc, BackPressureError)
+    """Serve's ``BackPressureError`` (a handle's queue is full), known by its name so that this
+    module stays below the Ray layer."""
+    return any(c.__name__ == "BackPressureError" and c.__module__.startswith("ray.") for c in type(exc).__mro__)
 
 
 def to_api_error(exc: BaseException) -> Optional[APIError]:

@@ -170,7 +170,7 @@ class ServeRunner:
         if front_door not in FRONT_DOORS:
             raise ValueError(f"front_door must be one of {sorted(FRONT_DOORS)}")
         self.front_door = front_door
-        self.front_guard = front_guard  # serve_app/http/front_guard.py in the proxy (docs/operations.md)
+        self.front_guard = front_guard  # deployments/proxy/front_guard.py in the proxy (docs/operations.md)
         self.cfg = cfg
         self.app = app_name(cfg)
         self.port = int(cfg["http_options"]["port"])
@@ -196,7 +196,7 @@ class ServeRunner:
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
         os.environ.update(FRONT_DOORS[self.front_door])
-        from serve_app.http.front_guard import HOOK_ENV, IMPORT_PATH
+        from deployments.proxy.front_guard import HOOK_ENV, IMPORT_PATH
 
         os.environ.pop(HOOK_ENV, None)
         if self.front_guard:

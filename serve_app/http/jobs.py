@@ -1,5 +1,5 @@
 """The jobs API behind ``/v1/audio/jobs`` (the Ingress's routes call it; no torch here): long
-texts spoken in the background (``serving/jobs.py``'s runner) into one file kept in the job store
+texts spoken in the background (``deployments/job_runner.py``'s runner) into one file kept in the job store
 (``storage/jobs/``).
 
 ``POST /v1/audio/jobs`` takes the text as JSON (``JobRequest``: ``input`` and the speech
@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -38,7 +38,6 @@ from ..protocol import (
     AudioJobDeleted,
     AudioJobList,
 )
-from ..serving.jobs import job_runner
 from ..settings import JobsSettings
 from ..storage.jobs import (
     JOB_ID_RE,
@@ -72,7 +71,8 @@ class JobsService:
 
     ``segments``: the TextNormalizer's limits (``args.segments``): a job is planned at
     submission with them, as the runner's chunks will be. ``runner``: the runner's handle
-    (tests without Ray pass their own; by default the application's, found or made)."""
+    (tests without Ray pass their own); else ``find_runner()`` finds or makes the application's
+    (the Ray layer's ``job_runner``, bound to this app), again whenever it is unreachable."""
 
     def __init__(
         self,
@@ -80,9 +80,9 @@ class JobsService:
         normalizer: Any,
         vocoder: Any,
         voices: VoiceCatalog,
-        app_name: str,
         segments: Optional[SegmentLimits] = None,
         runner: Any = None,
+        find_runner: Optional[Callable[[], Any]] = None,
     ):
         self.cfg = cfg
         self.limits = job_limits(cfg)
@@ -90,11 +90,13 @@ class JobsService:
         self.voices = voices
         self.builder = JobBuilder(cfg, self.limits, self.store, voices, JobPlanner(segments or SegmentLimits()))
         self._submitting: set[str] = set()  # owners with a submission being read and planned here
-        self._runner_args = (app_name, cfg, normalizer, vocoder)
+        self._runner_args = (cfg, normalizer, vocoder)
+        self._find_runner = find_runner
         if runner is not None:
             self.runner, self._keeper = runner, None
         else:
-            self.runner = job_runner(*self._runner_args)
+            assert find_runner is not None, "the Ray layer passes how to find the job runner"
+            self.runner = find_runner()
             self._keeper = asyncio.get_event_loop().create_task(self._keep_runner())
 
     @property
@@ -109,7 +111,7 @@ class JobsService:
     async def _keep_runner(self) -> None:
         """Tell the runner our settings and stages now and then: a runner that outlived an older
         app version gets this one's, and one that died for good is made again."""
-        _, cfg, normalizer, vocoder = self._runner_args
+        cfg, normalizer, vocoder = self._runner_args
         while True:
             try:
                 await asyncio.wait_for(
@@ -118,7 +120,7 @@ class JobsService:
             except Exception as exc:  # noqa: BLE001 - restarting, or gone: find (or make) it again
                 log.warning("jobs: runner unreachable (%s); looking it up again", exc.__class__.__name__)
                 try:
-                    self.runner = job_runner(*self._runner_args)
+                    self.runner = self._find_runner()
                 except Exception:  # noqa: BLE001 - the next round
                     log.exception("jobs: could not reach the job runner")
             await asyncio.sleep(RUNNER_PING_S)

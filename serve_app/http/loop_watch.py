@@ -19,24 +19,28 @@ import logging
 import time
 from typing import Callable, Optional
 
+from .. import metrics
+
 log = logging.getLogger(__name__)
 
 STALL_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
 def _histogram() -> Optional[Callable[[float, str], None]]:
-    """``tts_event_loop_stall_seconds{process}`` where Ray's metrics are there (a replica or the proxy)."""
+    """``tts_event_loop_stall_seconds{process}`` where a metrics backend is installed (a replica or
+    the proxy: ``serve_app/metrics.py``)."""
     try:
-        from ray.util.metrics import Histogram
-
-        h = Histogram(
+        h = metrics.custom(
+            "histogram",
             "tts_event_loop_stall_seconds",
             "How late an event loop's ticker woke (stalls over 5 ms).",
-            boundaries=STALL_BUCKETS,
-            tag_keys=("process",),
+            ("process",),
+            STALL_BUCKETS,
         )
+        if h is metrics.NULL:
+            return None
         return lambda seconds, process: h.observe(seconds, tags={"process": process})
-    except Exception:  # noqa: BLE001 - outside Ray (tests, other ASGI servers) there is no metric
+    except Exception:  # noqa: BLE001 - outside a Ray worker the backend cannot make one
         return None
 
 

@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .. import metrics
 from ..protocol import SpeechRequest
-from ..serving import metrics
 
 log = logging.getLogger("ray.serve")
 

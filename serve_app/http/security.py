@@ -21,8 +21,16 @@ import os
 from pathlib import Path
 from typing import Optional
 
-# Caller and the stream slots live in callers.py (serving/slots.py counts them too); importers here keep working.
-from ..callers import Caller, LocalSlots, Slot, StreamSlots, hold_slot, too_many_streams  # noqa: F401
+# Caller and the stream slots live in callers.py (deployments/slots.py counts them too); importers here keep working.
+from ..callers import (  # noqa: F401
+    Caller,
+    LocalSlots,
+    Slot,
+    StreamSlots,
+    check_priority,
+    hold_slot,
+    too_many_streams,
+)
 from ..errors import APIError
 from ..settings import KeyGrants, SecuritySettings
 
@@ -101,14 +109,3 @@ class APIKeyAuth:
                 401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
             )
         return self._grants(hashlib.sha256(given).hexdigest()[:12])
-
-
-def check_priority(caller: Caller, priority: int) -> None:
-    if priority > caller.max_priority:
-        raise APIError(
-            403,
-            f"priority {priority} is above what this key may ask for ({caller.max_priority})",
-            type="permission_error",
-            param="priority",
-            code="priority_not_allowed",
-        )

@@ -18,20 +18,19 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import Response
 
+from .. import metrics
 from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary
 from ..engine.voices import VoiceResolver
 from ..errors import APIError, as_api_error, to_api_error
 from ..pipeline import Admission, Admitted, AudioStream, HandlesPipeline
 from ..pipeline.admission import check_model  # noqa: F401  (re-exported: the error contract's test names it)
 from ..pipeline.admission import release_when_taken as _release_when_taken  # noqa: F401  (re-exported)
+from ..pipeline.flow import REF_HEADER, FlowCredit, FlowRef, paced
 from ..protocol import DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
-from ..serving import metrics
-from ..serving.flow import REF_HEADER, FlowCredit, FlowRef, paced
-from ..settings import CacheConfig, FlowSettings, IngressSettings
+from ..settings import EDGE_HEADER, CacheConfig, FlowSettings, IngressSettings
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .answers import Hit, build_timed_answer, hit_items, speech_segment, whole, with_audio
-from .edge_cache import EDGE_HEADER
 from .request_log import RequestRecord
 from .script import Script, dialogue_script, speech_script
 from .security import Caller, StreamSlots
@@ -405,13 +404,13 @@ class SpeechService:
     ) -> Response:
         """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
-        stays at most a window ahead of the client (serving/flow.py)."""
+        stays at most a window ahead of the client (pipeline/flow.py)."""
         audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
         headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy;
-                # the edge cache in the proxy may give it again (http/edge_cache.py).
+                # the edge cache in the proxy may give it again (deployments/proxy/edge_cache.py).
                 if self._edge_cacheable(body):
                     headers[EDGE_HEADER] = "1"
                 return Response(audio.audio, media_type=body.content_type, headers=headers)

@@ -7,9 +7,9 @@ import asyncio
 import json
 from typing import Optional
 
+from .. import metrics
 from ..engine.types import Voice
 from ..protocol import SpeechRequest, SpeechSegment
-from ..serving import metrics
 from ..settings import CacheConfig
 from ..storage.cache import make_cache, request_key
 from .answers import Hit, segments_key, whole

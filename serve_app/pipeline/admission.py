@@ -17,11 +17,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..callers import Caller, Slot, StreamSlots, hold_slot
+from ..callers import Caller, Slot, StreamSlots, check_priority, hold_slot
 from ..engine.text.lexicon import Pronunciations
 from ..engine.types import SynthesisOptions, Voice
 from ..errors import APIError
-from ..http.security import check_priority
 from ..protocol import MODEL_IDS
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog

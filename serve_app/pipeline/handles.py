@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ..engine.types import Plan, ScriptPart, SynthesisOptions, Voice
-from ..serving.flow import AckedStream, FlowRef
+from .flow import AckedStream, FlowRef
 from .interface import SpeechPipeline
 from .stream import AudioStream
 

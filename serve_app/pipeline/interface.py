@@ -48,7 +48,7 @@ class SpeechPipeline(ABC):
     @abstractmethod
     def audio(self, plan: Plan, response_format: str, flow_ref: Optional[Any] = None) -> AudioStream:
         """The plan's audio as a stream of ``AudioItem``. ``flow_ref``: the edge the reader reports
-        its progress on (back-pressure, ``serving/flow.py``), None for none."""
+        its progress on (back-pressure, ``pipeline/flow.py``), None for none."""
 
     # The stages' steps.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .app import LIVE_ACOUSTIC_FIELDS, AcousticLive, AppArgs, merged
 from .front import (
+    EDGE_HEADER,
     HOOK_ENV,
     IMPORT_PATH,
     EdgeCacheSettings,
@@ -30,6 +31,7 @@ from .stores import CacheConfig, LexiconStoreConfig, VoiceStoreConfig
 from .units import KiB, MiB
 
 __all__ = [
+    "EDGE_HEADER",
     "HOOK_ENV",
     "IMPORT_PATH",
     "LIVE_ACOUSTIC_FIELDS",

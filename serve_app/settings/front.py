@@ -12,9 +12,11 @@ from ..engine.strict import StrictModel
 from .units import KiB, MiB
 
 # Ray's hook, read by Serve's proxy (and each replica's own HTTP server) when it starts: set it in
-# the environment of `ray start` / `serve run` (and in a RayService's pods: serving/kuberay.py).
+# the environment of `ray start` / `serve run` (and in a RayService's pods: deployments/kuberay.py).
 HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-IMPORT_PATH = "serve_app.http.front_guard:middlewares"
+IMPORT_PATH = "deployments.proxy.front_guard:middlewares"
+# The Ingress's mark on an answer the edge cache in the proxy may keep (taken off before the client sees it).
+EDGE_HEADER = "x-chattts-edge"
 
 
 class KeyGrants(StrictModel):
@@ -60,7 +62,7 @@ class SecuritySettings(StrictModel):
 
 
 class FrontGuardSettings(StrictModel):
-    """The refusal budget of the front guard (``http/front_guard.py``), the ASGI middleware that
+    """The refusal budget of the front guard (``deployments/proxy/front_guard.py``), the ASGI middleware that
     Serve's HTTP proxy runs before it routes a request (env ``CHATTTS_FRONT_GUARD``, JSON: the
     proxy never sees the app's args). A client is an address plus the fingerprint of its
     Authorization header; every 4xx the service answers it spends one token of its bucket, and a
@@ -103,12 +105,12 @@ class FrontGuardSettings(StrictModel):
         default="127.0.0.1,::1",
         description="Peers whose X-Forwarded-For names the client "
         "(uvicorn's FORWARDED_ALLOW_IPS in the proxy and, with HAProxy, the replicas): only the "
-        "front door. With Ray's HAProxy not wrapped by serve_app.http.front_door, none.",
+        "front door. With Ray's HAProxy not wrapped by deployments.proxy.front_door, none.",
     )
 
 
 class FlowSettings(StrictModel):
-    """``args.flow``: back-pressure between the stages of a stream (``serving/flow.py``)."""
+    """``args.flow``: back-pressure between the stages of a stream (``pipeline/flow.py``)."""
 
     enabled: bool = True
     window: int = Field(
@@ -121,7 +123,7 @@ class FlowSettings(StrictModel):
 
 
 class EdgeCacheSettings(StrictModel):
-    """The edge cache (``http/edge_cache.py``): cache hits kept in Serve's HTTP proxy and given
+    """The edge cache (``deployments/proxy/edge_cache.py``): cache hits kept in Serve's HTTP proxy and given
     there again (env ``CHATTTS_EDGE_CACHE``, JSON: the proxy never sees the app's args)."""
 
     enabled: bool = True

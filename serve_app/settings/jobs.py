@@ -12,7 +12,7 @@ from .units import KiB, MiB
 
 class JobsSettings(StrictModel):
     """``args.jobs``: long work (``POST /v1/audio/jobs``) run in the background by the
-    application's job runner (``serving/jobs.py``) and kept in the job store (``storage/jobs/``)."""
+    application's job runner (``deployments/job_runner.py``) and kept in the job store (``storage/jobs/``)."""
 
     backend: Literal["directory", "fsspec"] = Field(
         default="directory",

@@ -160,9 +160,9 @@ def _batch(args: argparse.Namespace) -> int:
     """Exit status 0 when every row has its audio, 3 when some rows are in the errors file."""
     from pydantic import ValidationError
 
-    from ..batch.config import BatchConfig
-    from ..batch.job import run_batch
-    from ..batch.output import OutputLocked
+    from deployments.bulk.config import BatchConfig
+    from deployments.bulk.job import run_batch
+    from deployments.bulk.output import OutputLocked
 
     given = {k: getattr(args, k) for k in BATCH_OPTIONS if getattr(args, k) is not None}
     weights = {"source": args.weights or "auto", **({"path": args.weights_path} if args.weights_path else {})}

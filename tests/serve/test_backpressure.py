@@ -1,4 +1,4 @@
-"""Back-pressure between the stages (serving/flow.py) in the session's Serve app: a client that
+"""Back-pressure between the stages (pipeline/flow.py) in the session's Serve app: a client that
 reads slowly, and a deliberately slowed Vocoder, make the stream's rows park in the decode loop
 instead of every stage before them holding what they have not taken; others are served as
 usual meanwhile; nothing of the slow stream is lost.

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bench.lib.procs import REPO_ROOT as REPO
-from serve_app.serving.metrics import METRICS
+from serve_app.metrics import METRICS
 
 DASHBOARD = REPO / "deploy" / "grafana" / "chattts-serve.json"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")

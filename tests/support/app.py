@@ -162,8 +162,8 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     # guard's refusal budget off (tests send many bad requests from one address; the guard has its
     # own tests): the streams' back-pressure then reaches the client's socket.
     # The edge cache is off too: tests count what the Ingress answers (test_serve_run.py runs it).
-    from serve_app.http.edge_cache import ENV as EDGE_ENV
-    from serve_app.http.front_guard import ENV as GUARD_ENV
+    from deployments.proxy.edge_cache import ENV as EDGE_ENV
+    from deployments.proxy.front_guard import ENV as GUARD_ENV
     from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
     init_env.setenv(HOOK_ENV, IMPORT_PATH)
@@ -222,7 +222,7 @@ def app_url(ray_session: dict[str, Any]) -> Iterator[str]:
     """The ``chattts`` app (tiny random weights) at route ``/``, ready (``/readyz`` = 200)."""
     from ray import serve
 
-    from serve_app.serving.app import build_app
+    from deployments.app import build_app
 
     args = copy.deepcopy(SERVE_APP_ARGS)
     # Explicit, so the driver (which builds the weights once) and replicas agree without env.

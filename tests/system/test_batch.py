@@ -5,7 +5,7 @@ after it is shut down).
 
 Random weights decode exactly their planned tokens, so every file's length is known to the
 sample. Rows decode in groups of 4 (``--rows-per-call 4``): a row's audio depends on its group
-(serve_app/batch/job.py), so the reference run and the resumed one cut the same groups.
+(deployments/bulk/job.py), so the reference run and the resumed one cut the same groups.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from support.engine import expected_samples
 from support.waiting import wait_until
 
 from bench.lib.procs import MARKER_ENV, kill_marked
-from serve_app.batch.config import BatchRow
-from serve_app.batch.output import OutputDir
-from serve_app.batch.rows import ERROR, TODO, Group, Item, audio_stem, check_row, csv_options, plan_groups, raw_rows
+from deployments.bulk.config import BatchRow
+from deployments.bulk.output import OutputDir
+from deployments.bulk.rows import ERROR, TODO, Group, Item, audio_stem, check_row, csv_options, plan_groups, raw_rows
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.planner import Planner
 from serve_app.engine.voices import OPENAI_VOICES

@@ -37,8 +37,8 @@ from bench.lib.loadgen import StepLoad, complete
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port, wait_for
 from bench.lib.serve import GPU_CONFIG, get_path, set_path
+from deployments.kuberay import GPU_POD, cpu_pod
 from serve_app.engine.wav import with_true_length
-from serve_app.serving.kuberay import GPU_POD, cpu_pod
 
 FAILOVER_BOUNDS = (2, 2)
 

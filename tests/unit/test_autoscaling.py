@@ -1,4 +1,4 @@
-"""The Acoustic autoscaling policy (serve_app/serving/autoscaling.py) as a pure function of Serve's
+"""The Acoustic autoscaling policy (deployments/autoscaling.py) as a pure function of Serve's
 ``AutoscalingContext``, wrapped the way Serve's controller wraps it; and the configs that name it.
 
 No Ray is started here: the policy is called directly, as the controller calls it. The cluster
@@ -20,7 +20,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingP
 from support.configs import CONFIGS, chattts_app, deployments, load
 
 from bench.lib.procs import REPO_ROOT as REPO
-from serve_app.serving.autoscaling import (
+from deployments.autoscaling import (
     DESIRED_METRIC,
     MAX_ROWS,
     RUNNING_ROWS,
@@ -30,7 +30,7 @@ from serve_app.serving.autoscaling import (
     engine_stats,
 )
 
-POLICY = "serve_app.serving.autoscaling:EngineQueuePolicy"
+POLICY = "deployments.autoscaling:EngineQueuePolicy"
 DEP = DeploymentID(name="Acoustic", app_name="chattts")
 
 

@@ -1,4 +1,4 @@
-"""``chattts-serve batch``'s output directory (``batch/output.py``) with files it did not write:
+"""``chattts-serve batch``'s output directory (``deployments/bulk/output.py``) with files it did not write:
 a run removes only its own (temporary files, committed files changed since), and refuses a
 directory of someone else's files. No Ray: the directory is driven as the run drives it."""
 
@@ -9,10 +9,10 @@ import json
 import pyarrow as pa
 import pytest
 
-from serve_app.batch.config import BatchConfig
-from serve_app.batch.job import BatchSummary, checked_groups
-from serve_app.batch.output import ForeignOutput, OutputDir
-from serve_app.batch.rows import audio_stem
+from deployments.bulk.config import BatchConfig
+from deployments.bulk.job import BatchSummary, checked_groups
+from deployments.bulk.output import ForeignOutput, OutputDir
+from deployments.bulk.rows import audio_stem
 
 ROW = {
     "name": "a.wav",

@@ -15,7 +15,7 @@ from support.configs import CONFIGS, chattts_app, deployments, load
 def test_config_validates_with_ray_schema(name):
     schema = ServeDeploySchema.model_validate(load(name))
     (app,) = [a for a in schema.applications if a.name == "chattts"]
-    assert app.import_path == "serve_app.serving.app:build_app"
+    assert app.import_path == "deployments.app:build_app"
     assert app.route_prefix == "/"
 
 
@@ -45,7 +45,7 @@ def test_gpu_config_cpu_stages_never_take_the_acoustic_cpus_of_a_gpu_node():
     """On the node shape the GPU config is sized for (kuberay.GPU_POD, named in the config's
     comment), the CPU stages at their max_replicas_per_node plus the node's Acoustic replicas fit
     its CPUs: however far the CPU stages scale, each GPU node keeps the CPUs its GPU shares need."""
-    from serve_app.serving.kuberay import GPU_POD
+    from deployments.kuberay import GPU_POD
 
     deps = deployments(load("gpu"))
     cpu_stages = {n: d for n, d in deps.items() if n != "Acoustic"}
@@ -61,7 +61,7 @@ def test_gpu_config_cpu_stages_never_take_the_acoustic_cpus_of_a_gpu_node():
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_deployments_exist_in_graph(name, chattts_cache_dir):
-    from serve_app.serving.app import build_app
+    from deployments.app import build_app
 
     args = copy.deepcopy(chattts_app(load(name))["args"])
     # Building the graph resolves the weights: use the session's tiny ones, not the hub.

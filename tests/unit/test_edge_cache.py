@@ -1,4 +1,4 @@
-"""The edge cache middleware (http/edge_cache.py) in front of a real ASGI app: what it keeps
+"""The edge cache middleware (deployments/proxy/edge_cache.py) in front of a real ASGI app: what it keeps
 (only answers the app marks), under which request (path, credential, body), for how long, how
 much, and what it always lets through."""
 
@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serve_app.http.edge_cache import EDGE_HEADER, EdgeCacheMiddleware, settings_from_env
+from deployments.proxy.edge_cache import EDGE_HEADER, EdgeCacheMiddleware, settings_from_env
 from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import EdgeCacheSettings
 

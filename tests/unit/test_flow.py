@@ -1,4 +1,4 @@
-"""Back-pressure between stages (serving/flow.py): the board's table and long poll, and the
+"""Back-pressure between stages (pipeline/flow.py): the board's table and long poll, and the
 producer's window against consumers that keep up, fall behind, stop, or never report.
 
 The board runs in-process here (its methods are plain async code); ``_LocalHandle`` gives it the
@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from serve_app.serving import flow
-from serve_app.serving.flow import AckedStream, FlowAcks, FlowBoard, FlowCredit, FlowRef, FlowTable, paced
+from serve_app.pipeline import flow
+from serve_app.pipeline.flow import AckedStream, FlowAcks, FlowBoard, FlowCredit, FlowRef, FlowTable, paced
 
 
 class _Method:

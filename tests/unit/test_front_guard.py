@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_app.http.front_guard import FrontGuard, middlewares, settings_from_env
+from deployments.proxy.front_guard import FrontGuard, middlewares, settings_from_env
 from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
 
@@ -80,7 +80,7 @@ async def _get(
 
 
 def _fp(key: str) -> str:
-    from serve_app.http.front_guard import client_of
+    from deployments.proxy.front_guard import client_of
 
     return client_of({"headers": [(b"authorization", key.encode())]})[1]
 
@@ -311,7 +311,7 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
     monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
     monkeypatch.setenv("CHATTTS_FRONT_GUARD", json.dumps({"tarpit_s": 0.5, "refusal_burst": 7}))
     assert settings_from_env().refusal_burst == 7
-    from serve_app.http.flow_acks import FlowAcksMiddleware
+    from deployments.proxy.flow_acks import FlowAcksMiddleware
     from serve_app.http.loop_watch import LoopWatchMiddleware
 
     # Ray wraps in list order, the last outermost: the proxy's loop watch, the client's end of
@@ -325,7 +325,7 @@ def test_disabled_passes_everything_and_the_ray_hook_builds_it(monkeypatch):
         settings_from_env()
     assert (HOOK_ENV, IMPORT_PATH) == (
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH",
-        "serve_app.http.front_guard:middlewares",
+        "deployments.proxy.front_guard:middlewares",
     )
 
 
@@ -355,7 +355,7 @@ def test_the_front_door_config_drops_what_a_client_sent_and_sets_its_own_address
     else), once; the bundled HAProxy accepts it (``-c``)."""
     import subprocess
 
-    from serve_app.http import front_door
+    from deployments.proxy import front_door
 
     patched = front_door.patch_config(HAPROXY_CFG)
     lines = patched.splitlines()
@@ -385,7 +385,7 @@ def test_the_front_door_config_drops_what_a_client_sent_and_sets_its_own_address
 def test_forwarded_for_is_believed_only_from_the_front_door(tmp_path, monkeypatch):
     """uvicorn's trust, pinned by the hook before Ray builds the server: the setting, or no one
     behind an HAProxy the wrapper does not run (before: 127.0.0.1, where HAProxy connects from)."""
-    from serve_app.http import front_door
+    from deployments.proxy import front_door
 
     wrapper = front_door.install(tmp_path)
     env: dict[str, str] = {}

@@ -11,13 +11,13 @@ import time
 import pytest
 from fastapi import Request
 
+from deployments.slots import SlotTable
 from serve_app.callers import LocalSlots, hold_slot
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.jsonlimits import JsonDepthGuard, check_json_depth
 from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.security import APIKeyAuth, check_priority, key_id
-from serve_app.serving.slots import SlotTable
 from serve_app.settings import KeyGrants, SecuritySettings
 
 KEY = "test-key-1"

@@ -24,13 +24,13 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from deployments.job_runner import _Job, _write_audio, parallel_chunks
 from serve_app.engine.audio import to_int16
 from serve_app.engine.errors import JobQuotaExceeded, TooManyJobs
 from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
 from serve_app.http import ranged
 from serve_app.http.job_views import file_response
-from serve_app.serving.jobs import _Job, _write_audio, parallel_chunks
 from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import (
     JobGone,

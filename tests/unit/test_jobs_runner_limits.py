@@ -20,8 +20,8 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from deployments.job_runner import JobRunner, _Job
 from serve_app.engine.planner import Planner
-from serve_app.serving.jobs import JobRunner, _Job
 from serve_app.settings import JobsSettings
 from serve_app.storage.jobs import JOB_ID_RE, JobLimits, Place, StoredJob, cut_text, make_job_store, new_job_id
 from serve_app.storage.jobs.objects import SPOOL_BYTES, clean_spool, open_objects, spool_dir

@@ -81,7 +81,7 @@ async def service(tmp_path: Path, segments: SegmentLimits | None = None, **jobs:
         stored_voice("mine", "clip", owner=ALICE, speaker=SPEAKER, sample="c" * 40_000, transcript="hello there")
     )
     settings = JobsSettings(path=str(tmp_path / "jobs"), **{"max_bytes_per_key": 2**50, **jobs})
-    return JobsService(settings, None, None, VoiceCatalog(store), "test", segments=segments, runner=_Runner)
+    return JobsService(settings, None, None, VoiceCatalog(store), segments=segments, runner=_Runner)
 
 
 def encoded(body: dict) -> bytes:

@@ -1,5 +1,5 @@
 """deploy/kuberay/rayservice.yaml, validated offline (no Kubernetes here): it loads, it is what
-``python -m serve_app.serving.kuberay`` generates from config/serve.gpu.yaml, it carries the fields KubeRay
+``python -m deployments.kuberay`` generates from config/serve.gpu.yaml, it carries the fields KubeRay
 and the Prometheus operator need, its pods can hold what the Serve config asks for, and it exposes
 nothing it should not (API keys required and from a Secret, Ray's token auth, no outside Service
 for Ray's ports, NetworkPolicies, voices in Redis)."""
@@ -14,7 +14,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from bench.lib.procs import REPO_ROOT as REPO
-from serve_app.serving import kuberay
+from deployments import kuberay
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
 GPU_CONFIG = REPO / "config" / "serve.gpu.yaml"
@@ -59,7 +59,7 @@ def _pods(service: dict) -> dict[str, dict]:
 
 def test_the_committed_manifest_is_the_generated_one():
     assert MANIFEST.read_text() == kuberay.render(GPU_CONFIG), (
-        "deploy/kuberay/rayservice.yaml is stale: python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml"
+        "deploy/kuberay/rayservice.yaml is stale: python -m deployments.kuberay > deploy/kuberay/rayservice.yaml"
     )
 
 
@@ -358,7 +358,7 @@ def test_front_guard_in_every_proxy(docs):
     front guard through Ray's proxy hook, and the import path names the guard's Ray callback."""
     from ray._common.utils import import_attr
 
-    from serve_app.http.front_guard import middlewares
+    from deployments.proxy.front_guard import middlewares
     from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
     assert import_attr(IMPORT_PATH) is middlewares

@@ -31,9 +31,8 @@ print(json.dumps({{"loaded": loaded, "result": result, "maxrss_mib": resource.ge
 
 
 def test_ingress_module_imports_no_torch():
-    code = (
-        "import deployments.ingress, serve_app.serving.app, serve_app.storage.cache\nresult = None\n"
-        + _REPORT.format(heavy=HEAVY)
+    code = "import deployments.ingress, deployments.app, serve_app.storage.cache\nresult = None\n" + _REPORT.format(
+        heavy=HEAVY
     )
     r = _run(code)
     assert r["loaded"] == [], r

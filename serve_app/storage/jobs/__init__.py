@@ -5,7 +5,7 @@ A job is its state (``StoredJob``, ``job.json``: owner, options, the resolved vo
 chunks done, bytes, error, times), its chunks (``JobChunk``, fixed at submission: each chunk's
 text, seed and the silence after it), each finished chunk's PCM and, once every chunk is done,
 the final file in the job's format. The Ingress makes jobs (its owner's quota checked atomically
-with the write), reads, lists and deletes them; the runner (``serving/jobs.py``) is the only
+with the write), reads, lists and deletes them; the runner (``deployments/job_runner.py``) is the only
 writer after that. Ids (``job_`` + 24 hex digits) are checked by ``JOB_ID_RE`` before any use and
 owners are hashed: user input never becomes a path or an object key. Every read takes the owner:
 another owner's id reads exactly as a missing one (an admin reads every owner's).

@@ -10,11 +10,19 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator
 
-from ..engine.audio import AudioFormat
-from ..engine.config import AcousticConfig, Device, DType, ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
-from ..engine.strict import StrictModel
-from ..engine.types import SynthesisOptions
-from ..settings import IngressSettings
+from serve_app.engine.audio import AudioFormat
+from serve_app.engine.config import (
+    AcousticConfig,
+    Device,
+    DType,
+    ModelConfig,
+    SegmentLimits,
+    VocoderConfig,
+    WeightsConfig,
+)
+from serve_app.engine.strict import StrictModel
+from serve_app.engine.types import SynthesisOptions
+from serve_app.settings import IngressSettings
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 INPUT_SUFFIXES: dict[str, InputFormat] = {

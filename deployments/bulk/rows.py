@@ -25,11 +25,11 @@ from typing import Any, Optional, Union
 import pyarrow as pa
 from pydantic import ValidationError
 
-from ..engine.config import SegmentLimits
-from ..engine.planner import Planner
-from ..engine.voices import effective_seed
-from ..errors import to_api_error
-from .config import INPUT_SUFFIXES, ROW_FIELDS, BatchConfig, BatchRow, InputFormat
+from deployments.bulk.config import INPUT_SUFFIXES, ROW_FIELDS, BatchConfig, BatchRow, InputFormat
+from serve_app.engine.config import SegmentLimits
+from serve_app.engine.planner import Planner
+from serve_app.engine.voices import effective_seed
+from serve_app.errors import to_api_error
 
 TODO, ERROR = "todo", "error"
 HIDDEN_SIZE = 768  # ChatTTS's GPT hidden size (the tiny random weights keep it)

@@ -13,9 +13,9 @@ from, so the front guard would count each client under any address it named. Two
   what a client sent (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-Proto``) and set
   ``X-Forwarded-For`` to the address HAProxy saw, then runs the bundled binary on that copy.
 
-``python -m serve_app.http.front_door`` writes the wrapper (an executable that runs this module
+``python -m deployments.proxy.front_door`` writes the wrapper (an executable that runs this module
 with this interpreter) and prints its path: ``export RAY_SERVE_HAPROXY_BINARY_PATH=$(python -m
-serve_app.http.front_door)`` in the environment of ``serve run`` / ``ray start``.
+deployments.proxy.front_door)`` in the environment of ``serve run`` / ``ray start``.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def install(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "haproxy-front-door"
     tmp = path.with_name(path.name + f".{os.getpid()}")
-    tmp.write_text(f"#!{sys.executable}\n{MARK}\nfrom serve_app.http.front_door import main\n\nmain()\n")
+    tmp.write_text(f"#!{sys.executable}\n{MARK}\nfrom deployments.proxy.front_door import main\n\nmain()\n")
     tmp.chmod(0o755)
     os.replace(tmp, path)
     return path

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Optional
 
-from ..callers import Caller, LocalSlots, Slot, too_many_streams
+from serve_app.callers import Caller, LocalSlots, Slot, too_many_streams
 
 log = logging.getLogger("ray.serve")
 

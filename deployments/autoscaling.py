@@ -87,7 +87,7 @@ def desired_replicas(ctx: Any, target_fill: float) -> Optional[Decision]:
 
 
 class EngineQueuePolicy:
-    """``autoscaling_config.policy.policy_function: serve_app.serving.autoscaling:EngineQueuePolicy``.
+    """``autoscaling_config.policy.policy_function: deployments.autoscaling:EngineQueuePolicy``.
 
     ``policy_kwargs``: ``target_fill`` (0 < fill <= 2), the share of a replica's ``max_rows``
     it should carry on average. Below 1 leaves free slots so a burst is admitted at the next

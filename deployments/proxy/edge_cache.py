@@ -35,13 +35,11 @@ from typing import Callable, Optional
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import APIError
-from ..settings import EdgeCacheSettings
-from .middleware import AUTH_HEADER, header, send_error
+from serve_app.errors import APIError
+from serve_app.http.middleware import AUTH_HEADER, header, send_error
+from serve_app.settings import EDGE_HEADER, EdgeCacheSettings
 
 ENV = "CHATTTS_EDGE_CACHE"
-# The Ingress's mark on an answer the edge may keep (taken off before the client sees it).
-EDGE_HEADER = "x-chattts-edge"
 PATHS = ("/v1/audio/speech",)
 _EDGE = EDGE_HEADER.encode()
 _AUTH = AUTH_HEADER.encode()

@@ -15,7 +15,7 @@ keys do not buy fresh budgets; a client whose key it has authenticated (its answ
 kept in its own table, so a key that works is neither held up nor forgotten for a flood of
 unknown credentials from the same address.
 
-Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.http.front_guard:middlewares``
+Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.proxy.front_guard:middlewares``
 (in Serve's proxy, and in each Ingress replica's own HTTP server with HAProxy's front door);
 settings from the env var ``CHATTTS_FRONT_GUARD`` (``settings.FrontGuardSettings``). State is per
 proxy process, like nginx's per instance. Light on purpose (no torch, no Ray): it runs in the proxy.
@@ -36,9 +36,9 @@ from typing import Any, Callable, Optional
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import error_body
-from ..settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings  # noqa: F401 - the hook's names: bench imports them here
-from .middleware import AUTH_HEADER, header
+from serve_app.errors import error_body
+from serve_app.http.middleware import AUTH_HEADER, header
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings  # noqa: F401 - the hook's names: bench imports them here
 
 log = logging.getLogger("ray.serve")
 
@@ -338,10 +338,10 @@ def middlewares() -> list[Middleware]:
     """Ray's proxy callback: the edge cache (``edge_cache.py``, ``CHATTTS_EDGE_CACHE``), the guard,
     with the settings of ``CHATTTS_FRONT_GUARD``, and the client's end of streams' back-pressure
     (``flow_acks.py``), and the proxy's event-loop watch."""
-    from . import edge_cache
-    from .flow_acks import FlowAcksMiddleware
-    from .front_door import pin_forwarded_allow_ips
-    from .loop_watch import LoopWatchMiddleware
+    from deployments.proxy import edge_cache
+    from deployments.proxy.flow_acks import FlowAcksMiddleware
+    from deployments.proxy.front_door import pin_forwarded_allow_ips
+    from serve_app.http.loop_watch import LoopWatchMiddleware
 
     settings = settings_from_env()
     edge = edge_cache.settings_from_env()

@@ -31,7 +31,7 @@ from typing import IO, Any, Optional
 
 import pyarrow as pa
 
-from ..engine.audio import AUDIO_FORMATS
+from serve_app.engine.audio import AUDIO_FORMATS
 
 AUDIO_DIR = "audio"
 STATE_DIR = ".batch"

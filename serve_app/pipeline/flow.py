@@ -19,7 +19,7 @@ without a window and says so in the log: the stream is served, unbounded as befo
 
 Edges (``FlowRef`` travels with the call that opens the stream): Acoustic -> Vocoder (items:
 hidden-state chunks), Vocoder -> Ingress (encoded byte blocks), and the Ingress's HTTP answer ->
-the client, acknowledged by the flow middleware in Serve's proxy (``http/flow_acks.py``) as the
+the client, acknowledged by the flow middleware in Serve's proxy (``deployments/proxy/flow_acks.py``) as the
 client's socket takes each block; with HAProxy's front door it runs in the Ingress replica, whose
 own HTTP server already waits for the socket.
 """
@@ -31,7 +31,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 log = logging.getLogger("ray.serve")
 
@@ -178,17 +178,23 @@ class FlowBoard:
 
 
 _boards: dict[str, Any] = {}
+# name -> a board's handle (its methods called with ``.remote``): installed by the Ray layer
+# (deployments/backends.py: a detached actor per application), so nothing here imports Ray.
+_open_board: Optional[Callable[[str], Any]] = None
+
+
+def use_boards(open_board: Callable[[str], Any]) -> None:
+    global _open_board
+    _open_board = open_board
 
 
 def board(name: str) -> Any:
-    """The named board's actor handle (created by the first process that asks, found by the others)."""
+    """The named board's handle (opened once per process)."""
     handle = _boards.get(name)
     if handle is None:
-        import ray
-
-        actor = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=100_000)(FlowBoard)
-        handle = actor.options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
-        _boards[name] = handle
+        if _open_board is None:
+            raise RuntimeError("no flow boards in this process: importing deployments installs them")
+        handle = _boards[name] = _open_board(name)
     return handle
 
 

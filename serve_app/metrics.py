@@ -1,13 +1,15 @@
-"""Prometheus metrics of the app, via ``ray.serve.metrics`` (tagged with deployment and replica,
-exported by every Ray node's metrics endpoint; Ray prefixes each name with ``ray_``).
+"""Prometheus metrics of the app: their table, and recording them through a backend the Ray layer
+installs (``deployments/backends.py``: ``ray.serve.metrics``, tagged with deployment and replica,
+exported by every Ray node's metrics endpoint, each name prefixed with ``ray_``). Without one
+(tests, tools) a metric records nothing.
 
-Metrics are created lazily in the replica that records them (they need a running Ray worker).
+Metrics are created lazily in the process that records them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, Optional
 
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0]
 STAGE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
@@ -40,17 +42,38 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
 }
 
 
+class _Null:
+    """What a metric is where no backend is installed (tests, tools): it records nothing."""
+
+    def inc(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    observe = set = inc
+
+
+NULL = _Null()
+# (kind, name, description, tag keys, buckets) -> a metric object; installed by the Ray layer
+# (deployments/backends.py) in every process it runs in, so nothing here imports Ray.
+_make: Optional[Callable[[str, str, str, tuple, Optional[list]], Any]] = None
+
+
+def use(make: Callable[[str, str, str, tuple, Optional[list]], Any]) -> None:
+    """Record metrics through ``make`` from now on."""
+    global _make
+    _make = make
+    metric.cache_clear()
+
+
+def custom(kind: str, name: str, description: str, tags: tuple = (), buckets: Optional[list] = None) -> Any:
+    """A metric outside the table (a process's own, e.g. the loop watch's), or ``NULL``."""
+    return NULL if _make is None else _make(kind, name, description, tags, buckets)
+
+
 @functools.lru_cache(maxsize=None)
 def metric(name: str) -> Any:
     """The process-wide metric object for ``name`` (created on first use)."""
-    from ray.serve import metrics as m
-
     kind, desc, tags, buckets = METRICS[name]
-    if kind == "counter":
-        return m.Counter(name, description=desc, tag_keys=tags)
-    if kind == "gauge":
-        return m.Gauge(name, description=desc, tag_keys=tags)
-    return m.Histogram(name, description=desc, boundaries=buckets, tag_keys=tags)
+    return custom(kind, name, desc, tags, buckets)
 
 
 def inc(name: str, value: float = 1.0, **tags: str) -> None:

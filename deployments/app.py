@@ -1,4 +1,4 @@
-"""The application builder: ``serve_app.serving.app:build_app`` is the config's ``import_path``.
+"""The application builder: ``deployments.app:build_app`` is the config's ``import_path``.
 
 ``args`` (validated by ``AppArgs``) select the weights, device, dtype, limits and engine knobs;
 per-deployment resources, replicas and autoscaling come from the config's ``deployments``.

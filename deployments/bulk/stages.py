@@ -22,17 +22,27 @@ from typing import Any
 
 import pyarrow as pa
 
-from .rows import DECODED, ERROR, HIDDEN_SIZE, TODO, VOICED, Group, error_reason, hidden_bytes, split_hidden
+from deployments.bulk.rows import (
+    DECODED,
+    ERROR,
+    HIDDEN_SIZE,
+    TODO,
+    VOICED,
+    Group,
+    error_reason,
+    hidden_bytes,
+    split_hidden,
+)
 
 log = logging.getLogger(__name__)
 
 
 class AcousticStage:
     def __init__(self, model: dict, acoustic: dict):
-        from ..engine.acoustic import AcousticEngine
-        from ..engine.config import AcousticConfig, ModelConfig
-        from ..engine.threads import TorchThread, on_new_thread
-        from ..engine.weights.loading import load_model
+        from serve_app.engine.acoustic import AcousticEngine
+        from serve_app.engine.config import AcousticConfig, ModelConfig
+        from serve_app.engine.threads import TorchThread, on_new_thread
+        from serve_app.engine.weights.loading import load_model
 
         t0 = time.perf_counter()
         # Loaded on a thread that exits; every decode step runs on one long-lived thread, which
@@ -53,7 +63,7 @@ class AcousticStage:
     def _decode(self, group: Group) -> list[dict]:
         import torch
 
-        from ..engine.errors import EngineError
+        from serve_app.engine.errors import EngineError
 
         rows = group.planned
         jobs = [(i, j, seg) for i, r in enumerate(rows) if r["status"] == TODO for j, seg in enumerate(r["segments"])]
@@ -114,10 +124,10 @@ class VocodeStage:
     def __init__(self, model: dict, vocoder: dict):
         import torch
 
-        from ..engine.config import ModelConfig, VocoderConfig
-        from ..engine.threads import TorchThread
-        from ..engine.vocoder import Vocoder
-        from ..engine.weights.loading import load_vocoder
+        from serve_app.engine.config import ModelConfig, VocoderConfig
+        from serve_app.engine.threads import TorchThread
+        from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.weights.loading import load_vocoder
 
         self.cfg = VocoderConfig.model_validate(vocoder)
         # All torch work of this actor on one thread with one torch thread (engine/threads.py).
@@ -148,9 +158,9 @@ class VocodeStage:
         import numpy as np
         import torch
 
-        from ..engine.audio import SAMPLE_RATE
-        from ..engine.pipeline import AudioAssembler
-        from ..engine.wav import with_true_length
+        from serve_app.engine.audio import SAMPLE_RATE
+        from serve_app.engine.pipeline import AudioAssembler
+        from serve_app.engine.wav import with_true_length
 
         assembler = AudioAssembler(
             self.vocoder,

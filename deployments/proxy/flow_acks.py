@@ -1,4 +1,4 @@
-"""The client's end of a stream's back-pressure (``serving/flow.py``): an ASGI middleware in front
+"""The client's end of a stream's back-pressure (``pipeline/flow.py``): an ASGI middleware in front
 of the Ingress that reports every block of a streamed answer the client's socket has taken.
 
 Serve's HTTP proxy takes a replica's answer as fast as the replica sends it, whatever the client
@@ -22,7 +22,7 @@ from typing import Optional
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..serving.flow import ACKS_HEADER, REF_HEADER, FlowAcks, FlowRef
+from serve_app.pipeline.flow import ACKS_HEADER, REF_HEADER, FlowAcks, FlowRef
 
 _ACKS = ACKS_HEADER.encode()
 _REF = REF_HEADER.encode()

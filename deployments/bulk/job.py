@@ -30,10 +30,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from ..engine.config import WeightsConfig
-from .config import BatchConfig, InputFormat, row_id
-from .output import OutputDir
-from .rows import (
+from deployments.bulk.config import BatchConfig, InputFormat, row_id
+from deployments.bulk.output import OutputDir
+from deployments.bulk.rows import (
     GROUPS,
     TODO,
     Group,
@@ -46,6 +45,7 @@ from .rows import (
     read_input,
     row_key,
 )
+from serve_app.engine.config import WeightsConfig
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def pin_weights(weights: WeightsConfig) -> tuple[WeightsConfig, str]:
     """Resolve ``auto`` and the CHATTTS_WEIGHTS override once, on the driver, so every actor
     loads the same kind of weights (random ones are built here; other nodes rebuild the
     identical tree from the same seed). Returns the pinned config and the weights' kind."""
-    from ..engine.weights.sources import resolve_weights
+    from serve_app.engine.weights.sources import resolve_weights
 
     resolved = resolve_weights(weights)
     pinned = weights.resolved().model_copy(update={"source": resolved.source})
@@ -234,7 +234,7 @@ def run_batch(
     import ray.data
     from ray.data import ActorPoolStrategy
 
-    from .stages import AcousticStage, VocodeStage
+    from deployments.bulk.stages import AcousticStage, VocodeStage
 
     t0 = time.perf_counter()
     summary = BatchSummary()

@@ -1,4 +1,4 @@
-"""A job the runner holds (``serving/jobs.py``): its state, its chunks, what is left and what runs,
+"""A job the runner holds (``deployments/job_runner.py``): its state, its chunks, what is left and what runs,
 and how much PCM its running chunks may still make (its reservation)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..engine.types import ScriptPart, Voice
-from ..storage.jobs import JobChunk, StoredJob
-from ..storage.jobs.model import JobScript
-from ..storage.jobs.planning import script_parts
-from .job_audio import SAMPLE_BYTES
+from deployments.job_audio import SAMPLE_BYTES
+from serve_app.engine.types import ScriptPart, Voice
+from serve_app.storage.jobs import JobChunk, StoredJob
+from serve_app.storage.jobs.model import JobScript
+from serve_app.storage.jobs.planning import script_parts
 
 
 class ReservationExceeded(Exception):

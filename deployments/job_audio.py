@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..engine.audio import SAMPLE_RATE
-from ..storage.jobs import JobChunk, StoredJob
+from serve_app.engine.audio import SAMPLE_RATE
+from serve_app.storage.jobs import JobChunk, StoredJob
 
 SAMPLE_BYTES = 2
 
@@ -35,7 +35,7 @@ def write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
 def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
     """Captions of the file made from chunks [first, end): each chunk's segments moved to where
     the chunk starts in that file (the chunks before it and their pauses)."""
-    from ..engine.captions import TimedText, to_srt, to_webvtt
+    from serve_app.engine.captions import TimedText, to_srt, to_webvtt
 
     items: list[TimedText] = []
     at = 0
@@ -66,8 +66,8 @@ def _encoded(
     written front to back."""
     import numpy as np
 
-    from ..engine.audio import new_encoder
-    from ..engine.wav import wav_header
+    from serve_app.engine.audio import new_encoder
+    from serve_app.engine.wav import wav_header
 
     fmt = job.response_format
     pauses = _pauses(chunks, first, end, trailing_pause)

@@ -1,4 +1,4 @@
-"""``python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
+"""``python -m deployments.kuberay > deploy/kuberay/rayservice.yaml``: the KubeRay manifests of the
 service, generated from config/serve.gpu.yaml so the two cannot drift (tests/unit/test_kuberay.py
 checks the committed file is this output).
 
@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from ..settings import HOOK_ENV, IMPORT_PATH
+from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
@@ -86,8 +86,8 @@ HEAD_POD = {"cpu": 4, "memory": "16Gi"}
 
 HEADER = f"""\
 # KubeRay manifests of chattts-serve: a RayService, a PodMonitor and two NetworkPolicies. GENERATED
-# from config/serve.gpu.yaml by `python -m serve_app.serving.kuberay > deploy/kuberay/rayservice.yaml`:
-# edit the config (or serve_app/serving/kuberay.py), not this file.
+# from config/serve.gpu.yaml by `python -m deployments.kuberay > deploy/kuberay/rayservice.yaml`:
+# edit the config (or deployments/kuberay.py), not this file.
 #
 # What you provide (in the namespace you apply this to; give the service a namespace of its own):
 #   - the image, {IMAGE} below: rayproject/ray:{RAY_VERSION}-py311-gpu with this
@@ -220,7 +220,7 @@ ENV = [
     # Also set by the operator through authOptions; here so that a cluster whose operator ignored
     # authOptions fails to start (token mode without a token) instead of running without auth.
     {"name": "RAY_AUTH_MODE", "value": "token"},
-    # The front guard in Serve's proxy (http/front_guard.py): refusal budgets per client.
+    # The front guard in Serve's proxy (deployments/proxy/front_guard.py): refusal budgets per client.
     {"name": HOOK_ENV, "value": IMPORT_PATH},
 ]
 VOLUMES = [{"name": "hf-cache", "emptyDir": {}}]

@@ -37,16 +37,16 @@ import time
 from collections import Counter
 from typing import Any, Optional
 
-from ..engine.audio import SAMPLE_RATE
-from ..engine.types import SegmentMark
-from ..errors import to_api_error
-from ..pipeline.handles import HandlesPipeline
-from ..settings import JobsSettings
-from ..storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
-from ..storage.jobs.model import JobScript
-from ..storage.jobs.objects import clean_spool
-from .job_audio import SAMPLE_BYTES, write_audio
-from .running_job import ReservationExceeded, _Job  # noqa: F401  (_Job: tests take jobs up by hand)
+from deployments.job_audio import SAMPLE_BYTES, write_audio
+from deployments.running_job import ReservationExceeded, _Job  # noqa: F401  (_Job: tests take jobs up by hand)
+from serve_app.engine.audio import SAMPLE_RATE
+from serve_app.engine.types import SegmentMark
+from serve_app.errors import to_api_error
+from serve_app.pipeline.handles import HandlesPipeline
+from serve_app.settings import JobsSettings
+from serve_app.storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
+from serve_app.storage.jobs.model import JobScript
+from serve_app.storage.jobs.objects import clean_spool
 
 _write_audio = write_audio  # its name before it moved (tests use it)
 
