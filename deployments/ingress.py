@@ -1,7 +1,8 @@
 """Ingress stage (CPU, no torch): the HTTP API, the WebSocket sessions and the handle API.
 
-Each route checks the caller and calls a service object: the speech pipeline
-(``serve_app/http/speech.py``), WebSocket sessions over the graph (``serve_app/realtime/graph.py``),
+Each route checks the caller and calls a service object: speech and dialogue
+(``serve_app/http/speech.py``, over the one speech pipeline in ``serve_app/pipeline``), WebSocket
+sessions (``serve_app/realtime/graph.py``),
 the voices API (``serve_app/http/voices.py``), background jobs (``serve_app/http/jobs.py``),
 readiness (``serve_app/http/health.py``) and the web page (``serve_app/http/webui.py``). Handle
 API for other Ray apps: ``synthesize(request)`` -> bytes and ``stream(request)`` (with
@@ -28,7 +29,7 @@ from serve_app.http.job_request import CREATE_JOB_OPENAPI
 from serve_app.http.jobs import JOBS_PATH, JobsService
 from serve_app.http.lexicons import CREATE_LEXICON_OPENAPI, LEXICONS_PATH, LexiconsAPI
 from serve_app.http.loop_watch import LoopWatch
-from serve_app.http.middleware import HttpPolicy, caller_of
+from serve_app.http.middleware import HttpPolicy, caller_of, install_policy
 from serve_app.http.request_log import RequestRecord
 from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
@@ -61,8 +62,8 @@ from serve_app.settings import (
     merged,
 )
 
-HTTP_POLICY = HttpPolicy(IngressSettings().max_body_bytes)
-app = make_app(HTTP_POLICY)
+# Serve needs the app when the class is defined; each replica installs its own policy at start.
+app = make_app(HttpPolicy(IngressSettings().max_body_bytes))
 
 # Other Ray apps calling through a DeploymentHandle are inside the cluster, past the HTTP front
 # door: trusted like the operator, with no stream slot to count (their own replicas bound them).
@@ -97,7 +98,6 @@ class Ingress:
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})
-        HTTP_POLICY.route_max_bytes[VOICES_PATH] = voice_config.max_upload_bytes  # clip uploads
         self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
         # One count of stream slots, and one board of back-pressure reports, for every replica of this application.
         app_name = serve.get_replica_context().app_name
@@ -117,7 +117,6 @@ class Ingress:
             flow_board,
         )
         jobs_config = JobsSettings.model_validate(jobs or {})
-        HTTP_POLICY.route_max_bytes[JOBS_PATH] = jobs_config.max_upload_bytes  # a book's text
         # The application's job runner (found by name, made if missing) speaks through these stages.
         # segments: the TextNormalizer's limits, which a job's chunks are planned with at submission.
         self.jobs = JobsService(
@@ -129,7 +128,12 @@ class Ingress:
             find_runner=functools.partial(job_runner, app_name, jobs_config, normalizer, vocoder),
         )
         lexicon_config = LexiconStoreConfig.model_validate(lexicons or {}).resolved(voice_config)
-        HTTP_POLICY.route_max_bytes[LEXICONS_PATH] = lexicon_config.max_upload_bytes
+        # Uploads have their own body limits: a clip, a book's text, a lexicon.
+        self._upload_limits = {
+            VOICES_PATH: voice_config.max_upload_bytes,
+            JOBS_PATH: jobs_config.max_upload_bytes,
+            LEXICONS_PATH: lexicon_config.max_upload_bytes,
+        }
         self.lexicons = LexiconsAPI(lexicon_config)
         self.speech.lexicons = self.jobs.lexicons = self.lexicons.book  # requests' `lexicon` (or the key's default)
         self._apply(ingress)  # refuses to start when security.auth is 'required' and no key loads
@@ -141,10 +145,14 @@ class Ingress:
         auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
         self.settings = settings
         self.speech.apply(settings)
-        HTTP_POLICY.auth = auth
-        HTTP_POLICY.max_bytes = settings.max_body_bytes
-        HTTP_POLICY.body_timeout_s = settings.body_timeout_s
-        HTTP_POLICY.cors_origins = list(settings.security.cors_origins)
+        self.http_policy = HttpPolicy(
+            max_bytes=settings.max_body_bytes,
+            body_timeout_s=settings.body_timeout_s,
+            route_max_bytes=self._upload_limits,
+            cors_origins=tuple(settings.security.cors_origins),
+            auth=auth,
+        )
+        install_policy(app, self.http_policy)  # whole: a request in flight keeps the policy it started with
 
     async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: any IngressSettings field, applied live (limits, timeouts,
@@ -164,7 +172,7 @@ class Ingress:
         if caller is not None:
             return caller
         address = ws.client.host if ws.client else "unknown"
-        return HTTP_POLICY.auth.identify(f"Bearer {api_key}" if api_key else None, address)
+        return self.http_policy.auth.identify(f"Bearer {api_key}" if api_key else None, address)
 
     # ------------------------------------------------------------------ handle API
 

@@ -1,7 +1,8 @@
 """ASGI middleware of the HTTP API: who is calling (before any body byte is read), what a body may
-cost (size, time, JSON nesting), and CORS. All of it set live from the Ingress's settings through
-one ``HttpPolicy`` object (the FastAPI app is created at import time, before the deployment's
-settings are known).
+cost (size, time, JSON nesting), and CORS. All of it comes from one immutable ``HttpPolicy`` in
+the app's state: the FastAPI app is created at import time, before the deployment's settings are
+known, so the Ingress builds the policy from its settings and swaps it in whole (``install_policy``)
+at start and on each live change; until then every guarded route answers 503 ``starting``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,14 +36,20 @@ KEYLESS_GETS = ("/v1/audio/voices", "/v1/voices")
 AUTH_HEADER = "x-chattts-auth"
 
 
+@dataclass(frozen=True)
 class HttpPolicy:
-    def __init__(self, max_bytes: int, body_timeout_s: float = 30.0):
-        self.max_bytes = max_bytes
-        self.body_timeout_s = body_timeout_s
-        self.route_max_bytes: dict[str, int] = {}  # exact paths with their own limit (uploads)
-        self.cors_origins: list[str] = []
-        self.max_json_depth = MAX_JSON_DEPTH
-        self.auth: Optional[APIKeyAuth] = None  # None: no replica has configured it yet (all 503)
+    """What the middleware enforces, as one value: replaced whole, never changed in place."""
+
+    max_bytes: int
+    body_timeout_s: float = 30.0
+    route_max_bytes: Mapping[str, int] = field(default_factory=dict)  # exact paths with their own limit (uploads)
+    cors_origins: tuple[str, ...] = ()
+    max_json_depth: int = MAX_JSON_DEPTH
+    auth: Optional[APIKeyAuth] = None  # None: the Ingress has not configured it yet (all 503)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "route_max_bytes", MappingProxyType(dict(self.route_max_bytes)))
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
 
     @staticmethod
     def path_of(scope: Scope) -> str:
@@ -53,6 +62,11 @@ class HttpPolicy:
     @staticmethod
     def is_public(path: str) -> bool:
         return path == "/" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def install_policy(app: Any, policy: HttpPolicy) -> None:
+    """Make ``policy`` the one the app's middleware enforces from its next request on."""
+    app.state.policy = policy
 
 
 def header(scope: Scope, name: bytes) -> Optional[str]:
@@ -79,19 +93,20 @@ class GuardMiddleware:
     a JSON body nesting deeper than ``max_json_depth`` is 400. A WebSocket handshake without an
     Authorization header passes: the session's first message may carry the key."""
 
-    def __init__(self, app: ASGIApp, policy: HttpPolicy):
+    def __init__(self, app: ASGIApp, state: Any):
         self.app = app
-        self.policy = policy
+        self._state = state  # the FastAPI app's state: its ``policy`` is read once per request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})["t_in"] = time.perf_counter()  # the request log's ingress_http hop
-        path = self.policy.path_of(scope)
-        if not self.policy.is_public(path):
+        policy: HttpPolicy = self._state.policy
+        path = policy.path_of(scope)
+        if not policy.is_public(path):
             try:
-                mark = self._identify(scope, path)
+                mark = self._identify(scope, path, policy.auth)
             except APIError as exc:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 4000 + exc.status, "reason": exc.code or ""})
@@ -103,16 +118,16 @@ class GuardMiddleware:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        limit = self.policy.limit_for(path)
+        limit = policy.limit_for(path)
         declared = header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
             await send_error(send, _too_large(limit))
             return
-        await self.app(scope, self._bounded(scope, receive, limit), send)
+        await self.app(scope, self._bounded(scope, receive, limit, policy), send)
 
-    def _identify(self, scope: Scope, path: str = "") -> Optional[bytes]:
+    @staticmethod
+    def _identify(scope: Scope, path: str, auth: Optional[APIKeyAuth]) -> Optional[bytes]:
         """Identify the caller (401 if it cannot be); the ``AUTH_HEADER`` value its answers carry."""
-        auth = self.policy.auth
         if auth is None:
             raise APIError(
                 503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"}
@@ -127,10 +142,11 @@ class GuardMiddleware:
         scope.setdefault("state", {})["caller"] = caller
         return b"key" if auth.enabled else b"open"
 
-    def _bounded(self, scope: Scope, receive: Receive, limit: int) -> Receive:
-        deadline = time.monotonic() + self.policy.body_timeout_s
+    @staticmethod
+    def _bounded(scope: Scope, receive: Receive, limit: int, policy: HttpPolicy) -> Receive:
+        deadline = time.monotonic() + policy.body_timeout_s
         ctype = (header(scope, b"content-type") or "").split(";")[0].strip().lower()
-        depth = JsonDepthGuard(self.policy.max_json_depth) if ctype in ("application/json", "") else None
+        depth = JsonDepthGuard(policy.max_json_depth) if ctype in ("application/json", "") else None
         seen = 0
         done = False
 
@@ -142,7 +158,7 @@ class GuardMiddleware:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 raise APIError(
-                    408, f"the request body did not arrive within {self.policy.body_timeout_s:g} s", code="body_timeout"
+                    408, f"the request body did not arrive within {policy.body_timeout_s:g} s", code="body_timeout"
                 ) from None
             if message["type"] == "http.request":
                 body = message.get("body", b"")
@@ -178,23 +194,24 @@ def _too_large(limit: int) -> APIError:
 class DynamicCORS:
     """CORS off unless origins are configured; then Starlette's CORSMiddleware does the work."""
 
-    def __init__(self, app: ASGIApp, policy: HttpPolicy):
+    def __init__(self, app: ASGIApp, state: Any):
         self.app = app
-        self.policy = policy
+        self._state = state
         self._cors: Optional[ASGIApp] = None
-        self._origins: list[str] = []
+        self._origins: tuple[str, ...] = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.policy.cors_origins:
+        origins = self._state.policy.cors_origins
+        if not origins:
             await self.app(scope, receive, send)
             return
-        if self._cors is None or self._origins != self.policy.cors_origins:
+        if self._cors is None or self._origins != origins:
             from starlette.middleware.cors import CORSMiddleware
 
-            self._origins = list(self.policy.cors_origins)
+            self._origins = origins
             self._cors = CORSMiddleware(
                 self.app,
-                allow_origins=self._origins,
+                allow_origins=list(origins),
                 allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                 allow_headers=["Authorization", "Content-Type", "X-Request-Id", "Cache-Control"],
                 expose_headers=["X-Request-Id", "X-Cache", "X-Weights"],

@@ -41,9 +41,8 @@ def _app(policy: HttpPolicy):
 
 def _policy(keys: str = KEY, body_timeout_s: float = 0.3, monkeypatch=None) -> HttpPolicy:
     monkeypatch.setenv("GUARD_TEST_KEYS", keys)
-    policy = HttpPolicy(max_bytes=4096, body_timeout_s=body_timeout_s)
-    policy.auth = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_TEST_KEYS", max_streams_per_key=2))
-    return policy
+    auth = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_TEST_KEYS", max_streams_per_key=2))
+    return HttpPolicy(max_bytes=4096, body_timeout_s=body_timeout_s, auth=auth)
 
 
 async def _call(app, path: str, headers: dict[str, str], chunks: list, method: str = "POST", stall: bool = False):
@@ -124,7 +123,6 @@ async def test_oversized_bodies_are_413_declared_or_streamed(monkeypatch):
 @pytest.mark.parametrize("depth, status", [(32, 200), (33, 400), (100_000, 400)])
 async def test_json_nesting_is_bounded_before_any_parser(monkeypatch, depth, status):
     app = _app(_policy(monkeypatch=monkeypatch))
-    app_policy = app.user_middleware  # noqa: F841  (the app keeps the policy's limits)
     doc = "[" * depth + "]" * depth
     pieces = (
         [doc.encode()[i : i + 1000] for i in range(0, min(len(doc), 4000), 1000)]

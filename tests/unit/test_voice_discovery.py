@@ -59,9 +59,8 @@ def test_an_unknown_voice_is_openais_400_naming_the_voice_field():
 
 def _app(api: VoicesAPI):
     """The guard and the voices routes as the Ingress has them (deployments/ingress.py)."""
-    policy = HttpPolicy(max_bytes=64 * 1024)
-    policy.auth = APIKeyAuth(SecuritySettings(api_keys_env="DISCOVERY_TEST_KEYS", auth="required"))
-    app = make_app(policy)
+    auth = APIKeyAuth(SecuritySettings(api_keys_env="DISCOVERY_TEST_KEYS", auth="required"))
+    app = make_app(HttpPolicy(max_bytes=64 * 1024, auth=auth))
 
     @app.get(VOICES_PATH, response_model=VoiceList)
     async def list_voices(request: Request):
