@@ -20,6 +20,7 @@ import ray
 from ray import serve
 
 from deployments.autoscaling import engine_stats
+from deployments.backends import install
 from serve_app import metrics
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
@@ -42,6 +43,7 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(health_check_period_s=10)
 class Acoustic:
     def __init__(self, model: dict | None = None, acoustic: dict | None = None):
+        install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         # Loaded on a thread that exits: the decode thread keeps the only OpenMP team (threads.py).
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))

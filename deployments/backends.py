@@ -30,5 +30,9 @@ def open_board(name: str) -> Any:
 
 
 def install() -> None:
+    """Idempotent. Importing ``deployments`` calls it, and so does every stage's and actor's
+    ``__init__``: Serve pickles a deployment's class by value (the module's name holds the
+    Deployment, not the class), so a replica whose class refers to nothing else of this package
+    never imports it; the TextNormalizer recorded no metrics that way."""
     metrics.use(make_metric)
     flow.use_boards(open_board)

@@ -18,6 +18,7 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.backends import install
 from deployments.job_runner import job_runner
 from deployments.slots import SharedSlots
 from serve_app.engine.config import SegmentLimits
@@ -95,6 +96,7 @@ class Ingress:
         segments: Optional[dict] = None,
         lexicons: Optional[dict] = None,
     ):
+        install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         ingress = IngressSettings.model_validate(settings or {})
         self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})

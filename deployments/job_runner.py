@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from typing import Any, Optional
 
+from deployments.backends import install
 from deployments.job_audio import SAMPLE_BYTES, write_audio
 from deployments.running_job import ReservationExceeded, _Job  # noqa: F401  (_Job: tests take jobs up by hand)
 from serve_app.engine.audio import SAMPLE_RATE
@@ -89,6 +90,7 @@ class JobRunner:
     """The Ray actor. Async: every method runs on one event loop, file work in threads."""
 
     def __init__(self, settings: dict, normalizer: Any, vocoder: Any):
+        install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         self.settings = JobsSettings.model_validate(settings)
         self.store = make_job_store(self.settings)
         self.pipeline = HandlesPipeline(normalizer, vocoder)

@@ -12,6 +12,7 @@ from typing import Optional
 
 from ray import serve
 
+from deployments.backends import install
 from serve_app import metrics
 from serve_app.engine.config import SegmentLimits
 from serve_app.engine.planner import Planner
@@ -24,6 +25,7 @@ log = logging.getLogger("ray.serve")
 @serve.deployment
 class TextNormalizer:
     def __init__(self, limits: dict | None = None):
+        install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.planner = Planner(SegmentLimits.model_validate(limits or {}))
         self.planner.warmup()  # first use of every rule table, before the first request

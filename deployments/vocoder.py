@@ -18,6 +18,7 @@ import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.backends import install
 from serve_app import metrics
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
@@ -65,6 +66,7 @@ class Vocoder:
         vocoder: dict | None = None,
         flow: dict | None = None,
     ):
+        install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.acoustic = acoustic
         self.flow = FlowSettings.model_validate(flow or {})
