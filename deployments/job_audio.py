@@ -35,7 +35,7 @@ def write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
 def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
     """Captions of the file made from chunks [first, end): each chunk's segments moved to where
     the chunk starts in that file (the chunks before it and their pauses)."""
-    from serve_app.engine.captions import TimedText, to_srt, to_webvtt
+    from serve_app.engine.captions import TimedText, caption_file
 
     items: list[TimedText] = []
     at = 0
@@ -43,7 +43,7 @@ def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, en
         for start, stop, text, *speaker in store.read_timing(job, k):
             items.append(TimedText((at + start) / SAMPLE_RATE, (at + stop) / SAMPLE_RATE, text, *speaker))
         at += max(0, job.chunk_samples[k]) + pause
-    return to_srt(items) if job.captions == "srt" else to_webvtt(items)
+    return caption_file(items, job.captions)
 
 
 def _pause_samples(chunk: JobChunk) -> int:

@@ -55,6 +55,8 @@ __all__ = [
     "Cue",
     "TimedText",
     "build_cues",
+    "caption_file",
+    "caption_text",
     "format_timestamp",
     "to_srt",
     "to_webvtt",
@@ -290,6 +292,12 @@ def _clean_speaker(speaker: str) -> str:
 _SPACE_BEFORE_PUNCT_RE = re.compile(r" +(?=[，。、；：！？,.;:!?…])")  # where a tag was dropped
 
 
+def caption_text(text: str) -> str:
+    """A segment's text as its captions show it: ChatTTS's control tags dropped, spaces folded
+    (the one rule the caption files, the segments of an answer and the web page all use)."""
+    return _SPACE_BEFORE_PUNCT_RE.sub("", re.sub(r"\s+", " ", CONTROL_TAG_RE.sub(" ", text))).strip()
+
+
 def build_cues(items: Iterable[Item], settings: CaptionSettings = CaptionSettings()) -> List[Cue]:
     """The cues for ``items`` (see the module docstring): in order, never overlapping, each
     with end > start. ``ValueError`` for items out of order, overlapping or with bad times."""
@@ -300,7 +308,7 @@ def build_cues(items: Iterable[Item], settings: CaptionSettings = CaptionSetting
         item = _item(raw)
         _check(item, previous_end_s)
         previous_end_s = max(previous_end_s, item.end_s)
-        text = _SPACE_BEFORE_PUNCT_RE.sub("", re.sub(r"\s+", " ", CONTROL_TAG_RE.sub(" ", item.text))).strip()
+        text = caption_text(item.text)
         start_ms = max(round(item.start_s * 1000), previous_end_ms)
         end_ms = round(item.end_s * 1000)
         atoms = _atoms(text)
@@ -373,3 +381,10 @@ def to_webvtt(items: Iterable[Item], settings: CaptionSettings = CaptionSettings
         timing = f"{format_timestamp(cue.start_ms, '.')} --> {format_timestamp(cue.end_ms, '.')}"
         blocks.append("\n".join([timing, *lines]))
     return "\n\n".join(blocks) + "\n"
+
+
+def caption_file(items: Iterable[Item], fmt: str) -> str:
+    """The caption file of ``items`` in ``fmt``: ``"srt"`` (SubRip) or ``"vtt"`` (WebVTT)."""
+    if fmt not in CAPTION_TYPES:
+        raise ValueError(f"unknown caption format {fmt!r}")
+    return to_srt(items) if fmt == "srt" else to_webvtt(items)

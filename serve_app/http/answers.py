@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
 from ..engine.audio import CONTENT_TYPES
-from ..engine.captions import TimedText, to_srt, to_webvtt
+from ..engine.captions import TimedText, caption_file
 from ..engine.types import Plan, SegmentMark
 from ..engine.wav import with_true_length
 from ..protocol import DialogueRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
@@ -53,6 +53,13 @@ async def hit_items(hit: Hit) -> AsyncIterator[Union[bytes, SpeechSegment]]:
         yield segment
 
 
+def captions_of(segments: list[SpeechSegment], fmt: Optional[str]) -> Optional[str]:
+    """The caption file of an answer's segments in ``fmt`` (None: none asked for)."""
+    if fmt is None:
+        return None
+    return caption_file([TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments], fmt)
+
+
 def whole(parts: list[bytes]) -> bytes:
     """A stream's bytes as one answer, a WAV with its true length."""
     return with_true_length(b"".join(parts))
@@ -77,17 +84,13 @@ def build_timed_answer(
     """The timed answer without its audio, and the audio as base64 (run in a thread). ``parts``:
     a stream's bytes (``stream``), else a cached answer's one whole file."""
     data = whole(parts) if stream else parts[0]
-    captions = None
-    if req.captions is not None:
-        cues = [TimedText(seg.start, seg.end, seg.text, seg.speaker) for seg in segments]
-        captions = to_srt(cues) if req.captions == "srt" else to_webvtt(cues)
     shell = TimedSpeech(
         audio="",
         response_format=req.response_format,
         content_type=CONTENT_TYPES[req.response_format],
         duration=round(duration if duration is not None else (segments[-1].end if segments else 0.0), 6),
         segments=segments,
-        captions=captions,
+        captions=captions_of(segments, req.captions),
         captions_format=req.captions,
     )
     return shell, _b64(data)

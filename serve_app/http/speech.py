@@ -419,7 +419,7 @@ class SpeechService:
             items = audio
         if body.stream_format == "sse":
             usage = {"input_tokens": len(body.input), "output_tokens": 0, "total_tokens": len(body.input)}
-            stream = sse_stream(items, usage, timestamps=body.timestamps)
+            stream = sse_stream(items, usage, timestamps=body.timestamps, captions=body.captions)
         else:
             stream = audio_only(items)
         ref = self.flow_ref() if flow_acks else None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from ..engine.audio import CONTENT_TYPES, AudioFormat
+from ..engine.captions import caption_text
 from ..engine.loudness import LOUDNESS_RANGE_LUFS
 from ..engine.strict import StrictModel
 from ..engine.styles import MAX_INSTRUCTIONS_CHARS
@@ -83,6 +84,11 @@ class SpeechRequest(ApiOptions):
         description="With stream_format sse: a speech.segment event (its input text and "
         "span, start and end seconds) once each segment's audio is complete.",
     )
+    captions: Optional[CaptionFormat] = Field(
+        default=None,
+        description="Captions of the audio, SubRip or WebVTT: in the with-timestamps answer, or with "
+        "stream_format sse and timestamps in the speech.audio.done event.",
+    )
     loudness: Optional[float] = Field(
         default=None,
         ge=LOUDNESS_RANGE_LUFS[0],
@@ -97,6 +103,8 @@ class SpeechRequest(ApiOptions):
             raise ValueError(
                 "timestamps needs stream_format 'sse' (or POST /v1/audio/speech/with-timestamps for one JSON answer)"
             )
+        if self.captions and self.stream_format == "sse" and not self.timestamps:
+            raise ValueError("captions in an sse stream need timestamps")
         return self
 
     @field_validator("input")
@@ -126,7 +134,6 @@ class TimedSpeechRequest(SpeechRequest):
     segment lies in it, and captions on request."""
 
     stream_format: Literal["audio"] = "audio"
-    captions: Optional[CaptionFormat] = Field(default=None, description="Also captions of the audio: SubRip or WebVTT.")
 
 
 class SpeechSegment(BaseModel):
@@ -143,6 +150,11 @@ class SpeechSegment(BaseModel):
     turn: Optional[int] = Field(
         default=None, description="A dialogue's turn (input_start / input_end are in its input)."
     )
+
+    @computed_field(description="The text as the captions show it (ChatTTS's control tags dropped).")
+    @property
+    def caption(self) -> str:
+        return caption_text(self.text)
 
 
 class TimedSpeech(BaseModel):
@@ -181,7 +193,6 @@ class DialogueRequest(SpeechRequest):
     input: str = Field(default="", description="Not used: the turns are the script.")
     turns: list[DialogueTurn] = Field(min_length=1, max_length=MAX_DIALOGUE_TURNS)
     pause_s: float = Field(default=0.4, ge=0.0, le=5.0, description="Silence between turns, seconds.")
-    captions: Optional[CaptionFormat] = None
 
     @field_validator("input")
     @classmethod

@@ -79,7 +79,8 @@ def test_sse_segment_events_come_between_the_deltas_and_meet_the_audio_length(ap
 
 
 def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_url, chattts_handle):
-    sse_segments = [e for e in _sse(app_url, response_format="wav") if e["type"] == "speech.segment"]
+    events = _sse(app_url, response_format="wav", captions="srt")
+    sse_segments = [e for e in events if e["type"] == "speech.segment"]
     fresh = _timed(app_url, headers={"Cache-Control": "no-cache"}, response_format="wav", captions="srt").json()
     cached = _timed(app_url, response_format="wav", captions="vtt")
     assert cached.headers["content-type"].startswith("application/json")
@@ -91,6 +92,8 @@ def test_json_answer_with_captions_agrees_with_sse_fresh_and_from_the_cache(app_
     _check_segments(fresh["segments"], audio_s)
     sse_segments = [{k: v for k, v in e.items() if k != "type"} for e in sse_segments]
     assert fresh["segments"] == cached["segments"] == sse_segments  # same seed, every path
+    # The stream's last event carries the same caption file as the JSON answer (the web page's).
+    assert (events[-1]["captions"], events[-1]["captions_format"]) == (fresh["captions"], "srt")
     # The handle API answers the same (a DeploymentHandle caller: TimedSpeech itself).
     handled = chattts_handle.synthesize_with_timestamps.remote(
         {"input": TEXT, "seed": 11, "response_format": "wav", "captions": "srt"}
@@ -122,6 +125,9 @@ def test_every_format_ends_where_its_last_segment_does(app_url, fmt):
 def test_timestamps_without_sse_is_a_clear_400(app_url):
     r = httpx.post(app_url + "/v1/audio/speech", json={"input": TEXT, "timestamps": True}, timeout=30)
     assert r.status_code == 400 and "stream_format" in r.json()["error"]["message"]
+    body = {"input": TEXT, "stream_format": "sse", "captions": "vtt"}  # captions come with the timestamps
+    r = httpx.post(app_url + "/v1/audio/speech", json=body, timeout=30)
+    assert r.status_code == 400 and "timestamps" in r.json()["error"]["message"]
 
 
 async def test_websocket_segments_sit_on_the_session_timeline(app_url):

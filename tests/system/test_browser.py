@@ -278,7 +278,7 @@ def test_captions_stream_in_and_follow_the_audio(page, tmp_path):
     assert when - t["firstAudio"] >= segments[index]["start"] * 1000 - 100, (when, t["firstAudio"], segments[index])
     lines = caption_lines(page)
     assert [line["index"] for line in lines] == [s["index"] for s in segments]
-    assert [line["say"] for line in lines] == [s["text"].strip() for s in segments]
+    assert [line["say"] for line in lines] == [s["caption"] for s in segments]
     assert lines[0]["when"].startswith("0:00.00–")
 
     shot = tmp_path / "page.png"
@@ -290,20 +290,18 @@ def test_captions_stream_in_and_follow_the_audio(page, tmp_path):
     page.click(f"#captions li[data-index='{last}']")
     wait_js(page, f"{HIGHLIGHTED} === '{last}'", 60)
 
-    files = {}
-    for fmt in ("vtt", "srt"):
-        with page.expect_download() as download:
-            page.click(f"#captions-{fmt}")
-        assert download.value.suggested_filename == f"speech.{fmt}"
-        files[fmt] = Path(download.value.path()).read_text()
-    cues = list(webvtt.from_string(files["vtt"]))
-    assert [c.text for c in cues] == [s["text"] for s in segments]
-    assert [(vtt_seconds(c.start), vtt_seconds(c.end)) for c in cues] == [
-        pytest.approx((s["start"], s["end"]), abs=1e-3) for s in segments
-    ]
-    subs = list(srt.parse(files["srt"]))
-    assert [c.content for c in subs] == [c.text for c in cues]
-    assert subs[-1].end.total_seconds() == pytest.approx(segments[-1]["end"], abs=1e-3)
+    # The caption file is the server's (the stream's last event), WebVTT by default: every
+    # segment's caption in order, a cue starting where each segment does, the last ending with it.
+    with page.expect_download() as download:
+        page.click("#captions-file")
+    assert download.value.suggested_filename == "speech.vtt"
+    cues = list(webvtt.from_string(Path(download.value.path()).read_text()))
+    assert "".join(c.text for c in cues).replace("\n", "").replace(" ", "") == "".join(
+        s["caption"] for s in segments
+    ).replace(" ", "")
+    starts = {round(vtt_seconds(c.start), 3) for c in cues}
+    assert all(round(s["start"], 3) in starts for s in segments), (starts, segments)
+    assert vtt_seconds(cues[-1].end) == pytest.approx(segments[-1]["end"], abs=1e-3)
     report(
         "browser: captions (wav, Web Audio)",
         f"first line {t['segmentArrivals'][0] - t['start']:.0f} ms after the "
@@ -357,6 +355,8 @@ def test_a_dialogue_of_two_voices_plays_with_speakers_on_its_captions(page):
     turns.nth(1).locator("textarea").fill("谢谢，很高兴来到这里。")
     page.fill("#pause", "0.5")
     page.fill("#seed", str(random.randrange(1, 2**31)))
+    page.evaluate("document.getElementById('advanced').open = true")  # where the format is chosen
+    page.select_option("#captions-format", "srt")
     t = speak(page, None, "pcm")
     assert t["error"] is None, t["error"]
     assert [(x["voice"], x["input"]) for x in sent[-1]["turns"]] == [
@@ -368,5 +368,9 @@ def test_a_dialogue_of_two_voices_plays_with_speakers_on_its_captions(page):
     first_of_1 = next(i for i, s in enumerate(segments) if s["turn"] == 1)
     assert segments[first_of_1]["start"] - segments[first_of_1 - 1]["end"] == pytest.approx(0.5, abs=0.01)
     assert [line["who"] for line in caption_lines(page)] == [s["speaker"] for s in segments]
-    assert page.get_attribute("#captions-vtt", "download") == "dialogue.vtt"
+    with page.expect_download() as download:
+        page.click("#captions-file")
+    assert download.value.suggested_filename == "dialogue.srt"
+    subs = list(srt.parse(Path(download.value.path()).read_text()))
+    assert subs[0].content.startswith("alloy: ") and subs[-1].content.startswith("echo: ")
     wait_js(page, f"{HIGHLIGHTED} === '{first_of_1}'", 60)  # the second voice's line, as it is heard

@@ -17,6 +17,8 @@ from serve_app.engine.captions import (
     Cue,
     TimedText,
     build_cues,
+    caption_file,
+    caption_text,
     format_timestamp,
     to_srt,
     to_webvtt,
@@ -294,3 +296,17 @@ def test_items_may_be_three_or_four_tuples():
         Cue(0, 1000, ("One.",), None),
         Cue(1000, 2000, ("Two.",), "B"),
     ]
+
+
+def test_a_segments_caption_is_what_the_caption_files_show():
+    """The segments of an answer carry their caption (tags dropped, spaces folded) by the same rule
+    the files use: the web page shows it and needs no tag pattern of its own."""
+    from serve_app.protocol import SpeechSegment
+
+    seg = SpeechSegment(index=0, text="Hello [uv_break] there [laugh] , friend.", start=0.0, end=1.0)
+    assert seg.caption == caption_text(seg.text) == "Hello there, friend."
+    assert seg.model_dump()["caption"] == seg.caption
+    assert to_srt([TimedText(0.0, 1.0, seg.text)]).splitlines()[2] == seg.caption
+    assert caption_file([TimedText(0.0, 1.0, seg.text)], "vtt") == to_webvtt([TimedText(0.0, 1.0, seg.text)])
+    with pytest.raises(ValueError):
+        caption_file([], "ass")

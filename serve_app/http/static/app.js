@@ -249,12 +249,12 @@ async function* sseEvents(resp, onBytes) {
 
 // ------------------------------------------------------------------ captions
 // One line per speech.segment event: its time in the audio, its speaker (a dialogue's voice or
-// an SSML <voice>), its text. The line being heard is highlighted from the player's position.
+// an SSML <voice>), its caption (the server's: control tags dropped). The line being heard is
+// highlighted from the player's position. The caption file comes whole from the server, in the
+// stream's last event (made as the with-timestamps answer's).
 
-const TAG_RE = /\[(?:uv_break|v_break|lbreak|llbreak|laugh|(?:laugh|break|oral|speed)_\d+)\]/g; // ChatTTS control tags
 let voiceNames = {}; // voice id -> its name, for the speakers of custom voices
 
-function captionText(seg) { return seg.text.replace(TAG_RE, " ").replace(/\s+/g, " ").trim(); }
 function speakerName(seg) { return seg.speaker ? (voiceNames[seg.speaker] || seg.speaker) : null; }
 
 function fmtClock(s) {
@@ -265,12 +265,10 @@ function fmtClock(s) {
 function resetCaptions() {
   $("captions").replaceChildren();
   $("captions-box").hidden = true;
-  for (const id of ["captions-vtt", "captions-srt"]) {
-    const link = $(id);
-    if (link.href) URL.revokeObjectURL(link.href);
-    link.removeAttribute("href");
-    link.hidden = true;
-  }
+  const link = $("captions-file");
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.removeAttribute("href");
+  link.hidden = true;
 }
 
 function addCaption(seg, speakers) {
@@ -292,45 +290,22 @@ function addCaption(seg, speakers) {
   }
   const say = document.createElement("span");
   say.className = "say";
-  say.textContent = captionText(seg) || "…";
+  say.textContent = seg.caption || "…";
   li.append(say);
   $("captions").append(li);
   $("captions-box").hidden = false;
 }
 
-function stamp(s, sep) {
-  const ms = Math.round(s * 1000);
-  const h = Math.floor(ms / 3600000), m = Math.floor(ms / 60000) % 60, sec = Math.floor(ms / 1000) % 60;
-  const pad = (n, w = 2) => String(n).padStart(w, "0");
-  return `${pad(h)}:${pad(m)}:${pad(sec)}${sep}${pad(ms % 1000, 3)}`;
-}
+const CAPTION_TYPES = { vtt: "text/vtt", srt: "application/x-subrip" };
 
-// WebVTT (a speaker in a <v> span) or SubRip (a "Name: " prefix), one cue per segment.
-function captionFile(segments, format) {
-  const cues = segments.filter((s) => captionText(s) && s.end > s.start);
-  if (format === "vtt") {
-    const esc = (x) => x.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-    const blocks = cues.map((s) => {
-      const name = speakerName(s);
-      const text = name ? `<v ${esc(name)}>${esc(captionText(s))}</v>` : esc(captionText(s));
-      return `${stamp(s.start, ".")} --> ${stamp(s.end, ".")}\n${text}`;
-    });
-    return ["WEBVTT", ...blocks].join("\n\n") + "\n";
-  }
-  return cues.map((s, i) => {
-    const name = speakerName(s);
-    return `${i + 1}\n${stamp(s.start, ",")} --> ${stamp(s.end, ",")}\n${name ? `${name}: ` : ""}${captionText(s)}`;
-  }).join("\n\n") + "\n";
-}
-
-function offerCaptions(segments, stem) {
-  if (!segments.length) return;
-  for (const format of ["vtt", "srt"]) {
-    const link = $(`captions-${format}`);
-    link.href = URL.createObjectURL(new Blob([captionFile(segments, format)], { type: format === "vtt" ? "text/vtt" : "application/x-subrip" }));
-    link.download = `${stem}.${format}`;
-    link.hidden = false;
-  }
+function offerCaptions(done, stem) {
+  if (!done || !done.captions) return;
+  const format = done.captions_format;
+  const link = $("captions-file");
+  link.href = URL.createObjectURL(new Blob([done.captions], { type: CAPTION_TYPES[format] }));
+  link.download = `${stem}.${format}`;
+  link.textContent = `Download captions (.${format})`;
+  link.hidden = false;
 }
 
 // The segment at the player's position (none in a pause between segments), highlighted.
@@ -392,6 +367,7 @@ function commonBody() {
     top_k: Number($("top-k").value),
     stream_format: "sse",
     timestamps: true,
+    captions: $("captions-format").value,
   };
   const seed = $("seed").value.trim();
   if (seed !== "") body.seed = Number(seed);
@@ -447,7 +423,7 @@ async function speak() {
   // firstByte: the response's first bytes; chunks/bytes: the audio's (the SSE framing aside).
   const t = { start: performance.now(), firstByte: null, firstAudio: null, responseEnd: null, audioSeconds: null,
               chunks: 0, bytes: 0, format: fmt, plays: [], events: [], arrivals: [], error: null,
-              segments: [], segmentArrivals: [], highlighted: null, highlights: [] };
+              segments: [], segmentArrivals: [], highlighted: null, highlights: [], done: null };
   window.ttsTimeline = t;
   showStats(t);
   $("download").hidden = true;
@@ -491,6 +467,8 @@ async function speak() {
         t.segments.push(event);
         t.segmentArrivals.push(performance.now());
         addCaption(event, speakers);
+      } else if (event.type === "speech.audio.done") {
+        t.done = event;
       } else if (event.type === "error") {
         throw new ApiError(500, event);
       }
@@ -513,7 +491,7 @@ async function speak() {
     if (err.name !== "AbortError") { t.error = err.message; showError(err); }
     player.stop();
   } finally {
-    offerCaptions(t.segments, stem);
+    offerCaptions(t.done, stem);
     showStats(t);
     $("speak").disabled = false;
     $("stop").disabled = true;
