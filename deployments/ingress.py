@@ -147,14 +147,14 @@ class Ingress:
         auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
         self.settings = settings
         self.speech.apply(settings)
-        self.http_policy = HttpPolicy(
+        policy = HttpPolicy(
             max_bytes=settings.max_body_bytes,
             body_timeout_s=settings.body_timeout_s,
             route_max_bytes=self._upload_limits,
-            cors_origins=tuple(settings.security.cors_origins),
+            cors_origins=settings.security.cors_origins,
             auth=auth,
         )
-        install_policy(app, self.http_policy)  # whole: a request in flight keeps the policy it started with
+        install_policy(app, policy)  # whole: a request in flight keeps the policy it started with
 
     async def reconfigure(self, user_config: dict) -> None:
         """Serve ``user_config``: any IngressSettings field, applied live (limits, timeouts,
@@ -174,7 +174,7 @@ class Ingress:
         if caller is not None:
             return caller
         address = ws.client.host if ws.client else "unknown"
-        return self.http_policy.auth.identify(f"Bearer {api_key}" if api_key else None, address)
+        return app.state.policy.auth.identify(f"Bearer {api_key}" if api_key else None, address)
 
     # ------------------------------------------------------------------ handle API
 
