@@ -2,30 +2,27 @@
 
 ``Planner`` (``planner.py``: text front end + voices + pacing, no torch) turns one request into
 segment requests; ``AudioAssembler`` turns a request's ordered hidden-state chunks into encoded
-bytes; ``Synthesizer`` wires them to an ``AcousticEngine`` in one process (CLI, tests,
-benchmarks). The Ray Serve deployments use the same pieces, one per stage.
+bytes; ``aordered_chunks`` reads a request's rows from an ``AcousticEngine`` segment by segment.
+The Ray Serve deployments use these pieces, one per stage; ``serve_app/pipeline/local.py``'s
+``LocalPipeline`` wires them together in one process (CLI, tests, tools).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from typing import AsyncIterator, Callable, Iterator, Optional
+from typing import AsyncIterator, Optional
 
 import numpy as np
 import torch
 
-from .acoustic import AcousticEngine
 from .audio import SAMPLE_RATE, AudioEncoder, new_encoder
-from .config import EngineConfig, VocoderConfig, acoustic_heard_through
+from .config import VocoderConfig
 from .decode.streams import HiddenChunk, RowStream
 from .errors import EmptyInputError  # noqa: F401  (re-exported: callers catch it with the planner)
 from .planner import Planner, segment_seed  # noqa: F401  (re-exported)
-from .threads import TorchThread, on_new_thread
 from .types import Plan, SegmentMark, SynthesisOptions  # noqa: F401  (re-exported)
 from .vocoder import Vocoder, VocoderStream
-from .wav import with_true_length
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +137,6 @@ def _silence(seconds: float) -> np.ndarray:
     return np.zeros(int(round(seconds * SAMPLE_RATE)), dtype=np.float32)
 
 
-def ordered_chunks(streams: list[RowStream]) -> Iterator[tuple[int, HiddenChunk]]:
-    """Chunks of several rows, segment by segment (later rows decode meanwhile and queue up)."""
-    try:
-        for i, stream in enumerate(streams):
-            for chunk in stream:
-                yield i, chunk
-    finally:
-        for stream in streams:
-            stream.cancel()
-
-
 async def aordered_chunks(streams: list[RowStream]) -> AsyncIterator[tuple[int, HiddenChunk]]:
     try:
         for i, stream in enumerate(streams):
@@ -159,66 +145,3 @@ async def aordered_chunks(streams: list[RowStream]) -> AsyncIterator[tuple[int, 
     finally:
         for stream in streams:
             stream.cancel()
-
-
-class Synthesizer:
-    """Everything in one process: text in, encoded audio bytes out (streamed)."""
-
-    def __init__(self, config: EngineConfig = EngineConfig(), model=None):
-        from .weights.loading import load_model
-
-        self.config = config
-        # The decode thread keeps the only multi-threaded OpenMP team (threads.py): load on a thread
-        # that exits, vocode on one single-threaded torch thread.
-        self.model = model or on_new_thread(load_model, config.model)
-        self.planner = Planner(config.segments)
-        self.engine = AcousticEngine(self.model, acoustic_heard_through(config.acoustic, config.vocoder))
-        self.vocoder = Vocoder(self.model, config.vocoder)
-        self._vocode = TorchThread("vocoder", threads=1)
-        self.engine.start()
-
-    def close(self) -> None:
-        self.engine.stop()
-        self._vocode.shutdown()
-
-    def stream(
-        self,
-        text: str,
-        fmt: str = "wav",
-        opts: SynthesisOptions = SynthesisOptions(),
-        plan: Optional[Plan] = None,
-        assembler: Optional[AudioAssembler] = None,
-        on_tokens: Optional[Callable[[int], None]] = None,
-    ) -> Iterator[bytes]:
-        """Encoded audio as it is made. The CLI passes its own ``plan`` (made from ``text``) and
-        ``assembler`` to report segments and samples, and ``on_tokens`` (each chunk's tokens)."""
-        plan = plan or self.planner.plan(text, opts)
-        assembler = assembler or AudioAssembler(self.vocoder, fmt)
-        streams = self.engine.submit_all(plan.segments)
-        for seg, chunk in ordered_chunks(streams):
-            data = self._vocode.call(assembler.feed, seg, chunk.hidden, chunk.final)
-            if on_tokens is not None:
-                on_tokens(chunk.hidden.shape[0])
-            if data:
-                yield data
-        tail = self._vocode.call(assembler.close)
-        if tail:
-            yield tail
-
-    async def astream(
-        self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()
-    ) -> AsyncIterator[bytes]:
-        plan = self.planner.plan(text, opts)
-        assembler = AudioAssembler(self.vocoder, fmt)
-        loop = asyncio.get_running_loop()
-        streams = self.engine.submit_all(plan.segments, loop=loop)
-        async for seg, chunk in aordered_chunks(streams):
-            data = await self._vocode.acall(assembler.feed, seg, chunk.hidden, chunk.final)
-            if data:
-                yield data
-        tail = await self._vocode.acall(assembler.close)
-        if tail:
-            yield tail
-
-    def synthesize(self, text: str, fmt: str = "wav", opts: SynthesisOptions = SynthesisOptions()) -> bytes:
-        return with_true_length(b"".join(self.stream(text, fmt, opts)))

@@ -9,7 +9,7 @@ Two halves, so the stages that do no tensor work stay free of torch:
   is inflated to one byte more than a speaker at most (microseconds, a few KiB, whatever the
   string holds; anything else is an ``InvalidVoiceError``).
 - ``SpeakerSampler`` (torch) turns a seed into the speaker string, in the stage that holds
-  ChatTTS's speaker statistics (the Acoustic stage, or the in-process ``Synthesizer``). It
+  ChatTTS's speaker statistics (the Acoustic stage, or the in-process ``LocalPipeline``). It
   samples from a private ``torch.Generator`` seeded with the voice's seed, never from torch's
   global RNG, so the same voice gives the same speaker in every process.
 """

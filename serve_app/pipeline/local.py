@@ -1,8 +1,11 @@
 """The speech pipeline in one process, over the engine's pieces as the stages use them: the
 planner (the TextNormalizer's), a running ``AcousticEngine`` (the Acoustic stage's decode loop)
 and the vocoder with one ``AudioAssembler`` per stream on a single torch thread (the Vocoder
-stage's). For tests and tools that need what the graph does without Ray; it imports torch, so
-nothing on the Ingress side imports this module."""
+stage's). For tests and tools that need what the graph does without Ray (the CLI's ``say``); it
+imports torch, so nothing on the Ingress side imports this module.
+
+``LocalPipeline.from_config`` builds and starts all of it (and ``close()`` stops it);
+``synthesize`` is a whole file through ``plan`` and ``audio``."""
 
 from __future__ import annotations
 
@@ -10,12 +13,14 @@ import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from ..engine.audio import SAMPLE_RATE
+from ..engine.config import EngineConfig, VocoderConfig, acoustic_heard_through
 from ..engine.pipeline import AudioAssembler, aordered_chunks
 from ..engine.planner import Planner
-from ..engine.threads import TorchThread
+from ..engine.threads import TorchThread, on_new_thread
 from ..engine.types import Plan, ScriptPart, StreamSummary, SynthesisOptions, Voice
 from ..engine.vocoder import Vocoder
-from .interface import AudioItem, SpeechPipeline
+from ..engine.wav import with_true_length
+from .interface import AudioItem, Script, SpeechPipeline
 from .stream import AudioStream
 
 Refine = Callable[[list[str], int], Awaitable[list[str]]]
@@ -23,8 +28,13 @@ Refine = Callable[[list[str], int], Awaitable[list[str]]]
 
 class LocalPipeline(SpeechPipeline):
     """``engine``: an ``AcousticEngine``, started (its owner stops it). ``thread``: the torch
-    thread the vocoder and the encoders run on. ``refine``: ChatTTS's refine_text pass
-    (``engine/refine.py``'s ``refine_async``, bound), None where no refiner is loaded."""
+    thread the vocoder and the encoders run on. ``vocoder_cfg``: the vocoder streams' settings
+    (None: the vocoder's own). ``refine``: ChatTTS's refine_text pass (``engine/refine.py``'s
+    ``refine_async``, bound), None where no refiner is loaded. ``model``: the loaded model the
+    pieces share, for callers to inspect (None where the caller did not say).
+
+    Built from pieces, it owns none of them (``close()`` does nothing); built by ``from_config``,
+    it owns its engine and its thread."""
 
     def __init__(
         self,
@@ -32,8 +42,9 @@ class LocalPipeline(SpeechPipeline):
         engine: Any,
         vocoder: Vocoder,
         thread: TorchThread,
-        vocoder_cfg: Any = None,
+        vocoder_cfg: Optional[VocoderConfig] = None,
         refine: Optional[Refine] = None,
+        model: Any = None,
     ):
         self.planner = planner
         self.engine = engine
@@ -41,6 +52,61 @@ class LocalPipeline(SpeechPipeline):
         self.thread = thread
         self.vocoder_cfg = vocoder_cfg
         self.refine = refine
+        self.model = model
+        self._owned = False  # from_config: close() stops the engine and the thread
+
+    @classmethod
+    def from_config(cls, config: EngineConfig = EngineConfig(), model: Any = None) -> "LocalPipeline":
+        """Everything in this process from ``config``: the model (``model``, or loaded), the
+        planner, an ``AcousticEngine`` (started), the vocoder and its torch thread. The decode
+        thread keeps the process's only multi-threaded OpenMP team (``engine/threads.py``): the
+        model loads on a thread that exits, and vocoding runs on one single-threaded torch
+        thread. ``close()`` stops the engine and the thread."""
+        from ..engine.acoustic import AcousticEngine
+        from ..engine.weights.loading import load_model
+
+        if model is None:
+            model = on_new_thread(load_model, config.model)
+        planner = Planner(config.segments)
+        engine = AcousticEngine(model, acoustic_heard_through(config.acoustic, config.vocoder))
+        vocoder = Vocoder(model, config.vocoder)
+        thread = TorchThread("vocoder", threads=1)
+        engine.start()
+        pipeline = cls(planner, engine, vocoder, thread, vocoder_cfg=config.vocoder, model=model)
+        pipeline._owned = True
+        return pipeline
+
+    def close(self) -> None:
+        """Stop the engine and the thread where this pipeline made them (``from_config``); a
+        pipeline over a caller's pieces leaves them to that caller."""
+        if self._owned:
+            self._owned = False
+            self.engine.stop()
+            self.thread.shutdown()
+
+    async def synthesize(
+        self,
+        script: Script,
+        response_format: str = "wav",
+        options: SynthesisOptions = SynthesisOptions(),
+        voice: Optional[Voice] = None,
+    ) -> bytes:
+        """A whole file: ``plan`` then ``audio``, its bytes joined (a WAV's header then says its
+        true sizes, which a stream cannot)."""
+        plan = await self.plan(script, options, voice)
+        async with self.audio(plan, response_format) as items:
+            parts = [item async for item in items if isinstance(item, bytes)]
+        return with_true_length(b"".join(parts))
+
+    def synthesize_sync(
+        self,
+        script: Script,
+        response_format: str = "wav",
+        options: SynthesisOptions = SynthesisOptions(),
+        voice: Optional[Voice] = None,
+    ) -> bytes:
+        """``synthesize`` from code with no running event loop (its own loop, for the call)."""
+        return asyncio.run(self.synthesize(script, response_format, options, voice))
 
     async def plan_text(self, text: str, options: SynthesisOptions, voice: Optional[Voice], client: str) -> Plan:
         return self.planner.plan(text, options, voice, client=client)

@@ -50,28 +50,41 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from ..engine.audio import SAMPLE_RATE
-    from ..engine.pipeline import AudioAssembler, SynthesisOptions, Synthesizer
+    from ..engine.types import SegmentMark, StreamSummary, SynthesisOptions
     from ..engine.wav import finish_file
+    from ..pipeline.local import LocalPipeline
 
-    synth = Synthesizer(engine_config(args))
-    if synth.model.is_random:
+    pipeline = LocalPipeline.from_config(engine_config(args))
+    if pipeline.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
     opts = SynthesisOptions(
         voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang, text_normalization=args.text_normalization
     )
-    plan = synth.planner.plan(args.text, opts)
-    total = sum(min(r.target_tokens or r.max_new_tokens, r.max_new_tokens) for r in plan.segments)
-    assembler = AudioAssembler(synth.vocoder, fmt)
+
+    async def speak() -> tuple:
+        plan = await pipeline.plan(args.text, opts)
+        summary: Optional[StreamSummary] = None
+        with (
+            open(args.output, "w+b") as out,
+            tqdm(total=len(plan.segments), unit="seg", file=sys.stderr, desc="speaking") as bar,
+        ):
+            async with pipeline.audio(plan, fmt) as items:
+                async for item in items:
+                    if isinstance(item, bytes):
+                        out.write(item)
+                    elif isinstance(item, SegmentMark):
+                        bar.update(1)
+                    elif isinstance(item, StreamSummary):
+                        summary = item
+            finish_file(out, out.tell())
+        return plan, summary
+
     t0 = time.perf_counter()
     try:
-        with open(args.output, "w+b") as out, tqdm(total=total, unit="tok", file=sys.stderr, desc="speaking") as bar:
-            for data in synth.stream(args.text, fmt, opts, plan=plan, assembler=assembler, on_tokens=bar.update):
-                out.write(data)
-            finish_file(out, out.tell())
+        plan, summary = asyncio.run(speak())
     finally:
-        synth.close()
-    seconds = assembler.samples / SAMPLE_RATE
+        pipeline.close()
+    seconds = summary.audio_seconds if summary is not None else 0.0
     elapsed = time.perf_counter() - t0
     print(
         f"wrote {args.output}: {seconds:.2f} s of audio ({fmt}) in {elapsed:.2f} s, "

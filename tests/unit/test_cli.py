@@ -18,8 +18,9 @@ from support.cli import cli_command
 from support.engine import expected_samples
 
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
-from serve_app.engine.pipeline import SynthesisOptions, Synthesizer
+from serve_app.engine.pipeline import SynthesisOptions
 from serve_app.engine.weights.random_weights import MANIFEST
+from serve_app.pipeline.local import LocalPipeline
 from serve_app.tools.cli import _format_for, build_parser
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
@@ -80,11 +81,11 @@ def test_say_writes_a_24khz_mono_wav(say_runs, text_samples, tiny_model, tiny_we
         model=ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1),
         acoustic=AcousticConfig(listener_margin_s=None),
     )
-    synth = Synthesizer(cfg)
+    pipeline = LocalPipeline.from_config(cfg)
     try:
-        local = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy"))
+        local = pipeline.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy"))
     finally:
-        synth.close()
+        pipeline.close()
     assert local == out.read_bytes()
 
 

@@ -41,7 +41,7 @@ from serve_app.engine.pacing import (
     max_new_tokens,
     speed_tag_level,
 )
-from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions, Synthesizer
+from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions
 from serve_app.engine.types import SegmentRequest
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import (
@@ -54,6 +54,7 @@ from serve_app.engine.voices import (
     speaker_from_seed,
 )
 from serve_app.engine.wav import with_true_length
+from serve_app.pipeline.local import LocalPipeline
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
@@ -677,7 +678,7 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
 @pytest.fixture(scope="module")
 def synth(tiny_model, tiny_weights_config):
     # Fixed chunk sizes: two syntheses of one request are then byte-identical (docs/architecture.md).
-    s = Synthesizer(
+    s = LocalPipeline.from_config(
         EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=fixed_chunks()),
         model=tiny_model,
     )
@@ -686,21 +687,21 @@ def synth(tiny_model, tiny_weights_config):
 
 
 @pytest.mark.timeout(180)
-def test_synthesizer_wav_length_and_determinism(synth):
+def test_local_pipeline_wav_length_and_determinism(synth):
     opts = SynthesisOptions(voice="alloy", seed=7)
     plan = synth.planner.plan(TEXT, opts)
     frames = expected_samples(plan)
-    wav = synth.synthesize(TEXT, "wav", opts)
+    wav = synth.synthesize_sync(TEXT, "wav", opts)
     pcm, sr = sf.read(io.BytesIO(wav), dtype="int16")
     info = sf.info(io.BytesIO(wav))
     assert sr == SR and info.channels == 1 and info.subtype == "PCM_16"
     assert pcm.ndim == 1 and len(pcm) == frames
     assert len(wav) == 44 + 2 * frames
     assert np.abs(pcm).max() > 0
-    assert synth.synthesize(TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
-    other = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
+    assert synth.synthesize_sync(TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
+    other = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
     assert len(other) == len(wav) and other != wav
-    other_voice = synth.synthesize(TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
+    other_voice = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
     assert other_voice != wav
 
 
@@ -709,14 +710,14 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
     cfg = EngineConfig(
         model=ModelConfig(weights=tiny_weights_config, device="cpu"), segments=SegmentLimits(max_chars=24)
     )
-    synth = Synthesizer(cfg, model=tiny_model)
+    synth = LocalPipeline.from_config(cfg, model=tiny_model)
     text = "今天天气很好。我们出去走走吧。Hello world, it is 10:30."
     opts = SynthesisOptions(voice="echo", seed=3)
     plan = synth.planner.plan(text, opts)
     assert len(plan.segments) >= 3
     assert len({r.seed for r in plan.segments}) == len(plan.segments)  # each segment its own seed
     try:
-        wav = synth.synthesize(text, "wav", opts)  # the segments decode as parallel rows
+        wav = synth.synthesize_sync(text, "wav", opts)  # the segments decode as parallel rows
     finally:
         synth.close()
     assert synth.engine.stats.max_rows >= 2
@@ -730,12 +731,14 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
 
 
 @pytest.mark.timeout(120)
-async def test_synthesizer_async_stream_matches_sync(synth):
+async def test_local_pipeline_stream_matches_whole_file(synth):
     opts = SynthesisOptions(voice="nova", seed=3)
     text = "你好，世界。"
-    sync = synth.synthesize(text, "wav", opts)
-    parts = [b async for b in synth.astream(text, "wav", opts)]
-    assert with_true_length(b"".join(parts)) == sync  # the whole file says its length; a stream cannot
+    whole = await synth.synthesize(text, "wav", opts)
+    plan = await synth.plan(text, opts)
+    async with synth.audio(plan, "wav") as items:
+        parts = [b async for b in items if isinstance(b, bytes)]
+    assert with_true_length(b"".join(parts)) == whole  # the whole file says its length; a stream cannot
 
 
 @pytest.mark.parametrize(
@@ -743,7 +746,7 @@ async def test_synthesizer_async_stream_matches_sync(synth):
 )
 def test_empty_input_raises(synth, text):
     with pytest.raises(EmptyInputError):
-        synth.synthesize(text, "wav", SynthesisOptions())
+        synth.synthesize_sync(text, "wav", SynthesisOptions())
     assert synth.engine.waiting_rows == 0 and synth.engine.running_rows == 0
 
 
@@ -753,7 +756,7 @@ def test_every_response_format_decodes(synth, fmt):
     text = "你好，世界。"
     opts = SynthesisOptions(voice="alloy", seed=1)
     seconds = expected_samples(synth.planner.plan(text, opts)) / SR
-    data = synth.synthesize(text, fmt, opts)
+    data = synth.synthesize_sync(text, fmt, opts)
     assert data
     samples, rate = decode_av(data, fmt)  # mono, or it fails
     n = samples.shape[1]
