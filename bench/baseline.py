@@ -68,7 +68,7 @@ class BaselineSynth:
         threads: Optional[int] = None,
         cache_dir: Optional[str] = None,
     ):
-        from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
+        from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
         from serve_app.engine.planner import Planner
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights.loading import load_model
@@ -79,7 +79,7 @@ class BaselineSynth:
             ModelConfig(weights=wcfg, device=device, torch_threads=threads, cpu_dual_layout=False, quantize="none")
         )
         self.chat = self.model.chat
-        self.planner = Planner(SegmentLimits.model_validate(segments or {}))
+        self.planner = Planner(SegmentConfig.model_validate(segments or {}))
         self.speakers = SpeakerSampler(self.chat.speaker)
         self.planner.warmup()
 
@@ -227,7 +227,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--weights", default="random", help="weights source (as the project's model.weights.source)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
-        "--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON: the same segments"
+        "--segments", default="{}", help="the project's args.segments (SegmentConfig) as JSON: the same segments"
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
 

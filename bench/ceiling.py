@@ -60,7 +60,7 @@ class Ceiling:
     ):
         import torch
 
-        from serve_app.engine.config import ModelConfig, SegmentLimits, VocoderConfig, WeightsConfig
+        from serve_app.engine.config import ModelConfig, SegmentConfig, VocoderConfig, WeightsConfig
         from serve_app.engine.pipeline import Planner, SynthesisOptions
         from serve_app.engine.vocoder import Vocoder
         from serve_app.engine.voices import SpeakerSampler
@@ -87,7 +87,7 @@ class Ceiling:
         self.chunk_tokens = chunk_tokens
         self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
         self.vocoder = Vocoder(self.model, self.vocoder_cfg)
-        planner = Planner(SegmentLimits.model_validate(segments or {}))
+        planner = Planner(SegmentConfig.model_validate(segments or {}))
         planner.warmup()
         speakers = SpeakerSampler(self.chat.speaker)  # Chat.infer needs the speaker string itself
         segs = []
@@ -303,7 +303,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=0, help="tokens per row (0: the corpus mean segment length)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentLimits) as JSON")
+    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentConfig) as JSON")
     ap.add_argument("--first-chunk-tokens", type=int, default=12)
     ap.add_argument("--chunk-tokens", type=int, default=24)
     ap.add_argument("--first-chunk-reps", type=int, default=5)

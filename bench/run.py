@@ -190,9 +190,9 @@ class BenchRun:
         self._serve: Optional[ServeRunner] = None
         # The deployed settings (the config's args over the code's defaults): the ceiling and the
         # baseline cut the same segments and chunks as the project.
-        from serve_app.settings import AppArgs
+        from serve_app.settings import AppConfig
 
-        args = AppArgs.model_validate(get_path(serve_cfg, args_path(serve_cfg)) or {})
+        args = AppConfig.model_validate(get_path(serve_cfg, args_path(serve_cfg)) or {})
         self.segments = args.segments.model_dump()
         self.first_chunk_tokens = args.acoustic.first_chunk_tokens
         self.chunk_tokens = args.acoustic.chunk_tokens

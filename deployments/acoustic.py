@@ -32,7 +32,7 @@ from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk
 from serve_app.engine.voices import OPENAI_VOICES
 from serve_app.engine.weights.loading import load_model
 from serve_app.pipeline.flow import FlowCredit, FlowRef, board, board_name
-from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticLive
+from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticUserConfig
 
 log = logging.getLogger("ray.serve")
 
@@ -49,7 +49,7 @@ class Acoustic:
         self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
         self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
         self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
-        self._admit_idle_at_once = AcousticLive.model_fields["admit_idle_at_once"].default
+        self._admit_idle_at_once = AcousticUserConfig.model_fields["admit_idle_at_once"].default
         self._in_window = 0  # requests waiting in the admission window
         self._entering: list = []  # streams submitted here whose rows are not admitted yet
         self.engine = AcousticEngine(self.model, self._args)
@@ -78,10 +78,10 @@ class Acoustic:
             pass
 
     def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config`` (``AcousticLive``): the admission window, and the live decode
+        """Serve ``user_config`` (``AcousticUserConfig``): the admission window, and the live decode
         knobs merged over the deployment's ``args.acoustic`` (a knob the user_config no longer
         names goes back to its args value)."""
-        live = AcousticLive.model_validate(user_config or {})
+        live = AcousticUserConfig.model_validate(user_config or {})
         self._admit_idle_at_once = live.admit_idle_at_once
         self._admit.set_max_batch_size(live.max_batch_size)
         self._admit.set_batch_wait_timeout_s(live.batch_wait_timeout_s)
@@ -90,10 +90,10 @@ class Acoustic:
         self.refiner.configure(self.engine.cfg)
 
     # The window's size and wait are set from user_config at start (reconfigure); these are
-    # AcousticLive's defaults until then.
+    # AcousticUserConfig's defaults until then.
     @serve.batch(
-        max_batch_size=AcousticLive.model_fields["max_batch_size"].default,
-        batch_wait_timeout_s=AcousticLive.model_fields["batch_wait_timeout_s"].default,
+        max_batch_size=AcousticUserConfig.model_fields["max_batch_size"].default,
+        batch_wait_timeout_s=AcousticUserConfig.model_fields["batch_wait_timeout_s"].default,
     )
     async def _admit(self, plans: list[list[SegmentRequest]]) -> list:
         """Submit a window's requests together; each caller gets its rows' streams (or an error)."""

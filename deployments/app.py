@@ -1,6 +1,6 @@
 """The application builder: ``deployments.app:build_app`` is the config's ``import_path``.
 
-``args`` (validated by ``AppArgs``) select the weights, device, dtype, limits and engine knobs;
+``args`` (validated by ``AppConfig``) select the weights, device, dtype, limits and engine knobs;
 per-deployment resources, replicas and autoscaling come from the config's ``deployments``.
 """
 
@@ -12,7 +12,7 @@ from typing import Optional
 from ray.serve import Application
 
 from serve_app.engine.config import ModelConfig, acoustic_heard_through
-from serve_app.settings import AppArgs
+from serve_app.settings import AppConfig
 
 log = logging.getLogger("ray.serve")
 
@@ -38,7 +38,7 @@ def build_app(args: Optional[dict] = None) -> Application:
     from deployments.normalizer import TextNormalizer
     from deployments.vocoder import Vocoder
 
-    a = AppArgs.model_validate(args or {})
+    a = AppConfig.model_validate(args or {})
     model = _pin_weights_source(a.model)
     vocoder_model = model.model_copy(update={"device": a.vocoder_device, "dtype": "float32"})
     acoustic = Acoustic.bind(

@@ -21,7 +21,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.backends import install
 from deployments.job_runner import job_runner
 from deployments.slots import SharedSlots
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
@@ -55,16 +55,16 @@ from serve_app.protocol.lexicons import LexiconDeleted, LexiconDetail, LexiconLi
 from serve_app.realtime.graph import UnstartedSockets, run_session
 from serve_app.settings import (
     CacheConfig,
-    FlowSettings,
-    IngressSettings,
-    JobsSettings,
+    FlowConfig,
+    IngressConfig,
+    JobsConfig,
     LexiconStoreConfig,
     VoiceStoreConfig,
     merged,
 )
 
 # Serve needs the app when the class is defined; each replica installs its own policy at start.
-app = make_app(HttpPolicy(IngressSettings().max_body_bytes))
+app = make_app(HttpPolicy(IngressConfig().max_body_bytes))
 
 # Other Ray apps calling through a DeploymentHandle are inside the cluster, past the HTTP front
 # door: trusted like the operator, with no stream slot to count (their own replicas bound them).
@@ -97,14 +97,14 @@ class Ingress:
         lexicons: Optional[dict] = None,
     ):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
-        ingress = IngressSettings.model_validate(settings or {})
+        ingress = IngressConfig.model_validate(settings or {})
         self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})
         self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
         # One count of stream slots, and one board of back-pressure reports, for every replica of this application.
         app_name = serve.get_replica_context().app_name
         slots = SharedSlots(f"stream-slots:{app_name}")
-        flow_settings = FlowSettings.model_validate(flow or {})
+        flow_settings = FlowConfig.model_validate(flow or {})
         flow_board = board_name(app_name)
         board(flow_board)  # created (or found) now, not on the first request
         self.speech = SpeechService(
@@ -118,7 +118,7 @@ class Ingress:
             flow_settings,
             flow_board,
         )
-        jobs_config = JobsSettings.model_validate(jobs or {})
+        jobs_config = JobsConfig.model_validate(jobs or {})
         # The application's job runner (found by name, made if missing) speaks through these stages.
         # segments: the TextNormalizer's limits, which a job's chunks are planned with at submission.
         self.jobs = JobsService(
@@ -126,7 +126,7 @@ class Ingress:
             normalizer,
             vocoder,
             self.voices.catalog,
-            SegmentLimits.model_validate(segments or {}),
+            SegmentConfig.model_validate(segments or {}),
             find_runner=functools.partial(job_runner, app_name, jobs_config, normalizer, vocoder),
         )
         lexicon_config = LexiconStoreConfig.model_validate(lexicons or {}).resolved(voice_config)
@@ -143,7 +143,7 @@ class Ingress:
         self.unstarted = UnstartedSockets()
         self.loop_watch = LoopWatch("ingress").start()
 
-    def _apply(self, settings: IngressSettings) -> None:
+    def _apply(self, settings: IngressConfig) -> None:
         auth = APIKeyAuth(settings.security)  # first: a refused change leaves everything as it was
         self.settings = settings
         self.speech.apply(settings)
@@ -157,11 +157,11 @@ class Ingress:
         install_policy(app, policy)  # whole: a request in flight keeps the policy it started with
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Serve ``user_config``: any IngressSettings field, applied live (limits, timeouts,
+        """Serve ``user_config``: any IngressConfig field, applied live (limits, timeouts,
         degradation switches, API keys and grants, CORS), merged field by field over the
         deployment's ``args.ingress``: a user_config naming one security field keeps the others
         (``auth: required`` among them), and one that drops a field gives it back its args value."""
-        self._apply(IngressSettings.model_validate(merged(self._args, user_config or {})))
+        self._apply(IngressConfig.model_validate(merged(self._args, user_config or {})))
 
     @staticmethod
     def _caller(request: Union[Request, WebSocket]) -> Caller:

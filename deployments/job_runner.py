@@ -44,7 +44,7 @@ from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.types import SegmentMark
 from serve_app.errors import to_api_error
 from serve_app.pipeline.handles import HandlesPipeline
-from serve_app.settings import JobsSettings
+from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
 from serve_app.storage.jobs.model import JobScript
 from serve_app.storage.jobs.objects import clean_spool
@@ -61,7 +61,7 @@ def runner_name(app_name: str) -> str:
     return f"job-runner:{app_name}"
 
 
-def job_runner(app_name: str, settings: JobsSettings, normalizer: Any, vocoder: Any) -> Any:
+def job_runner(app_name: str, settings: JobsConfig, normalizer: Any, vocoder: Any) -> Any:
     """The application's runner (created by the first replica that asks, found by the others);
     ``normalizer`` and ``vocoder``: the stages' handles it synthesises with."""
     import ray
@@ -91,7 +91,7 @@ class JobRunner:
 
     def __init__(self, settings: dict, normalizer: Any, vocoder: Any):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
-        self.settings = JobsSettings.model_validate(settings)
+        self.settings = JobsConfig.model_validate(settings)
         self.store = make_job_store(self.settings)
         self.pipeline = HandlesPipeline(normalizer, vocoder)
         self.jobs: dict[str, _Job] = {}
@@ -112,7 +112,7 @@ class JobRunner:
     async def configure(self, settings: dict, normalizer: Any = None, vocoder: Any = None) -> None:
         """The settings and stages of the Ingress that calls (each replica calls every few seconds:
         a new app version's reach a runner that outlived the old one, or restarted)."""
-        new = JobsSettings.model_validate(settings)
+        new = JobsConfig.model_validate(settings)
         if store_identity(new) != store_identity(self.settings):
             log.warning("jobs: store changed; jobs in the old one stay there")
             for active in list(self.jobs.values()):
@@ -429,6 +429,6 @@ class JobRunner:
         self.jobs.pop(job.id, None)
 
 
-def parallel_chunks(settings: JobsSettings, acoustic_replicas: int) -> int:
+def parallel_chunks(settings: JobsConfig, acoustic_replicas: int) -> int:
     """Chunks the runner keeps going at once for this many running Acoustic replicas."""
     return max(1, min(settings.max_parallel_chunks, settings.chunks_per_acoustic_replica * max(1, acoustic_replicas)))

@@ -14,7 +14,7 @@ from ray import serve
 
 from deployments.backends import install
 from serve_app import metrics
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import Plan, ScriptPart, SynthesisOptions, Voice
 
@@ -27,7 +27,7 @@ class TextNormalizer:
     def __init__(self, limits: dict | None = None):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
-        self.planner = Planner(SegmentLimits.model_validate(limits or {}))
+        self.planner = Planner(SegmentConfig.model_validate(limits or {}))
         self.planner.warmup()  # first use of every rule table, before the first request
         log.info("TextNormalizer ready in %.1fs", time.perf_counter() - t0)
 

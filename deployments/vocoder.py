@@ -30,7 +30,7 @@ from serve_app.engine.vocoder import Vocoder as VocoderEngine
 from serve_app.engine.wav import with_true_length
 from serve_app.engine.weights.loading import load_vocoder
 from serve_app.pipeline.flow import AckedStream, FlowCredit, FlowRef, board, board_name
-from serve_app.settings import FlowSettings
+from serve_app.settings import FlowConfig
 
 log = logging.getLogger("ray.serve")
 
@@ -69,7 +69,7 @@ class Vocoder:
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.acoustic = acoustic
-        self.flow = FlowSettings.model_validate(flow or {})
+        self.flow = FlowConfig.model_validate(flow or {})
         self.flow_board = board_name(serve.get_replica_context().app_name)
         board(self.flow_board)  # created (or found) now, not on the first stream
         self.cfg = VocoderConfig.model_validate(vocoder or {})

@@ -63,11 +63,11 @@ def plan_corpus(texts: Optional[tuple[str, ...]] = None, segments: Optional[dict
     Returns ``[(text, [target_tokens per segment], [segment texts])]``. Needs no model
     weights and no torch.
     """
-    from serve_app.engine.config import SegmentLimits
+    from serve_app.engine.config import SegmentConfig
     from serve_app.engine.planner import Planner
     from serve_app.engine.types import SynthesisOptions
 
-    planner = Planner(SegmentLimits.model_validate(segments or {}))
+    planner = Planner(SegmentConfig.model_validate(segments or {}))
     out = []
     for text in texts or load_corpus():
         plan = planner.plan(text, SynthesisOptions())

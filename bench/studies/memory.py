@@ -98,7 +98,7 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     import dataclasses
 
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
-    from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
+    from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
     from serve_app.engine.pipeline import Planner, SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
@@ -114,7 +114,7 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     ph.mark("load_model", quantize=model.quantize)
     model.drop_audio_modules()
     ph.mark("drop_audio_modules")
-    planner = Planner(SegmentLimits())
+    planner = Planner(SegmentConfig())
     planner.warmup()
     segs = [s for text in load_corpus() for s in planner.plan(text, SynthesisOptions()).segments]
     mean = round(sum(s.target_tokens for s in segs) / len(segs))

@@ -47,7 +47,7 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
 
     import serve_app
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
-    from serve_app.engine.config import ModelConfig, SegmentLimits, WeightsConfig
+    from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
     from serve_app.engine.pipeline import Planner, SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
@@ -56,7 +56,7 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
     # Float layers (int8 is swapped in where measured): the same baseline in any revision.
     quantize = {"quantize": "none"} if "quantize" in ModelConfig.model_fields else {}
     model = load_model(ModelConfig(weights=WeightsConfig(source=weights), torch_threads=1, **quantize))
-    planner = Planner(SegmentLimits())
+    planner = Planner(SegmentConfig())
     planner.warmup()
     seg = planner.plan(TEXT, SynthesisOptions()).segments[0]
     swap = None

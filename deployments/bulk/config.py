@@ -16,13 +16,13 @@ from serve_app.engine.config import (
     Device,
     DType,
     ModelConfig,
-    SegmentLimits,
+    SegmentConfig,
     VocoderConfig,
     WeightsConfig,
 )
 from serve_app.engine.strict import StrictModel
 from serve_app.engine.types import SynthesisOptions
-from serve_app.settings import IngressSettings
+from serve_app.settings import IngressConfig
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 INPUT_SUFFIXES: dict[str, InputFormat] = {
@@ -35,7 +35,7 @@ INPUT_SUFFIXES: dict[str, InputFormat] = {
 }
 MAX_ID_CHARS = 256
 # A row is one request's worth of text: the service's own input limit.
-MAX_TEXT_CHARS = IngressSettings.model_fields["max_input_chars"].default
+MAX_TEXT_CHARS = IngressConfig.model_fields["max_input_chars"].default
 # One chunk per segment: nobody listens while a batch decodes, and a chunk is an object to hand
 # on. Above any segment's tokens.
 WHOLE_SEGMENT_TOKENS = 1 << 16
@@ -143,7 +143,7 @@ class BatchConfig(StrictModel):
     vocoder_cpus: float = Field(default=0.5, gt=0)
     vocode_rows: int = Field(default=4, ge=1, description="Rows per vocoder call.")
     plan_cpus: float = Field(default=0.25, gt=0, description="Ray CPUs per read and plan task.")
-    segments: SegmentLimits = SegmentLimits()
+    segments: SegmentConfig = SegmentConfig()
     vocoder: VocoderConfig = VocoderConfig()
 
     def acoustic_model(self, weights: WeightsConfig, gpu: bool) -> ModelConfig:

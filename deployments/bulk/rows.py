@@ -26,7 +26,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from deployments.bulk.config import INPUT_SUFFIXES, ROW_FIELDS, BatchConfig, BatchRow, InputFormat
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner
 from serve_app.engine.voices import effective_seed
 from serve_app.errors import to_api_error
@@ -199,7 +199,7 @@ class Group:
 @functools.lru_cache(maxsize=4)
 def _planner(limits_json: str) -> Planner:
     """One planner per worker process: its text front end's tables load once."""
-    planner = Planner(SegmentLimits.model_validate_json(limits_json))
+    planner = Planner(SegmentConfig.model_validate_json(limits_json))
     planner.warmup()
     return planner
 

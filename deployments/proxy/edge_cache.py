@@ -19,7 +19,7 @@ the request's start: past it the answer is 408 ``body_timeout``, a refusal the f
 A request without a key goes on unread, to the Ingress's 401 from its headers.
 
 Installed with the front guard (``front_guard.middlewares``); settings from the env var
-``CHATTTS_EDGE_CACHE`` (``settings.EdgeCacheSettings``). State is per proxy process, bounded.
+``CHATTTS_EDGE_CACHE`` (``settings.EdgeCacheConfig``). State is per proxy process, bounded.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import APIError
 from serve_app.http.middleware import AUTH_HEADER, header, send_error
-from serve_app.settings import EDGE_HEADER, EdgeCacheSettings
+from serve_app.settings import EDGE_HEADER, EdgeCacheConfig
 
 ENV = "CHATTTS_EDGE_CACHE"
 PATHS = ("/v1/audio/speech",)
@@ -57,7 +57,7 @@ class _Entry:
 class EdgeCache:
     """The entries, least recently used first out past ``max_bytes``."""
 
-    def __init__(self, settings: EdgeCacheSettings, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: EdgeCacheConfig, clock: Callable[[], float] = time.monotonic):
         self.s = settings
         self.clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -106,10 +106,10 @@ class EdgeCacheMiddleware:
     """ASGI middleware: answers a request it has an edge entry for; keeps the marked answers."""
 
     def __init__(
-        self, app: ASGIApp, settings: Optional[EdgeCacheSettings] = None, clock: Callable[[], float] = time.monotonic
+        self, app: ASGIApp, settings: Optional[EdgeCacheConfig] = None, clock: Callable[[], float] = time.monotonic
     ):
         self.app = app
-        self.s = settings or EdgeCacheSettings()
+        self.s = settings or EdgeCacheConfig()
         self.cache = EdgeCache(self.s, clock)
         # Keys off at the Ingress, as its last answer here said (AUTH_HEADER "open"; a 401 or
         # "key": on). Until it says so, a request without a credential is never read here.
@@ -220,6 +220,6 @@ async def _read_body(receive: Receive, limit: int, timeout_s: float) -> tuple[by
     return body, complete, replay
 
 
-def settings_from_env(environ: Optional[dict[str, str]] = None) -> EdgeCacheSettings:
+def settings_from_env(environ: Optional[dict[str, str]] = None) -> EdgeCacheConfig:
     raw = (environ if environ is not None else os.environ).get(ENV, "").strip()
-    return EdgeCacheSettings.model_validate_json(raw) if raw else EdgeCacheSettings()
+    return EdgeCacheConfig.model_validate_json(raw) if raw else EdgeCacheConfig()

@@ -6,7 +6,7 @@ from, so the front guard would count each client under any address it named. Two
 
 - ``middlewares()`` (the front guard's hook) pins uvicorn's ``FORWARDED_ALLOW_IPS`` in the process
   it runs in (Serve's proxy, or with HAProxy each replica and the fallback proxy) to
-  ``FrontGuardSettings.forwarded_allow_ips``; with an HAProxy this module does not wrap, to no
+  ``FrontGuardConfig.forwarded_allow_ips``; with an HAProxy this module does not wrap, to no
   one: every client is then HAProxy's address, never one it chose (``pin_forwarded_allow_ips``).
 - This module is an ``haproxy`` that Ray runs instead of its bundled one
   (``RAY_SERVE_HAPROXY_BINARY_PATH``): it adds to the config's ``http_frontend`` rules that drop

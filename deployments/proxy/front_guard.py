@@ -17,7 +17,7 @@ unknown credentials from the same address.
 
 Installed through Ray's hook ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.proxy.front_guard:middlewares``
 (in Serve's proxy, and in each Ingress replica's own HTTP server with HAProxy's front door);
-settings from the env var ``CHATTTS_FRONT_GUARD`` (``settings.FrontGuardSettings``). State is per
+settings from the env var ``CHATTTS_FRONT_GUARD`` (``settings.FrontGuardConfig``). State is per
 proxy process, like nginx's per instance. Light on purpose (no torch, no Ray): it runs in the proxy.
 """
 
@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import error_body
 from serve_app.http.middleware import AUTH_HEADER, header
-from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings  # noqa: F401 - the hook's names: bench imports them here
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig  # noqa: F401 - the hook's names: bench imports them here
 
 log = logging.getLogger("ray.serve")
 
@@ -153,10 +153,10 @@ class FrontGuard:
     """ASGI middleware: a client out of refusal tokens is answered 429 here, after the tarpit."""
 
     def __init__(
-        self, app: ASGIApp, settings: Optional[FrontGuardSettings] = None, clock: Callable[[], float] = time.monotonic
+        self, app: ASGIApp, settings: Optional[FrontGuardConfig] = None, clock: Callable[[], float] = time.monotonic
     ):
         self.app = app
-        self.s = s = settings or FrontGuardSettings()
+        self.s = s = settings or FrontGuardConfig()
         self.clients = Clients(s.refusals_per_s, s.refusal_burst, s.max_served_clients, s.max_clients, clock)
         self.addresses = Buckets(s.address_refusals_per_s, s.address_refusal_burst, s.max_clients, clock)
         self.held = 0
@@ -329,9 +329,9 @@ def _counter():
         return None
 
 
-def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardSettings:
+def settings_from_env(environ: Optional[dict[str, str]] = None) -> FrontGuardConfig:
     raw = (environ if environ is not None else os.environ).get(ENV, "").strip()
-    return FrontGuardSettings.model_validate_json(raw) if raw else FrontGuardSettings()
+    return FrontGuardConfig.model_validate_json(raw) if raw else FrontGuardConfig()
 
 
 def middlewares() -> list[Middleware]:

@@ -11,7 +11,7 @@ in the audio; it has no word timing (ChatTTS has no aligner). So:
   speaking time (``pacing.expected_seconds``: a CJK character speaks ~3x a Latin letter, a pause
   mark adds its pause), not to their character counts.
 
-Layout (``CaptionSettings``): at most ``max_lines`` (2) lines per cue, each at most
+Layout (``CaptionLayout``): at most ``max_lines`` (2) lines per cue, each at most
 ``max_line_chars`` (42) characters for Latin-script text, or ``max_cjk_line_chars`` (16)
 characters for Chinese text. 42 is the common limit for Latin scripts (Netflix's English timed
 text style guide, the BBC's 37-42); 16 is Netflix's for Simplified and Traditional Chinese, as
@@ -51,7 +51,7 @@ from .text.tags import CONTROL_TAG_RE
 
 __all__ = [
     "CAPTION_TYPES",
-    "CaptionSettings",
+    "CaptionLayout",
     "Cue",
     "TimedText",
     "build_cues",
@@ -75,7 +75,7 @@ class TimedText:
 
 
 @dataclass(frozen=True)
-class CaptionSettings:
+class CaptionLayout:
     max_line_chars: int = 42
     max_cjk_line_chars: int = 16
     max_lines: int = 2
@@ -298,7 +298,7 @@ def caption_text(text: str) -> str:
     return _SPACE_BEFORE_PUNCT_RE.sub("", re.sub(r"\s+", " ", CONTROL_TAG_RE.sub(" ", text))).strip()
 
 
-def build_cues(items: Iterable[Item], settings: CaptionSettings = CaptionSettings()) -> List[Cue]:
+def build_cues(items: Iterable[Item], settings: CaptionLayout = CaptionLayout()) -> List[Cue]:
     """The cues for ``items`` (see the module docstring): in order, never overlapping, each
     with end > start. ``ValueError`` for items out of order, overlapping or with bad times."""
     cues: List[Cue] = []
@@ -353,7 +353,7 @@ def format_timestamp(ms: int, separator: str = ",") -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
 
 
-def to_srt(items: Iterable[Item], settings: CaptionSettings = CaptionSettings()) -> str:
+def to_srt(items: Iterable[Item], settings: CaptionLayout = CaptionLayout()) -> str:
     """SubRip: numbered cues, ``00:00:01,250 --> 00:00:02,000``, a speaker as a ``Name: ``
     prefix on the cue's first line."""
     blocks = []
@@ -370,7 +370,7 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def to_webvtt(items: Iterable[Item], settings: CaptionSettings = CaptionSettings()) -> str:
+def to_webvtt(items: Iterable[Item], settings: CaptionLayout = CaptionLayout()) -> str:
     """WebVTT: ``00:00:01.250 --> 00:00:02.000``, a speaker as a voice span ``<v Name>``."""
     blocks = ["WEBVTT"]
     for cue in build_cues(items, settings):

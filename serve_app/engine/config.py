@@ -160,14 +160,14 @@ class AcousticConfig(StrictModel):
         ge=1,
         description="Rows waiting for a slot at most, all clients together; past it a request gets 503 "
         "overloaded. A waiting row holds no KV (a few KB), and a request's segments are queued together, so "
-        "this is several of the largest requests (SegmentLimits.max_segments) at once.",
+        "this is several of the largest requests (SegmentConfig.max_segments) at once.",
     )
     max_queued_rows_per_client: int = Field(
         default=512,
         ge=1,
         description="Rows one client (API key, or address without keys) may have waiting; a request that "
         "would go past it gets 429 too_many_queued_rows (its client's queued requests go on). The default is "
-        "SegmentLimits.max_segments, so the largest request fits when its client has nothing else waiting, "
+        "SegmentConfig.max_segments, so the largest request fits when its client has nothing else waiting, "
         "and a quarter of max_queued_rows, so one client cannot fill the queue for everyone.",
     )
     reserved_rows: int = Field(
@@ -250,7 +250,7 @@ class VocoderConfig(StrictModel):
     )
 
 
-class SegmentLimits(StrictModel):
+class SegmentConfig(StrictModel):
     """How long a segment's generation may run."""
 
     max_chars: int = Field(default=120, ge=8, description="Segment length cut by the splitter.")
@@ -291,7 +291,7 @@ class SegmentLimits(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "SegmentLimits":
+    def _check(self) -> "SegmentConfig":
         if self.cap_slack > self.max_new_token:
             raise ValueError("cap_slack must not exceed max_new_token")
         return self
@@ -309,4 +309,4 @@ class EngineConfig(StrictModel):
     model: ModelConfig = ModelConfig()
     acoustic: AcousticConfig = AcousticConfig()
     vocoder: VocoderConfig = VocoderConfig()
-    segments: SegmentLimits = SegmentLimits()
+    segments: SegmentConfig = SegmentConfig()

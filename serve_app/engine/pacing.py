@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from .audio import SAMPLE_RATE
-from .config import SegmentLimits
+from .config import SegmentConfig
 from .text.chars import SAYABLE_CJK_RE
 from .text.tags import BREAK_TAG_RE, CONTROL_TAG_RE
 
@@ -59,7 +59,7 @@ def expected_tokens(text: str, speed_level: int = 5) -> int:
     return max(1, round(expected_seconds(text, speed_level) * TOKENS_PER_SECOND))
 
 
-def max_new_tokens(text: str, limits: SegmentLimits, speed_level: int = 5) -> int:
+def max_new_tokens(text: str, limits: SegmentConfig, speed_level: int = 5) -> int:
     """Hard cap of a segment's generation, real or random weights."""
     cap = int(limits.cap_factor * expected_tokens(text, speed_level)) + limits.cap_slack
     return min(limits.max_new_token, cap)

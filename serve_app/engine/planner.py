@@ -3,7 +3,7 @@
 No torch and no model: the TextNormalizer stage runs this alone. The speaker of a seeded voice
 is sampled later, where ChatTTS's speaker statistics live (``voices.SpeakerSampler``).
 
-A plan's cost is bounded after normalisation (``SegmentLimits.max_segments``,
+A plan's cost is bounded after normalisation (``SegmentConfig.max_segments``,
 ``max_request_seconds``): characters alone do not bound it (numbers read out in full, tags,
 ``speed: 0.25``), so a plan past either limit raises ``RequestTooLarge``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .config import SegmentLimits
+from .config import SegmentConfig
 from .errors import EmptyInputError, RequestTooLarge
 from .pacing import TOKENS_PER_SECOND, expected_tokens, max_new_tokens, speed_tag_level
 from .text import Segment, TextFrontend
@@ -59,7 +59,7 @@ def normalization(opts: SynthesisOptions) -> tuple[bool, bool]:
 
 
 class Planner:
-    def __init__(self, limits: SegmentLimits = SegmentLimits(), frontend: Optional[TextFrontend] = None):
+    def __init__(self, limits: SegmentConfig = SegmentConfig(), frontend: Optional[TextFrontend] = None):
         self.limits = limits
         self.frontend = frontend or TextFrontend()
         self.voices = VoiceResolver()

@@ -15,7 +15,7 @@ from ..engine.types import ScriptPart, Voice
 from ..engine.voices import effective_seed
 from ..pipeline.admission import Admission
 from ..protocol import JobRequest
-from ..settings import JobsSettings
+from ..settings import JobsConfig
 from ..storage.jobs import JobLimits, JobStore, check_room, cut_script, cut_text, split_chapters
 from ..storage.jobs.planning import JobPlanner, pieces, reservation
 from ..storage.voices import VoiceCatalog
@@ -46,9 +46,7 @@ class JobBuilder:
     the runner's chunks are planned with too. ``admission``: no busy switch, no stream slot (the
     runner paces the chunks)."""
 
-    def __init__(
-        self, cfg: JobsSettings, limits: JobLimits, store: JobStore, voices: VoiceCatalog, planner: JobPlanner
-    ):
+    def __init__(self, cfg: JobsConfig, limits: JobLimits, store: JobStore, voices: VoiceCatalog, planner: JobPlanner):
         self.cfg = cfg
         self.limits = limits
         self.store = store

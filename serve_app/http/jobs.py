@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.audio import CONTENT_TYPES
 from ..engine.captions import CAPTION_TYPES
-from ..engine.config import SegmentLimits
+from ..engine.config import SegmentConfig
 from ..engine.errors import JobError, JobNotReady, UnknownJobError
 from ..errors import APIError, as_api_error
 from ..protocol import (
@@ -38,7 +38,7 @@ from ..protocol import (
     AudioJobDeleted,
     AudioJobList,
 )
-from ..settings import JobsSettings
+from ..settings import JobsConfig
 from ..storage.jobs import (
     JOB_ID_RE,
     StoredJob,
@@ -76,11 +76,11 @@ class JobsService:
 
     def __init__(
         self,
-        cfg: JobsSettings,
+        cfg: JobsConfig,
         normalizer: Any,
         vocoder: Any,
         voices: VoiceCatalog,
-        segments: Optional[SegmentLimits] = None,
+        segments: Optional[SegmentConfig] = None,
         runner: Any = None,
         find_runner: Optional[Callable[[], Any]] = None,
     ):
@@ -88,7 +88,7 @@ class JobsService:
         self.limits = job_limits(cfg)
         self.store = make_job_store(cfg)
         self.voices = voices
-        self.builder = JobBuilder(cfg, self.limits, self.store, voices, JobPlanner(segments or SegmentLimits()))
+        self.builder = JobBuilder(cfg, self.limits, self.store, voices, JobPlanner(segments or SegmentConfig()))
         self._submitting: set[str] = set()  # owners with a submission being read and planned here
         self._runner_args = (cfg, normalizer, vocoder)
         self._find_runner = find_runner

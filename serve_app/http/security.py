@@ -32,7 +32,7 @@ from ..callers import (  # noqa: F401
     too_many_streams,
 )
 from ..errors import APIError
-from ..settings import KeyGrants, SecuritySettings
+from ..settings import KeyConfig, SecurityConfig
 
 log = logging.getLogger("ray.serve")
 
@@ -44,7 +44,7 @@ def key_id(key: str) -> str:
     return hashlib.sha256(key.strip().encode()).hexdigest()[:12]
 
 
-def load_api_keys(settings: SecuritySettings) -> list[bytes]:
+def load_api_keys(settings: SecurityConfig) -> list[bytes]:
     keys: list[str] = []
     if settings.api_keys_env:
         keys += [k.strip() for k in os.environ.get(settings.api_keys_env, "").split(",")]
@@ -60,7 +60,7 @@ class APIKeyAuth:
     """Bearer-token check and each caller's grants; open (anonymous callers) only when keys are
     optional and none is configured."""
 
-    def __init__(self, settings: SecuritySettings):
+    def __init__(self, settings: SecurityConfig):
         self.settings = settings
         self._keys = load_api_keys(settings)
         if settings.auth == "required" and not self._keys:
@@ -77,7 +77,7 @@ class APIKeyAuth:
 
     def _grants(self, kid: Optional[str]) -> Caller:
         s = self.settings
-        g = s.keys.get(kid, KeyGrants()) if kid else KeyGrants()
+        g = s.keys.get(kid, KeyConfig()) if kid else KeyConfig()
         return Caller(
             id=kid or "",
             owner=kid or ANONYMOUS,

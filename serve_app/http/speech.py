@@ -27,7 +27,7 @@ from ..pipeline.admission import check_model  # noqa: F401  (re-exported: the er
 from ..pipeline.admission import release_when_taken as _release_when_taken  # noqa: F401  (re-exported)
 from ..pipeline.flow import REF_HEADER, FlowCredit, FlowRef, paced
 from ..protocol import DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
-from ..settings import EDGE_HEADER, CacheConfig, FlowSettings, IngressSettings
+from ..settings import EDGE_HEADER, CacheConfig, FlowConfig, IngressConfig
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .answers import Hit, build_timed_answer, hit_items, speech_segment, whole, with_audio
@@ -80,9 +80,9 @@ class SpeechService:
         acoustic: Any,
         voices: VoiceCatalog,
         cache: CacheConfig,
-        settings: IngressSettings,
+        settings: IngressConfig,
         slots: StreamSlots,
-        flow: FlowSettings = FlowSettings(),
+        flow: FlowConfig = FlowConfig(),
         flow_board: Optional[str] = None,
     ):
         self.flow = flow
@@ -107,7 +107,7 @@ class SpeechService:
     def lexicons(self, book: Optional[LexiconBook]) -> None:
         self.admission.lexicons = book
 
-    def apply(self, settings: IngressSettings) -> None:
+    def apply(self, settings: IngressConfig) -> None:
         self.settings = settings
         needs_queue = settings.busy_queue_rows is not None or settings.skip_refine_queue_rows is not None
         if needs_queue and self._poll_task is None:

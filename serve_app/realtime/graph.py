@@ -13,7 +13,7 @@ from ..http.request_log import RequestRecord, voice_label
 from ..http.speech import SpeechService
 from ..pipeline import Admitted, AudioItem, AudioStream, SpeechPipeline
 from ..protocol import SessionCreated, SessionStart
-from ..settings import IngressSettings
+from ..settings import IngressConfig
 from .handshake import serve_session
 from .messages import SessionLimits, close_code
 
@@ -58,7 +58,7 @@ class PipelineBackend:
         return exc if self.errors is None else self.errors(exc)
 
 
-def session_limits(settings: IngressSettings) -> SessionLimits:
+def session_limits(settings: IngressConfig) -> SessionLimits:
     ws = settings.websocket
     return SessionLimits(
         max_text_chars=settings.max_input_chars,

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Optional, Protocol, Union
 
 from pydantic import BaseModel, ValidationError
 
-from ..engine.config import SegmentLimits
+from ..engine.config import SegmentConfig
 from ..engine.types import Plan, StreamSummary, SynthesisOptions
 from ..errors import APIError, invalid_value
 from ..http.jsonlimits import check_json_depth
@@ -18,7 +18,7 @@ from ..protocol import (
     ErrorEvent,
     ErrorObject,
 )
-from ..settings import IngressSettings
+from ..settings import IngressConfig
 
 NORMAL_CLOSURE = 1000
 
@@ -49,7 +49,7 @@ class Transport(Protocol):
     async def close(self, code: int = NORMAL_CLOSURE, reason: Optional[str] = None) -> None: ...
 
 
-_INGRESS = IngressSettings()
+_INGRESS = IngressConfig()
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class SessionLimits:
     segment_timeout_s: float = (
         _INGRESS.request_timeout_s
     )  # a segment's audio must be complete this long after it starts
-    max_chars: int = SegmentLimits().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
+    max_chars: int = SegmentConfig().max_chars  # an unfinished sentence longer than this is cut (see split_unfinished)
     first_message_s: float = _INGRESS.websocket.first_message_s  # session.start must come this soon
     idle_s: float = _INGRESS.websocket.idle_s  # nothing to speak and no message this long: closed
     max_pending_cuts: int = _INGRESS.websocket.max_pending_cuts  # cuts being planned at once

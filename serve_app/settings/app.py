@@ -1,5 +1,5 @@
-"""The config's ``args`` as a whole (``AppArgs``), how a config's layers merge, and the Acoustic
-stage's live ``user_config`` (``AcousticLive``)."""
+"""The config's ``args`` as a whole (``AppConfig``), how a config's layers merge, and the Acoustic
+stage's live ``user_config`` (``AcousticUserConfig``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..engine.config import AcousticConfig, ModelConfig, SegmentLimits, VocoderConfig
+from ..engine.config import AcousticConfig, ModelConfig, SegmentConfig, VocoderConfig
 from ..engine.strict import StrictModel
-from .front import FlowSettings
-from .ingress import IngressSettings
-from .jobs import JobsSettings
+from .front import FlowConfig
+from .ingress import IngressConfig
+from .jobs import JobsConfig
 from .stores import CacheConfig, LexiconStoreConfig, VoiceStoreConfig
 
 
@@ -43,7 +43,7 @@ LIVE_ACOUSTIC_FIELDS = (
 )
 
 
-class AcousticLive(BaseModel):
+class AcousticUserConfig(BaseModel):
     """The Acoustic stage's ``user_config``: what changes without restarting its replicas.
 
     The ``@serve.batch`` admission window, plus any of ``LIVE_ACOUSTIC_FIELDS`` of
@@ -61,7 +61,7 @@ class AcousticLive(BaseModel):
     admit_idle_at_once: bool = True
 
     @model_validator(mode="after")
-    def _only_live_fields(self) -> "AcousticLive":
+    def _only_live_fields(self) -> "AcousticUserConfig":
         unknown = sorted(set(self.model_extra or {}) - set(LIVE_ACOUSTIC_FIELDS))
         if unknown:
             raise ValueError(
@@ -80,18 +80,18 @@ class AcousticLive(BaseModel):
         return AcousticConfig.model_validate({**current.model_dump(), **self.engine_changes()})
 
 
-class AppArgs(StrictModel):
+class AppConfig(StrictModel):
     """The config's ``args``: the engine's knobs and the serving layer's settings."""
 
     model: ModelConfig = ModelConfig()
     acoustic: AcousticConfig = AcousticConfig()
     vocoder: VocoderConfig = VocoderConfig()
-    segments: SegmentLimits = SegmentLimits()
-    ingress: IngressSettings = IngressSettings()
+    segments: SegmentConfig = SegmentConfig()
+    ingress: IngressConfig = IngressConfig()
     cache: CacheConfig = CacheConfig()
     voices: VoiceStoreConfig = VoiceStoreConfig()
     lexicons: LexiconStoreConfig = LexiconStoreConfig()
-    flow: FlowSettings = FlowSettings()
-    jobs: JobsSettings = JobsSettings()
+    flow: FlowConfig = FlowConfig()
+    jobs: JobsConfig = JobsConfig()
     # Vocoder replicas never need the GPU or its dtype: CPU float32.
     vocoder_device: str = "cpu"

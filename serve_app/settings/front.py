@@ -19,7 +19,7 @@ IMPORT_PATH = "deployments.proxy.front_guard:middlewares"
 EDGE_HEADER = "x-chattts-edge"
 
 
-class KeyGrants(StrictModel):
+class KeyConfig(StrictModel):
     """What one API key may do beyond every key's defaults (``security.keys.<key id>``; a key's id
     is the non-secret fingerprint the logs show: ``chattts-serve keys id``)."""
 
@@ -35,7 +35,7 @@ class KeyGrants(StrictModel):
     admin: bool = Field(default=False, description="Sees, uses and deletes every key's custom voices.")
 
 
-class SecuritySettings(StrictModel):
+class SecurityConfig(StrictModel):
     """API keys, what each may do, per-key stream limits and CORS (``args.ingress.security``)."""
 
     auth: Literal["optional", "required"] = Field(
@@ -57,11 +57,11 @@ class SecuritySettings(StrictModel):
         le=10,
         description="Highest request priority a key may ask for, unless keys.<id> allows more.",
     )
-    keys: dict[str, KeyGrants] = Field(default_factory=dict, description="Per-key grants by key id.")
+    keys: dict[str, KeyConfig] = Field(default_factory=dict, description="Per-key grants by key id.")
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty = CORS off.")
 
 
-class FrontGuardSettings(StrictModel):
+class FrontGuardConfig(StrictModel):
     """The refusal budget of the front guard (``deployments/proxy/front_guard.py``), the ASGI middleware that
     Serve's HTTP proxy runs before it routes a request (env ``CHATTTS_FRONT_GUARD``, JSON: the
     proxy never sees the app's args). A client is an address plus the fingerprint of its
@@ -109,7 +109,7 @@ class FrontGuardSettings(StrictModel):
     )
 
 
-class FlowSettings(StrictModel):
+class FlowConfig(StrictModel):
     """``args.flow``: back-pressure between the stages of a stream (``pipeline/flow.py``)."""
 
     enabled: bool = True
@@ -122,7 +122,7 @@ class FlowSettings(StrictModel):
     )
 
 
-class EdgeCacheSettings(StrictModel):
+class EdgeCacheConfig(StrictModel):
     """The edge cache (``deployments/proxy/edge_cache.py``): cache hits kept in Serve's HTTP proxy and given
     there again (env ``CHATTTS_EDGE_CACHE``, JSON: the proxy never sees the app's args)."""
 

@@ -7,11 +7,11 @@ from typing import Optional
 from pydantic import Field
 
 from ..engine.strict import StrictModel
-from .front import SecuritySettings
+from .front import SecurityConfig
 from .units import KiB
 
 
-class WebSocketSettings(StrictModel):
+class WebSocketConfig(StrictModel):
     """What a WebSocket session may cost while it waits or talks (``args.ingress.websocket``)."""
 
     first_message_s: float = Field(
@@ -34,7 +34,7 @@ class WebSocketSettings(StrictModel):
     )
 
 
-class IngressSettings(StrictModel):
+class IngressConfig(StrictModel):
     """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
 
     max_input_chars: int = Field(default=4096, ge=1)
@@ -42,9 +42,9 @@ class IngressSettings(StrictModel):
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="A request body (any route) must arrive within this (408)."
     )
-    websocket: WebSocketSettings = WebSocketSettings()
+    websocket: WebSocketConfig = WebSocketConfig()
     warmup: bool = True
-    security: SecuritySettings = SecuritySettings()
+    security: SecurityConfig = SecurityConfig()
     request_timeout_s: float = Field(
         default=300.0, gt=0, description="A request ends (504 before audio, cut after) past this."
     )

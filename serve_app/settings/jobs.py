@@ -10,7 +10,7 @@ from ..engine.strict import StrictModel
 from .units import KiB, MiB
 
 
-class JobsSettings(StrictModel):
+class JobsConfig(StrictModel):
     """``args.jobs``: long work (``POST /v1/audio/jobs``) run in the background by the
     application's job runner (``deployments/job_runner.py``) and kept in the job store (``storage/jobs/``)."""
 
@@ -141,7 +141,7 @@ class JobsSettings(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_store(self) -> "JobsSettings":
+    def _check_store(self) -> "JobsConfig":
         if self.backend == "fsspec":
             if not self.url or "://" not in self.url or not self.url.split("://", 1)[0]:
                 raise ValueError(

@@ -253,12 +253,12 @@ def _wyoming(args: argparse.Namespace) -> int:
     """A Wyoming protocol server (Home Assistant) in front of a running service, until Ctrl-C."""
     from pydantic import ValidationError
 
-    from ..wyoming import WyomingSettings, serve
+    from ..wyoming import WyomingConfig, serve
 
     logging.getLogger("chattts_serve.wyoming").setLevel(logging.INFO)  # a line per synthesis
     given = {k: getattr(args, k) for k in WYOMING_OPTIONS}
     try:
-        settings = WyomingSettings.from_env(key_file=args.api_key_file, **given)
+        settings = WyomingConfig.from_env(key_file=args.api_key_file, **given)
     except (ValidationError, OSError) as exc:
         print(f"wyoming: {exc}", file=sys.stderr)
         return 2
@@ -266,7 +266,7 @@ def _wyoming(args: argparse.Namespace) -> int:
     return 0
 
 
-# ``wyoming`` flags that map one to one onto WyomingSettings (and its limits) fields.
+# ``wyoming`` flags that map one to one onto WyomingConfig (and its limits) fields.
 WYOMING_OPTIONS = (
     "uri",
     "base_url",

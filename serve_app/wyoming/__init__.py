@@ -8,7 +8,7 @@ neither Ray nor torch.
   ``server.py``: the listener and the zeroconf announcement.
 """
 
-from .config import WyomingLimits, WyomingSettings
+from .config import WyomingClientConfig, WyomingConfig
 from .server import WyomingServer, serve
 
-__all__ = ["WyomingLimits", "WyomingServer", "WyomingSettings", "serve"]
+__all__ = ["WyomingClientConfig", "WyomingServer", "WyomingConfig", "serve"]

@@ -1,5 +1,5 @@
 """The Wyoming server's settings: where it listens, which service it speaks through, and what one
-client may hold. Defaults come from the service's own limits (``IngressSettings``), so a client
+client may hold. Defaults come from the service's own limits (``IngressConfig``), so a client
 is refused here what the service would refuse anyway, before any call is made."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, field_validator
 
 from ..engine.strict import StrictModel
-from ..settings import IngressSettings
+from ..settings import IngressConfig
 
-_INGRESS = IngressSettings()
+_INGRESS = IngressConfig()
 DEFAULT_PORT = 10200  # the port Wyoming TTS servers use (wyoming-piper's); Home Assistant suggests it
 ENV_BASE_URL = "CHATTTS_BASE_URL"
 ENV_API_KEY = "CHATTTS_API_KEY"
 
 
-class WyomingLimits(StrictModel):
+class WyomingClientConfig(StrictModel):
     """What one Wyoming client may cost this process and the service."""
 
     max_text_chars: int = Field(
@@ -45,7 +45,7 @@ class WyomingLimits(StrictModel):
     samples_per_chunk: int = Field(default=1024, ge=1, description="The most samples in one audio-chunk event.")
 
 
-class WyomingSettings(StrictModel):
+class WyomingConfig(StrictModel):
     """``chattts-serve wyoming``: the command's flags over the environment."""
 
     uri: str = Field(default=f"tcp://0.0.0.0:{DEFAULT_PORT}", description="tcp://host:port or unix://path")
@@ -55,7 +55,7 @@ class WyomingSettings(StrictModel):
     zeroconf: bool = Field(default=False, description="Announce _wyoming._tcp over mDNS (Home Assistant discovery).")
     zeroconf_name: str = Field(default="chattts-serve", min_length=1, max_length=63)
     voices_ttl_s: float = Field(default=30.0, ge=0, description="How long the service's voice listing is reused.")
-    limits: WyomingLimits = WyomingLimits()
+    limits: WyomingClientConfig = WyomingClientConfig()
 
     @field_validator("uri")
     @classmethod
@@ -92,7 +92,7 @@ class WyomingSettings(StrictModel):
         if key_file is not None:
             lines = Path(key_file).read_text().strip().splitlines()
             values["api_key"] = lines[0].strip() if lines else None
-        limits = {k: given.pop(k) for k in list(given) if k in WyomingLimits.model_fields}
+        limits = {k: given.pop(k) for k in list(given) if k in WyomingClientConfig.model_fields}
         values.update({k: v for k, v in given.items() if v is not None})
         values["limits"] = {k: v for k, v in limits.items() if v is not None}
         return cls.model_validate(values)

@@ -28,7 +28,7 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from ..errors import APIError
-from .config import WyomingSettings
+from .config import WyomingConfig
 from .events import (
     PcmChunks,
     SpeechOptions,
@@ -105,7 +105,7 @@ class WyomingHandler(AsyncEventHandler):
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         service: ServiceClient,
-        settings: WyomingSettings,
+        settings: WyomingConfig,
         gate: ConnectionGate,
         version: Optional[str] = None,
     ):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
 
-from .config import WyomingSettings
+from .config import WyomingConfig
 from .handler import ConnectionGate, WyomingHandler
 from .service import ServiceClient
 
@@ -28,7 +28,7 @@ def package_version() -> Optional[str]:
 
 
 class WyomingServer:
-    def __init__(self, settings: WyomingSettings):
+    def __init__(self, settings: WyomingConfig):
         self.settings = settings
         self.service = ServiceClient(settings)
         self.gate = ConnectionGate(settings.limits.max_connections)
@@ -98,7 +98,7 @@ class WyomingServer:
         await self.service.aclose()
 
 
-async def serve(settings: WyomingSettings) -> None:
+async def serve(settings: WyomingConfig) -> None:
     """Run until SIGINT or SIGTERM."""
     server = WyomingServer(settings)
     await server.start()

@@ -13,7 +13,7 @@ import httpx
 from ..engine.voices import OPENAI_VOICES
 from ..errors import APIError, to_api_error
 from ..tools.client import AsyncSpeechClient, SpeechError
-from .config import WyomingSettings
+from .config import WyomingConfig
 from .events import SpeechOptions
 
 log = logging.getLogger("chattts_serve.wyoming")
@@ -75,7 +75,7 @@ def unexpected(exc: BaseException) -> APIError:
 class ServiceClient:
     """One per server process: its HTTP connections are shared by every Wyoming client."""
 
-    def __init__(self, settings: WyomingSettings):
+    def __init__(self, settings: WyomingConfig):
         self.base_url = settings.base_url
         self._voices_ttl_s = settings.voices_ttl_s
         key = settings.key

@@ -45,7 +45,7 @@ from serve_app.engine.errors import (
 )
 from serve_app.errors import _ERRORS, APIError, invalid_value, to_api_error
 from serve_app.http.speech import check_model
-from serve_app.settings import SecuritySettings
+from serve_app.settings import SecurityConfig
 from serve_app.storage.lexicons import lexicon_not_found
 from serve_app.storage.voices.model import MAX_NAME_CHARS
 
@@ -238,7 +238,7 @@ def _keys_on(tmp_path: Path):
     """The session app's Ingress with one API key (the jobs API refuses callers without one)."""
     keys = tmp_path / "keys"
     keys.write_text(KEY + "\n")
-    security = {**SecuritySettings().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
+    security = {**SecurityConfig().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
     return ingress_settings(security=security)
 
 

@@ -3,7 +3,7 @@ keys and the README's hook, in one ``serve run`` for the module: each attacker g
 while a polite client with another key is served within a bound of its unloaded latency.
 
 Every client is on loopback, which Serve's proxy (uvicorn) believes about ``X-Forwarded-For``
-(``FrontGuardSettings.forwarded_allow_ips``): each attack names its own address there, as a
+(``FrontGuardConfig.forwarded_allow_ips``): each attack names its own address there, as a
 front door on this host would, so their budgets do not mix."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
 pytestmark = pytest.mark.serve
 
 POLITE_KEY = "polite-key-0123456789"
 OTHER_KEY = "second-key-0123456789"
-GUARD = FrontGuardSettings(max_clients=64)  # a small table of unknown clients: eviction within reach
+GUARD = FrontGuardConfig(max_clients=64)  # a small table of unknown clients: eviction within reach
 EDGE_BODY_TIMEOUT_S = 3.0
 SPEECH = {"model": "chattts", "input": "你好", "voice": "alloy", "response_format": "wav"}
 

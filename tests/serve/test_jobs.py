@@ -33,7 +33,7 @@ from support.waiting import wait_until
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from serve_app.http.security import key_id
-from serve_app.settings import JobsSettings
+from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import cut_text, owner_tag
 
 pytestmark = pytest.mark.timeout(600)
@@ -268,7 +268,7 @@ def test_a_job_with_chapters_has_a_file_per_chapter_and_their_places(jobs_url):
     whole_cues = captions(jobs_url, done["captions_url"])
     assert len(whole_cues) >= done["progress"]["chunks_total"]  # a chunk has a segment or more
     whole = pcm(audio(jobs_url, job["id"]).content)
-    pause = round(JobsSettings().chapter_pause_s * 24000)  # the jobs app leaves it at its default
+    pause = round(JobsConfig().chapter_pause_s * 24000)  # the jobs app leaves it at its default
     at = 0
     for c in done["chapters"]:
         assert c["chunks_done"] == c["chunks_total"] and c["audio_url"].endswith(

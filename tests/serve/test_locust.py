@@ -15,7 +15,7 @@ from pathlib import Path
 from support.app import ingress_settings
 from support.report import report
 
-from serve_app.settings import SecuritySettings
+from serve_app.settings import SecurityConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-locust-one"
@@ -30,7 +30,7 @@ def _stats(path: Path) -> dict[tuple[str, str], dict[str, str]]:
 def test_locust_users_report_first_audio_rtf_and_audio(app_url, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text(KEY + "\n")
-    security = {**SecuritySettings().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
+    security = {**SecurityConfig().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
     out = tmp_path / "locust"
     # 4 users: 2 SpeechUser and 2 RealtimeUser; each class's users take pcm and mp3 in turn.
     cmd = [

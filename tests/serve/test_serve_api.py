@@ -391,7 +391,7 @@ def test_malformed_json_is_400(app_url):
 
 
 def test_body_over_limit_is_413(app_url):
-    limit = 64 * 1024  # IngressSettings.max_body_bytes default
+    limit = 64 * 1024  # IngressConfig.max_body_bytes default
     padding = "x" * (limit + 1000)
     r = httpx.post(app_url + "/v1/audio/speech", json={"input": "你好", "instructions": padding}, timeout=30)
     assert_openai_error(r, 413, "body_too_large")

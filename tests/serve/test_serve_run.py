@@ -17,7 +17,7 @@ from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.engine.wav import with_true_length
-from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
 pytestmark = pytest.mark.serve
 
@@ -25,18 +25,18 @@ README_BODY = {"model": "chattts", "input": "你好", "voice": "alloy", "respons
 
 
 def _expected_samples(config: dict, text: str) -> int:
-    from serve_app.engine.config import SegmentLimits
+    from serve_app.engine.config import SegmentConfig
     from serve_app.engine.planner import Planner
     from serve_app.engine.types import SynthesisOptions
 
-    limits = SegmentLimits.model_validate(chattts_app(config)["args"].get("segments", {}))
+    limits = SegmentConfig.model_validate(chattts_app(config)["args"].get("segments", {}))
     return expected_samples(Planner(limits).plan(text, SynthesisOptions(voice="alloy")))
 
 
 FRONT_DOORS = {"proxy": {}, "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}}
 # The README's front guard, with its default settings.
 GUARD_ENV = {HOOK_ENV: IMPORT_PATH}
-GUARD_TARPIT_S = FrontGuardSettings().tarpit_s
+GUARD_TARPIT_S = FrontGuardConfig().tarpit_s
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_front_guard_holds_a_refused_flood_while_another_client_is_served(serve_
     tarpit and answered 429 ``too_many_refusals`` by the guard; meanwhile another client's speech
     request is served before any of them is answered."""
     run = serve_runs[front_door].wait_ready()
-    burst = FrontGuardSettings().refusal_burst
+    burst = FrontGuardConfig().refusal_burst
     flood = {"Authorization": "Bearer flood-client"}
     bad = {"model": "chattts", "input": "", "voice": "alloy"}
 
@@ -127,7 +127,7 @@ def test_a_client_cannot_pick_its_address_through_the_haproxy_front_door(serve_r
     not wrap: 60 bad requests at once, each naming its own address, reach the service only as far
     as one client's burst (before: all 60)."""
     run = serve_runs["haproxy"].wait_ready()
-    burst = FrontGuardSettings().refusal_burst
+    burst = FrontGuardConfig().refusal_burst
     bad = {"model": "chattts", "input": "", "voice": "alloy"}
 
     async def attack():

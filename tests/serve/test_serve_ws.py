@@ -15,7 +15,7 @@ import pytest
 from support.app import ingress_settings
 from support.ws import Served, assert_same_audio, deltas, http_pcm
 
-from serve_app.settings import SecuritySettings
+from serve_app.settings import SecurityConfig
 
 TEXT = "".join(Served.sentences)
 LONG = "".join(Served.long_sentences)
@@ -59,7 +59,7 @@ async def test_api_keys_and_stream_limit(served, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("sk-ws-one\n")
     security = {
-        **SecuritySettings().model_dump(),
+        **SecurityConfig().model_dump(),
         "api_keys_env": None,
         "api_keys_file": str(keys),
         "max_streams_per_key": 1,

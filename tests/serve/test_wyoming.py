@@ -23,8 +23,8 @@ from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
 from serve_app.engine.voices import OPENAI_VOICES
-from serve_app.settings import SecuritySettings
-from serve_app.wyoming import WyomingServer, WyomingSettings
+from serve_app.settings import SecurityConfig
+from serve_app.wyoming import WyomingConfig, WyomingServer
 
 pytestmark = pytest.mark.serve
 READ_S = 60.0
@@ -34,7 +34,7 @@ LONG_TEXT = "".join(f"第{n}句话在这里慢慢地说出来，一直说到很�
 
 @contextlib.asynccontextmanager
 async def wyoming_server(app_url: str, api_key: Optional[str] = None) -> AsyncIterator[tuple[str, int]]:
-    server = WyomingServer(WyomingSettings(uri="tcp://127.0.0.1:0", base_url=app_url, api_key=api_key))
+    server = WyomingServer(WyomingConfig(uri="tcp://127.0.0.1:0", base_url=app_url, api_key=api_key))
     host, port = (await server.start())[0][:2]
     try:
         yield host, port
@@ -154,7 +154,7 @@ async def test_errors_carry_the_service_code(app_url, tmp_path):
         assert error["code"] == "voice_not_found" and "no-such-voice" in error["text"], error
     keys = tmp_path / "keys"
     keys.write_text("sk-wyoming-right\n")
-    security = {**SecuritySettings().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
+    security = {**SecurityConfig().model_dump(), "api_keys_env": None, "api_keys_file": str(keys)}
     with ingress_settings(security=security):
         async with wyoming_server(app_url, api_key="sk-wyoming-wrong") as (host, port):
             rejected = await _error_of(host, port, Synthesize(text="Hello.").event())

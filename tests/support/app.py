@@ -52,10 +52,10 @@ SERVE_APP_ARGS: dict[str, Any] = merged(chattts_app(load("cpu"))["args"], TEST_A
 
 
 def app_args() -> Any:
-    """``SERVE_APP_ARGS`` validated: the settings the test app runs with (``AppArgs``)."""
-    from serve_app.settings import AppArgs
+    """``SERVE_APP_ARGS`` validated: the settings the test app runs with (``AppConfig``)."""
+    from serve_app.settings import AppConfig
 
-    return AppArgs.model_validate(SERVE_APP_ARGS)
+    return AppConfig.model_validate(SERVE_APP_ARGS)
 
 
 # One replica per stage (no autoscaling: counters read through a handle must come from the one

@@ -326,9 +326,9 @@ class InProcess(Backend):
     long_sentences = sentences
 
     def __init__(self, model) -> None:
-        from serve_app.engine.config import SegmentLimits
+        from serve_app.engine.config import SegmentConfig
 
-        self.backend = EngineBackend(model, SegmentLimits(max_chars=120, max_seconds=1.0))
+        self.backend = EngineBackend(model, SegmentConfig(max_chars=120, max_seconds=1.0))
         self.engine = self.backend.engine
 
     def close(self) -> None:

@@ -244,11 +244,11 @@ def test_streaming_stages_drain_for_the_longest_stream(name):
     """A replica removed by a downscale waits for its open streams; the longest lasts
     ingress.request_timeout_s (the Ingress cuts it there), so every stage a stream passes through
     must wait at least that long."""
-    from serve_app.settings import AppArgs
+    from serve_app.settings import AppConfig
 
     config = load(name)
     deps = deployments(config)
-    longest = AppArgs.model_validate(copy.deepcopy(chattts_app(config)["args"])).ingress.request_timeout_s
+    longest = AppConfig.model_validate(copy.deepcopy(chattts_app(config)["args"])).ingress.request_timeout_s
     assert longest <= config["http_options"]["request_timeout_s"]
     for stage in ("Ingress", "Vocoder", "Acoustic"):
         assert deps[stage]["graceful_shutdown_timeout_s"] > longest, stage

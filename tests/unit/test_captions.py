@@ -13,7 +13,7 @@ import srt
 import webvtt
 
 from serve_app.engine.captions import (
-    CaptionSettings,
+    CaptionLayout,
     Cue,
     TimedText,
     build_cues,
@@ -192,12 +192,12 @@ def test_latin_words_inside_chinese_stay_whole():
 
 
 def test_settings_change_the_widths():
-    cues = build_cues([(0, 20, EN_LONG, None)], CaptionSettings(max_line_chars=20, max_lines=1))
+    cues = build_cues([(0, 20, EN_LONG, None)], CaptionLayout(max_line_chars=20, max_lines=1))
     assert all(len(c.lines) == 1 and len(c.lines[0]) <= 20 for c in cues)
-    zh = build_cues([(0, 20, ZH_LONG, None)], CaptionSettings(max_cjk_line_chars=10))
+    zh = build_cues([(0, 20, ZH_LONG, None)], CaptionLayout(max_cjk_line_chars=10))
     assert all(columns(line) <= 20 for c in zh for line in c.lines)
     with pytest.raises(ValueError):
-        CaptionSettings(max_lines=0)
+        CaptionLayout(max_lines=0)
 
 
 def test_control_tags_are_not_shown():

@@ -1,4 +1,4 @@
-"""The shipped Serve configs: valid for Ray's schema and our AppArgs, consistent with the graph.
+"""The shipped Serve configs: valid for Ray's schema and our AppConfig, consistent with the graph.
 ``serve run`` of them: tests/serve/test_serve_run.py."""
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ def test_config_validates_with_ray_schema(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_args_validate_with_app_args(name):
-    from serve_app.settings import AppArgs
+    from serve_app.settings import AppConfig
 
-    args = AppArgs.model_validate(chattts_app(load(name))["args"])
+    args = AppConfig.model_validate(chattts_app(load(name))["args"])
     assert args.model.weights.source == "auto"  # works offline: CHATTTS_WEIGHTS / fallback decide
     # A typo in the args must not pass silently.
     bad = copy.deepcopy(chattts_app(load(name))["args"])
     bad.setdefault("acoustic", {})["max_rowz"] = 1
     with pytest.raises(ValueError):
-        AppArgs.model_validate(bad)
+        AppConfig.model_validate(bad)
 
 
 def test_gpu_config_shares_gpus_between_acoustic_replicas():
@@ -96,19 +96,19 @@ def test_config_is_the_one_source_of_deployment_numbers(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_ingress_args_refuse_typos(name):
-    from serve_app.settings import AppArgs
+    from serve_app.settings import AppConfig
 
     args = copy.deepcopy(chattts_app(load(name))["args"])
     args.setdefault("ingress", {})["max_input_charz"] = 10
     with pytest.raises(ValueError, match="max_input_charz"):
-        AppArgs.model_validate(args)
+        AppConfig.model_validate(args)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_acoustic_ongoing_requests_cover_a_batch(name):
-    from serve_app.settings import AcousticLive
+    from serve_app.settings import AcousticUserConfig
 
     acoustic = deployments(load(name))["Acoustic"]
-    live = AcousticLive.model_validate(acoustic.get("user_config", {}))
+    live = AcousticUserConfig.model_validate(acoustic.get("user_config", {}))
     # Serve's default max_ongoing_requests (5) would silently cap every admission window at 5 requests.
     assert acoustic["max_ongoing_requests"] >= live.max_batch_size

@@ -1,5 +1,5 @@
 """A request's cost after normalisation (serve_app/engine/planner.py): at most
-``SegmentLimits.max_segments`` segments, ``max_silence_seconds`` of silence (the whole script's
+``SegmentConfig.max_segments`` segments, ``max_silence_seconds`` of silence (the whole script's
 breaks and pauses) and ``max_request_seconds`` of expected audio (speech and silence), else
 ``RequestTooLarge`` (413 request_too_large) naming the limit and the figure; legitimate inputs of
 ``ingress.max_input_chars`` (4096) at speed 1 pass. And who asked: the client on every segment."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from support.configs import REPO
 
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.engine.errors import ClientQueueFull, RefineBusy, RequestTooLarge
 from serve_app.engine.pacing import TOKENS_PER_SECOND
 from serve_app.engine.planner import Planner, plan_seconds, plan_silence
@@ -68,7 +68,7 @@ def test_speed_quarter_on_long_input_is_413_naming_the_limit_and_the_figure(plan
 
 
 def test_too_many_segments_is_413_naming_the_limit_and_the_figure() -> None:
-    planner = Planner(SegmentLimits(max_segments=10))
+    planner = Planner(SegmentConfig(max_segments=10))
     text = "第一句话。" * 40 + "最后。"
     with pytest.raises(
         RequestTooLarge,
@@ -76,13 +76,13 @@ def test_too_many_segments_is_413_naming_the_limit_and_the_figure() -> None:
         r"\(segments.max_segments\)",
     ):
         planner.plan(text, SynthesisOptions())
-    short = Planner(SegmentLimits(max_segments=10)).plan("第一句话。", SynthesisOptions())
+    short = Planner(SegmentConfig(max_segments=10)).plan("第一句话。", SynthesisOptions())
     assert len(short.segments) == 1
 
 
 def test_plan_texts_is_capped_too(planner: Planner) -> None:
     """replan (after refine_text) goes through the same caps."""
-    capped = Planner(SegmentLimits(max_segments=3))
+    capped = Planner(SegmentConfig(max_segments=3))
     with pytest.raises(RequestTooLarge, match="4 segments"):
         capped.plan_texts(["一。", "二。", "三。", "四。"], SynthesisOptions())
 
@@ -129,7 +129,7 @@ def test_silence_is_counted_for_the_whole_script_not_per_turn(planner: Planner) 
 
 def test_speech_and_silence_share_the_request_seconds() -> None:
     """Silence is audio: its bytes and vocoder work count against ``max_request_seconds``."""
-    limits = SegmentLimits(max_request_seconds=100.0, max_silence_seconds=480.0)
+    limits = SegmentConfig(max_request_seconds=100.0, max_silence_seconds=480.0)
     planner = Planner(limits)
     with pytest.raises(RequestTooLarge, match=r"s of audio .* the limit is 100 s"):
         planner.plan_script(_breaks_script(1, 11, 10.0), SynthesisOptions())  # 110 s of silence, under its own cap

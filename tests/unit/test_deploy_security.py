@@ -8,7 +8,7 @@ import pytest
 from support.configs import chattts_app, load
 
 from serve_app.http.security import APIKeyAuth, key_id
-from serve_app.settings import AppArgs, SecuritySettings
+from serve_app.settings import AppConfig, SecurityConfig
 
 UNSET = "CHATTTS_TEST_KEYS_NEVER_SET"
 REFUSED = "security.auth is 'required' but no API key was loaded"
@@ -22,14 +22,14 @@ def test_default_config_listens_on_loopback_only():
     cfg = load("cpu")
     assert cfg["http_options"]["host"] == "127.0.0.1"
     # optional (the default) is fine there: nothing beyond this machine reaches it.
-    assert AppArgs.model_validate(chattts_args(cfg)).ingress.security.auth == "optional"
+    assert AppConfig.model_validate(chattts_args(cfg)).ingress.security.auth == "optional"
 
 
 def test_gpu_config_requires_keys():
     """The config meant for clusters listens on every interface, so it fails closed."""
     cfg = load("gpu")
     assert cfg["http_options"]["host"] == "0.0.0.0"
-    security = AppArgs.model_validate(chattts_args(cfg)).ingress.security
+    security = AppConfig.model_validate(chattts_args(cfg)).ingress.security
     assert security.auth == "required" and security.api_keys_env == "CHATTTS_API_KEYS"
 
 
@@ -38,21 +38,21 @@ def test_required_auth_without_a_key_refuses(monkeypatch, tmp_path):
     empty keys file) is a refusal to start, never a replica without auth."""
     monkeypatch.delenv(UNSET, raising=False)
     with pytest.raises(RuntimeError, match=REFUSED):
-        APIKeyAuth(SecuritySettings(auth="required", api_keys_env=UNSET))
+        APIKeyAuth(SecurityConfig(auth="required", api_keys_env=UNSET))
     for value in ("", " , ,"):
         monkeypatch.setenv(UNSET, value)
         with pytest.raises(RuntimeError, match=REFUSED):
-            APIKeyAuth(SecuritySettings(auth="required", api_keys_env=UNSET))
+            APIKeyAuth(SecurityConfig(auth="required", api_keys_env=UNSET))
     keys_file = tmp_path / "keys"
     keys_file.write_text("# no key yet\n\n")
     with pytest.raises(RuntimeError, match=REFUSED):
-        APIKeyAuth(SecuritySettings(auth="required", api_keys_env=None, api_keys_file=str(keys_file)))
+        APIKeyAuth(SecurityConfig(auth="required", api_keys_env=None, api_keys_file=str(keys_file)))
     with pytest.raises(RuntimeError, match="nowhere"):
-        APIKeyAuth(SecuritySettings(auth="required", api_keys_env=None))
+        APIKeyAuth(SecurityConfig(auth="required", api_keys_env=None))
     # With a key it starts, and only that key gets in.
     keys_file.write_text("# ops\nsk-from-the-file\n")
-    auth = APIKeyAuth(SecuritySettings(auth="required", api_keys_env=UNSET, api_keys_file=str(keys_file)))
+    auth = APIKeyAuth(SecurityConfig(auth="required", api_keys_env=UNSET, api_keys_file=str(keys_file)))
     assert auth.enabled and auth.identify("Bearer sk-from-the-file", "10.0.0.1").id == key_id("sk-from-the-file")
     # optional without keys: open, every caller anonymous (what config/serve.yaml on loopback does).
     monkeypatch.delenv(UNSET)
-    assert not APIKeyAuth(SecuritySettings(auth="optional", api_keys_env=UNSET)).enabled
+    assert not APIKeyAuth(SecurityConfig(auth="optional", api_keys_env=UNSET)).enabled

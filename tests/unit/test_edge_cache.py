@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from deployments.proxy.edge_cache import EDGE_HEADER, EdgeCacheMiddleware, settings_from_env
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import EdgeCacheSettings
+from serve_app.settings import EdgeCacheConfig
 
 
 class Clock:
@@ -40,7 +40,7 @@ def _app(calls: list):
     )
 
 
-def _client(settings: EdgeCacheSettings = EdgeCacheSettings(), clock=None, key: str = "Bearer k1"):
+def _client(settings: EdgeCacheConfig = EdgeCacheConfig(), clock=None, key: str = "Bearer k1"):
     calls: list = []
     mw = EdgeCacheMiddleware(_app(calls), settings=settings, clock=clock or Clock())
     headers = {"Authorization": key} if key else {}
@@ -74,7 +74,7 @@ def test_a_marked_answer_is_given_again_by_the_edge_for_the_same_request_only():
 def test_entries_expire_and_memory_is_bounded():
     async def run():
         clock = Clock()
-        client, calls, mw = _client(EdgeCacheSettings(ttl_s=10, max_bytes=2500, max_item_bytes=2000), clock)
+        client, calls, mw = _client(EdgeCacheConfig(ttl_s=10, max_bytes=2500, max_item_bytes=2000), clock)
         async with client:
             await client.post("/v1/audio/speech", content=b"mark-a")
             clock.t += 9
@@ -99,7 +99,7 @@ def test_entries_expire_and_memory_is_bounded():
 
 def test_a_body_too_large_to_key_goes_through_whole():
     async def run():
-        client, calls, _ = _client(EdgeCacheSettings(max_body_bytes=1024))
+        client, calls, _ = _client(EdgeCacheConfig(max_body_bytes=1024))
         body = b"mark" + b"y" * 5000
         async with client:
             r = await client.post("/v1/audio/speech", content=body)
@@ -110,7 +110,7 @@ def test_a_body_too_large_to_key_goes_through_whole():
 
 
 def test_settings_from_the_environment():
-    assert settings_from_env({}) == EdgeCacheSettings()
+    assert settings_from_env({}) == EdgeCacheConfig()
     assert settings_from_env({"CHATTTS_EDGE_CACHE": '{"enabled": false, "ttl_s": 5}'}).ttl_s == 5
 
 
@@ -150,7 +150,7 @@ def test_a_body_that_trickles_past_the_deadline_is_408_before_any_app_call():
 
     async def run():
         calls: list = []
-        mw = EdgeCacheMiddleware(_app(calls), settings=EdgeCacheSettings(body_timeout_s=0.3))
+        mw = EdgeCacheMiddleware(_app(calls), settings=EdgeCacheConfig(body_timeout_s=0.3))
         t0 = asyncio.get_running_loop().time()
         sent = await _call(mw, _trickle(*[b"x"] * 100, gap_s=0.05))
         took = asyncio.get_running_loop().time() - t0
@@ -178,7 +178,7 @@ def test_a_request_without_a_key_is_never_read_until_the_ingress_says_keys_are_o
             await send({"type": "http.response.start", "status": 401, "headers": []})
             await send({"type": "http.response.body", "body": b"{}"})
 
-        mw = EdgeCacheMiddleware(ingress, settings=EdgeCacheSettings(body_timeout_s=5))
+        mw = EdgeCacheMiddleware(ingress, settings=EdgeCacheConfig(body_timeout_s=5))
 
         async def never():
             await asyncio.sleep(3600)

@@ -31,7 +31,7 @@ from support.engine import (
 )
 
 from serve_app.engine.acoustic import AcousticEngine
-from serve_app.engine.config import EngineConfig, ModelConfig, SegmentLimits, VocoderConfig
+from serve_app.engine.config import EngineConfig, ModelConfig, SegmentConfig, VocoderConfig
 from serve_app.engine.decode.streams import HiddenChunk
 from serve_app.engine.errors import EngineError, EngineOverloaded
 from serve_app.engine.pacing import (
@@ -172,7 +172,7 @@ def test_expected_tokens_deterministic_and_grows_with_text():
 
 
 def test_max_new_tokens_bounds():
-    limits = SegmentLimits()
+    limits = SegmentConfig()
     for text in ["你", "你好，世界。", "Hello world, it is ten thirty.", "很长的句子" * 200]:
         exp = expected_tokens(text)
         cap = max_new_tokens(text, limits)
@@ -180,7 +180,7 @@ def test_max_new_tokens_bounds():
         if exp <= limits.max_new_token:
             assert cap >= exp
     assert max_new_tokens("很长的句子" * 200, limits) == limits.max_new_token
-    small = SegmentLimits(max_new_token=100, cap_slack=10)
+    small = SegmentConfig(max_new_token=100, cap_slack=10)
     assert max_new_tokens("很长的句子" * 200, small) == 100
 
 
@@ -708,7 +708,7 @@ def test_local_pipeline_wav_length_and_determinism(synth):
 @pytest.mark.timeout(180)
 def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_config):
     cfg = EngineConfig(
-        model=ModelConfig(weights=tiny_weights_config, device="cpu"), segments=SegmentLimits(max_chars=24)
+        model=ModelConfig(weights=tiny_weights_config, device="cpu"), segments=SegmentConfig(max_chars=24)
     )
     synth = LocalPipeline.from_config(cfg, model=tiny_model)
     text = "今天天气很好。我们出去走走吧。Hello world, it is 10:30."

@@ -15,7 +15,7 @@ import pytest
 
 from deployments.proxy.front_guard import FrontGuard, middlewares, settings_from_env
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardSettings
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
 GOOD = "Bearer good-key"
 
@@ -68,7 +68,7 @@ def _guard(clock: Clock, **settings) -> FrontGuard:
         "address_refusals_per_s": 1.0,
         **settings,
     }
-    return FrontGuard(service, FrontGuardSettings(**s), clock=clock)
+    return FrontGuard(service, FrontGuardConfig(**s), clock=clock)
 
 
 async def _get(
@@ -272,7 +272,7 @@ def test_a_keys_off_answer_or_a_marked_public_page_makes_no_one_served():
         await send({"type": "http.response.start", "status": 200, "headers": [(AUTH_HEADER.encode(), b"open")]})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    guard = FrontGuard(open_service, FrontGuardSettings(tarpit_s=0), clock=Clock())
+    guard = FrontGuard(open_service, FrontGuardConfig(tarpit_s=0), clock=Clock())
 
     async def run():
         transport = httpx.ASGITransport(app=guard, client=("10.0.0.1", 5000))

@@ -18,7 +18,7 @@ from serve_app.http.app import make_app
 from serve_app.http.jsonlimits import JsonDepthGuard, check_json_depth
 from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.security import APIKeyAuth, check_priority, key_id
-from serve_app.settings import KeyGrants, SecuritySettings
+from serve_app.settings import KeyConfig, SecurityConfig
 
 KEY = "test-key-1"
 
@@ -41,7 +41,7 @@ def _app(policy: HttpPolicy):
 
 def _policy(keys: str = KEY, body_timeout_s: float = 0.3, monkeypatch=None) -> HttpPolicy:
     monkeypatch.setenv("GUARD_TEST_KEYS", keys)
-    auth = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_TEST_KEYS", max_streams_per_key=2))
+    auth = APIKeyAuth(SecurityConfig(api_keys_env="GUARD_TEST_KEYS", max_streams_per_key=2))
     return HttpPolicy(max_bytes=4096, body_timeout_s=body_timeout_s, auth=auth)
 
 
@@ -157,15 +157,15 @@ def test_json_depth_guard_reads_strings_and_escapes_across_pieces():
 def test_auth_required_fails_closed_and_grants_are_per_key(monkeypatch):
     monkeypatch.delenv("GUARD_NO_KEYS", raising=False)
     with pytest.raises(RuntimeError, match="required"):
-        APIKeyAuth(SecuritySettings(auth="required", api_keys_env="GUARD_NO_KEYS"))
-    anonymous = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_NO_KEYS")).identify(None, "10.1.2.3")
+        APIKeyAuth(SecurityConfig(auth="required", api_keys_env="GUARD_NO_KEYS"))
+    anonymous = APIKeyAuth(SecurityConfig(api_keys_env="GUARD_NO_KEYS")).identify(None, "10.1.2.3")
     assert (anonymous.id, anonymous.owner, anonymous.max_priority) == ("ip:10.1.2.3", "anonymous", 0)
     monkeypatch.setenv("GUARD_TWO_KEYS", "k-plain,k-vip")
     auth = APIKeyAuth(
-        SecuritySettings(
+        SecurityConfig(
             api_keys_env="GUARD_TWO_KEYS",
             max_streams_per_key=3,
-            keys={key_id("k-vip"): KeyGrants(max_priority=5, max_streams=10, admin=True)},
+            keys={key_id("k-vip"): KeyConfig(max_priority=5, max_streams=10, admin=True)},
         )
     )
     plain, vip = auth.identify("Bearer k-plain", "a"), auth.identify("Bearer k-vip", "a")
@@ -179,9 +179,7 @@ def test_auth_required_fails_closed_and_grants_are_per_key(monkeypatch):
 
 async def test_local_slots_hold_the_limit_and_never_leak_on_cancel(monkeypatch):
     monkeypatch.setenv("GUARD_KEYS", KEY)
-    caller = APIKeyAuth(SecuritySettings(api_keys_env="GUARD_KEYS", max_streams_per_key=2)).identify(
-        f"Bearer {KEY}", "a"
-    )
+    caller = APIKeyAuth(SecurityConfig(api_keys_env="GUARD_KEYS", max_streams_per_key=2)).identify(f"Bearer {KEY}", "a")
     slots = LocalSlots()
     a, b = await hold_slot(slots, caller), await hold_slot(slots, caller)
     with pytest.raises(APIError) as err:

@@ -31,7 +31,7 @@ from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
 from serve_app.http import ranged
 from serve_app.http.job_views import file_response
-from serve_app.settings import JobsSettings
+from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import (
     JobGone,
     JobLimits,
@@ -87,20 +87,20 @@ def chunks_of(n: int, pause: float = 0.0):
 
 
 @pytest.fixture(params=BACKENDS)
-def settings(request, tmp_path: Path) -> JobsSettings:
+def settings(request, tmp_path: Path) -> JobsConfig:
     """Settings of one backend; every store made from them shares its jobs (replicas, a runner)."""
     state, _, files = request.param.rpartition("+")
     extra = {"redis_url": request.getfixturevalue("redis_server").url} if state == "redis" else {}
     if files == "directory":
-        return JobsSettings(backend="directory", path=str(tmp_path / "jobs"), **extra)
+        return JobsConfig(backend="directory", path=str(tmp_path / "jobs"), **extra)
     if files == "file":
-        return JobsSettings(backend="fsspec", url=(tmp_path / "jobs").as_uri(), **extra)
+        return JobsConfig(backend="fsspec", url=(tmp_path / "jobs").as_uri(), **extra)
     if files == "memory":
         url = f"memory://jobs-{uuid.uuid4().hex}"
         request.addfinalizer(lambda: _forget_memory(url))
-        return JobsSettings(backend="fsspec", url=url, **extra)
+        return JobsConfig(backend="fsspec", url=url, **extra)
     s3 = request.getfixturevalue("moto_s3")
-    return JobsSettings(
+    return JobsConfig(
         backend="fsspec", url=f"s3://{s3.new_bucket()}/jobs", storage_options=s3.storage_options(), **extra
     )
 
@@ -114,7 +114,7 @@ def _forget_memory(url: str) -> None:
 
 
 @pytest.fixture
-def store(settings: JobsSettings) -> JobStore:
+def store(settings: JobsConfig) -> JobStore:
     return make_job_store(settings)
 
 
@@ -237,10 +237,10 @@ def test_a_job_request_is_one_of_text_ssml_or_turns():
 
 
 def test_settings_pick_the_backend_and_refuse_bad_combinations(tmp_path: Path):
-    assert isinstance(make_job_store(JobsSettings(path=str(tmp_path / "d"))).files, DirectoryFiles)
+    assert isinstance(make_job_store(JobsConfig(path=str(tmp_path / "d"))).files, DirectoryFiles)
     url = f"memory://jobs-{uuid.uuid4().hex}"
     try:
-        store = make_job_store(JobsSettings(backend="fsspec", url=url))
+        store = make_job_store(JobsConfig(backend="fsspec", url=url))
         assert isinstance(store.files, ObjectFiles) and isinstance(store.states, FileStates)
     finally:
         _forget_memory(url)
@@ -256,7 +256,7 @@ def test_settings_pick_the_backend_and_refuse_bad_combinations(tmp_path: Path):
     ]
     for fields in bad:
         with pytest.raises(ValidationError):
-            JobsSettings(**fields)
+            JobsConfig(**fields)
 
 
 # ------------------------------------------------------------------ atomic writes
@@ -315,7 +315,7 @@ def test_a_job_appears_whole_and_writes_after_its_delete_fail(store: JobStore):
         assert not list(store.files.trash.iterdir())
 
 
-def test_a_write_racing_the_delete_fails_and_leaves_nothing(settings: JobsSettings):
+def test_a_write_racing_the_delete_fails_and_leaves_nothing(settings: JobsConfig):
     """The runner writes while the Ingress (another store instance) deletes the job: the write
     that was under way when the delete came fails with JobGone, and nothing is left of it."""
     runner, ingress = make_job_store(settings), make_job_store(settings)
@@ -337,7 +337,7 @@ def test_a_write_racing_the_delete_fails_and_leaves_nothing(settings: JobsSettin
     assert files_of(runner, job) == set() and ingress.get(job.id, "alice") is None
 
 
-def test_delete_while_the_runner_writes_leaves_nothing(settings: JobsSettings):
+def test_delete_while_the_runner_writes_leaves_nothing(settings: JobsConfig):
     runner, ingress = make_job_store(settings), make_job_store(settings)
     job = ingress.create(make_job(n=1000), chunks_of(3), ROOMY)
     job.status = "running"
@@ -407,7 +407,7 @@ def test_active_jobs_count_and_bytes_per_owner(store: JobStore):
     assert sum(len(store.files.places(t)) for t in store.files.owners()) == 4
 
 
-def test_concurrent_submissions_cannot_pass_the_quota_together(settings: JobsSettings):
+def test_concurrent_submissions_cannot_pass_the_quota_together(settings: JobsConfig):
     limits = JobLimits(max_active=3, max_jobs=100, max_bytes=10**12)
     stores = [make_job_store(settings) for _ in range(4)]  # as Ingress replicas
     start = threading.Barrier(8)
@@ -431,7 +431,7 @@ def test_concurrent_submissions_cannot_pass_the_quota_together(settings: JobsSet
 
 
 @pytest.mark.parametrize("settings", ["memory", "s3"], indirect=True)
-def test_the_object_lock_admits_one_holder_at_a_time_and_outlives_a_dead_one(settings: JobsSettings):
+def test_the_object_lock_admits_one_holder_at_a_time_and_outlives_a_dead_one(settings: JobsConfig):
     objects = make_job_store(settings).files.objects
     inside, most, entries = [0], [0], []
     guard = threading.Lock()
@@ -496,7 +496,7 @@ def test_expired_jobs_vanish_at_once_and_the_sweep_deletes_them(store: JobStore)
 # ------------------------------------------------------------------ resume
 
 
-def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(settings: JobsSettings):
+def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(settings: JobsConfig):
     first = make_job_store(settings)
     chunks = chunks_of(4)
     job = first.create(make_job(n=4), chunks, ROOMY)
@@ -693,9 +693,9 @@ def test_captions_follow_each_chunk_to_its_place_in_the_whole_file_and_its_chapt
 
 
 def test_chunks_at_once_follow_the_acoustic_replicas_up_to_the_cap():
-    cfg = JobsSettings(chunks_per_acoustic_replica=3, max_parallel_chunks=10)
+    cfg = JobsConfig(chunks_per_acoustic_replica=3, max_parallel_chunks=10)
     assert [parallel_chunks(cfg, n) for n in (0, 1, 2, 3, 4, 50)] == [3, 3, 6, 9, 10, 10]
-    assert parallel_chunks(JobsSettings(), 1) == 2
+    assert parallel_chunks(JobsConfig(), 1) == 2
 
 
 # ------------------------------------------------------------------ what HTTP serves
@@ -770,7 +770,7 @@ def test_a_missing_file_is_a_404(store: JobStore):
 
 
 @pytest.mark.parametrize("settings", ["redis+directory", "redis+memory"], indirect=True)
-def test_redis_keeps_the_state_and_the_files_keep_the_rest(settings: JobsSettings):
+def test_redis_keeps_the_state_and_the_files_keep_the_rest(settings: JobsConfig):
     store = make_job_store(settings)
     assert isinstance(store.states, RedisStates)
     job = store.create(make_job(), chunks_of(2), ROOMY)

@@ -22,7 +22,7 @@ import pytest
 
 from deployments.job_runner import JobRunner, _Job
 from serve_app.engine.planner import Planner
-from serve_app.settings import JobsSettings
+from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import JOB_ID_RE, JobLimits, Place, StoredJob, cut_text, make_job_store, new_job_id
 from serve_app.storage.jobs.objects import SPOOL_BYTES, clean_spool, open_objects, spool_dir
 from serve_app.storage.jobs.planning import reservation
@@ -84,13 +84,13 @@ class _Vocoder:
         return self
 
 
-def _runner(settings: JobsSettings, vocoder: _Vocoder) -> JobRunner:
+def _runner(settings: JobsConfig, vocoder: _Vocoder) -> JobRunner:
     runner = JobRunner(settings.model_dump(), _Normalizer(), vocoder)
     runner._main.cancel()  # the test drives it: no scans, no Serve status
     return runner
 
 
-async def _job(settings: JobsSettings, pcm_limit: int, chapters: bool = False) -> tuple[Any, StoredJob]:
+async def _job(settings: JobsConfig, pcm_limit: int, chapters: bool = False) -> tuple[Any, StoredJob]:
     store = make_job_store(settings)
     chunks = cut_text("山上有一座庙。庙里有个老和尚。", 7, 600, 0.0)
     now = time.time()
@@ -114,11 +114,11 @@ async def _job(settings: JobsSettings, pcm_limit: int, chapters: bool = False) -
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> JobsSettings:
-    return JobsSettings(path=str(tmp_path / "jobs"), retry_backoff_s=0.01)
+def settings(tmp_path: Path) -> JobsConfig:
+    return JobsConfig(path=str(tmp_path / "jobs"), retry_backoff_s=0.01)
 
 
-async def test_a_job_that_outgrows_its_reservation_stops_failed_as_the_audio_comes(settings: JobsSettings):
+async def test_a_job_that_outgrows_its_reservation_stops_failed_as_the_audio_comes(settings: JobsConfig):
     limit = 48_000  # one second of PCM
     store, job = await _job(settings, limit)
     vocoder = _Vocoder(total=10 * limit)  # the stage makes ten times what was reserved
@@ -137,7 +137,7 @@ async def test_a_job_that_outgrows_its_reservation_stops_failed_as_the_audio_com
     assert job.id not in runner.jobs
 
 
-async def test_a_job_within_its_reservation_stores_its_chunk(settings: JobsSettings):
+async def test_a_job_within_its_reservation_stores_its_chunk(settings: JobsConfig):
     store, job = await _job(settings, 48_000)
     vocoder = _Vocoder(total=40_000)
     runner = _runner(settings, vocoder)
@@ -190,9 +190,9 @@ def test_a_large_put_spools_to_a_file_named_by_its_process(tmp_path: Path, monke
 @pytest.mark.parametrize("backend", ["directory", "file"])
 async def test_a_killed_runs_half_written_files_go_when_the_job_is_taken_up(tmp_path: Path, backend: str):
     settings = (
-        JobsSettings(path=str(tmp_path / "jobs"))
+        JobsConfig(path=str(tmp_path / "jobs"))
         if backend == "directory"
-        else JobsSettings(backend="fsspec", url=(tmp_path / "jobs").as_uri())
+        else JobsConfig(backend="fsspec", url=(tmp_path / "jobs").as_uri())
     )
     store, job = await _job(settings, 48_000)
     folder = tmp_path / "jobs" / Place.of(job).key()
@@ -210,7 +210,7 @@ async def test_a_killed_runs_half_written_files_go_when_the_job_is_taken_up(tmp_
 # ------------------------------------------------------------------ ids
 
 
-def test_job_ids_are_lower_case_and_checked_whole(settings: JobsSettings):
+def test_job_ids_are_lower_case_and_checked_whole(settings: JobsConfig):
     ids = {new_job_id() for _ in range(200)}
     assert all(JOB_ID_RE.fullmatch(i) and i == i.lower() for i in ids)
     store = make_job_store(settings)

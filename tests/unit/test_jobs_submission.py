@@ -17,7 +17,7 @@ import pytest
 from starlette.requests import Request
 
 from serve_app.engine.audio import SAMPLE_RATE
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.voices import encode_speaker
@@ -26,7 +26,7 @@ from serve_app.http.job_request import loads_object
 from serve_app.http.jobs import JobsService
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
-from serve_app.settings import JobsSettings, VoiceStoreConfig
+from serve_app.settings import JobsConfig, VoiceStoreConfig
 from serve_app.storage.jobs import Place, cut_text, estimated_pcm_bytes
 from serve_app.storage.jobs.model import CHUNKS_FILE, STATE_FILE
 from serve_app.storage.voices import VoiceCatalog, make_voice_store, stored_voice
@@ -74,13 +74,13 @@ def request(body: bytes, ctype: str = "application/json") -> Request:
     )
 
 
-async def service(tmp_path: Path, segments: SegmentLimits | None = None, **jobs: Any) -> JobsService:
+async def service(tmp_path: Path, segments: SegmentConfig | None = None, **jobs: Any) -> JobsService:
     store = make_voice_store(VoiceStoreConfig(backend="memory"))
     # A clip voice of the caller's own: tens of kilobytes that must never be copied per part.
     await store.create(
         stored_voice("mine", "clip", owner=ALICE, speaker=SPEAKER, sample="c" * 40_000, transcript="hello there")
     )
-    settings = JobsSettings(path=str(tmp_path / "jobs"), **{"max_bytes_per_key": 2**50, **jobs})
+    settings = JobsConfig(path=str(tmp_path / "jobs"), **{"max_bytes_per_key": 2**50, **jobs})
     return JobsService(settings, None, None, VoiceCatalog(store), segments=segments, runner=_Runner)
 
 
@@ -256,7 +256,7 @@ async def test_chapters_reserve_their_copy_of_the_audio(tmp_path: Path):
 
 async def test_a_chunk_the_planner_would_refuse_is_refused_at_submission(tmp_path: Path):
     # The TextNormalizer's limits: a chunk of 600 characters of numbers makes more segments than 8.
-    svc = await service(tmp_path, segments=SegmentLimits(max_segments=8))
+    svc = await service(tmp_path, segments=SegmentConfig(max_segments=8))
     status, err = await submit(svc, {"input": NUMBERS})
     assert (status, err["error"]["code"]) == (413, "request_too_large"), err
     assert "chunk 0" in err["error"]["message"] and "segments.max_segments" in err["error"]["message"]
@@ -271,7 +271,7 @@ async def test_no_chunk_of_a_dialogue_holds_more_silence_than_the_planner_takes(
     assert status == 202, view
     job = svc.store.get(view["id"], ALICE)
     chunks = svc.store.chunks(job)
-    limit = SegmentLimits().max_silence_seconds
+    limit = SegmentConfig().max_silence_seconds
     silences = [sum(p.pause_before for p in c.parts) for c in chunks]
     print(f"2,700 turns of 10 s breaks: {len(chunks)} chunks, the most silence in one {max(silences):.0f} s")
     assert max(silences) <= limit

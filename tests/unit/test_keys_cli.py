@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from serve_app.http.security import APIKeyAuth, key_id
-from serve_app.settings import KeyGrants, SecuritySettings
+from serve_app.settings import KeyConfig, SecurityConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,8 +58,8 @@ def test_a_new_key_is_accepted_under_its_id(monkeypatch):
     kid = keys("id", stdin=key).stdout.strip()
     monkeypatch.setenv("CHATTTS_TEST_KEYS_CLI", f"{key},another-key")
     auth = APIKeyAuth(
-        SecuritySettings(
-            auth="required", api_keys_env="CHATTTS_TEST_KEYS_CLI", keys={kid: KeyGrants(max_priority=7, max_streams=3)}
+        SecurityConfig(
+            auth="required", api_keys_env="CHATTTS_TEST_KEYS_CLI", keys={kid: KeyConfig(max_priority=7, max_streams=3)}
         )
     )
     caller = auth.identify(f"Bearer {key}", "10.0.0.1")

@@ -188,12 +188,12 @@ def _env(container: dict) -> dict[str, dict]:
 
 
 def test_auth_required_with_keys_from_a_secret(docs):
-    """auth: required in serveConfigV2 (it validates as AppArgs), and the keys it reads come from
+    """auth: required in serveConfigV2 (it validates as AppConfig), and the keys it reads come from
     the Secret on every pod an Ingress replica can land on: never a value in the manifest, and no
     Secret object either (a committed placeholder would be a known key)."""
-    from serve_app.settings import AppArgs
+    from serve_app.settings import AppConfig
 
-    args = AppArgs.model_validate(chattts_args(_serve(docs)))
+    args = AppConfig.model_validate(chattts_args(_serve(docs)))
     assert args.ingress.security.auth == "required"
     var = args.ingress.security.api_keys_env
     assert var
@@ -296,9 +296,9 @@ def test_voices_in_redis_admitted_only_from_ray_pods(docs):
     """Custom voices in the operator's Redis (an Ingress pod's directory dies with the pod and is
     not shared), the voice limits kept; the response cache in the same Redis only if the config
     says redis; a NetworkPolicy admits to the Redis pods only the Ray pods."""
-    from serve_app.settings import AppArgs
+    from serve_app.settings import AppConfig
 
-    args = AppArgs.model_validate(chattts_args(_serve(docs)))
+    args = AppConfig.model_validate(chattts_args(_serve(docs)))
     assert args.voices.backend == "redis" and args.voices.path is None
     assert args.voices.redis_url == f"redis://{kuberay.REDIS_SERVICE}:{kuberay.REDIS_PORT}/{kuberay.VOICES_DB}"
     gpu = chattts_args(yaml.safe_load(GPU_CONFIG.read_text()))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import pytest
 
 from serve_app.callers import Caller, LocalSlots
-from serve_app.engine.config import SegmentLimits
+from serve_app.engine.config import SegmentConfig
 from serve_app.engine.types import ScriptPart, SynthesisOptions
 from serve_app.engine.voices import VoiceResolver
 from serve_app.errors import APIError, to_api_error
@@ -159,7 +159,7 @@ async def test_a_stream_reports_its_flow_on_the_edge_it_was_given():
 async def test_the_in_process_pipeline_drops_its_rows_when_its_reader_leaves(tiny_model):
     from support.ws import EngineBackend
 
-    backend = EngineBackend(tiny_model, SegmentLimits(max_chars=120, max_seconds=1.0))
+    backend = EngineBackend(tiny_model, SegmentConfig(max_chars=120, max_seconds=1.0))
     try:
         engine = backend.engine
         text = "The quick brown fox jumps high. Seven small birds sing today. A warm wind moves the tall trees."

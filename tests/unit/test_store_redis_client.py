@@ -8,7 +8,7 @@ import logging
 import pytest
 from support.redis_server import needs_redis  # noqa: F401 - the marker's module registers redis_server
 
-from serve_app.settings import JobsSettings, LexiconStoreConfig, VoiceStoreConfig
+from serve_app.settings import JobsConfig, LexiconStoreConfig, VoiceStoreConfig
 from serve_app.storage.jobs.redis_states import RedisStates
 from serve_app.storage.lexicons import make_lexicon_store
 from serve_app.storage.redis_client import CircuitBreaker, open_redis
@@ -33,7 +33,7 @@ async def test_the_clients_the_stores_open(redis_server):
     # Each Redis store opens its client there, with its config's URL and timeout.
     voices = make_voice_store(VoiceStoreConfig(backend="redis", redis_url=redis_server.url, redis_timeout_s=0.7))
     lexicons = make_lexicon_store(LexiconStoreConfig(backend="redis", redis_url=redis_server.url, redis_timeout_s=0.8))
-    states = RedisStates(JobsSettings(redis_url=redis_server.url, redis_timeout_s=0.9))
+    states = RedisStates(JobsConfig(redis_url=redis_server.url, redis_timeout_s=0.9))
     timeouts = [s._redis.connection_pool.connection_kwargs["socket_timeout"] for s in (voices, lexicons, states)]
     assert timeouts == [0.7, 0.8, 0.9] and isinstance(states._redis, redis.Redis)
     await voices.close()

@@ -18,7 +18,7 @@ from serve_app.http.middleware import HttpPolicy, caller_of
 from serve_app.http.security import APIKeyAuth
 from serve_app.http.voices import VOICES_PATH, VoicesAPI
 from serve_app.protocol import VoiceList
-from serve_app.settings import SecuritySettings, VoiceStoreConfig
+from serve_app.settings import SecurityConfig, VoiceStoreConfig
 
 KEY = "sk-discovery-test"
 
@@ -59,7 +59,7 @@ def test_an_unknown_voice_is_openais_400_naming_the_voice_field():
 
 def _app(api: VoicesAPI):
     """The guard and the voices routes as the Ingress has them (deployments/ingress.py)."""
-    auth = APIKeyAuth(SecuritySettings(api_keys_env="DISCOVERY_TEST_KEYS", auth="required"))
+    auth = APIKeyAuth(SecurityConfig(api_keys_env="DISCOVERY_TEST_KEYS", auth="required"))
     app = make_app(HttpPolicy(max_bytes=64 * 1024, auth=auth))
 
     @app.get(VOICES_PATH, response_model=VoiceList)

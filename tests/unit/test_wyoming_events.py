@@ -16,7 +16,7 @@ from wyoming.tts import Synthesize, SynthesizeStart, SynthesizeVoice
 
 from serve_app.errors import APIError
 from serve_app.tools.client import SpeechError
-from serve_app.wyoming import WyomingSettings
+from serve_app.wyoming import WyomingConfig
 from serve_app.wyoming.events import (
     MAX_LISTED_VOICES,
     PcmChunks,
@@ -200,12 +200,12 @@ def test_service_errors_keep_the_service_message_and_code():
 
 def test_settings_from_the_environment_and_flags(tmp_path):
     env = {"CHATTTS_BASE_URL": "https://tts.example/", "CHATTTS_API_KEY": "sk-env\n"}
-    s = WyomingSettings.from_env(env)
+    s = WyomingConfig.from_env(env)
     assert s.base_url == "https://tts.example" and s.key == "sk-env" and s.uri == "tcp://0.0.0.0:10200"
     assert "sk-env" not in repr(s)  # the key stays out of logs and tracebacks
     key_file = tmp_path / "key"
     key_file.write_text("sk-file\n")
-    s = WyomingSettings.from_env(
+    s = WyomingConfig.from_env(
         env,
         key_file=key_file,
         base_url="http://other:9000",
@@ -215,7 +215,7 @@ def test_settings_from_the_environment_and_flags(tmp_path):
     )
     assert (s.base_url, s.key, s.uri, s.voice) == ("http://other:9000", "sk-file", "tcp://127.0.0.1:10300", "alloy")
     assert s.limits.max_text_chars == 100 and s.limits.max_synthesize_per_connection == 2
-    assert WyomingSettings.from_env({}).key is None
+    assert WyomingConfig.from_env({}).key is None
 
 
 @pytest.mark.parametrize(
@@ -223,4 +223,4 @@ def test_settings_from_the_environment_and_flags(tmp_path):
 )
 def test_settings_refuse_what_cannot_work(given):
     with pytest.raises(ValueError):
-        WyomingSettings.from_env({}, **given)
+        WyomingConfig.from_env({}, **given)

@@ -24,7 +24,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart
 
 from bench.lib.procs import REPO_ROOT
 from serve_app.engine.voices import OPENAI_VOICES
-from serve_app.wyoming import WyomingServer, WyomingSettings
+from serve_app.wyoming import WyomingConfig, WyomingServer
 
 READ_S = 10.0
 
@@ -69,7 +69,7 @@ class BlackHole:
 
 @contextlib.asynccontextmanager
 async def server(base_url: str, **limits) -> AsyncIterator[tuple[str, int]]:
-    settings = WyomingSettings.from_env({}, uri="tcp://127.0.0.1:0", base_url=base_url, **limits)
+    settings = WyomingConfig.from_env({}, uri="tcp://127.0.0.1:0", base_url=base_url, **limits)
     running = WyomingServer(settings)
     host, port = (await running.start())[0][:2]
     try:
@@ -216,9 +216,7 @@ async def test_zeroconf_announces_the_server():
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
     name = f"chattts-test-{os.getpid()}"
-    settings = WyomingSettings(
-        uri="tcp://127.0.0.1:0", base_url="http://127.0.0.1:9", zeroconf=True, zeroconf_name=name
-    )
+    settings = WyomingConfig(uri="tcp://127.0.0.1:0", base_url="http://127.0.0.1:9", zeroconf=True, zeroconf_name=name)
     running = WyomingServer(settings)
     port = (await running.start())[0][1]
     browser = AsyncZeroconf(interfaces=["127.0.0.1"])

@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...settings import JobsSettings
+from ...settings import JobsConfig
 from ..factory import open_store
 from .chunking import chapter_first_chunks, chunk_seed, cut_script, cut_text, estimated_pcm_bytes, split_chapters
 from .files import JobFiles, Place
@@ -97,22 +97,22 @@ __all__ = [
 ]
 
 
-def jobs_root(cfg: JobsSettings) -> Path:
+def jobs_root(cfg: JobsConfig) -> Path:
     """The directory backend's directory."""
     return Path(cfg.path).expanduser() if cfg.path else default_jobs_dir()
 
 
-def store_location(cfg: JobsSettings) -> str:
+def store_location(cfg: JobsConfig) -> str:
     """Where the files are, as operators wrote it: the directory, or the URL."""
     return (cfg.url or "") if cfg.backend == "fsspec" else str(jobs_root(cfg))
 
 
-def store_identity(cfg: JobsSettings) -> tuple[Any, ...]:
+def store_identity(cfg: JobsConfig) -> tuple[Any, ...]:
     """What decides which jobs a store holds: when it changes, the runner opens the new store."""
     return (cfg.backend, store_location(cfg), sorted(cfg.storage_options.items()), cfg.redis_url, cfg.redis_prefix)
 
 
-def _object_files(cfg: JobsSettings) -> JobFiles:
+def _object_files(cfg: JobsConfig) -> JobFiles:
     from .object_files import ObjectFiles
     from .objects import open_objects
 
@@ -120,7 +120,7 @@ def _object_files(cfg: JobsSettings) -> JobFiles:
     return ObjectFiles(open_objects(cfg.url, cfg.storage_options))
 
 
-def _directory_files(cfg: JobsSettings) -> JobFiles:
+def _directory_files(cfg: JobsConfig) -> JobFiles:
     from .directory import DirectoryFiles
 
     return DirectoryFiles(jobs_root(cfg))
@@ -129,11 +129,11 @@ def _directory_files(cfg: JobsSettings) -> JobFiles:
 _FILES = {"directory": _directory_files, "fsspec": _object_files}
 
 
-def make_files(cfg: JobsSettings) -> JobFiles:
+def make_files(cfg: JobsConfig) -> JobFiles:
     return open_store(_FILES, cfg)
 
 
-def make_job_store(cfg: JobsSettings) -> JobStore:
+def make_job_store(cfg: JobsConfig) -> JobStore:
     """The files ``cfg.backend`` names, the state beside them or, with ``redis_url``, in Redis."""
     files = make_files(cfg)
     if cfg.redis_url:
@@ -148,7 +148,7 @@ def make_job_store(cfg: JobsSettings) -> JobStore:
     return JobStore(FileStates(files), files)
 
 
-def job_limits(cfg: JobsSettings) -> JobLimits:
+def job_limits(cfg: JobsConfig) -> JobLimits:
     return JobLimits(
         max_active=cfg.max_active_jobs_per_key, max_jobs=cfg.max_jobs_per_key, max_bytes=cfg.max_bytes_per_key
     )

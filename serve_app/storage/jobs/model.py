@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...engine.errors import JobQuotaExceeded, TooManyJobs
+from ...engine.strict import StrictModel
 from ...engine.types import SynthesisOptions
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -115,11 +116,9 @@ def default_jobs_dir() -> Path:
     return Path(base) / "chattts-serve" / "jobs"
 
 
-class JobPart(BaseModel):
+class JobPart(StrictModel):
     """One part of a script chunk (an SSML piece, a dialogue turn or a piece of one): the
     planner's ``ScriptPart`` with its voice as an index into the job's ``script_voices``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: str
     voice: int
@@ -132,12 +131,10 @@ class JobPart(BaseModel):
     turn: Optional[int] = None
 
 
-class JobChunk(BaseModel):
+class JobChunk(StrictModel):
     """One synthesis of a job: its text, the seed it decodes with and the silence after it.
     Fixed at submission, so a chunk done again (after a crash) gives the same audio. An SSML or
     dialogue job's chunk also has its script ``parts`` (then ``text`` is their texts joined)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: str
     seed: int
@@ -231,7 +228,7 @@ class FileStat:
 
 @dataclass(frozen=True)
 class JobLimits:
-    """What one owner's jobs may hold (``JobsSettings``' per-key fields)."""
+    """What one owner's jobs may hold (``JobsConfig``' per-key fields)."""
 
     max_active: int
     max_jobs: int

@@ -15,7 +15,7 @@ import threading
 from typing import Iterator, Optional
 
 from ...engine.audio import SAMPLE_RATE
-from ...engine.config import SegmentLimits
+from ...engine.config import SegmentConfig
 from ...engine.errors import EmptyInputError, RequestTooLarge
 from ...engine.planner import Planner, plan_seconds
 from ...engine.types import ScriptPart, SynthesisOptions, Voice
@@ -66,7 +66,7 @@ class JobPlanner:
     """The engine's planner with the TextNormalizer's limits, made on first use (its rule tables
     load once), one thread at a time (the text front end keeps state)."""
 
-    def __init__(self, limits: SegmentLimits):
+    def __init__(self, limits: SegmentConfig):
         self.limits = limits
         self._planner: Optional[Planner] = None
         self._lock = threading.Lock()

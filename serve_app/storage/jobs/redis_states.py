@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from ...settings import JobsSettings
+from ...settings import JobsConfig
 from ..records import GET_OWNED_LUA
 from ..redis_client import open_redis
 from .model import JOB_ID_RE, LOCK_TIMEOUT_S, JobGone, JobLimits, StoredJob, check_room, owner_tag, usage_of
@@ -26,7 +26,7 @@ from .states import JobStates, parse_state
 
 
 class RedisStates(JobStates):
-    def __init__(self, cfg: JobsSettings):
+    def __init__(self, cfg: JobsConfig):
         import redis
 
         assert cfg.redis_url is not None

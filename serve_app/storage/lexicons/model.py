@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from ...engine.strict import StrictModel
 from ...engine.text.lexicon import MAX_ENTRIES, LexiconEntry, Pronunciations
 from ...errors import APIError
 from ...settings import LexiconStoreConfig
@@ -41,11 +42,9 @@ def default_lexicons_dir(cfg: LexiconStoreConfig) -> Path:
     return Path(cfg.path).expanduser() if cfg.path else default_voices_dir() / "lexicons"
 
 
-class StoredLexicon(BaseModel):
+class StoredLexicon(StrictModel):
     """One lexicon as stored: its entries, its owner (the API key id that made it, or
     ``anonymous``) and whether it is the owner's default (applied when a request names none)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=LEXICON_ID_PATTERN)
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
@@ -77,10 +76,8 @@ class StoredLexicon(BaseModel):
         return self.model_dump_json(exclude_none=True)
 
 
-class _CreateBody(BaseModel):
+class _CreateBody(StrictModel):
     """``POST /v1/audio/lexicons``'s body."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     entries: list[dict[str, Any]] = Field(min_length=1)

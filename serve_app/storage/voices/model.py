@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ...engine.strict import StrictModel
 from ...engine.text.tags import strip_stray_brackets
 from ...engine.types import Voice
 from ...engine.voices import MAX_SEED, OPENAI_VOICES
@@ -43,24 +44,20 @@ def default_voices_dir() -> Path:
     return Path(base) / "chattts-serve" / "voices"
 
 
-class VoiceConsent(BaseModel):
+class VoiceConsent(StrictModel):
     """The consent recorded when a voice was made: what the speaker agreed to (``statement``, the
     request's ``consent``), who gave it (``by``, the request's ``consent_by``) and when (``at``,
     Unix seconds, the server's clock)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     statement: str = Field(min_length=1, max_length=MAX_CONSENT_CHARS)
     by: Optional[str] = Field(default=None, min_length=1, max_length=MAX_CONSENT_BY_CHARS)
     at: int
 
 
-class StoredVoice(BaseModel):
+class StoredVoice(StrictModel):
     """One custom voice as stored. ``speaker``/``seed``: a ChatTTS speaker (a seed voice keeps
     the speaker string sampled from its seed, so it stays the same speaker); ``sample`` and
     ``transcript``: a reference clip's audio codes (ChatTTS's ``spk_smp``) and its text."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=VOICE_ID_PATTERN)
     name: str
