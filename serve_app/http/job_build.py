@@ -19,7 +19,7 @@ from ..settings import JobsConfig
 from ..storage.jobs import JobLimits, JobStore, check_room, cut_script, cut_text, split_chapters
 from ..storage.jobs.planning import JobPlanner, pieces, reservation
 from ..storage.voices import VoiceCatalog
-from .job_script import ThreadVoices, job_parts
+from .job_script import ThreadVoices, emptied, job_parts
 from .job_views import store_call
 from .script import dialogue_script, speech_script, style_headers, styled
 
@@ -41,6 +41,11 @@ class BuiltJob:
     used_bytes: int  # the owner's jobs' bytes when it was checked
 
 
+def _turn_voices(turns: list) -> str:
+    """A dialogue job's voice name: its turns' voices, each once, in order."""
+    return "+".join(dict.fromkeys(t.voice for t in turns))[:200]
+
+
 class JobBuilder:
     """``planner``: the job planner with the TextNormalizer's limits (``args.segments``), which
     the runner's chunks are planned with too. ``admission``: no busy switch, no stream slot (the
@@ -58,7 +63,8 @@ class JobBuilder:
         """The request read into the job's chunks (and its voices), every piece of it checked."""
         # Model, length, voice (the caller's own), lexicon (its entries go into the job's options:
         # a later edit does not change it).
-        chars = (req.script_chars, self.cfg.max_input_chars, "turns" if req.turns is not None else "input")
+        script_chars = await asyncio.to_thread(getattr, req, "script_chars")  # every turn's: off the loop
+        chars = (script_chars, self.cfg.max_input_chars, "turns" if req.turns is not None else "input")
         admitted = await self.admission.admit(caller, req.model, req.voice, req.lexicon, chars=chars)
         used = await store_call(self.store.usage, caller.owner)
         check_room(used, self.limits, 1)  # again: the body took a while
@@ -79,7 +85,11 @@ class JobBuilder:
             seed = effective_seed(voice, options.seed)
             silence = self.planner.limits.max_silence_seconds
             script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts or [], seed, silence)
-            voice_name = voice.name if req.turns is None else "+".join(dict.fromkeys(t.voice for t in req.turns))[:200]
+            voice_name = voice.name
+            if req.turns is not None:
+                voice_name = await asyncio.to_thread(_turn_voices, req.turns)
+            # The turns and parts are cut into the chunks now: freed off the loop, a slice at a time.
+            await asyncio.to_thread(emptied, req.turns or [], script.parts or [])
         else:
             options, style = styled(req.to_options(), req.instructions)
             headers, voice_name = style_headers([style]), voice.name

@@ -53,6 +53,16 @@ class CollectorDeferred:
             gc.unfreeze()
 
 
+def emptied(*lists: list) -> None:
+    """Each list emptied from its end one item at a time, on a worker thread: a list of 100,000
+    models (or of 500 chunks of 200 segments each) freed at once is one C call that holds the
+    GIL for tens of milliseconds, and the loop cannot run meanwhile. Between items the
+    interpreter can hand the GIL over; one item is bounded by the request's limits."""
+    for items in lists:
+        while items:
+            items.pop()
+
+
 class ThreadVoices:
     """The voice catalog as a script builder running on a worker thread's own loop sees it: each
     distinct (name, owner) resolved once, on the Ingress's loop (where the voice store's clients

@@ -55,7 +55,7 @@ from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .job_build import BuiltJob, JobBuilder
 from .job_request import read_job_request
-from .job_script import CollectorDeferred
+from .job_script import CollectorDeferred, emptied
 from .job_views import JOBS_PATH, file_response, job_view, not_found, store_call
 from .security import ANONYMOUS, Caller
 
@@ -176,8 +176,12 @@ class JobsService:
         try:
             with CollectorDeferred():
                 built = await self.builder.build(await read_job_request(request, self.cfg.max_upload_bytes), caller)
-            # The request, its turns and parts are gone now: what is planned is the chunks alone.
-            return await self._create(built, caller, request.scope.get("root_path", ""))
+                # The request, its turns and parts are gone now: what is planned is the chunks
+                # alone, freed off the loop once the job is stored (or refused).
+                try:
+                    return await self._create(built, caller, request.scope.get("root_path", ""))
+                finally:
+                    await asyncio.to_thread(emptied, built.chunks)
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - typed errors keep their status (voice, quota, empty input)

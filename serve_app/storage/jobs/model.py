@@ -81,11 +81,17 @@ def chunks_document(
 ) -> bytes:
     """``chunks.json``: the chunks and the job's voices, fixed when it is made (the voices here, not
     in ``job.json``, which the runner rewrites after every chunk). Encoded chunk by chunk and voice
-    by voice: one ``json.dumps`` of a whole book holds the GIL, and with it the Ingress's loop."""
-    head = json.dumps({"voice": voice or {}}, ensure_ascii=False)[1:-1]
-    voices = ",".join(json.dumps(v, ensure_ascii=False) for v in script_voices or [])
-    body = ",".join(json.dumps(c.model_dump(), ensure_ascii=False) for c in chunks)
-    return f'{{{head},"script_voices":[{voices}],"chunks":[{body}]}}'.encode()
+    by voice: one ``json.dumps`` of a whole book holds the GIL, and with it the Ingress's loop.
+    Each piece is encoded on its own and the bytes joined: building and UTF-8-encoding the
+    whole document as one string are single calls over megabytes that hold the GIL too."""
+
+    def encoded(value: Any) -> bytes:
+        return json.dumps(value, ensure_ascii=False).encode()
+
+    head = encoded({"voice": voice or {}})[1:-1]
+    voices = b",".join(encoded(v) for v in script_voices or [])
+    body = b",".join(encoded(c.model_dump()) for c in chunks)
+    return b"".join([b"{", head, b',"script_voices":[', voices, b'],"chunks":[', body, b"]}"])
 
 
 @dataclass(frozen=True)
