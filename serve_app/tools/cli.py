@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Optional, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     from ..engine.config import EngineConfig
@@ -167,6 +167,25 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _refused(say: Callable[[argparse.Namespace, str], int], args: argparse.Namespace, fmt: str) -> int:
+    """``say``, with what the server would answer 4xx (empty text, an unknown voice, bad SSML:
+    the API's own error table) or what a server answered, told in one line and exit status 1
+    instead of a traceback."""
+    from ..errors import to_api_error
+    from .client import SpeechError
+
+    try:
+        return say(args, fmt)
+    except SpeechError as exc:
+        print(f"say: the server refused: {exc} ({exc.code})", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a known input error is the user's to fix; the rest propagates
+        known = to_api_error(exc)
+        if known is None or known.status >= 500:
+            raise
+        print(f"say: {known.message} ({known.code})", file=sys.stderr)
+    return 1
 
 
 def _batch(args: argparse.Namespace) -> int:
@@ -433,11 +452,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 build_parser().error(
                     f"say --stdin needs --url, no TEXT, and a format of {', '.join(STREAM_FORMATS)} (got {fmt})"
                 )
-            return _say_stdin(args, fmt)
+            return _refused(_say_stdin, args, fmt)
         if args.text is None:
             build_parser().error("say needs TEXT (or --stdin)")
         fmt = _format_for(args.output, args.format)
-        return _say_remote(args, fmt) if args.url else _say_local(args, fmt)
+        return _refused(_say_remote if args.url else _say_local, args, fmt)
     if args.command == "batch":
         return _batch(args)
     if args.command == "weights":

@@ -148,3 +148,19 @@ def test_say_stdin_needs_a_server_and_a_stream_format():
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2, argv
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "code"),
+    [("。。", [], "empty_input"), ("你好。", ["--voice", "nosuch"], "voice_not_found")],
+)
+def test_say_tells_a_refused_input_in_one_line(tmp_path, tiny_model, capsys, text, extra, code):
+    """What the API answers 400 (the one error table) is one line and exit status 1, not a
+    traceback, and no file is left behind."""
+    from serve_app.tools.cli import main
+
+    out = tmp_path / "x.wav"
+    assert main(["say", text, "-o", str(out), "--weights", "random-tiny", *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"({code})" in err and "Traceback" not in err, err
+    assert not out.exists()
