@@ -88,7 +88,7 @@ class JobBuilder:
             voice_name = voice.name
             if req.turns is not None:
                 voice_name = await asyncio.to_thread(_turn_voices, req.turns)
-            # The turns and parts are cut into the chunks now: freed off the loop, a slice at a time.
+            # The turns and parts are cut into the chunks now: freed off the loop, an item at a time.
             await asyncio.to_thread(emptied, req.turns or [], script.parts or [])
         else:
             options, style = styled(req.to_options(), req.instructions)
