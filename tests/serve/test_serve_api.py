@@ -591,7 +591,8 @@ def test_cli_say_cuts_text_into_the_segments_the_server_does(app_url):
     from ray import serve
 
     from serve_app.engine.planner import Planner
-    from serve_app.tools.cli import build_parser, engine_config
+    from serve_app.tools.cli import build_parser
+    from serve_app.tools.say import engine_config
 
     text = (
         "今天我们来聊一聊语音合成服务的部署，从单机到集群，再到自动扩缩容。它需要低延迟，也需要高吞吐量，"

@@ -21,7 +21,8 @@ from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
 from serve_app.engine.pipeline import SynthesisOptions
 from serve_app.engine.weights.random_weights import MANIFEST
 from serve_app.pipeline.local import LocalPipeline
-from serve_app.tools.cli import _format_for, build_parser
+from serve_app.tools.cli import build_parser
+from serve_app.tools.say import _format_for
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
