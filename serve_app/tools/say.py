@@ -168,7 +168,7 @@ def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
     return 0
 
 
-def _refused(say: Callable[[argparse.Namespace, str], int], args: argparse.Namespace, fmt: str) -> int:
+def _refused(speak: Callable[[argparse.Namespace, str], int], args: argparse.Namespace, fmt: str) -> int:
     """``say``, with what the server would answer 4xx (empty text, an unknown voice, bad SSML:
     the API's own error table) or what a server answered, told in one line and exit status 1
     instead of a traceback."""
@@ -176,7 +176,7 @@ def _refused(say: Callable[[argparse.Namespace, str], int], args: argparse.Names
     from .client import SpeechError
 
     try:
-        return say(args, fmt)
+        return speak(args, fmt)
     except SpeechError as exc:
         print(f"say: the server refused: {exc} ({exc.code})", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - a known input error is the user's to fix; the rest propagates
