@@ -6,13 +6,12 @@ waiting rows (each is prefilled alone, then its KV joins the batch's buffers: TG
 ``filter``). Every row keeps its own position ids, sampling parameters, seed (a private
 ``torch.Generator`` drawn once per step, so its tokens do not depend on its neighbours), token
 budget and chunk schedule. Each row streams chunks of GPT hidden states, which is what
-ChatTTS's decoder turns into mel frames.
-
-The parts live in ``decode/`` (``Scheduler``, ``Prefiller``, ``BatchState``, ``Sampler``,
-``RowStream``, ``ParkedRows``, ``EngineStats``, with ``cuda_graphs`` ``GraphRunner``). This
-module runs them: the loop, admission, the decode step, chunk emission, back-pressure, and the
-one failure path (``_fail``). ``continuous=False`` turns this into window batching (a batch
-runs to its end before the next one is admitted), kept for the benchmark comparison.
+ChatTTS's decoder turns into mel frames. The parts live in ``decode/`` (``Scheduler``,
+``Prefiller``, ``BatchState``, ``Sampler``, ``RowStream``, ``ParkedRows``, ``EngineStats``, with
+``cuda_graphs`` ``GraphRunner``). This module runs them: the loop, admission, the decode step,
+chunk emission, back-pressure, and the one failure path (``_fail``). ``continuous=False`` turns
+this into window batching (a batch runs to its end before the next one is admitted), kept for
+the benchmark comparison.
 
 It uses ChatTTS's own modules: the tokenizer and speaker prompt format, ``Embed`` (code
 embeddings and heads), the ``LlamaModel`` and ``gen_logits``. No Ray, no HTTP.
@@ -42,7 +41,7 @@ from .decode.scheduler import Scheduler
 from .decode.stats import EngineStats
 from .decode.streams import HiddenChunk, RowStream, StreamGroup
 from .errors import EngineError
-from .threads import apply_torch_threads
+from .threads import apply_torch_threads, on_new_thread
 from .types import SegmentRequest
 from .voices import SpeakerSampler
 from .weights.loading import LoadedModel
@@ -73,22 +72,17 @@ class AcousticEngine:
         self._wake = threading.Condition(self._lock)
         self._seq = itertools.count()
         self.scheduler = Scheduler()  # guarded by _lock
-        self.batch = BatchState(self.gpt.config, self.gpt_device)  # decode thread only
         # Rows out of the batch while their consumers catch up, with their KV (decode thread only).
         self.parked = ParkedRows()
-        self.prefill = Prefiller(chat, self.gpt, self.embed, self.device, self.gpt_device, self.gpt_dtype)
-        self.sampler = Sampler(self.embed, self.eos)
-        # The decode step's forward without transformers' generic plumbing (decode/forward.py);
-        # transformers' forward where the GPT is not the plain Llama it writes out.
-        self.decode_forward = DecodeForward(self.gpt, self.embed) if DecodeForward.supports(self.gpt) else None
+        # Built on a thread that exits: their parallel ops (the heads' weight norm, dual-layout
+        # copies) would leave a replica's long-lived init thread a second OpenMP team, and the
+        # decode step's barriers would sleep on futexes: half the speed (threads.py).
+        self.batch, self.prefill, self.sampler, self.decode_forward = on_new_thread(self._decode_parts)
         self.graphs: Optional[GraphRunner] = None  # decode steps from CUDA graphs (read at construction)
-        if config.cuda_graphs:
-            if torch.device(self.gpt_device).type == "cuda":
-                self.graphs = GraphRunner(
-                    self.gpt, self.embed, buckets_for(config.max_rows), config.cuda_graph_kv_tokens
-                )
-            else:
-                log.warning("cuda_graphs: the GPT is on %s, not a CUDA device; decoding eagerly", self.gpt_device)
+        if config.cuda_graphs and torch.device(self.gpt_device).type == "cuda":
+            self.graphs = GraphRunner(self.gpt, self.embed, buckets_for(config.max_rows), config.cuda_graph_kv_tokens)
+        elif config.cuda_graphs:
+            log.warning("cuda_graphs: the GPT is on %s, not a CUDA device; decoding eagerly", self.gpt_device)
         self._thread: Optional[threading.Thread] = None
         self.torch_threads = model.torch_threads  # the decode thread applies it to itself
         self._stop = False
@@ -101,6 +95,12 @@ class AcousticEngine:
         self.pace_s: Optional[float] = None
         self._busy_since_step: Optional[float] = None
         self.speakers = SpeakerSampler(model.chat.speaker)
+
+    def _decode_parts(self) -> tuple[BatchState, Prefiller, Sampler, Optional[DecodeForward]]:
+        # The forward without transformers' plumbing (decode/forward.py) where the GPT is the plain Llama it writes out.
+        forward = DecodeForward(self.gpt, self.embed) if DecodeForward.supports(self.gpt) else None
+        prefill = Prefiller(self.chat, self.gpt, self.embed, self.device, self.gpt_device, self.gpt_dtype)
+        return BatchState(self.gpt.config, self.gpt_device), prefill, Sampler(self.embed, self.eos), forward
 
     # ------------------------------------------------------------------ public API
 

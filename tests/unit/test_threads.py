@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -49,3 +52,52 @@ def test_torch_thread_runs_everything_on_one_thread_with_its_own_thread_count():
     finally:
         worker.shutdown()
         torch.set_num_threads(before)
+
+
+# Run in a process of its own: two torch threads (the suite's processes use one, which makes no
+# team at all) and a thread count no other test has moved.
+_ENGINE_BUILT_HERE = """
+import os, sys, time
+from serve_app.engine.acoustic import AcousticEngine
+from serve_app.engine.config import AcousticConfig, ModelConfig, WeightsConfig
+from serve_app.engine.threads import on_new_thread
+from serve_app.engine.weights.loading import load_model
+
+def threads():
+    # Settled: a thread that has returned, and its team's workers, leave a moment later.
+    last, same = -1, 0
+    while same < 3:
+        n = len(os.listdir("/proc/self/task"))
+        same, last = (same + 1 if n == last else 0), n
+        time.sleep(0.1)
+    return last
+
+cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=2)
+model = on_new_thread(load_model, cfg)  # as every stage loads it
+before = threads()
+engine = AcousticEngine(model, AcousticConfig())
+print(before, threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_an_engine_built_on_a_long_lived_thread_leaves_it_no_openmp_team(tiny_weights_config):
+    """A replica builds its engine on its init thread, which lives on: whatever the engine
+    computes there (the heads' weight norm, dual-layout copies) must not give that thread an
+    OpenMP team, or the process holds two and the decode thread's every barrier sleeps on a
+    futex (libgomp throttles its spin once its threads outnumber the CPUs): the Acoustic replica
+    decoded at about half its in-process speed. A team shows as libgomp's worker threads."""
+    from serve_app.engine.weights.sources import resolve_weights
+
+    resolve_weights(tiny_weights_config)  # built (or found) here, not timed in the child
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", _ENGINE_BUILT_HERE, tiny_weights_config.cache_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split())
+    assert after == before, f"building the engine left {after - before} thread(s) behind"
