@@ -4,13 +4,14 @@ on the same corpus, in one run.
 Each phase runs alone on the machine, on a local Ray of its own (``--ray-cpus``, default all
 cores), with the same weights (``--weights``) on CPU:
 
-1. **Bulk, 1 acoustic actor** (1 Ray CPU, 2 torch threads: the service's Acoustic replica) and
-   **bulk, 2 acoustic actors** (0.5 CPU and 1 thread each): ``--rows`` rows of bench/corpus.txt
-   (cycled, each row its own seed) through ``deployments.bulk.run_batch``, as the command runs it,
-   into a scratch directory. Throughput in steady state: the audio of the groups after the
-   first wave (one group per actor) over the time from that wave's last row to the run's last
-   row (start-up, model loading and the first decode are before it, as the service's warm-up is
-   before its measurement); the whole run's figure beside it.
+1. **Bulk, 1 speech actor** (1 Ray CPU, 2 torch threads: the service's Acoustic replica; its
+   vocoder thread beside them) and **bulk, 2 speech actors** (0.5 CPU and 1 thread each):
+   ``--rows`` rows of bench/corpus.txt (cycled, each row its own seed) through
+   ``deployments.bulk.run_batch``, as the command runs it, into a scratch directory. Throughput
+   in steady state: the audio of the calls after the first wave (one call per actor) over the
+   time from that wave's last row to the run's last row (start-up, model loading and the first
+   decode are before it, as the service's warm-up is before its measurement); the whole run's
+   figure beside it.
 2. **The service**: config/serve.yaml started as ``serve run`` does (bench/lib/serve.py), two
    warm-up requests, then closed-loop clients at each of ``--levels`` (4, 8) for ``--serve-s``
    seconds (bench/lib/loadgen.py: streamed wav, a seed per request, no cache), the same texts.
@@ -37,7 +38,7 @@ from .lib.report import Col, Doc, Kind, failed, fmt
 
 _log = logger("batch")
 TARGET = 1.2
-# Acoustic actors -> (Ray CPUs, torch threads) each: 1 is the service's Acoustic replica's shape.
+# Speech actors -> (Ray CPUs, torch threads) each: 1 is the service's Acoustic replica's shape.
 ACTOR_SHAPES = {1: (1.0, 2), 2: (0.5, 1)}
 
 
@@ -64,9 +65,9 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
             weights=WeightsConfig(source=a.weights),
             device="cpu",
             num_cpus=a.ray_cpus,
-            acoustic_actors=actors,
-            acoustic_cpus=cpus,
-            acoustic_threads=threads,
+            actors=actors,
+            actor_cpus=cpus,
+            actor_threads=threads,
             rows_per_call=a.rows_per_call,
         )
         t0 = time.perf_counter()
@@ -74,37 +75,36 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
             cfg, progress=False, on_row=lambda rec: written.append((time.perf_counter(), rec["seconds"], rec["id"]))
         )
         wall = time.perf_counter() - t0
-    g = summary.pools["group_rows"]
+    g = summary.pools["call_rows"]
     ends: dict[int, float] = {}
     audio: dict[int, float] = {}
     for t, sec, rid in written:
-        k = int(rid.removeprefix("row-")) // g  # every corpus row passes the checks: row i is in group i // g
+        k = int(rid.removeprefix("row-")) // g  # every corpus row passes the checks: row i is in call i // g
         ends[k] = max(ends.get(k, 0.0), t)
         audio[k] = audio.get(k, 0.0) + sec
-    first_wave = sorted(ends, key=ends.get)[:actors]  # the groups that finished first, one per actor
+    first_wave = sorted(ends, key=ends.get)[:actors]  # the calls that finished first, one per actor
     later = [k for k in ends if k not in first_wave]
     t_wave = max(ends[k] for k in first_wave)
     steady = sum(audio[k] for k in later) / (max(ends.values()) - t_wave) if later else None
     out = {
-        "acoustic_actors": actors,
-        "acoustic_cpus": cpus,
-        "acoustic_threads": threads,
+        "actors": actors,
+        "actor_cpus": cpus,
+        "actor_threads": threads,
         "rows": summary.rows,
         "written": summary.written,
         "failed": summary.failed,
-        "groups": summary.groups,
-        "group_rows": summary.pools.get("group_rows"),
-        "vocoders": summary.pools.get("vocoders"),
+        "calls": summary.calls,
+        "call_rows": summary.pools.get("call_rows"),
         "audio_s": round(summary.audio_seconds, 2),
         "wall_s": round(wall, 1),
         "pipeline_s": round(summary.pipeline_s, 1),
         "first_row_s": round(summary.first_row_s or 0.0, 1),
         "audio_s_per_s": round(steady, 4) if steady else None,
-        "steady_groups": len(later),
+        "steady_calls": len(later),
         "audio_s_per_s_whole_run": round(summary.audio_seconds / wall, 4),
     }
     _log(
-        f"bulk, {actors} acoustic actor(s): {out['audio_s_per_s']} audio s/s steady, {out['audio_s_per_s_whole_run']} "
+        f"bulk, {actors} speech actor(s): {out['audio_s_per_s']} audio s/s steady, {out['audio_s_per_s_whole_run']} "
         f"over the whole run ({out['audio_s']} s of audio, {out['wall_s']} s, first row after {out['first_row_s']} s)"
     )
     return out
@@ -169,18 +169,27 @@ def targets(report: dict) -> dict:
     return out
 
 
+def _get(row: dict, key: str, before: str):
+    """A bulk figure, under its earlier name in reports written before the speech actors."""
+    return row.get(key, row.get(before))
+
+
 BULK = [
     Col(
-        "bulk: acoustic actors (CPUs / threads each)",
-        lambda x: f"{x[0]} ({x[1]['acoustic_cpus']:g} / {x[1]['acoustic_threads']})",
+        "bulk: speech actors (CPUs / threads each)",
+        lambda x: (
+            f"{x[0]} ({_get(x[1], 'actor_cpus', 'acoustic_cpus'):g} / {_get(x[1], 'actor_threads', 'acoustic_threads')})"
+        ),
     ),
-    Col("audio s/s, steady (groups)", lambda x: f"{fmt(x[1]['audio_s_per_s'], 3)} ({x[1]['steady_groups']})"),
+    Col(
+        "audio s/s, steady (calls)",
+        lambda x: f"{fmt(x[1]['audio_s_per_s'], 3)} ({_get(x[1], 'steady_calls', 'steady_groups')})",
+    ),
     Col("audio s/s, whole run", lambda x: x[1]["audio_s_per_s_whole_run"], nd=3),
     Col("audio (s)", lambda x: str(x[1]["audio_s"])),
     Col("wall (s)", lambda x: str(x[1]["wall_s"])),
     Col("first row after (s)", lambda x: str(x[1]["first_row_s"])),
-    Col("groups x rows", lambda x: f"{x[1]['groups']} x {x[1]['group_rows']}"),
-    Col("vocoders", lambda x: x[1]["vocoders"]),
+    Col("calls x rows", lambda x: f"{_get(x[1], 'calls', 'groups')} x {_get(x[1], 'call_rows', 'group_rows')}"),
 ]
 SERVICE = [
     Col("service: clients", 0),
@@ -221,16 +230,16 @@ KIND = Kind("batch.json", to_doc)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
-    p.add_argument("--quick", action="store_true", help="96 rows in groups of 16, 30 s per service level")
+    p.add_argument("--quick", action="store_true", help="96 rows in calls of 16, 30 s per service level")
     p.add_argument("--rows", type=int, default=None, help="corpus rows per bulk run (default 192; quick 96)")
     p.add_argument(
         "--rows-per-call",
         type=int,
         default=None,
-        help="bulk group size (default: the command's, 32 on "
-        "CPU; quick 16): the steady-state figure needs a few groups per actor",
+        help="bulk rows per actor call (default: the command's, 16 on "
+        "CPU; quick 16): the steady-state figure needs a few calls per actor",
     )
-    p.add_argument("--actors", type=ints, default=[1, 2], help="acoustic actors of each bulk run, comma list")
+    p.add_argument("--actors", type=ints, default=[1, 2], help="speech actors of each bulk run, comma list")
     p.add_argument("--levels", type=ints, default=[4, 8], help="the service's closed-loop clients, comma list")
     p.add_argument("--serve-s", type=float, default=None, help="seconds per service level (default 90; quick 30)")
     p.add_argument("--config", help="Serve config file (default config/serve.yaml)")

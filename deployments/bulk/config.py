@@ -1,7 +1,7 @@
 """What a bulk synthesis job is given: its options (``BatchConfig``) and one input row
 (``BatchRow``), validated with pydantic like the service's requests.
 
-No Ray and no torch here: the plan tasks import this module.
+No Ray and no torch here: the driver imports this module before it starts Ray.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from serve_app.engine.config import (
     AcousticConfig,
     Device,
     DType,
+    EngineConfig,
     ModelConfig,
     SegmentConfig,
     VocoderConfig,
@@ -39,6 +40,9 @@ MAX_TEXT_CHARS = IngressConfig.model_fields["max_input_chars"].default
 # One chunk per segment: nobody listens while a batch decodes, and a chunk is an object to hand
 # on. Above any segment's tokens.
 WHOLE_SEGMENT_TOKENS = 1 << 16
+# Calls an actor runs at once: its next call's rows join the decode while the last rows of the
+# one before finish, so the batch does not thin out between calls.
+CALLS_PER_ACTOR = 2
 
 
 class BatchRow(SynthesisOptions):
@@ -87,7 +91,7 @@ def row_id(raw: Any) -> Optional[str]:
 
 
 class BatchConfig(StrictModel):
-    """One run of ``chattts-serve batch``: input, output, cluster, model and the stages' sizes."""
+    """One run of ``chattts-serve batch``: input, output, cluster, model and the actors' sizes."""
 
     input: str = Field(description="JSONL, CSV or Parquet file(s): a path, directory or glob Ray Data reads.")
     out: str = Field(description="Output directory on the driver's machine: audio/, manifest.parquet, errors.jsonl.")
@@ -106,20 +110,24 @@ class BatchConfig(StrictModel):
     quantize: Literal["auto", "none", "int8"] = Field(
         default="auto", description="As model.quantize: auto is int8 on CPU (float32), none on a GPU."
     )
-    # The acoustic actor pool.
-    acoustic_actors: Optional[int] = Field(
+    # The speech actors: each runs the whole speech pipeline (plan, decode, vocode, encode).
+    actors: Optional[int] = Field(
         default=None, ge=1, description="None: one per num_gpus share of every GPU, else one per node with CPUs."
     )
     num_gpus: Optional[float] = Field(
         default=None,
         ge=0,
         le=1,
-        description="GPU share per acoustic actor; None: 0.5 where the cluster has GPUs "
+        description="GPU share per actor; None: 0.5 where the cluster has GPUs "
         "and device is auto or cuda (two actors per GPU, as config/serve.gpu.yaml), else 0.",
     )
-    acoustic_cpus: float = Field(default=1.0, gt=0, description="Ray CPUs per acoustic actor.")
-    acoustic_threads: Optional[int] = Field(
-        default=None, ge=1, description="torch threads of an acoustic actor (None: Ray's default, its whole CPUs)."
+    actor_cpus: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="Ray CPUs per actor; None: 1 on a GPU, else the smallest node's CPUs less a read task's.",
+    )
+    actor_threads: Optional[int] = Field(
+        default=None, ge=1, description="torch threads of an actor's decode (None: its CPUs, rounded, at least 1)."
     )
     max_rows: Optional[int] = Field(
         default=None,
@@ -129,47 +137,32 @@ class BatchConfig(StrictModel):
     rows_per_call: Optional[int] = Field(
         default=None,
         ge=1,
-        description="Rows per group: the consecutive input rows one acoustic call decodes "
-        "together, alone in its engine (None: twice max_rows). Part of what makes a row's audio: keep it across "
-        "the runs of one output directory.",
+        description="Input rows one actor call speaks at once (None: max_rows); an actor takes "
+        f"{CALLS_PER_ACTOR} calls at a time, so its batches stay full while a call's last rows finish.",
     )
-    # The vocoder pool and the plan tasks (CPU).
-    vocoders: Optional[int] = Field(
-        default=None,
-        ge=1,
-        description="Vocoder actors at most (the pool grows with "
-        "its queue); None: one per CPU the acoustic actors and plan tasks leave.",
-    )
-    vocoder_cpus: float = Field(default=0.5, gt=0)
-    vocode_rows: int = Field(default=4, ge=1, description="Rows per vocoder call.")
-    plan_cpus: float = Field(default=0.25, gt=0, description="Ray CPUs per read and plan task.")
+    read_cpus: float = Field(default=0.25, gt=0, description="Ray CPUs per read task.")
     segments: SegmentConfig = SegmentConfig()
     vocoder: VocoderConfig = VocoderConfig()
-
-    def acoustic_model(self, weights: WeightsConfig, gpu: bool) -> ModelConfig:
-        dtype = self.dtype or ("bfloat16" if gpu else "float32")
-        device = ("cuda" if gpu else "cpu") if self.device == "auto" else self.device
-        return ModelConfig(
-            weights=weights, device=device, dtype=dtype, quantize=self.quantize, torch_threads=self.acoustic_threads
-        )
-
-    def vocoder_model(self, weights: WeightsConfig) -> ModelConfig:
-        # Vocoder actors run on CPU in float32, as the service's Vocoder replicas; one torch thread
-        # each: the pool's width is its parallelism.
-        return ModelConfig(weights=weights, device="cpu", dtype="float32", torch_threads=1)
 
     def decode_rows(self, gpu: bool) -> int:
         return self.max_rows or (64 if gpu else 16)
 
-    def group_rows(self, gpu: bool) -> int:
-        return self.rows_per_call or 2 * self.decode_rows(gpu)
+    def call_rows(self, gpu: bool) -> int:
+        return self.rows_per_call or self.decode_rows(gpu)
 
-    def acoustic_config(self, gpu: bool) -> AcousticConfig:
-        """The decode loop for a group: one client (every slot), nothing parks (the call collects
-        whole rows), a queue that holds the largest group, one chunk per segment."""
+    def engine_config(self, weights: WeightsConfig, gpu: bool, cpus: float) -> EngineConfig:
+        """What each actor's ``LocalPipeline`` runs: the model on the actor's device (the vocoder
+        with it), and a decode loop for whole rows: one client (every slot), nothing parks (the
+        actor collects whole rows), a queue that holds its calls' rows, one chunk per segment."""
+        dtype = self.dtype or ("bfloat16" if gpu else "float32")
+        device = ("cuda" if gpu else "cpu") if self.device == "auto" else self.device
+        threads = self.actor_threads or max(1, round(cpus))
+        model = ModelConfig(weights=weights, device=device, dtype=dtype, quantize=self.quantize, torch_threads=threads)
         rows = self.decode_rows(gpu)
-        queued = max(AcousticConfig().max_queued_rows, self.group_rows(gpu) * self.segments.max_segments)
-        return AcousticConfig(
+        queued = max(
+            AcousticConfig().max_queued_rows, CALLS_PER_ACTOR * self.call_rows(gpu) * self.segments.max_segments
+        )
+        acoustic = AcousticConfig(
             max_rows=rows,
             token_budget=max(AcousticConfig().token_budget, 1024 * rows),
             first_chunk_tokens=WHOLE_SEGMENT_TOKENS,
@@ -181,3 +174,4 @@ class BatchConfig(StrictModel):
             max_running_rows_per_client=None,
             reserved_rows=0,
         )
+        return EngineConfig(model=model, acoustic=acoustic, vocoder=self.vocoder, segments=self.segments)

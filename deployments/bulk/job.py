@@ -1,19 +1,15 @@
 """One bulk synthesis run on Ray Data.
 
-    driver: read the input in order, check every row, cut groups     (ray.data.read_*)
-      -> plan_groups (CPU tasks)
-      -> AcousticStage (actor pool: a GPU share each where there are GPUs; one group per call)
-      -> VocodeStage (CPU actor pool, grows with its queue)
+    driver: read the input in order, check every row                  (ray.data.read_*)
+      -> SpeechStage (actor pool: the speech pipeline in each actor; a GPU share each where there
+         are GPUs): plan, decode, vocode, encode
       -> driver: each row written as it arrives; the manifest merged at the end
 
-Why groups: a row decoded beside other rows comes out a little different (the batch's padding
-and kernel shapes change float sums in the last bits: ~70 dB SNR, enough to change bytes), so
-"the same audio in every run" needs every row decoded beside the same rows every time. A group
-is ``rows_per_call`` consecutive rows among those that pass the driver's checks, decoded alone;
-its composition depends on the input only. Resume: rows the output's journal commits are done
-(``OutputDir.recover``); a group whose rows are all done is not decoded again, and a group that a
-crash cut is decoded whole again with only its missing rows written. So a resumed run writes
-exactly what an uninterrupted run would have, each row once.
+Resume: rows the output's journal commits are done (``OutputDir.recover``) and are not spoken
+again, nor are rows refused for what they hold (the journal keeps their key, ``rows.row_key``);
+every other row is. A row's audio depends on the row alone (batch invariance on CPU:
+``speech.py``), so a resumed run writes exactly what an uninterrupted run would have, each row
+once.
 
 The driver holds the checked rows (their text and options) while the run lasts: fine for
 hundreds of thousands of rows; split larger inputs into several runs.
@@ -24,27 +20,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from deployments.bulk.config import BatchConfig, InputFormat, row_id
+from deployments.bulk.config import CALLS_PER_ACTOR, BatchConfig, InputFormat, row_id
 from deployments.bulk.output import OutputDir
-from deployments.bulk.rows import (
-    GROUPS,
-    TODO,
-    Group,
-    Item,
-    audio_stem,
-    check_row,
-    input_format,
-    plan_groups,
-    raw_rows,
-    read_input,
-    row_key,
-)
+from deployments.bulk.rows import ROWS, TODO, audio_stem, check_row, input_format, raw_rows, read_input, row_key
 from serve_app.engine.config import WeightsConfig
 
 log = logging.getLogger(__name__)
@@ -52,10 +35,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Pools:
-    acoustic_actors: int
+    actors: int
     num_gpus: float
-    vocoders: int
-    group_rows: int
+    actor_cpus: float
+    call_rows: int
 
     @property
     def gpu(self) -> bool:
@@ -72,7 +55,7 @@ class BatchSummary:
     wall_s: float = 0.0  # the whole run, start-up included
     pipeline_s: float = 0.0  # from the pipeline's start (actors loading their models) to its last row
     first_row_s: Optional[float] = None  # from the pipeline's start to the first row written
-    groups: int = 0  # groups decoded by this run
+    calls: int = 0  # actor calls of this run (blocks of rows)
     removed: int = 0  # files an interrupted run left, removed before this one
     weights: str = ""
     pools: dict = field(default_factory=dict)
@@ -90,8 +73,8 @@ class BatchSummary:
             f"batch: {self.rows} rows: {self.written} written, {self.skipped} skipped (done before), "
             f"{self.failed} failed (errors.jsonl)",
             f"batch: {self.audio_seconds:.1f} s of audio in {self.wall_s:.1f} s: {self.audio_s_per_s:.2f} audio s/s "
-            f"({self.pipeline_s:.1f} s in the pipeline, {self.groups} group(s) of {self.pools.get('group_rows')} rows; "
-            f"{self.pools.get('acoustic_actors')} acoustic actor(s), up to {self.pools.get('vocoders')} vocoder(s))",
+            f"({self.pipeline_s:.1f} s in the pipeline, {self.calls} call(s) of up to {self.pools.get('call_rows')} "
+            f"rows, {self.pools.get('actors')} speech actor(s))",
         ]
         if self.ignored_columns:
             cols = ", ".join(f"{k} ({n} rows)" for k, n in sorted(self.ignored_columns.items()))
@@ -129,46 +112,39 @@ def connect(cfg: BatchConfig) -> bool:
 
 
 def size_pools(cfg: BatchConfig) -> Pools:
-    """Actor pools from the cluster's resources: acoustic actors on every GPU share (else one
-    per node with CPUs); vocoder actors up to one per CPU that the rest leaves."""
+    """The speech actors from the cluster's resources: one on every GPU share, else one per node
+    with CPUs, each with that node's CPUs less a read task's (the smallest node's)."""
     import ray
 
     res = ray.cluster_resources()
-    gpus, cpus = res.get("GPU", 0.0), res.get("CPU", 0.0)
+    gpus = res.get("GPU", 0.0)
     wants_gpu = cfg.device in ("auto", "cuda")
     num_gpus = cfg.num_gpus if cfg.num_gpus is not None else (0.5 if gpus and wants_gpu else 0.0)
     if cfg.device == "cuda" and num_gpus == 0:
-        raise ValueError(
-            f"--device cuda needs a GPU share per acoustic actor (--num-gpus); the cluster has {gpus:g} GPUs"
-        )
+        raise ValueError(f"--device cuda needs a GPU share per actor (--num-gpus); the cluster has {gpus:g} GPUs")
     if num_gpus > 0 and gpus < num_gpus:
         raise ValueError(f"--num-gpus {num_gpus:g}: the cluster has {gpus:g} GPUs")
-    if cfg.acoustic_actors:
-        actors = cfg.acoustic_actors
+    nodes = [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    cpus = cfg.actor_cpus or (1.0 if num_gpus > 0 else max(0.5, min(c for c in nodes if c > 0) - cfg.read_cpus))
+    if cfg.actors:
+        actors = cfg.actors
     elif num_gpus > 0:
         actors = int(gpus / num_gpus + 1e-9)
     else:
-        actors = sum(
-            1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= cfg.acoustic_cpus
-        )
+        actors = sum(1 for c in nodes if c >= cpus)
     actors = max(1, actors)
-    left = cpus - actors * cfg.acoustic_cpus - cfg.plan_cpus
-    if left < cfg.vocoder_cpus - 1e-9:
+    if actors * cpus > res.get("CPU", 0.0) + 1e-9:
         raise ValueError(
-            f"{actors} acoustic actor(s) of {cfg.acoustic_cpus:g} CPU leave {max(left, 0):g} of the cluster's "
-            f"{cpus:g} CPUs; a plan task and a vocoder need {cfg.plan_cpus + cfg.vocoder_cpus:g}: "
-            "lower --acoustic-actors or --acoustic-cpus"
+            f"{actors} actor(s) of {cpus:g} CPUs need more than the cluster's {res.get('CPU', 0.0):g}: "
+            "lower --actors or --actor-cpus"
         )
-    vocoders = cfg.vocoders or max(1, int(left))
-    return Pools(actors, num_gpus, vocoders, cfg.group_rows(num_gpus > 0))
+    return Pools(actors, num_gpus, cpus, cfg.call_rows(num_gpus > 0))
 
 
-def checked_groups(
-    ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summary: BatchSummary, group_rows: int
-) -> list[Group]:
-    """Every input row in order, checked on the driver: refused rows go to the errors file, the
-    others into groups of ``group_rows`` consecutive rows. Returns the groups to decode: those
-    with a row neither written nor refused (for what it holds now) by an earlier run."""
+def checked_rows(ds, kind: InputFormat, cfg: BatchConfig, out: OutputDir, summary: BatchSummary) -> list[dict]:
+    """Every input row in order, checked on the driver: refused rows go to the errors file, and so
+    do rows an earlier run refused for what they hold now. Returns the rows to speak (``ROWS``
+    records): those neither written nor refused."""
     raws = [raw for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow") for raw in raw_rows(batch, kind)]
     summary.rows = len(raws)
     counts = collections.Counter(row_id(raw) for raw in raws)
@@ -176,7 +152,7 @@ def checked_groups(
     # case-insensitive filesystem (macOS, Windows): one row's audio would be the other's.
     folded = collections.Counter(audio_stem(rid).casefold() for rid in counts if rid is not None)
     limits = cfg.segments.model_dump_json()
-    items: list[Item] = []
+    todo: list[dict] = []
     for raw in raws:
         row, reason, ignored = check_row(raw, cfg.default_format)
         for col in ignored:
@@ -197,28 +173,16 @@ def checked_groups(
             out.error(row_id(raw), reason)
             summary.failed += 1
             continue
-        dump = row.model_dump()
-        key = row_key(dump, limits)
-        before = out.failed.get(row.id)
-        items.append(
-            Item(
-                dump,
-                key,
-                done=row.id in out.done,
-                failed=before["failed"] if before is not None and before["key"] == key else None,
-            )
-        )
-    summary.skipped = sum(item.done for item in items)
-    groups = [Group(k, items[i : i + group_rows]) for k, i in enumerate(range(0, len(items), group_rows))]
-    todo = []
-    for g in groups:
-        if not all(item.settled for item in g.items):
-            todo.append(g)  # its refused rows are planned again, and reported then
+        if row.id in out.done:
+            summary.skipped += 1
             continue
-        for item in g.items:
-            if item.failed is not None:
-                out.error(item.row["id"], item.failed)
-                summary.failed += 1
+        key = row_key(row.model_dump(), limits)
+        before = out.failed.get(row.id)
+        if before is not None and before["key"] == key:
+            out.error(row.id, before["failed"])  # refused before for what it holds now: not tried again
+            summary.failed += 1
+            continue
+        todo.append({"id": row.id, "row": row.model_dump_json(), "key": key})
     return todo
 
 
@@ -234,7 +198,7 @@ def run_batch(
     import ray.data
     from ray.data import ActorPoolStrategy
 
-    from deployments.bulk.stages import AcousticStage, VocodeStage
+    from deployments.bulk.speech import SpeechStage
 
     t0 = time.perf_counter()
     summary = BatchSummary()
@@ -251,61 +215,40 @@ def run_batch(
             summary.pools = asdict(pools)
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = progress
-            # Read in the input's order (groups are consecutive rows), before any actor holds CPUs.
-            ctx.execution_options.preserve_order = True
-            groups = checked_groups(read_input(cfg, kind), kind, cfg, out, summary, pools.group_rows)
-            ctx.execution_options.preserve_order = False
-            summary.groups = len(groups)
+            ctx.execution_options.preserve_order = True  # the errors file in the input's order
+            todo = checked_rows(read_input(cfg, kind), kind, cfg, out, summary)
+            ctx.execution_options.preserve_order = False  # rows are written as they are spoken
+            n = pools.call_rows
+            summary.calls = -(-len(todo) // n)
             say(
                 f"batch: {summary.rows} rows: {summary.skipped} done before, {summary.failed} refused, "
-                f"{len(groups)} group(s) of up to {pools.group_rows} rows to decode; {pools.acoustic_actors} acoustic "
-                f"actor(s)"
-                + (f" ({pools.num_gpus:g} GPU each)" if pools.gpu else "")
-                + f", up to {pools.vocoders} vocoder(s)"
+                f"{len(todo)} to speak in {summary.calls} call(s) of up to {n} rows; {pools.actors} speech "
+                f"actor(s) of {pools.actor_cpus:g} CPUs"
+                + (f" and {pools.num_gpus:g} GPU" if pools.gpu else "")
+                + " each"
             )
             t_pipe = time.perf_counter()
-            if groups:
-                # One block per group: each plan task and each acoustic call takes one.
+            if todo:
+                # One block per call.
                 source = ray.data.from_arrow(
-                    [
-                        pa.Table.from_pylist(
-                            [{"group": pickle.dumps(g, protocol=pickle.HIGHEST_PROTOCOL)}], schema=GROUPS
-                        )
-                        for g in groups
-                    ]
+                    [pa.Table.from_pylist(todo[i : i + n], schema=ROWS) for i in range(0, len(todo), n)]
                 )
-                planned = source.map_batches(
-                    plan_groups,
+                voiced = source.map_batches(
+                    SpeechStage,
                     batch_format="pyarrow",
-                    batch_size=1,
-                    num_cpus=cfg.plan_cpus,
-                    fn_kwargs={"limits": cfg.segments.model_dump_json()},
-                )
-                decoded = planned.map_batches(
-                    AcousticStage,
-                    batch_format="pyarrow",
-                    batch_size=1,
-                    num_cpus=cfg.acoustic_cpus,
+                    batch_size=n,
+                    num_cpus=pools.actor_cpus,
                     **({"num_gpus": pools.num_gpus} if pools.gpu else {}),
                     fn_constructor_kwargs={
-                        "model": cfg.acoustic_model(weights, pools.gpu).model_dump(),
-                        "acoustic": cfg.acoustic_config(pools.gpu).model_dump(),
+                        "engine": cfg.engine_config(weights, pools.gpu, pools.actor_cpus).model_dump()
                     },
-                    compute=ActorPoolStrategy(size=pools.acoustic_actors),
+                    compute=ActorPoolStrategy(
+                        size=pools.actors,
+                        max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                        enable_true_multi_threading=True,
+                    ),
                 )
-                voiced = decoded.map_batches(
-                    VocodeStage,
-                    batch_format="pyarrow",
-                    batch_size=cfg.vocode_rows,
-                    num_cpus=cfg.vocoder_cpus,
-                    fn_constructor_kwargs={
-                        "model": cfg.vocoder_model(weights).model_dump(),
-                        "vocoder": cfg.vocoder.model_dump(),
-                    },
-                    compute=ActorPoolStrategy(min_size=1, max_size=pools.vocoders),
-                )
-                keys = {item.row["id"]: item.key for g in groups for item in g.items}
-                _write_all(voiced, out, summary, t_pipe, keys, on_row)
+                _write_all(voiced, out, summary, t_pipe, {r["id"]: r["key"] for r in todo}, on_row)
             summary.pipeline_s = time.perf_counter() - t_pipe
         finally:
             out.write_manifest()

@@ -196,8 +196,8 @@ class OutputDir:
 
     def error(self, rid: Optional[str], reason: str, key: Optional[str] = None) -> None:
         """A row without audio, in the errors file; with ``key`` (what the row held, when the
-        reason is the row's own) also in the journal, so that a later run does not decode its
-        group again for it."""
+        reason is the row's own) also in the journal, so that a later run does not try it again
+        while it holds the same."""
         self._errors.write(json.dumps({"id": rid, "reason": reason}, ensure_ascii=False) + "\n")
         self._errors.flush()
         if key is not None and rid is not None and self.failed.get(rid, {}).get("key") != key:

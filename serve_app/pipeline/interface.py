@@ -9,7 +9,7 @@ input's) is made here, once, for every implementation; each implementation gives
 steps (``plan_text``, ``plan_parts``, ``refine_texts``, ``replan``) and ``audio``. ``audio``
 opens the plan's stream (an ``AudioStream``): its items are encoded ``bytes``, a ``SegmentMark``
 once a segment's audio is complete, and a ``StreamSummary`` at the end; leaving it early, on an
-error or a cancel stops every stage's work.
+error or a cancel stops every stage's work. ``speak`` reads it whole: one file and its summary.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Optional, Sequence, Union
 
 from ..engine.types import Plan, ScriptPart, SegmentMark, StreamSummary, SynthesisOptions, Voice
+from ..engine.wav import with_true_length
 from .stream import AudioStream
 
 # A text, or a script of parts with their voices resolved.
@@ -44,6 +45,19 @@ class SpeechPipeline(ABC):
             seed = plan.segments[0].seed if plan.segments else 0
             plan = await self.replan(await self.refine_texts(plan.texts, seed), options, voice, client)
         return plan
+
+    async def speak(self, plan: Plan, response_format: str) -> tuple[bytes, Optional[StreamSummary]]:
+        """The plan's audio as one file (a WAV's header then says its true sizes, which a stream
+        cannot) and the stream's summary (None if the stream gave none)."""
+        parts: list[bytes] = []
+        summary = None
+        async with self.audio(plan, response_format) as items:
+            async for item in items:
+                if isinstance(item, bytes):
+                    parts.append(item)
+                elif isinstance(item, StreamSummary):
+                    summary = item
+        return with_true_length(b"".join(parts)), summary
 
     @abstractmethod
     def audio(self, plan: Plan, response_format: str, flow_ref: Optional[Any] = None) -> AudioStream:

@@ -19,7 +19,6 @@ from ..engine.planner import Planner
 from ..engine.threads import TorchThread, on_new_thread
 from ..engine.types import Plan, ScriptPart, StreamSummary, SynthesisOptions, Voice
 from ..engine.vocoder import Vocoder
-from ..engine.wav import with_true_length
 from .interface import AudioItem, Script, SpeechPipeline
 from .stream import AudioStream
 
@@ -60,8 +59,8 @@ class LocalPipeline(SpeechPipeline):
         """Everything in this process from ``config``: the model (``model``, or loaded), the
         planner, an ``AcousticEngine`` (started), the vocoder and its torch thread. The decode
         thread keeps the process's only multi-threaded OpenMP team (``engine/threads.py``): the
-        model loads on a thread that exits, and vocoding runs on one single-threaded torch
-        thread. ``close()`` stops the engine and the thread."""
+        model loads on a thread that exits, and the vocoder is built and runs on one
+        single-threaded torch thread. ``close()`` stops the engine and the thread."""
         from ..engine.acoustic import AcousticEngine
         from ..engine.weights.loading import load_model
 
@@ -69,8 +68,10 @@ class LocalPipeline(SpeechPipeline):
             model = on_new_thread(load_model, config.model)
         planner = Planner(config.segments)
         engine = AcousticEngine(model, acoustic_heard_through(config.acoustic, config.vocoder))
-        vocoder = Vocoder(model, config.vocoder)
         thread = TorchThread("vocoder", threads=1)
+        # Built on the thread it runs on: its packing computes, and on the caller's thread (which
+        # lives on) that would start a second OpenMP team beside the decode thread's.
+        vocoder = thread.call(Vocoder, model, config.vocoder)
         engine.start()
         pipeline = cls(planner, engine, vocoder, thread, vocoder_cfg=config.vocoder, model=model)
         pipeline._owned = True
@@ -91,12 +92,9 @@ class LocalPipeline(SpeechPipeline):
         options: SynthesisOptions = SynthesisOptions(),
         voice: Optional[Voice] = None,
     ) -> bytes:
-        """A whole file: ``plan`` then ``audio``, its bytes joined (a WAV's header then says its
-        true sizes, which a stream cannot)."""
+        """A whole file: ``plan`` then ``speak``."""
         plan = await self.plan(script, options, voice)
-        async with self.audio(plan, response_format) as items:
-            parts = [item async for item in items if isinstance(item, bytes)]
-        return with_true_length(b"".join(parts))
+        return (await self.speak(plan, response_format))[0]
 
     def synthesize_sync(
         self,

@@ -44,14 +44,12 @@ BATCH_OPTIONS = (
     "device",
     "dtype",
     "quantize",
-    "acoustic_actors",
+    "actors",
     "num_gpus",
-    "acoustic_cpus",
-    "acoustic_threads",
+    "actor_cpus",
+    "actor_threads",
     "max_rows",
     "rows_per_call",
-    "vocoders",
-    "vocoder_cpus",
 )
 
 
@@ -204,17 +202,32 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "none", "int8"),
         help="int8 GPT layers on CPU (auto: int8 on CPU); none decodes each row the same in any batch",
     )
+    # Each actor runs the whole speech pipeline (the --acoustic-* spellings of earlier versions still work).
     batch.add_argument(
+        "--actors",
         "--acoustic-actors",
+        dest="actors",
         type=int,
         default=None,
-        help="GPT actors (default: one per --num-gpus share of every GPU, else one per node)",
+        help="speech actors (default: one per --num-gpus share of every GPU, else one per node)",
+    )
+    batch.add_argument("--num-gpus", type=float, default=None, help="GPU share per actor (default 0.5 with GPUs)")
+    batch.add_argument(
+        "--actor-cpus",
+        "--acoustic-cpus",
+        dest="actor_cpus",
+        type=float,
+        default=None,
+        help="Ray CPUs per actor (default 1 on a GPU, else a node's CPUs less a read task's)",
     )
     batch.add_argument(
-        "--num-gpus", type=float, default=None, help="GPU share per acoustic actor (default 0.5 with GPUs)"
+        "--actor-threads",
+        "--acoustic-threads",
+        dest="actor_threads",
+        type=int,
+        default=None,
+        help="torch threads of an actor's decode (default: its CPUs)",
     )
-    batch.add_argument("--acoustic-cpus", type=float, default=None, help="Ray CPUs per acoustic actor (default 1)")
-    batch.add_argument("--acoustic-threads", type=int, default=None, help="torch threads per acoustic actor")
     batch.add_argument(
         "--max-rows", type=int, default=None, help="segments decoded together per actor (default 16 CPU, 64 GPU)"
     )
@@ -222,10 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rows-per-call",
         type=int,
         default=None,
-        help="rows per group, decoded together (default 2 x --max-rows); keep it across runs of one --out",
+        help="input rows an actor call speaks at once (default --max-rows); an actor runs two calls at a time",
     )
-    batch.add_argument("--vocoders", type=int, default=None, help="vocoder actors at most (default: one per spare CPU)")
-    batch.add_argument("--vocoder-cpus", type=float, default=None, help="Ray CPUs per vocoder actor (default 0.5)")
     batch.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars")
 
     weights = sub.add_parser("weights", help="weights tools")

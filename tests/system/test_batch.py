@@ -4,8 +4,9 @@ default, int8 GPT layers). These tests do not use the session's Ray (tests/conft
 after it is shut down).
 
 Random weights decode exactly their planned tokens, so every file's length is known to the
-sample. Rows decode in groups of 4 (``--rows-per-call 4``): a row's audio depends on its group
-(deployments/bulk/job.py), so the reference run and the resumed one cut the same groups.
+sample. An actor call speaks 4 rows at once (``--rows-per-call 4``), and a resumed run's calls
+hold other rows than the uninterrupted run's: a row's file is the same byte for byte all the
+same (batch invariance, deployments/bulk/speech.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import pickle
 import signal
 import subprocess
 import time
@@ -32,7 +32,7 @@ from support.waiting import wait_until
 from bench.lib.procs import MARKER_ENV, kill_marked
 from deployments.bulk.config import BatchRow
 from deployments.bulk.output import OutputDir
-from deployments.bulk.rows import ERROR, TODO, Group, Item, audio_stem, check_row, csv_options, plan_groups, raw_rows
+from deployments.bulk.rows import audio_stem, check_row, csv_options, raw_rows
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.planner import Planner
 from serve_app.engine.voices import OPENAI_VOICES
@@ -139,17 +139,16 @@ def journal(out: Path) -> list[dict]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
 
 
-# The rows that pass the driver's checks, in input order: the groups are cut from these. The
-# planner refuses two of them (they take their place in a group, as in every run).
-GROUPED = [*GOOD[:3], BAD[1][0], BAD[2][0], *GOOD[3:]]
+# The rows that pass the driver's checks, in input order; the actors' planning refuses two of them.
+CHECKED = [*GOOD[:3], BAD[1][0], BAD[2][0], *GOOD[3:]]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, float]:
     """One uninterrupted run over the good and the bad rows (JSONL)."""
     tmp = tmp_path_factory.mktemp("batch-ref")
-    refused = [r for r, _ in BAD[:1] + BAD[3:]]  # by the driver's checks: anywhere, they change no group
-    src = write_jsonl(tmp / "in.jsonl", [*GROUPED[:2], *refused[:3], *GROUPED[2:5], *refused[3:], *GROUPED[5:]])
+    refused = [r for r, _ in BAD[:1] + BAD[3:]]  # by the driver's checks
+    src = write_jsonl(tmp / "in.jsonl", [*CHECKED[:2], *refused[:3], *CHECKED[2:5], *refused[3:], *CHECKED[5:]])
     t0 = time.monotonic()
     proc = run_batch(str(src), "--out", str(tmp / "out"))
     return tmp / "out", proc, time.monotonic() - t0
@@ -161,7 +160,7 @@ def test_a_run_writes_every_row_its_manifest_and_its_errors(reference):
     assert proc.returncode == 3, proc.stderr[-4000:]  # finished, some rows failed
     total = len(GOOD) + len(BAD)
     assert f"batch: {total} rows: {len(GOOD)} written, 0 skipped (done before), {len(BAD)} failed" in proc.stderr
-    assert "MapBatches(AcousticStage)" in proc.stderr  # Ray Data's progress
+    assert "MapBatches(SpeechStage)" in proc.stderr  # Ray Data's progress
     assert "columns ignored (not synthesis options): speaker (1 rows)" in proc.stderr
     want = {str(r["id"]): expected(r) for r in GOOD}
     # One file per good row, nothing else (no temporary files).
@@ -188,14 +187,14 @@ def test_a_run_writes_every_row_its_manifest_and_its_errors(reference):
 
 @pytest.mark.timeout(420)
 def test_a_killed_run_resumes_and_writes_each_row_once(reference, tmp_path):
-    """The reference's rows as Parquet, the same groups (the rows the driver refuses there are left
-    out: they are in no group), then filler rows so that the first run is surely cut mid-way:
-    it is killed (SIGKILL) once its first rows are committed; the next run writes only the rest,
+    """The reference's rows as Parquet (without those the driver refuses), then filler rows so
+    that the first run is surely cut mid-way: it is killed (SIGKILL) once its first rows are
+    committed; the next run speaks only the rest, in calls of other rows than the reference's,
     and every file equals the reference run's."""
     ref_out, ref_proc, _ = reference
     assert ref_proc.returncode == 3, ref_proc.stderr[-4000:]
     fillers = [{"id": f"filler-{i}", "text": f"这是第{i}句，用来把第一次运行拉长。"} for i in range(8)]
-    rows = [{**r, "id": str(r["id"])} for r in GROUPED] + fillers
+    rows = [{**r, "id": str(r["id"])} for r in CHECKED] + fillers
     src = tmp_path / "in.parquet"
     columns = sorted({k for r in rows for k in r})
     pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in columns}), src)
@@ -257,9 +256,9 @@ def test_a_killed_run_resumes_and_writes_each_row_once(reference, tmp_path):
     assert sorted(e["id"] for e in errors(out)) == ["punct", "who"]
 
 
-def test_rows_are_checked_and_planned_alike_from_csv_parquet_and_jsonl(tmp_path):
-    """No Ray: what the driver and the plan tasks make of CSV cells (text; empty: absent; other
-    columns never read), Parquet's typed columns and JSONL lines."""
+def test_rows_are_checked_alike_from_csv_parquet_and_jsonl(tmp_path):
+    """No Ray: what the driver makes of CSV cells (text; empty: absent; other columns never
+    read), Parquet's typed columns and JSONL lines."""
     src = tmp_path / "in.csv"
     src.write_text(
         "id,text,seed,speed,notes,voice\n"
@@ -284,16 +283,6 @@ def test_rows_are_checked_and_planned_alike_from_csv_parquet_and_jsonl(tmp_path)
     lines = pa.table({"text": ['{"id": "x", "text": "hi", "seed": 3}', "[1, 2]", "{oops", ""]})
     got = [check_row(raw, "wav") for raw in raw_rows(lines, "jsonl")]
     assert got[0][0].seed == 3 and got[1][1].startswith("invalid_row: not a JSON object") and len(got) == 3
-    # The plan task: a group's rows in order, each planned or refused for what it holds.
-    group = Group(0, [Item(r.model_dump()) for r, _, _ in rows])
-    limits = Planner().limits.model_dump_json()
-    out = plan_groups(pa.table({"group": pa.array([pickle.dumps(group)], pa.large_binary())}), limits)
-    planned = pickle.loads(out.column("group")[0].as_py()).planned
-    assert [(p["id"], p["status"], p.get("name"), p["permanent"]) for p in planned] == [
-        ("1", TODO, "1.flac", False),
-        ("2", ERROR, None, True),
-    ]
-    assert planned[1]["reason"].startswith("empty_input") and planned[0]["seed"] == OPENAI_VOICES["alloy"]
 
 
 def test_file_names_and_recovery(tmp_path):

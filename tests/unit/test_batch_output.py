@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from deployments.bulk.config import BatchConfig
-from deployments.bulk.job import BatchSummary, checked_groups
+from deployments.bulk.job import BatchSummary, checked_rows
 from deployments.bulk.output import ForeignOutput, OutputDir
 from deployments.bulk.rows import audio_stem
 
@@ -124,10 +124,36 @@ def test_ids_that_differ_only_in_case_are_refused_like_duplicates(tmp_path):
     summary = BatchSummary()
     with OutputDir(cfg.out) as out:
         out.recover()
-        groups = checked_groups(_Rows(rows), "parquet", cfg, out, summary, group_rows=8)
-    kept = [item.row["id"] for g in groups for item in g.items]
+        kept = [r["id"] for r in checked_rows(_Rows(rows), "parquet", cfg, out, summary)]
     assert kept == ["UTT2", "spk 1", "SPK 1", "utt3"]
     assert len({audio_stem(i).casefold() for i in kept}) == len(kept)
     errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
     assert [e["id"] for e in errors] == ["Utt1", "utt1"] and all("only in case" in e["reason"] for e in errors)
     assert summary.failed == 2
+
+
+SEGS = {"segments_count": 1, "weights": "random:w"}
+
+
+def test_a_rerun_speaks_only_what_is_neither_written_nor_refused_for_what_it_holds(tmp_path):
+    """The journal's commits are skipped; a row refused for its own text is reported again without
+    being spoken while it holds the same, and spoken again once it changed."""
+    cfg = BatchConfig(input="in.parquet", out=str(tmp_path / "out"))
+    rows = [{"id": "a", "text": "hello"}, {"id": "b", "text": "。。。"}, {"id": "c", "text": "again"}]
+    with OutputDir(cfg.out) as out:
+        out.recover()
+        first = checked_rows(_Rows(rows), "parquet", cfg, out, BatchSummary())
+        assert [r["id"] for r in first] == ["a", "b", "c"]
+        written = {"id": "a", "name": "a.wav", "audio": b"RIFF", "format": "wav", "seconds": 0.1, "seed": 1}
+        out.commit({**written, "voice": "alloy", "speed": 1.0, "text": "hello", "normalized_text": "hello"} | SEGS)
+        out.error("b", "empty_input: nothing to speak", key=first[1]["key"])  # the actor's refusal
+        out.error("c", "synthesis_failed: engine stopped")  # may pass next time: not remembered
+    with OutputDir(cfg.out) as out:
+        out.recover()
+        summary = BatchSummary()
+        again = checked_rows(_Rows(rows), "parquet", cfg, out, summary)
+        assert [r["id"] for r in again] == ["c"] and (summary.skipped, summary.failed) == (1, 1)
+        changed = checked_rows(_Rows([{"id": "b", "text": "now it speaks"}]), "parquet", cfg, out, BatchSummary())
+        assert [r["id"] for r in changed] == ["b"]
+    reasons = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert reasons[-1] == {"id": "b", "reason": "empty_input: nothing to speak"}

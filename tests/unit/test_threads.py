@@ -101,3 +101,43 @@ def test_an_engine_built_on_a_long_lived_thread_leaves_it_no_openmp_team(tiny_we
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = map(int, out.stdout.split())
     assert after == before, f"building the engine left {after - before} thread(s) behind"
+
+
+_PIPELINE_BUILT_HERE = (
+    _ENGINE_BUILT_HERE.split("cfg = ")[0]
+    + """
+from serve_app.engine.config import EngineConfig
+from serve_app.pipeline.local import LocalPipeline
+
+cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=2)
+model = on_new_thread(load_model, cfg)  # (the tokenizer's own pool starts here)
+before = threads()
+pipeline = LocalPipeline.from_config(EngineConfig(model=cfg), model=model)
+built = threads()
+pipeline.synthesize_sync("Hello there.")
+print(before, built, threads())
+"""
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_an_in_process_pipeline_keeps_one_openmp_team(tiny_weights_config):
+    """``LocalPipeline.from_config`` (bulk synthesis's actors, the CLI's ``say``) builds on the
+    caller's thread, which lives on: it must start the decode thread and the vocoder thread and
+    nothing else, and speaking gives the decode thread its team (one worker beside it, with two
+    torch threads) and the single-threaded vocoder none. The vocoder built on the caller's thread
+    left it a team, and bulk synthesis decoded a third slower."""
+    from serve_app.engine.weights.sources import resolve_weights
+
+    resolve_weights(tiny_weights_config)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PIPELINE_BUILT_HERE, tiny_weights_config.cache_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, built, spoken = map(int, out.stdout.split())
+    assert (built - before, spoken - before) == (2, 3), (before, built, spoken)
