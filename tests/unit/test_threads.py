@@ -80,6 +80,22 @@ print(before, threads())
 """
 
 
+def _thread_counts(script: str, weights) -> list[int]:
+    """The thread counts ``script`` prints, run in a process of its own with two torch threads."""
+    from serve_app.engine.weights.sources import resolve_weights
+
+    resolve_weights(weights)  # built (or found) here, not timed in the child
+    out = subprocess.run(
+        [sys.executable, "-c", script, weights.cache_dir],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [int(n) for n in out.stdout.split()]
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 def test_an_engine_built_on_a_long_lived_thread_leaves_it_no_openmp_team(tiny_weights_config):
     """A replica builds its engine on its init thread, which lives on: whatever the engine
@@ -87,19 +103,7 @@ def test_an_engine_built_on_a_long_lived_thread_leaves_it_no_openmp_team(tiny_we
     OpenMP team, or the process holds two and the decode thread's every barrier sleeps on a
     futex (libgomp throttles its spin once its threads outnumber the CPUs): the Acoustic replica
     decoded at about half its in-process speed. A team shows as libgomp's worker threads."""
-    from serve_app.engine.weights.sources import resolve_weights
-
-    resolve_weights(tiny_weights_config)  # built (or found) here, not timed in the child
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    out = subprocess.run(
-        [sys.executable, "-c", _ENGINE_BUILT_HERE, tiny_weights_config.cache_dir],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    before, after = map(int, out.stdout.split())
+    before, after = _thread_counts(_ENGINE_BUILT_HERE, tiny_weights_config)
     assert after == before, f"building the engine left {after - before} thread(s) behind"
 
 
@@ -127,17 +131,5 @@ def test_an_in_process_pipeline_keeps_one_openmp_team(tiny_weights_config):
     nothing else, and speaking gives the decode thread its team (one worker beside it, with two
     torch threads) and the single-threaded vocoder none. The vocoder built on the caller's thread
     left it a team, and bulk synthesis decoded a third slower."""
-    from serve_app.engine.weights.sources import resolve_weights
-
-    resolve_weights(tiny_weights_config)
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    out = subprocess.run(
-        [sys.executable, "-c", _PIPELINE_BUILT_HERE, tiny_weights_config.cache_dir],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    before, built, spoken = map(int, out.stdout.split())
+    before, built, spoken = _thread_counts(_PIPELINE_BUILT_HERE, tiny_weights_config)
     assert (built - before, spoken - before) == (2, 3), (before, built, spoken)
