@@ -19,15 +19,11 @@ def _batch(args: argparse.Namespace) -> int:
     """Exit status 0 when every row has its audio, 3 when some rows are in the errors file."""
     from pydantic import ValidationError
 
-    from deployments.bulk.config import BatchConfig
     from deployments.bulk.job import run_batch
     from deployments.bulk.output import OutputLocked
 
-    given = {k: getattr(args, k) for k in BATCH_OPTIONS if getattr(args, k) is not None}
-    weights = {"source": args.weights or "auto", **({"path": args.weights_path} if args.weights_path else {})}
     try:
-        cfg = BatchConfig.model_validate({"input": args.input, "out": args.out, "weights": weights, **given})
-        summary = run_batch(cfg, progress=not args.no_progress)
+        summary = run_batch(batch_config(args), progress=not args.no_progress)
     except (ValidationError, ValueError, OutputLocked) as exc:
         print(f"batch: {exc}", file=sys.stderr)
         return 2
@@ -51,6 +47,15 @@ BATCH_OPTIONS = (
     "max_rows",
     "rows_per_call",
 )
+
+
+def batch_config(args: argparse.Namespace):
+    """``batch``'s flags as a ``BatchConfig`` (validated: a ``ValidationError`` names the bad one)."""
+    from deployments.bulk.config import BatchConfig
+
+    given = {k: getattr(args, k) for k in BATCH_OPTIONS if getattr(args, k) is not None}
+    weights = {"source": args.weights or "auto", **({"path": args.weights_path} if args.weights_path else {})}
+    return BatchConfig.model_validate({"input": args.input, "out": args.out, "weights": weights, **given})
 
 
 def _weights_build(args: argparse.Namespace) -> int:

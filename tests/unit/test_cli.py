@@ -165,3 +165,19 @@ def test_say_tells_a_refused_input_in_one_line(tmp_path, tiny_model, capsys, tex
     err = capsys.readouterr().err
     assert f"({code})" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_batch_flags_map_onto_the_config_and_the_earlier_spellings_still_work():
+    """``batch``'s actor flags (each actor runs the whole speech pipeline) under their names and
+    the ``--acoustic-*`` ones of the stage-per-pool layout, into a valid ``BatchConfig``."""
+    from serve_app.tools.cli import batch_config
+
+    for flags in (
+        ["--actors", "2", "--actor-cpus", "0.5", "--actor-threads", "1"],
+        ["--acoustic-actors", "2", "--acoustic-cpus", "0.5", "--acoustic-threads", "1"],
+    ):
+        args = build_parser().parse_args(["batch", "in.jsonl", "--out", "out", *flags, "--rows-per-call", "8"])
+        cfg = batch_config(args)
+        assert (cfg.actors, cfg.actor_cpus, cfg.actor_threads, cfg.call_rows(gpu=False)) == (2, 0.5, 1, 8)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["batch", "in.jsonl", "--out", "out", "--vocoders", "2"])  # no vocoder pool now
