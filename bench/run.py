@@ -33,6 +33,8 @@ from .lib.procs import (
     classify_serve,
     free_port,
     kill_descendants,
+    machine_cores,
+    machine_cpu,
     run_to_end,
     thread_cpu,
     wait_until,
@@ -484,6 +486,7 @@ class BenchRun:
             g: p for g, p in serve.replica_pids().items() if g in ("Acoustic", "Vocoder", "Ingress", "TextNormalizer")
         }
         cpu0 = {g: [thread_cpu(pid) for pid in p] for g, p in pids.items()}
+        machine0 = machine_cpu()
         rec = None
         if profile:
             from .lib.pyspy import Recorder
@@ -501,6 +504,7 @@ class BenchRun:
         s["replica_threads"] = {
             g: [busy_threads(b, thread_cpu(pid), wall) for b, pid in zip(cpu0[g], p)] for g, p in pids.items()
         }
+        s["machine_cores"] = machine_cores(machine0, machine_cpu(), wall)
         if s.get("cache_hits"):
             self.harness.warn(f"{s['cache_hits']} responses came from the response cache")
         s["rss"] = sampler.window()

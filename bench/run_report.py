@@ -240,6 +240,14 @@ def to_doc(report: dict) -> Doc:
                 for g, lst in busy.items()
             ),
         )
+    machine = _get(report, "serve", "closed", "8", "machine_cores")
+    if machine and machine.get("cores"):
+        doc.add(
+            "",
+            "Where the machine's cores went at 8 clients (every process, cores used): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in machine["cores"].items())
+            + f"; idle {machine['idle']:.2f}",
+        )
     for phase, procs in (_get(report, "serve", "profile") or {}).items():
         doc.add("", f"## Profile (py-spy, closed loop {phase}): share of busy samples", "")
         for name, prof in procs.items():

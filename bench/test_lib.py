@@ -14,7 +14,17 @@ from bench.baseline import wav_bytes
 from bench.lib import loadgen
 from bench.lib.corpus import expected_audio_s, planned_samples
 from bench.lib.harness import Harness, command_line, relative_path
-from bench.lib.procs import REPO_ROOT, ManagedProcess, busy_threads, free_port, thread_cpu, wait_for, wait_until
+from bench.lib.procs import (
+    REPO_ROOT,
+    ManagedProcess,
+    busy_threads,
+    free_port,
+    machine_cores,
+    machine_cpu,
+    thread_cpu,
+    wait_for,
+    wait_until,
+)
 from bench.lib.pyspy import summarize_raw
 from bench.lib.sampler import Periodic
 from bench.lib.serve import apply_overrides, get_path, set_path, set_replicas, set_threads
@@ -139,6 +149,18 @@ def test_thread_sampling_splits_on_cpu_and_runqueue_time():
     assert out["threads_over_25pct"] == 2 and out["cpu_cores_used"] == 1.2
     # psutil fallback (no schedstat): the wait is unknown, not zero
     assert busy_threads({1: (1.0, None)}, {1: (1.5, None)}, 1.0)["top_thread_runqueue"] == [None]
+
+
+def test_machine_cores_split_every_process_by_part():
+    """The load generator is this process; a process that started during the phase counts whole,
+    one whose pid was another part's before counts from zero; what is left of the CPUs is idle."""
+    now = machine_cpu()
+    assert now[os.getpid()][0] == "load generator"
+    before = {1: ("Acoustic", 10.0), 2: ("proxy", 1.0), 3: ("other", 5.0)}
+    after = {1: ("Acoustic", 11.5), 2: ("proxy", 1.1), 3: ("Vocoder", 0.2), 4: ("Serve controller", 0.05)}
+    out = machine_cores(before, after, wall_s=1.0)
+    assert out["cores"] == {"Acoustic": 1.5, "Vocoder": 0.2, "proxy": 0.1, "Serve controller": 0.05}
+    assert out["idle"] == pytest.approx(max(0.0, psutil.cpu_count() - 1.85), abs=1e-6)
 
 
 # ------------------------------------------------------------------ stats

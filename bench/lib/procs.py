@@ -371,6 +371,49 @@ def thread_cpu(pid: int) -> dict[int, tuple[float, Optional[float]]]:
     return out
 
 
+def machine_part(p: psutil.Process, me: int) -> str:
+    """Which part of a benchmark's machine a process is: a Serve replica's deployment, the proxy,
+    the Serve controller, the load generator (``me``), the rest of Ray (its daemons, other
+    actors), or anything else."""
+    if p.pid == me:
+        return "load generator"
+    group = serve_process_group(_title(p))
+    if group == "ProxyActor":
+        return "proxy"
+    if group == "ServeController":
+        return "Serve controller"
+    if group is not None:
+        return group
+    cmd = command_of(p)
+    return "Ray (daemons, other actors)" if cmd.startswith("ray::") or "/ray/" in cmd else "other"
+
+
+def machine_cpu() -> dict[int, tuple[str, float]]:
+    """Every process on the machine now: pid -> (its ``machine_part``, CPU seconds so far)."""
+    out: dict[int, tuple[str, float]] = {}
+    me = os.getpid()
+    for p in psutil.process_iter():
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (machine_part(p, me), t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def machine_cores(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float) -> dict:
+    """Cores each part of the machine used between two ``machine_cpu`` samples (a process that
+    exited between them is missing: a phase's processes live through it), and the cores left idle."""
+    if wall_s <= 0:
+        return {}
+    parts: dict[str, float] = {}
+    for pid, (part, cpu) in after.items():
+        prev = before.get(pid)
+        parts[part] = parts.get(part, 0.0) + (cpu - (prev[1] if prev and prev[0] == part else 0.0)) / wall_s
+    used = {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.0005}
+    return {"cores": used, "idle": round(max(0.0, (psutil.cpu_count() or 1) - sum(used.values())), 3)}
+
+
 def busy_threads(before: dict[int, tuple], after: dict[int, tuple], wall_s: float) -> dict:
     """Which threads did the work between two ``thread_cpu`` samples: how many were busy
     (> 25% of one core), the busiest ones' share of the wall time on a CPU and waiting for one
