@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.backends import install
 from deployments.job_runner import job_runner
 from deployments.slots import SharedSlots
+from deployments.stage_calls import stage_handle
 from serve_app.engine.config import SegmentConfig
 from serve_app.errors import APIError
 from serve_app.http.app import make_app
@@ -100,11 +101,14 @@ class Ingress:
         ingress = IngressConfig.model_validate(settings or {})
         self._args = ingress.model_dump()
         voice_config = VoiceStoreConfig.model_validate(voices or {})
-        self.voices = VoicesAPI(voice_config, vocoder)  # the Vocoder stage encodes clips and seeds
+        # The Vocoder stage encodes clips (up to the voices' upload limit) and seeds: as given.
+        self.voices = VoicesAPI(voice_config, vocoder)
         # One count of stream slots, and one board of back-pressure reports, for every replica of this application.
         app_name = serve.get_replica_context().app_name
         slots = SharedSlots(f"stream-slots:{app_name}")
         flow_settings = FlowConfig.model_validate(flow or {})
+        # The speech path's calls (speech, dialogue, sessions, the job runner) in the flow's transport.
+        normalizer, vocoder, acoustic = (stage_handle(h, flow_settings) for h in (normalizer, vocoder, acoustic))
         flow_board = board_name(app_name)
         board(flow_board)  # created (or found) now, not on the first request
         self.speech = SpeechService(

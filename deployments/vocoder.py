@@ -19,6 +19,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.backends import install
+from deployments.stage_calls import stage_handle
 from serve_app import metrics
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
@@ -68,8 +69,8 @@ class Vocoder:
     ):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
-        self.acoustic = acoustic
         self.flow = FlowConfig.model_validate(flow or {})
+        self.acoustic = stage_handle(acoustic, self.flow)
         self.flow_board = board_name(serve.get_replica_context().app_name)
         board(self.flow_board)  # created (or found) now, not on the first stream
         self.cfg = VocoderConfig.model_validate(vocoder or {})

@@ -118,7 +118,8 @@ async def test_a_client_that_stops_reading_parks_its_rows_and_gets_everything_af
 @pytest.fixture
 def slow_vocoder(app_url):
     """A second app holding one Vocoder replica whose decode is slowed on purpose (every window
-    sleeps), streaming from the session app's Acoustic stage."""
+    sleeps), streaming from the session app's Acoustic stage over the other transport (Ray actor
+    calls, items through the object store: ``args.flow.transport``), so both carry a parked stream."""
     from support.slow_vocoder import SlowVocoder
 
     name = "slow-vocoder"
@@ -126,7 +127,11 @@ def slow_vocoder(app_url):
     acoustic = serve.get_deployment_handle("Acoustic", app_name=APP_NAME)
     model = {**args["model"], "dtype": "float32"}
     app = SlowVocoder.options(ray_actor_options={"num_cpus": 0.1}).bind(
-        acoustic, model=model, vocoder=args.get("vocoder", {}), flow=args.get("flow", {}), delay_s=0.05
+        acoustic,
+        model=model,
+        vocoder=args.get("vocoder", {}),
+        flow={**args.get("flow", {}), "transport": "object_store"},
+        delay_s=0.05,
     )
     serve.run(app, name=name, route_prefix=None, blocking=False)
     handle = serve.get_app_handle(name)
