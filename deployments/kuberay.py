@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from serve_app.settings import PROXY_ENV
+from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
@@ -220,9 +220,8 @@ ENV = [
     # Also set by the operator through authOptions; here so that a cluster whose operator ignored
     # authOptions fails to start (token mode without a token) instead of running without auth.
     {"name": "RAY_AUTH_MODE", "value": "token"},
-    # Serve's proxy: the front guard (deployments/proxy/front_guard.py, refusal budgets per client)
-    # and its call to the Ingress over gRPC.
-    *({"name": k, "value": v} for k, v in PROXY_ENV.items()),
+    # The front guard in Serve's proxy (deployments/proxy/front_guard.py): refusal budgets per client.
+    {"name": HOOK_ENV, "value": IMPORT_PATH},
 ]
 VOLUMES = [{"name": "hf-cache", "emptyDir": {}}]
 

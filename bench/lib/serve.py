@@ -196,12 +196,11 @@ class ServeRunner:
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
         os.environ.update(FRONT_DOORS[self.front_door])
-        from serve_app.settings import HOOK_ENV, IMPORT_PATH, PROXY_GRPC_ENV
+        from deployments.proxy.front_guard import HOOK_ENV, IMPORT_PATH
 
         os.environ.pop(HOOK_ENV, None)
         if self.front_guard:
             os.environ[HOOK_ENV] = IMPORT_PATH
-        os.environ[PROXY_GRPC_ENV] = "1"  # as the README runs it (bench/README.md, "The proxy's call over gRPC")
         t0 = time.perf_counter()
         schema = ServeDeploySchema.model_validate(self.cfg)  # fail early on a bad override
         self._started = True

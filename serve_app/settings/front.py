@@ -15,12 +15,6 @@ from .units import KiB, MiB
 # the environment of `ray start` / `serve run` (and in a RayService's pods: deployments/kuberay.py).
 HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 IMPORT_PATH = "deployments.proxy.front_guard:middlewares"
-# Serve's proxy calls the Ingress over gRPC, straight to the replica, instead of as a Ray actor
-# task: ~5 ms less per request at 1 client on a 2-core box (bench/README.md, "The proxy's call over
-# gRPC"). Read by the proxy when it starts, like the hook.
-PROXY_GRPC_ENV = "RAY_SERVE_PROXY_USE_GRPC"
-# What the README exports wherever a proxy runs: the front guard's hook and the proxy's transport.
-PROXY_ENV = {HOOK_ENV: IMPORT_PATH, PROXY_GRPC_ENV: "1"}
 # The Ingress's mark on an answer the edge cache in the proxy may keep (taken off before the client sees it).
 EDGE_HEADER = "x-chattts-edge"
 

@@ -20,7 +20,7 @@ from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.http.middleware import AUTH_HEADER
-from serve_app.settings import PROXY_ENV, FrontGuardConfig
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
 pytestmark = pytest.mark.serve
 
@@ -37,7 +37,7 @@ def keyed_run(chattts_cache_dir, tmp_path_factory):
     config["http_options"].update(host="127.0.0.1", port=free_port())
     chattts_app(config)["args"]["jobs"] = {"path": str(tmp_path_factory.mktemp("attack-jobs"))}
     env = {
-        **PROXY_ENV,
+        HOOK_ENV: IMPORT_PATH,
         "CHATTTS_API_KEYS": f"{POLITE_KEY},{OTHER_KEY}",
         "CHATTTS_FRONT_GUARD": GUARD.model_dump_json(),
         "CHATTTS_EDGE_CACHE": json.dumps({"body_timeout_s": EDGE_BODY_TIMEOUT_S}),

@@ -17,7 +17,7 @@ from support.serve_run import ServeRun
 
 from bench.lib.procs import free_port
 from serve_app.engine.wav import with_true_length
-from serve_app.settings import PROXY_ENV, FrontGuardConfig
+from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
 pytestmark = pytest.mark.serve
 
@@ -34,8 +34,8 @@ def _expected_samples(config: dict, text: str) -> int:
 
 
 FRONT_DOORS = {"proxy": {}, "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1"}}
-# The README's proxy settings: the front guard with its default settings, the call over gRPC.
-GUARD_ENV = dict(PROXY_ENV)
+# The README's front guard, with its default settings.
+GUARD_ENV = {HOOK_ENV: IMPORT_PATH}
 GUARD_TARPIT_S = FrontGuardConfig().tarpit_s
 
 

@@ -158,16 +158,15 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     init_env.setenv("CHATTTS_WEIGHTS", "random-tiny")
     init_env.setenv("CHATTTS_SERVE_CACHE", str(chattts_cache_dir))
     init_env.setenv("RAY_metrics_report_interval_ms", "1000")
-    # Serve's proxy runs as the README sets it (its middlewares, its call over gRPC), with the front
+    # Serve's proxy runs the service's middlewares as the README installs them, with the front
     # guard's refusal budget off (tests send many bad requests from one address; the guard has its
     # own tests): the streams' back-pressure then reaches the client's socket.
     # The edge cache is off too: tests count what the Ingress answers (test_serve_run.py runs it).
     from deployments.proxy.edge_cache import ENV as EDGE_ENV
     from deployments.proxy.front_guard import ENV as GUARD_ENV
-    from serve_app.settings import PROXY_ENV
+    from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
-    for key, value in PROXY_ENV.items():
-        init_env.setenv(key, value)
+    init_env.setenv(HOOK_ENV, IMPORT_PATH)
     init_env.setenv(GUARD_ENV, '{"enabled": false}')
     init_env.setenv(EDGE_ENV, '{"enabled": false}')
     init_env.delenv("CHATTTS_WEIGHTS_PATH", raising=False)

@@ -355,21 +355,12 @@ def test_for_kubernetes_overrides_only_what_it_must():
 
 def test_front_guard_in_every_proxy(docs):
     """Every Ray container (a proxy runs on every node with proxy_location: EveryNode) installs the
-    front guard through Ray's proxy hook and has its proxy call the Ingress over gRPC, as the
-    README's commands do; the import path names the guard's Ray callback."""
+    front guard through Ray's proxy hook, and the import path names the guard's Ray callback."""
     from ray._common.utils import import_attr
 
     from deployments.proxy.front_guard import middlewares
-    from serve_app.settings import HOOK_ENV, IMPORT_PATH, PROXY_ENV, PROXY_GRPC_ENV
+    from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
     assert import_attr(IMPORT_PATH) is middlewares
-    assert PROXY_ENV == {HOOK_ENV: IMPORT_PATH, PROXY_GRPC_ENV: "1"}
-    from ray.serve._private import constants
-
-    assert hasattr(constants, PROXY_GRPC_ENV)  # the name Serve's proxy reads (its constant's too)
-    readme = (REPO / "README.md").read_text()
-    for key, value in PROXY_ENV.items():
-        assert f"export {key}={value}" in readme, key
     for name, p in _pods(docs["RayService"]).items():
-        for key, value in PROXY_ENV.items():
-            assert _env(p["container"])[key] == {"name": key, "value": value}, (name, key)
+        assert _env(p["container"])[HOOK_ENV] == {"name": HOOK_ENV, "value": IMPORT_PATH}, name
