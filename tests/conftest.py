@@ -11,7 +11,9 @@ Fixtures live in the ``support`` package and are registered here as plugins; hel
 from ``support`` (a test module never imports another). Tests run by level (unit, serve,
 system), each level in file order, except that the system tests that use the session's Serve app
 (soak, browser) run before those that start a Ray of their own (cluster, GPU check); the
-session's Ray is shut down after its last user, so those have the cores to themselves.
+session's Ray is shut down after its last user, so those have the cores to themselves. As the
+first of those begins, the scenarios marked ``early_start`` start in the background
+(``support.early``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ pytest_plugins = [
 _TESTS = Path(__file__).resolve().parent
 LEVELS = ("unit", "serve", "system")
 _LAST_APP_USER = pytest.StashKey[pytest.Item]()
+_EARLY_STARTED = pytest.StashKey[bool]()
 
 
 def _level(item: pytest.Item) -> str:
@@ -59,10 +62,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if level == "system":
             item.add_marker(pytest.mark.system)
     # Stable: file order within each group.
-    items.sort(key=lambda item: (LEVELS.index(_level(item)), _level(item) == "system" and not _uses_session_app(item)))
+    items.sort(key=lambda item: (LEVELS.index(_level(item)), _after_session_ray(item)))
     users = [item for item in items if _uses_session_app(item)]
     if users:
         config.stash[_LAST_APP_USER] = users[-1]
+
+
+def _after_session_ray(item: pytest.Item) -> bool:
+    """A system test that does not use the session's Ray: it runs after that Ray is down."""
+    return _level(item) == "system" and not _uses_session_app(item)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _after_session_ray(item) and not item.config.stash.get(_EARLY_STARTED, False):
+        item.config.stash[_EARLY_STARTED] = True
+        for selected in item.session.items:
+            for mark in selected.iter_markers("early_start"):
+                mark.args[0].start()  # a support.early.EarlyRun
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from support.early import EarlyRun
+
+    EarlyRun.stop_all()
 
 
 @pytest.hookimpl(trylast=True)

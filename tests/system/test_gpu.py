@@ -20,16 +20,14 @@ agree within the dtype's tolerance.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.utils.parametrize as P
+from support.early import EarlyRun
 from support.engine import drain, fixed_chunks, seg, streamed_vs_one_shot
 
-from bench.lib.procs import REPO_ROOT as REPO
+from bench.lib.procs import bench_command
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import ModelConfig
 from serve_app.engine.decode.batch import KV_HEADROOM
@@ -267,32 +265,23 @@ def test_cancel_and_retire_free_kv_memory(device, dtype, model_on, spk, record_p
     record_property("steps_to_release", steps)
 
 
+# Started as the tests with a Ray of their own begin (support.early): its waits overlap theirs.
+DRY_RUN = EarlyRun(
+    "gpu-dry-run",
+    bench_command("gpu", "--dry-run", "--steps", "tests,fidelity,ceiling,serve_2x0.5", "--out", "{out}"),
+    timeout_s=540,
+)
+
+
 @pytest.mark.timeout(600)
-def test_gpu_check_dry_run(tmp_path):
+@pytest.mark.early_start(DRY_RUN)
+def test_gpu_check_dry_run():
     """``python -m bench gpu --dry-run``: the GPU check's steps on CPU with tiny sizes (the script
     is tested before a GPU is there). Its Serve step once, with two Acoustic replicas: the other
     variant is the same code with another config (bench/test_gpu_plan.py). Starts Ray (a system test)."""
-    out = tmp_path / "gpu"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "gpu",
-            "--dry-run",
-            "--steps",
-            "tests,fidelity,ceiling,serve_2x0.5",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rc, tail = DRY_RUN.finish()
+    assert rc == 0, tail
+    out = DRY_RUN.out
     report = json.loads((out / "report.json").read_text())
     assert {k: s["status"] for k, s in report["steps"].items()} == {
         "tests": "ok",
