@@ -9,13 +9,13 @@ does), a few ms less a hop; bench/README.md has the A/B. Calls whose arguments c
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from ray.serve.handle import DeploymentHandle
 
 from serve_app.settings import FlowConfig
 
 
-def stage_handle(handle: Optional[Any], flow: FlowConfig) -> Optional[Any]:
+def stage_handle(handle: DeploymentHandle, flow: FlowConfig) -> DeploymentHandle:
     """``handle`` as the speech path calls it under ``flow.transport``."""
-    if handle is None or flow.transport == "object_store":
+    if flow.transport == "object_store":
         return handle
     return handle.options(_by_reference=False)
