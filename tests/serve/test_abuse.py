@@ -269,22 +269,42 @@ async def test_streams_past_a_keys_limit_are_429_and_slots_never_leak(keyed, pol
                 what="the attacker's stream slots back",
             )
         )
-        held = [
-            await client.send(
-                client.build_request("POST", "/v1/audio/speech", json={**body, "seed": 100 + i}, headers=auth),
-                stream=True,
+        # The key's two streams at once. Each holds its slot from the Ingress's admission, before
+        # its first audio: with other clients about, the engine runs two rows of one client at a
+        # time (max_running_rows_per_client) and the first stream's segments take both, so the
+        # second's first audio comes as the first ends (its ~40 s of pcm fit in the sockets'
+        # buffers unread: seconds). So the third is asked as soon as both are held.
+        opening = [
+            asyncio.create_task(
+                client.send(
+                    client.build_request("POST", "/v1/audio/speech", json={**body, "seed": 100 + i}, headers=auth),
+                    stream=True,
+                )
             )
             for i in range(ATTACKER_STREAMS)
         ]
         try:
-            assert [r.status_code for r in held] == [200] * ATTACKER_STREAMS
+            await asyncio.to_thread(
+                lambda: wait_until(
+                    lambda: _held(key_id(ATTACKER)),
+                    30,
+                    0.05,
+                    until=lambda n: n == ATTACKER_STREAMS,
+                    what="the key's two streams admitted",
+                )
+            )
             third = await client.post("/v1/audio/speech", json={**body, "seed": 200}, headers=auth)
             assert third.status_code == 429 and third.json()["error"]["code"] == "too_many_streams"
             assert third.headers.get("retry-after")
+            held = await asyncio.gather(*opening)
+            assert [r.status_code for r in held] == [200] * ATTACKER_STREAMS
             await polite.aserved("a key holding its streams")
         finally:
-            for r in held:
-                await r.aclose()
+            for task in opening:
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled() and task.exception() is None:
+                    await task.result().aclose()
     await asyncio.to_thread(wait_idle, 30)
 
 
