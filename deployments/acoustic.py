@@ -46,8 +46,8 @@ class Acoustic:
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         # Loaded on a thread that exits: the decode thread keeps the only OpenMP team (threads.py).
-        self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}))
-        self.model.drop_audio_modules()  # vocoding is the Vocoder stage's
+        # Only the GPT's part of ChatTTS: vocoding (and the DVAE) is the Vocoder stage's.
+        self.model = on_new_thread(load_model, ModelConfig.model_validate(model or {}), audio=False)
         self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
         self._admit_idle_at_once = AcousticUserConfig.model_fields["admit_idle_at_once"].default
         self._in_window = 0  # requests waiting in the admission window

@@ -3,8 +3,8 @@
 Each stage runs in a fresh interpreter and records its RSS (VmRSS, anonymous and file-backed
 parts, from ``/proc/self/status``) after each step of what its Serve replica does:
 
-* ``acoustic``: import torch, import the engine, ``load_model`` (full-size random weights,
-  ``--quantize``), ``drop_audio_modules``; then the ``AcousticEngine`` decodes N rows of the
+* ``acoustic``: import torch, import the engine, ``load_model(audio=False)`` (full-size random
+  weights, ``--quantize``: the GPT's part alone, as the replica loads it); then the ``AcousticEngine`` decodes N rows of the
   corpus' mean segment length (``--rows``), all joining at once and one joining every 8 steps
   (each admission merges into the running batch), with the peak RSS and the peak size of the
   batch's KV buffers sampled after every step;
@@ -109,11 +109,10 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
     model = load_model(
         ModelConfig(
             weights=WeightsConfig(source=weights), torch_threads=threads, quantize=quantize, cpu_dual_layout=dual_layout
-        )
+        ),
+        audio=False,
     )
     ph.mark("load_model", quantize=model.quantize)
-    model.drop_audio_modules()
-    ph.mark("drop_audio_modules")
     planner = Planner(SegmentConfig())
     planner.warmup()
     segs = [s for text in load_corpus() for s in planner.plan(text, SynthesisOptions()).segments]

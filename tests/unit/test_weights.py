@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,7 @@ def test_concurrent_builds_in_two_processes(tmp_path, tiny_root):
 def test_vocoder_stage_loads_only_decoder_and_vocos(tiny_model, tiny_weights_config):
     """``load_vocoder`` builds the Decoder and Vocos alone from the same assets: the same audio
     as the full ``Chat``'s modules, without a GPT in the process."""
-    from serve_app.engine.weights.loading import load_model, load_vocoder
+    from serve_app.engine.weights.loading import load_vocoder
 
     parts = load_vocoder(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
     full = tiny_model.vocoder_weights()
@@ -269,11 +270,27 @@ def test_vocoder_stage_loads_only_decoder_and_vocos(tiny_model, tiny_weights_con
         b = parts.vocos.decode(parts.decoder(hidden.clone()))
     assert torch.equal(a, b)
     assert parts.weights.weights_id == tiny_model.weights.weights_id
-    # The Acoustic stage's model frees the audio modules it never runs.
-    gpt_only = load_model(ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1))
-    gpt_only.drop_audio_modules()
-    assert not any(hasattr(gpt_only.chat, n) for n in ("decoder", "vocos", "dvae"))
-    assert gpt_only.chat.gpt is not None and gpt_only.chat.speaker is not None
+
+
+def test_acoustic_stage_loads_the_gpts_part_alone(tiny_model, tiny_weights_config):
+    """``load_model(audio=False)`` builds ChatTTS's Embed, GPT, Speaker and tokenizer the way
+    ``Chat._load`` does, from the same assets: the same tensors, prompts and weights id as the
+    full ``Chat``'s, without its audio modules."""
+    cfg = ModelConfig(weights=tiny_weights_config, device="cpu", torch_threads=1, quantize="none")  # as tiny_model
+    gpt_only = load_model(cfg, audio=False)
+    full, part = tiny_model.chat, gpt_only.chat
+    assert not any(hasattr(part, n) for n in ("decoder", "vocos", "dvae"))
+    for a, b in ((full.gpt, part.gpt), (full.embed, part.embed)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert torch.equal(full.speaker.std, part.speaker.std) and torch.equal(full.speaker.mean, part.speaker.mean)
+    text = full.speaker.decorate_code_prompts(["你好，hello 123。"], "[speed_5]", None, None)
+    a = full.tokenizer.encode(text, full.config.gpt.num_vq, device=full.device_gpt)
+    b = part.tokenizer.encode(text, part.config.gpt.num_vq, device=part.device_gpt)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert asdict(part.config) == asdict(full.config) and part.device_gpt == full.device_gpt
+    assert gpt_only.weights.weights_id == tiny_model.weights.weights_id
+    assert part.RefineTextParams is full.RefineTextParams
 
 
 _VOCODER_STAGE = """
@@ -295,6 +312,38 @@ from ChatTTS.model import DVAE
 import ChatTTS.model.dvae as dvae
 print(DVAE is dvae.DVAE and hasattr(ChatTTS, "Chat"))
 """
+
+
+_ACOUSTIC_STAGE = """
+import sys
+from serve_app.engine.config import ModelConfig, WeightsConfig
+from serve_app.engine.refine import TextRefiner
+from serve_app.engine.weights.loading import load_model
+cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=1)
+model = load_model(cfg, audio=False)
+heavy = ("ChatTTS", "ChatTTS.model.dvae", "vocos", "vector_quantize_pytorch", "einx", "numba")
+print(sorted(m for m in heavy if m in sys.modules))
+print(len(TextRefiner(model).refine(["你好"], seed=1)))  # refine imports the rest of ChatTTS, once
+import ChatTTS.model.gpt as gpt
+print(type(model.chat.gpt) is gpt.GPT and hasattr(sys.modules["ChatTTS"], "Chat"))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_acoustic_stage_never_imports_the_audio_modules(tiny_root):
+    """The Acoustic stage's loader takes ChatTTS's GPT, embed, speaker and tokenizer modules
+    without the package's ``__init__`` files, which import the DVAE (vector_quantize_pytorch,
+    einx), Vocos and the text normaliser's numba. Refining text, the one call that needs
+    ``Chat``'s own defaults, imports the rest then and shares the modules already loaded."""
+    out = subprocess.run(
+        [sys.executable, "-c", _ACOUSTIC_STAGE, str(tiny_root.parent)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-3:] == ["[]", "1", "True"], out.stdout
 
 
 @pytest.mark.timeout(120)
