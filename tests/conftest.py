@@ -9,11 +9,13 @@ The quick loop is every test without Ray: ``python -m pytest -m "not serve and n
 
 Fixtures live in the ``support`` package and are registered here as plugins; helpers are imported
 from ``support`` (a test module never imports another). Tests run by level (unit, serve,
-system), each level in file order, except that the system tests that use the session's Serve app
-(soak, browser) run before those that start a Ray of their own (cluster, GPU check); the
-session's Ray is shut down after its last user, so those have the cores to themselves. As the
-first of those begins, the scenarios marked ``early_start`` start in the background
-(``support.early``).
+system), each level in file order, except that every test that uses the session's Serve app runs
+before every test that starts a Ray of its own (the ``serve run`` tests, marked ``own_ray``, then
+the cluster, bulk and GPU checks); the session's Ray is shut down after its last user, so those
+have the cores to themselves (its idle app alone holds a third of a core). As the first system
+test of those begins, the scenarios marked ``early_start`` start in the background
+(``support.early``): after the ``serve run`` tests, whose polite clients' latency bounds want the
+cores quiet.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ pytest_plugins = [
     "support.ws",
     "support.redis_server",
     "support.moto_s3",
+    "support.serve_run",
 ]
 
 _TESTS = Path(__file__).resolve().parent
@@ -49,6 +52,8 @@ def _level(item: pytest.Item) -> str:
 
 
 def _uses_session_app(item: pytest.Item) -> bool:
+    if item.get_closest_marker("own_ray") is not None:
+        return False
     return "ray_session" in item.fixturenames or item.get_closest_marker("serve") is not None
 
 
@@ -62,19 +67,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if level == "system":
             item.add_marker(pytest.mark.system)
     # Stable: file order within each group.
-    items.sort(key=lambda item: (LEVELS.index(_level(item)), _after_session_ray(item)))
+    items.sort(key=lambda item: (_after_session_ray(item), LEVELS.index(_level(item))))
     users = [item for item in items if _uses_session_app(item)]
     if users:
         config.stash[_LAST_APP_USER] = users[-1]
 
 
 def _after_session_ray(item: pytest.Item) -> bool:
-    """A system test that does not use the session's Ray: it runs after that Ray is down."""
-    return _level(item) == "system" and not _uses_session_app(item)
+    """A test that starts a Ray of its own (marked ``own_ray``, or a system test that does not use
+    the session's): it runs after the session's Ray is down."""
+    own = item.get_closest_marker("own_ray") is not None
+    return own or (_level(item) == "system" and not _uses_session_app(item))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _after_session_ray(item) and not item.config.stash.get(_EARLY_STARTED, False):
+    early = _after_session_ray(item) and _level(item) == "system"
+    if early and not item.config.stash.get(_EARLY_STARTED, False):
         item.config.stash[_EARLY_STARTED] = True
         for selected in item.session.items:
             for mark in selected.iter_markers("early_start"):

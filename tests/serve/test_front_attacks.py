@@ -22,7 +22,7 @@ from bench.lib.procs import free_port
 from serve_app.http.middleware import AUTH_HEADER
 from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.own_ray]  # its own `serve run`: after the session's Ray
 
 POLITE_KEY = "polite-key-0123456789"
 OTHER_KEY = "second-key-0123456789"
@@ -32,7 +32,7 @@ SPEECH = {"model": "chattts", "input": "你好", "voice": "alloy", "response_for
 
 
 @pytest.fixture(scope="module")
-def keyed_run(chattts_cache_dir, tmp_path_factory):
+def keyed_run(chattts_cache_dir, tmp_path_factory, stopped_by_session_end):
     config = load("cpu")
     config["http_options"].update(host="127.0.0.1", port=free_port())
     chattts_app(config)["args"]["jobs"] = {"path": str(tmp_path_factory.mktemp("attack-jobs"))}
@@ -46,7 +46,8 @@ def keyed_run(chattts_cache_dir, tmp_path_factory):
     try:
         yield run.wait_ready()
     finally:
-        run.stop()
+        run.stop_in_background()  # Ctrl-C: its shutdown overlaps the next module's start-ups
+        stopped_by_session_end.append(run)
 
 
 class Polite:

@@ -19,7 +19,7 @@ from bench.lib.procs import free_port
 from serve_app.engine.wav import with_true_length
 from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.own_ray]  # its own `serve run`: after the session's Ray
 
 README_BODY = {"model": "chattts", "input": "你好", "voice": "alloy", "response_format": "wav"}
 

@@ -13,8 +13,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
+import pytest
 import yaml
 
 from bench.lib.procs import REPO_ROOT, ManagedProcess, command_of, marked
@@ -125,3 +126,13 @@ class ServeRun:
     @property
     def returncode(self) -> Optional[int]:
         return None if self.process is None else self.process.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def stopped_by_session_end() -> Iterator[list[ServeRun]]:
+    """Runs a module has Ctrl-C'd (``stop_in_background``) without waiting for their end, so the
+    next module's start-ups overlap their shutdown; waited for (``stop``) as the session ends."""
+    runs: list[ServeRun] = []
+    yield runs
+    for run in runs:
+        run.stop()
