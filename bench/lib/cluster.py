@@ -208,8 +208,8 @@ class LocalCluster:
         deadline = time.monotonic() + grace_s
         for node in self.nodes:
             node.wait(max(0.1, deadline - time.monotonic()))
+        kill_marked(*(node.marker for node in self.nodes))
         for node in self.nodes:
-            kill_marked(node.marker)
             node.wait(10)
             node.close()
 
