@@ -329,21 +329,26 @@ print(type(model.chat.gpt) is gpt.GPT and hasattr(sys.modules["ChatTTS"], "Chat"
 """
 
 
-@pytest.mark.timeout(120)
-def test_acoustic_stage_never_imports_the_audio_modules(tiny_root):
-    """The Acoustic stage's loader takes ChatTTS's GPT, embed, speaker and tokenizer modules
-    without the package's ``__init__`` files, which import the DVAE (vector_quantize_pytorch,
-    einx), Vocos and the text normaliser's numba. Refining text, the one call that needs
-    ``Chat``'s own defaults, imports the rest then and shares the modules already loaded."""
+def _stage_lines(script: str, tiny_root: Path) -> list[str]:
+    """A stage's loading script in a fresh interpreter: the last three lines it printed."""
     out = subprocess.run(
-        [sys.executable, "-c", _ACOUSTIC_STAGE, str(tiny_root.parent)],
+        [sys.executable, "-c", script, str(tiny_root.parent)],
         capture_output=True,
         text=True,
         timeout=110,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-3:] == ["[]", "1", "True"], out.stdout
+    return out.stdout.strip().splitlines()[-3:]
+
+
+@pytest.mark.timeout(120)
+def test_acoustic_stage_never_imports_the_audio_modules(tiny_root):
+    """The Acoustic stage's loader takes ChatTTS's GPT, embed, speaker and tokenizer modules
+    without the package's ``__init__`` files, which import the DVAE (vector_quantize_pytorch,
+    einx), Vocos and the text normaliser's numba. Refining text, the one call that needs
+    ``Chat``'s own defaults, imports the rest then and shares the modules already loaded."""
+    assert _stage_lines(_ACOUSTIC_STAGE, tiny_root) == ["[]", "1", "True"]
 
 
 @pytest.mark.timeout(120)
@@ -352,16 +357,8 @@ def test_vocoder_stage_never_imports_the_gpt_or_transformers(tiny_root):
     package's ``__init__`` files, which import the GPT and transformers (~100 MiB of RSS), and
     without the DVAE quantiser's vector_quantize_pytorch (einx, torch._dynamo, triton: ~150 MiB)
     until a clip is encoded; a later ``import ChatTTS`` still works and shares those modules."""
-    out = subprocess.run(
-        [sys.executable, "-c", _VOCODER_STAGE, str(tiny_root.parent)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
-    assert lines[-3:] == ["[]", "['torch._dynamo', 'vector_quantize_pytorch']", "True"], out.stdout
+    lines = _stage_lines(_VOCODER_STAGE, tiny_root)
+    assert lines == ["[]", "['torch._dynamo', 'vector_quantize_pytorch']", "True"]
 
 
 def test_a_deferred_package_is_imported_at_the_first_call(monkeypatch):
