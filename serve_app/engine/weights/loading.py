@@ -139,9 +139,8 @@ class GptChat:
     """The part of ChatTTS's ``Chat`` the GPT stage runs (prompt building, prefill, decode, refine),
     built by ``load_model(audio=False)``: no DVAE, Decoder or Vocos, and none of the modules only
     they and ``Chat`` import (the DVAE quantiser's vector_quantize_pytorch with einx, Vocos, numba
-    for the text normaliser). Full size on 2 cores: 0.7 s less CPU to load (6.3 -> 5.5 s), RSS
-    after loading 1111 MiB against 1386 (of which ~110 MiB, the modules' code, stayed even after
-    the audio modules were dropped)."""
+    for the text normaliser). Full size on 2 cores: 0.7 s less CPU to load (6.3 -> 5.5 s) and
+    1111 MiB of RSS once loaded against the whole ``Chat``'s 1386."""
 
     config: Any  # ChatTTS Config (a private copy)
     device: Any
@@ -160,7 +159,7 @@ class GptChat:
         return ChatTTS.Chat.RefineTextParams
 
 
-def _load_gpt_chat(weights: ResolvedWeights, device: Any) -> GptChat:
+def _load_gpt_chat(weights: ResolvedWeights, device: Any, logger: logging.Logger) -> GptChat:
     """``Chat._load``'s Embed, GPT, Speaker and tokenizer steps (ChatTTS 0.2.5), alone."""
     config = _fresh_chattts_config(weights.overrides)
     gpt_mod, embed_mod, speaker_mod, tokenizer_mod = chattts_modules(
@@ -178,7 +177,7 @@ def _load_gpt_chat(weights: ResolvedWeights, device: Any) -> GptChat:
         embed=embed,
         device=device,
         device_gpt=device_gpt,
-        logger=logging.getLogger("ChatTTS"),
+        logger=logger,
     ).eval()
     gpt.load_pretrained(paths["gpt_ckpt_path"], paths["embed_path"])
     gpt.prepare(compile=False)
@@ -205,10 +204,11 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None, *, aud
     t0 = time.perf_counter()
     weights = resolve_weights(cfg.weights)
     device = select_device(cfg.device)
+    logger = logger or logging.getLogger("ChatTTS")
     if audio:
         import ChatTTS
 
-        chat = ChatTTS.Chat(logger or logging.getLogger("ChatTTS"))
+        chat = ChatTTS.Chat(logger)
         # Chat's nested config defaults are class-level singletons: overriding them in place would
         # leak into every later Chat, so the overrides go onto a private deep copy.
         chat.config = _fresh_chattts_config(weights.overrides) if weights.overrides else chat.config
@@ -217,7 +217,7 @@ def load_model(cfg: ModelConfig, logger: Optional[logging.Logger] = None, *, aud
             raise RuntimeError(f"ChatTTS failed to load weights from {weights.root}")
     else:
         with torch.no_grad():
-            chat = _load_gpt_chat(weights, device)
+            chat = _load_gpt_chat(weights, device, logger)
     dtype = getattr(torch, cfg.dtype)
     if dtype != torch.float32:
         if device.type == "cpu":
