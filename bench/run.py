@@ -25,6 +25,7 @@ from . import cache_hit
 from .lib import first_audio, loadgen
 from .lib.corpus import ONE_ROW_TEXTS, corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
+from .lib.pinning import cpu_set, pin_acoustic
 from .lib.procs import (
     ManagedProcess,
     bench_command,
@@ -82,6 +83,9 @@ class RunPlan:
     # The proxy's middlewares as the README's run command installs them (front guard, edge cache,
     # the client's end of back-pressure); "off" measures Serve's proxy bare.
     front_guard: bool = True
+    # CPUs of the Acoustic replica and the ceiling (one torch thread each), every other process on
+    # the rest (bench/lib/pinning.py): "" shares every core as deployed.
+    pin_acoustic: str = ""
     # First audio before/after in one run (bench/lib/first_audio.py): ABBA pairs of halves at 1 client.
     first_pairs: int = 6
     first_per_half: int = 6
@@ -289,6 +293,7 @@ class BenchRun:
             str(p.first_chunk_reps),
             "--vocoder",
             json.dumps(self.vocoder_cfg),
+            *(["--cpus", p.pin_acoustic] if p.pin_acoustic else []),
         )
         rc, log_tail = run_to_end("ceiling", argv, self.logs / "ceiling.log", timeout_s=3600)
         if rc != 0 or not path.exists():
@@ -429,6 +434,9 @@ class BenchRun:
             "ray_session": serve.session_dir and self.harness.path(serve.session_dir),
         }
         self.report["serve"] = res
+        if p.pin_acoustic:
+            res["pinned"] = pin_acoustic(serve.replica_pids().get("Acoustic", []), cpu_set(p.pin_acoustic))
+            self.progress.write(f"pinned: {res['pinned']}")
         res["replica_env"] = serve.replica_env()
         sampler = RssSampler(lambda: [os.getpid()], classify_serve).start()
         target = loadgen.Target(serve.base_url, "serve", streaming=True, timeout_s=p.timeout_s)
@@ -600,6 +608,13 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
         help="py-spy the Acoustic/Vocoder/Ingress replicas during one closed-loop phase",
     )
     r.add_argument("--profile-level", type=int, default=8, help="the closed-loop concurrency to profile (default 8)")
+    r.add_argument(
+        "--pin-acoustic",
+        default="",
+        metavar="CPUS",
+        help="e.g. 0: the Acoustic replica and the ceiling on these CPUs (a torch thread each), every other "
+        "process on the rest: the decode with cores of its own (Linux)",
+    )
     r.add_argument("--no-progress", action="store_true")
     g = r.add_argument_group("project deployment (overrides of the Serve config)")
     g.add_argument("--config", help="Serve config file (default config/serve.yaml)")
@@ -718,6 +733,12 @@ def main(a: argparse.Namespace) -> int:
         plan.open_s *= a.duration_scale
     if "8" not in map(str, plan.ceiling_batches) and "ceiling" in phases:
         plan.ceiling_batches = sorted(set(plan.ceiling_batches) | {8})
+    if a.pin_acoustic:
+        # One replica on the pinned cores, a torch thread per core; the rest of the graph elsewhere.
+        plan.pin_acoustic = a.pin_acoustic
+        cpus = cpu_set(a.pin_acoustic)
+        a.acoustic_threads = a.acoustic_threads or len(cpus)
+        a.acoustic_replicas = a.acoustic_replicas or 1
     cfg, shown = serve_config(a, free_port())
     if a.out is None:
         a.out = str(Path(__file__).parent / "results" / time.strftime("tmp-%Y%m%d-%H%M%S"))

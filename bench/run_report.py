@@ -70,6 +70,9 @@ def compute_ratios(report: dict) -> dict:
         r["cache_hit_req_per_s"] = hit.get("hit_req_per_s")
     r["serve_vs_baseline_c1"] = _ratio(_get(serve_c, 1, "audio_s_per_s"), _get(base_c, 1, "audio_s_per_s"))
     r["ceiling_b8_vs_b1"] = _ratio(_get(ceiling, 8), _get(ceiling, 1))
+    # Against the engine's decode alone: the bound for a replica whose Vocoder runs on other cores.
+    decode_b8 = _get(report, "ceiling", "methods", "engine", "8", "decode_audio_s_per_s")
+    r["serve_vs_decode_ceiling_c8"] = _ratio(_get(serve_c, 8, "audio_s_per_s"), decode_b8)
     r["baseline_c8_vs_ceiling_b1"] = _ratio(_get(base_c, 8, "audio_s_per_s"), _get(ceiling, 1))
     return {k: v for k, v in r.items() if v is not None or k in TARGETS or k in FIRST_AUDIO_TARGETS}
 
@@ -172,9 +175,15 @@ def to_doc(report: dict) -> Doc:
         cols = [Col("batch", lambda n: n)]
         cols += [Col(name, lambda n, m=m: _get(m, n, "audio_s_per_s"), nd=3) for name, m in methods.items()]
         cols.append(Col("ceiling", lambda n: ceil["ceiling"][n], nd=3))
+        if _get(methods, "engine", "8", "decode_audio_s_per_s"):
+            cols.append(
+                Col("engine's decode alone", lambda n: _get(methods, "engine", n, "decode_audio_s_per_s"), nd=3)
+            )
+        pinned = _get(report, "serve", "pinned")
         head = (
-            f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}; "
-            "audio seconds per wall second:"
+            f"{ceil.get('tokens_per_row')} tokens per row, torch threads {ceil.get('torch_threads')}"
+            + (f", on CPUs {pinned['acoustic_cpus']}" if pinned else "")
+            + "; audio seconds per wall second:"
         )
         rows = sorted(ceil.get("ceiling", {}), key=int)
         doc.table(cols, rows, before=("", "## Ceiling (raw in-process, no serving)", "", head, ""))
@@ -239,6 +248,13 @@ def to_doc(report: dict) -> Doc:
                 )
                 for g, lst in busy.items()
             ),
+        )
+    pinned = _get(report, "serve", "pinned")
+    if pinned:
+        doc.add(
+            "",
+            f"Pinned (`--pin-acoustic`): the Acoustic replica on CPUs {pinned['acoustic_cpus']}, every other "
+            f"process (Vocoder, Ingress, proxy, Ray, the load generator) on {pinned['rest_cpus']}.",
         )
     machine = _get(report, "serve", "closed", "8", "machine_cores")
     if machine and machine.get("cores"):

@@ -277,3 +277,39 @@ def test_harness_writes_a_partial_report_with_the_error(tmp_path):
     meta = report["meta"]
     assert meta["command"] == "python -m bench run --out ." and meta["quick"] is True
     assert {"started", "finished", "wall_s", "git", "cpus", "loadavg_start", "loadavg_end"} <= set(meta)
+
+
+def test_pinning_moves_every_thread_and_the_threads_started_after():
+    from bench.lib.pinning import cpu_set, pin_threads
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("pinning needs two CPUs")
+    first = min(allowed)
+    assert cpu_set(f"{first}") == {first}
+    with pytest.raises(ValueError):
+        cpu_set(",".join(map(str, sorted(allowed))))  # nothing left for the rest of the graph
+    with pytest.raises(ValueError):
+        cpu_set("4096")
+    code = (
+        "import sys, threading, time\n"
+        "go = lambda: time.sleep(30)\n"
+        "for _ in range(2): threading.Thread(target=go, daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.readline()\n"
+        "threading.Thread(target=go, daemon=True).start()\n"
+        "print('more', flush=True); time.sleep(30)\n"
+    )
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert pin_threads(child.pid, {first}) == 3
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "more"
+        tasks = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tasks) == 4 and all(os.sched_getaffinity(t) == {first} for t in tasks)
+    finally:
+        child.kill()
+        child.wait()

@@ -74,7 +74,11 @@ def get_path_(cfg, dotted):
 
 def test_ratios_and_targets():
     report = {
-        "ceiling": {"ceiling": {"1": 0.5, "8": 1.4}, "first_chunk": {"raw_s": 0.5}},
+        "ceiling": {
+            "ceiling": {"1": 0.5, "8": 1.4},
+            "methods": {"engine": {"8": {"audio_s_per_s": 1.4, "decode_audio_s_per_s": 2.0}}},
+            "first_chunk": {"raw_s": 0.5},
+        },
         "baseline": {"closed": {"8": {"audio_s_per_s": 0.4, "latency_s": {"p99": 80.0}}}},
         "serve": {
             "closed": {"1": {"ttfb_s": {"p50": 0.6}}, "8": {"audio_s_per_s": 1.3, "latency_s": {"p99": 30.0}}},
@@ -90,10 +94,14 @@ def test_ratios_and_targets():
     assert r["ttfb_vs_first_chunk"] == pytest.approx(1.2)
     assert r["p99_vs_baseline_c8"] == pytest.approx(0.375)
     assert r["continuous_vs_window_mean_latency_70"] == pytest.approx(2.0)
+    assert r["serve_vs_decode_ceiling_c8"] == pytest.approx(0.65)
     t = check_targets(r)
     assert t["serve_vs_baseline_c8"]["met"] is False and t["p99_vs_baseline_c8"]["met"] is True
     report["ratios"], report["targets"] = r, t
     assert "serve_vs_ceiling_c8" in KIND.markdown(report)
+    report["serve"]["pinned"] = {"acoustic_cpus": [0], "rest_cpus": [1]}
+    md = KIND.markdown(report)
+    assert "engine's decode alone" in md and "the Acoustic replica on CPUs [0]" in md
 
 
 def committed_reports() -> list[Path]:

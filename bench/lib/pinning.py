@@ -1,0 +1,61 @@
+"""Give the decode cores of its own: the Acoustic replicas' threads on some CPUs, every other
+process of the machine (Vocoder, Ingress, proxy, Ray's daemons, the load generator) on the rest.
+
+On a box with cores to spare the Vocoder and the rest of the graph would run beside the GPT, not
+on its cores; on this 2-core box they share both. Pinning one core to the Acoustic replica (one
+torch thread) and the other to everything else, with the ceiling measured on that same one core,
+shows what the graph makes of the model when nothing else runs on its cores
+(``python -m bench run --pin-acoustic 0``; bench/README.md).
+
+Linux only (``sched_setaffinity`` per thread); threads and processes started later inherit the
+set of the one that starts them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+
+def cpu_set(spec: str) -> set[int]:
+    """``"0"``, ``"0,2"`` or ``"0-3"`` -> the CPUs, each one this process may run on."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"CPUs {spec!r} are not a non-empty subset of this process's {sorted(allowed)}")
+    if cpus == allowed:
+        raise ValueError(f"CPUs {spec!r} leave no CPU for the rest of the graph")
+    return cpus
+
+
+def pin_threads(pid: int, cpus: set[int]) -> int:
+    """Every thread of ``pid`` onto ``cpus`` (``sched_setaffinity`` of a pid moves one thread);
+    the threads moved."""
+    moved = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+            moved += 1
+        except (ProcessLookupError, PermissionError, OSError):
+            pass  # ended meanwhile, or not ours to move
+    return moved
+
+
+def pin_acoustic(acoustic_pids: list[int], cpus: set[int]) -> dict:
+    """The Acoustic replicas on ``cpus``, every other user-space process on the rest of this
+    process's CPUs; what was moved, for the report."""
+    rest = os.sched_getaffinity(0) - cpus
+    moved = {"acoustic": 0, "rest": 0}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if not p.info["cmdline"]:  # kernel threads
+            continue
+        if p.pid in acoustic_pids:
+            moved["acoustic"] += pin_threads(p.pid, cpus)
+        else:
+            moved["rest"] += pin_threads(p.pid, rest)
+    return {"acoustic_cpus": sorted(cpus), "rest_cpus": sorted(rest), "threads_moved": moved}
