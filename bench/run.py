@@ -25,7 +25,7 @@ from . import cache_hit
 from .lib import first_audio, loadgen
 from .lib.corpus import ONE_ROW_TEXTS, corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
-from .lib.pinning import cpu_set, pin_acoustic
+from .lib.pinning import cpu_set, pin_acoustic, unpin
 from .lib.procs import (
     ManagedProcess,
     bench_command,
@@ -194,6 +194,7 @@ class BenchRun:
         self.show_progress = show_progress
         self._procs: list[ManagedProcess] = []
         self._serve: Optional[ServeRunner] = None
+        self._unpinned: Optional[set[int]] = None  # the CPUs this process had before --pin-acoustic
         # The deployed settings (the config's args over the code's defaults): the ceiling and the
         # baseline cut the same segments and chunks as the project.
         from serve_app.settings import AppConfig
@@ -260,6 +261,9 @@ class BenchRun:
         if self._serve is not None:
             self._serve.stop()
             self._serve = None
+        if self._unpinned:
+            unpin(os.getpid(), self._unpinned)
+            self._unpinned = None
         left = kill_descendants(os.getpid())
         if left:
             self.harness.warn(f"stopped leftover child processes: {left}")
@@ -435,7 +439,9 @@ class BenchRun:
         }
         self.report["serve"] = res
         if p.pin_acoustic:
-            res["pinned"] = pin_acoustic(serve.replica_pids().get("Acoustic", []), cpu_set(p.pin_acoustic))
+            self._unpinned = os.sched_getaffinity(0)
+            acoustic = serve.replica_pids().get("Acoustic", [])
+            res["pinned"] = pin_acoustic(os.getpid(), acoustic, cpu_set(p.pin_acoustic))
             self.progress.write(f"pinned: {res['pinned']}")
         res["replica_env"] = serve.replica_env()
         sampler = RssSampler(lambda: [os.getpid()], classify_serve).start()

@@ -313,3 +313,34 @@ def test_pinning_moves_every_thread_and_the_threads_started_after():
     finally:
         child.kill()
         child.wait()
+
+
+def test_pinning_a_run_touches_its_own_processes_only_and_gives_the_cpus_back():
+    import subprocess
+
+    from bench.lib.pinning import pin_acoustic, unpin
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("pinning needs two CPUs")
+    first = min(allowed)
+    # A run's root with one child (its "Acoustic replica"); this process stands for the machine.
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(c.pid, flush=True); time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(root.stdout.readline())
+        info = pin_acoustic(root.pid, [child], {first})
+        assert info["acoustic_cpus"] == [first] and info["rest_cpus"] == sorted(allowed - {first})
+        assert os.sched_getaffinity(child) == {first}
+        assert os.sched_getaffinity(root.pid) == allowed - {first}
+        assert os.sched_getaffinity(0) == allowed  # outside the run: untouched
+        unpin(root.pid, allowed)
+        assert os.sched_getaffinity(root.pid) == allowed
+    finally:
+        for p in psutil.Process(root.pid).children(recursive=True) + [psutil.Process(root.pid)]:
+            p.kill()
+        root.wait()

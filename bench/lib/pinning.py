@@ -1,5 +1,5 @@
 """Give the decode cores of its own: the Acoustic replicas' threads on some CPUs, every other
-process of the machine (Vocoder, Ingress, proxy, Ray's daemons, the load generator) on the rest.
+process of the run (Vocoder, Ingress, proxy, Ray's daemons, the load generator) on the rest.
 
 On a box with cores to spare the Vocoder and the rest of the graph would run beside the GPT, not
 on its cores; on this 2-core box they share both. Pinning one core to the Acoustic replica (one
@@ -46,16 +46,22 @@ def pin_threads(pid: int, cpus: set[int]) -> int:
     return moved
 
 
-def pin_acoustic(acoustic_pids: list[int], cpus: set[int]) -> dict:
-    """The Acoustic replicas on ``cpus``, every other user-space process on the rest of this
-    process's CPUs; what was moved, for the report."""
-    rest = os.sched_getaffinity(0) - cpus
+def pin_acoustic(root: int, acoustic_pids: list[int], cpus: set[int]) -> dict:
+    """The Acoustic replicas on ``cpus``, ``root`` (the bench process: the load generator, and the
+    driver whose children are Ray's daemons and workers) and every other process under it on the
+    rest of its CPUs; nothing else on the machine is touched. What was moved, for the report;
+    ``unpin(root)`` gives the bench process its CPUs back."""
+    rest = os.sched_getaffinity(root) - cpus
     moved = {"acoustic": 0, "rest": 0}
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if not p.info["cmdline"]:  # kernel threads
-            continue
+    procs = [psutil.Process(root)] + psutil.Process(root).children(recursive=True)
+    for p in procs:
         if p.pid in acoustic_pids:
             moved["acoustic"] += pin_threads(p.pid, cpus)
         else:
             moved["rest"] += pin_threads(p.pid, rest)
     return {"acoustic_cpus": sorted(cpus), "rest_cpus": sorted(rest), "threads_moved": moved}
+
+
+def unpin(root: int, cpus: set[int]) -> None:
+    """Every thread of ``root`` back on ``cpus`` (what it had before ``pin_acoustic``)."""
+    pin_threads(root, cpus)
