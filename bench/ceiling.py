@@ -330,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
     if args.cpus:
         from .lib.pinning import cpu_set, pin_threads
 
-        cpus = cpu_set(args.cpus)
+        cpus = cpu_set(args.cpus, leave_rest=False)
         pin_threads(os.getpid(), cpus)  # before torch starts its threads: they inherit it
         args.threads = args.threads or len(cpus)
 

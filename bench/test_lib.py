@@ -289,6 +289,7 @@ def test_pinning_moves_every_thread_and_the_threads_started_after():
     assert cpu_set(f"{first}") == {first}
     with pytest.raises(ValueError):
         cpu_set(",".join(map(str, sorted(allowed))))  # nothing left for the rest of the graph
+    assert cpu_set(",".join(map(str, sorted(allowed))), leave_rest=False) == allowed  # the ceiling alone
     with pytest.raises(ValueError):
         cpu_set("4096")
     code = (

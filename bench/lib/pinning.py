@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 
 
-def cpu_set(spec: str) -> set[int]:
-    """``"0"``, ``"0,2"`` or ``"0-3"`` -> the CPUs, each one this process may run on."""
+def cpu_set(spec: str, leave_rest: bool = True) -> set[int]:
+    """``"0"``, ``"0,2"`` or ``"0-3"`` -> the CPUs, each one this process may run on (and, with
+    ``leave_rest``, not all of them: the rest of the graph needs one)."""
     cpus: set[int] = set()
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         lo, _, hi = part.partition("-")
@@ -28,7 +29,7 @@ def cpu_set(spec: str) -> set[int]:
     allowed = os.sched_getaffinity(0)
     if not cpus or not cpus <= allowed:
         raise ValueError(f"CPUs {spec!r} are not a non-empty subset of this process's {sorted(allowed)}")
-    if cpus == allowed:
+    if leave_rest and cpus == allowed:
         raise ValueError(f"CPUs {spec!r} leave no CPU for the rest of the graph")
     return cpus
 
