@@ -186,6 +186,7 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
     def shutdown() -> None:
         # The session's own local Ray: ray.shutdown() ends every process of it, Serve's included.
         # (serve.shutdown() first would wait out each replica's graceful shutdown: ~30 s here.)
+        _stop_handle_router_loop()
         try:
             ray.shutdown()
         finally:
@@ -205,6 +206,20 @@ def ray_session(chattts_cache_dir: Path) -> Iterator[dict[str, Any]]:
         yield info
     finally:
         shutdown_session_ray()
+
+
+def _stop_handle_router_loop() -> None:
+    """This process's handles route on one Serve event loop in a daemon thread; left running after
+    ``ray.shutdown()``, its metrics push calls ``ray.wait``, which starts a new local Ray
+    (``ray.init()``) at the interpreter's exit and logs into closed streams. Serve has no public
+    call for a driver's handles, so the loop is stopped through its class (a later handle makes a
+    new one)."""
+    from ray.serve._private.router import SingletonThreadRouter
+
+    loop = SingletonThreadRouter._asyncio_loop
+    if loop is not None:
+        loop.call_soon_threadsafe(loop.stop)
+        SingletonThreadRouter._asyncio_loop = None
 
 
 def shutdown_session_ray() -> bool:
