@@ -25,7 +25,7 @@ from . import cache_hit
 from .lib import first_audio, loadgen
 from .lib.corpus import ONE_ROW_TEXTS, corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
-from .lib.pinning import cpu_set, pin_acoustic, unpin
+from .lib.pinning import cpu_set, pin_acoustic, pin_threads
 from .lib.procs import (
     ManagedProcess,
     bench_command,
@@ -262,7 +262,7 @@ class BenchRun:
             self._serve.stop()
             self._serve = None
         if self._unpinned:
-            unpin(os.getpid(), self._unpinned)
+            pin_threads(os.getpid(), self._unpinned)
             self._unpinned = None
         left = kill_descendants(os.getpid())
         if left:

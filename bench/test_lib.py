@@ -319,7 +319,7 @@ def test_pinning_moves_every_thread_and_the_threads_started_after():
 def test_pinning_a_run_touches_its_own_processes_only_and_gives_the_cpus_back():
     import subprocess
 
-    from bench.lib.pinning import pin_acoustic, unpin
+    from bench.lib.pinning import pin_acoustic, pin_threads
 
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
@@ -339,7 +339,7 @@ def test_pinning_a_run_touches_its_own_processes_only_and_gives_the_cpus_back():
         assert os.sched_getaffinity(child) == {first}
         assert os.sched_getaffinity(root.pid) == allowed - {first}
         assert os.sched_getaffinity(0) == allowed  # outside the run: untouched
-        unpin(root.pid, allowed)
+        pin_threads(root.pid, allowed)  # the CPUs back
         assert os.sched_getaffinity(root.pid) == allowed
     finally:
         for p in psutil.Process(root.pid).children(recursive=True) + [psutil.Process(root.pid)]:

@@ -42,7 +42,7 @@ def pin_threads(pid: int, cpus: set[int]) -> int:
         try:
             os.sched_setaffinity(int(task.name), cpus)
             moved += 1
-        except (ProcessLookupError, PermissionError, OSError):
+        except OSError:
             pass  # ended meanwhile, or not ours to move
     return moved
 
@@ -51,18 +51,13 @@ def pin_acoustic(root: int, acoustic_pids: list[int], cpus: set[int]) -> dict:
     """The Acoustic replicas on ``cpus``, ``root`` (the bench process: the load generator, and the
     driver whose children are Ray's daemons and workers) and every other process under it on the
     rest of its CPUs; nothing else on the machine is touched. What was moved, for the report;
-    ``unpin(root)`` gives the bench process its CPUs back."""
+    ``pin_threads(root, cpus_before)`` gives the bench process its CPUs back."""
     rest = os.sched_getaffinity(root) - cpus
     moved = {"acoustic": 0, "rest": 0}
-    procs = [psutil.Process(root)] + psutil.Process(root).children(recursive=True)
-    for p in procs:
+    top = psutil.Process(root)
+    for p in [top, *top.children(recursive=True)]:
         if p.pid in acoustic_pids:
             moved["acoustic"] += pin_threads(p.pid, cpus)
         else:
             moved["rest"] += pin_threads(p.pid, rest)
     return {"acoustic_cpus": sorted(cpus), "rest_cpus": sorted(rest), "threads_moved": moved}
-
-
-def unpin(root: int, cpus: set[int]) -> None:
-    """Every thread of ``root`` back on ``cpus`` (what it had before ``pin_acoustic``)."""
-    pin_threads(root, cpus)
