@@ -20,6 +20,7 @@ from .text.tags import BREAK_TAG_RE, CONTROL_TAG_RE
 
 SAMPLES_PER_TOKEN = 512  # one GPT token = 2 mel frames
 TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN
+TOKEN_SECONDS = 1.0 / TOKENS_PER_SECOND  # audio per token: 21.3 ms
 
 _PAUSE_CHARS = set("。，！？.,!?;:；：、…")
 
@@ -63,3 +64,59 @@ def max_new_tokens(text: str, limits: SegmentConfig, speed_level: int = 5) -> in
     """Hard cap of a segment's generation, real or random weights."""
     cap = int(limits.cap_factor * expected_tokens(text, speed_level)) + limits.cap_slack
     return min(limits.max_new_token, cap)
+
+
+class ListenerClock:
+    """A listener who plays one stream at 1x, as a phone line or a web page does: it opens at
+    ``opened_at``, starts playing ``prebuffer_s`` after the first audio arrives, and pauses while
+    its buffer is dry (a stall), going on where it stopped once audio arrives again.
+
+    ``slack(now)``: seconds of audio it holds beyond what it has played, ``delivered_s - (now -
+    first_audio_at - prebuffer_s - stalled_s)``; below zero the listener hears silence, and the
+    value is how long it has been waiting. Before any audio it is minus the time waited since
+    ``opened_at`` (the listener waits for first audio). The engine keeps one per stream
+    (``decode/playback.py``); the Vocoder stage keeps its own, fed with what it emits, to order its
+    windows (``threads.TorchThread.acall_within``). Plain arithmetic on the caller's clock."""
+
+    __slots__ = ("prebuffer_s", "opened_at", "first_audio_at", "delivered_s", "stalled_s", "stalls")
+
+    def __init__(self, prebuffer_s: float, opened_at: float):
+        self.prebuffer_s = prebuffer_s
+        self.opened_at = opened_at
+        self.first_audio_at: float | None = None
+        self.delivered_s = 0.0
+        self.stalled_s = 0.0  # seconds the listener sat in silence after its first audio
+        self.stalls = 0  # times its buffer ran dry
+
+    @property
+    def started(self) -> bool:
+        return self.first_audio_at is not None
+
+    def deliver(self, seconds: float, now: float) -> None:
+        """``seconds`` of audio reached the listener at ``now``, in order after what it has."""
+        if self.first_audio_at is None:
+            self.first_audio_at = now
+        elif seconds > 0:
+            dry = -self.slack(now)
+            if dry > 0:  # it waited that long in silence: its playback resumes from here
+                self.stalled_s += dry
+                self.stalls += 1
+        self.delivered_s += seconds
+
+    def played_s(self, now: float) -> float:
+        """Where its playback would be at ``now`` had nothing run dry since the last stall (negative
+        while it prebuffers)."""
+        if self.first_audio_at is None:
+            return 0.0
+        return now - self.first_audio_at - self.prebuffer_s - self.stalled_s
+
+    def slack(self, now: float) -> float:
+        if self.first_audio_at is None:
+            return -(now - self.opened_at)
+        return self.delivered_s - self.played_s(now)
+
+    def stall_s(self, now: float) -> float:
+        """Silence heard after its first audio, up to ``now`` (the stall it is in included)."""
+        if self.first_audio_at is None:
+            return 0.0
+        return self.stalled_s + max(0.0, -self.slack(now))

@@ -1,0 +1,257 @@
+"""The deadline rule (``AcousticConfig.scheduling: deadline``): which rows run, least slack first.
+
+A real-time row's slack is how long its listener can go on before it needs that row's next audio
+(decode/playback.py): its stream's slack for the segment being played, more for a later segment
+(its audio plays after the segments before it), minus the time waited for a stream that has not
+sent its first audio yet. Rows without a listener have none. Before every decode step:
+
+1. **Owed slots** (no starvation). A row without a listener that has waited ``background_wait_s``
+   (queued, or parked by this rule) takes the next free slot, before any real-time row, while
+   fewer than ``background_rows`` such rows run; the ``background_rows`` of them admitted first
+   are never parked for real-time rows ("protected").
+2. **Urgent real-time rows**, least slack first: rows of streams with less than
+   ``resume_ahead_s`` of slack (waiting, or parked by this rule) and new streams (first audio
+   pending). Each takes a free slot, or parks a running row that is *parkable*: a row without a
+   listener beyond the protected ones (newest first), then a real-time row at least
+   ``park_ahead_s`` ahead (most ahead first). Rows between the two thresholds are neither
+   parked nor urgent (hysteresis), so a parked row stays out for at least their difference.
+   A **new stream** starts only while the rows that stay whatever comes (real-time rows less
+   than ``park_ahead_s`` ahead, protected rows) leave room for one more within the replica's
+   measured capacity (``Capacity.admit_rows``, decode/capacity.py): beyond it every running
+   stream would drop below 1x. Started streams are never held back for new ones. Among new
+   streams a client holding its share of the capacity in real-time streams goes after the
+   others (one key's streams are not capped while capacity is free).
+3. **What is left**, into free slots only: real-time rows that are not urgent (least slack
+   first), then rows without a listener (parked ones first, then the queue's fair order between
+   clients: ``Scheduler.pop_admissible``). While real-time rows that must keep 1x run, only
+   within the capacity.
+4. **Cheaper steps.** While such rows run and the batch is above ``Capacity.park_rows`` (its
+   steps slower than one token's audio), parkable rows leave until it is within
+   ``Capacity.admit_rows`` (the band between is the hysteresis in rows).
+
+Parking keeps a row's KV (``BatchState.park``) and its tokens do not change (batch invariance,
+tests/unit/test_batch_invariance.py). No torch, no locking: the engine calls ``decide`` under its
+lock, with its own clock (``now``), so tests drive it with synthetic rows and clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..config import AcousticConfig
+from .row import Row
+from .scheduler import Scheduler, prompt_len_estimate, stream_key
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the batch can carry (rows; None until measured)."""
+
+    admit_rows: Optional[int] = None  # rows with each at >= 1x, with capacity_headroom to spare
+    park_rows: Optional[int] = None  # rows at exactly 1x: above it, real-time rows fall behind
+
+
+@dataclass
+class Decision:
+    park: list[int] = field(default_factory=list)  # indices of running rows to set aside, in order
+    resume: list[Row] = field(default_factory=list)  # parked rows to bring back
+    admit: list[Row] = field(default_factory=list)  # waiting rows to admit (out of the queue), in order
+    ended: list[Row] = field(default_factory=list)  # rows cancelled while waiting (the caller ends them)
+
+
+def slack_of(row: Row, now: float) -> Optional[float]:
+    """The row's slack in seconds (None: no listener)."""
+    if not row.req.realtime:
+        return None
+    pb = row.stream.playback
+    if pb is None:
+        return -(now - row.stream.submitted_at)
+    return pb.row_slack(row.stream.segment, now)
+
+
+def is_new(row: Row) -> bool:
+    """A real-time row of a stream whose first audio has not left yet."""
+    pb = row.stream.playback
+    return row.req.realtime and (pb is None or not pb.started)
+
+
+@dataclass
+class _Candidate:
+    row: Row
+    slack: float
+    held: bool  # parked by this rule (else waiting in the queue)
+    new: bool
+    seq: int
+
+
+def _need(row: Row, held: bool) -> int:
+    return row.budget if held else prompt_len_estimate(row.req) + row.req.max_new_tokens
+
+
+def decide(
+    running: Sequence[Row],
+    held: Sequence[Row],
+    scheduler: Scheduler,
+    cfg: AcousticConfig,
+    now: float,
+    capacity: Capacity = Capacity(),
+    hold_groups_at: Optional[int] = None,
+) -> Decision:
+    """What to do before the next step. ``running``: the batch's rows (indices as in the batch);
+    ``held``: rows this rule parked, ready to come back; waiting rows come from ``scheduler``
+    (those admitted are removed from it). See the module's docstring for the rule."""
+    out = Decision(ended=scheduler.pop_cancelled())
+    slots = cfg.max_rows + cfg.reserved_rows
+    slack = {id(r): slack_of(r, now) for r in running}
+
+    # Running rows: the protected ones, the parkable ones (in the order they would go), and the
+    # real-time rows that must keep 1x (not far ahead).
+    nonrt = sorted(
+        (i for i, r in enumerate(running) if not r.req.realtime),
+        key=lambda i: (running[i].stream.admitted_at or 0.0, i),
+    )
+    ahead = sorted(
+        (i for i, r in enumerate(running) if r.req.realtime and slack[id(r)] >= cfg.park_ahead_s),
+        key=lambda i: -slack[id(running[i])],
+    )
+    parkable = nonrt[cfg.background_rows :][::-1] + ahead
+    if len(running) >= slots and not parkable:
+        return out  # nothing can join, nothing would leave
+    rt_demand = sum(1 for r in running if r.req.realtime and slack[id(r)] < cfg.park_ahead_s)
+    kept = min(len(nonrt), cfg.background_rows)  # protected rows in the batch
+    total = len(running)
+    used = sum(r.budget for r in running)
+    nonrt_in = [running[i] for i in nonrt]  # rows without a listener in the batch (fair shares count them)
+    streams_of = Counter(c for _, c in {(id(stream_key(r)), r.req.client) for r in running if r.req.realtime})
+
+    def park_one() -> None:
+        nonlocal total, used
+        i = parkable.pop(0)
+        out.park.append(i)
+        total -= 1
+        used -= running[i].budget
+        if not running[i].req.realtime:
+            nonrt_in.remove(running[i])
+
+    def claim(need: int) -> bool:
+        """A slot for a row needing ``need`` tokens of budget: a free one, or a parkable row's."""
+        nonlocal total, used
+        if total >= slots:
+            if not parkable or (used - running[parkable[0]].budget + need > cfg.token_budget and total > 1):
+                return False
+            park_one()
+        elif used + need > cfg.token_budget and total:
+            return False
+        total += 1
+        used += need
+        return True
+
+    def fair(at_most: int) -> list[Row]:
+        """Rows without a listener from the queue, in its fair order between clients."""
+        got = scheduler.pop_admissible(
+            nonrt_in,
+            cfg,
+            now,
+            hold_groups_at,
+            realtime=False,
+            occupied=total - len(nonrt_in),
+            at_most=at_most,
+            occupied_budget=used - sum(r.budget for r in nonrt_in),
+        )
+        out.ended += [r for r in got if r.stream.cancelled.is_set()]
+        return [r for r in got if not r.stream.cancelled.is_set()]
+
+    # Candidates not running: rows this rule parked, and the eligible waiting rows of each
+    # real-time stream (a stream's rows in segment order, at most a batch's worth).
+    held_nonrt = sorted((r for r in held if not r.req.realtime), key=lambda r: r.parked_at or 0.0)
+    cands = [_Candidate(r, slack_of(r, now), True, False, r.stream.row_id) for r in held if r.req.realtime]
+    for rows in scheduler.realtime_streams():
+        for r in rows[:slots]:
+            if not scheduler.eligible(r, cfg, hold_groups_at):
+                break
+            cands.append(_Candidate(r, slack_of(r, now), False, is_new(r), r.stream.row_id))
+
+    # 1. Owed slots: rows without a listener that have waited background_wait_s.
+    due = now - cfg.background_wait_s
+    while kept < cfg.background_rows:
+        if held_nonrt and (held_nonrt[0].parked_at or 0.0) <= due:
+            if not claim(held_nonrt[0].budget):
+                break
+            row = held_nonrt.pop(0)
+            out.resume.append(row)
+        else:
+            oldest = scheduler.oldest(realtime=False)
+            if oldest is None or oldest > due or (total >= slots and not parkable):
+                break
+            full = total >= slots  # a parkable row leaves for it, once the queue has given one
+            total -= full
+            got = fair(1)
+            total += full
+            if not got:
+                break
+            if full:
+                park_one()
+            row = got[0]
+            total += 1
+            used += _need(row, False)
+            out.admit.append(row)
+        nonrt_in.append(row)
+        kept += 1
+
+    # 2. Urgent real-time rows, least slack first; new streams within the capacity.
+    urgent = [c for c in cands if c.new or c.slack < cfg.resume_ahead_s]
+    later = [c for c in cands if not (c.new or c.slack < cfg.resume_ahead_s)]
+    admit_rows = None if capacity.admit_rows is None else max(1, capacity.admit_rows)
+    clients = {c.row.req.client for c in urgent if c.new} | set(streams_of)
+    share = math.ceil((admit_rows or slots) / max(1, len(clients)))
+    while urgent:
+        best = min(urgent, key=lambda c: (c.new and streams_of[c.row.req.client] >= share, c.slack, c.seq))
+        urgent.remove(best)
+        if best.new and admit_rows is not None and rt_demand + kept + 1 > admit_rows:
+            urgent = [c for c in urgent if not c.new]  # no room for another stream at 1x
+            continue
+        if not claim(_need(best.row, best.held)):
+            if total >= slots and not parkable:
+                break  # no slot for anyone
+            continue  # over the token budget: a smaller row may fit
+        (out.resume if best.held else out.admit).append(best.row)
+        rt_demand += 1
+        if best.new:
+            streams_of[best.row.req.client] += 1
+
+    # 3. What is left, into free slots: real-time rows not urgent, then rows without a listener.
+    def room() -> int:
+        free = slots - total
+        if rt_demand and admit_rows is not None:
+            free = min(free, admit_rows - total)
+        return free
+
+    for c in sorted(later, key=lambda c: (c.slack, c.seq)):
+        need = _need(c.row, c.held)
+        if room() <= 0 or (used + need > cfg.token_budget and total):
+            break
+        total += 1
+        used += need
+        (out.resume if c.held else out.admit).append(c.row)
+    while held_nonrt and room() > 0 and (used + held_nonrt[0].budget <= cfg.token_budget or not total):
+        row = held_nonrt.pop(0)
+        total += 1
+        used += row.budget
+        out.resume.append(row)
+        nonrt_in.append(row)
+    if room() > 0:
+        got = fair(room())
+        total += len(got)
+        out.admit += got
+
+    # 4. Cheaper steps: above the rows whose steps keep 1x, parkable rows leave (down to the rows
+    # with headroom: the band between keeps them from coming straight back).
+    if rt_demand and capacity.park_rows is not None and admit_rows is not None and total > capacity.park_rows:
+        while total > admit_rows and parkable:
+            park_one()
+
+    scheduler.take([r for r in out.admit if r.req.realtime])
+    return out
