@@ -204,6 +204,12 @@ def test_a_new_stream_starts_only_within_the_measured_capacity():
     s = queue(new)
     d = decide([running[0], started(now, 6.0)[0]], [], s, cfg, now, Capacity(admit_rows=2, park_rows=2))
     assert d.admit == [new] and d.park == [1]
+    # Steps slower than real time even at one row: no smooth stream to protect, nothing held back.
+    assert decide(running, [], queue(new), cfg, now, Capacity(admit_rows=0, park_rows=0)).admit == [new]
+    # A job owed its slot does not keep the only stream a replica can carry from starting.
+    job = nonrt(at=now - 5.0)
+    job.stream.admitted_at = now - 5.0
+    assert decide([job], [], queue(new), cfg, now, Capacity(admit_rows=1, park_rows=1)).admit == [new]
 
 
 def test_one_keys_many_streams_are_not_capped_while_capacity_is_free():
@@ -344,8 +350,8 @@ def test_no_urgent_row_waits_while_a_row_with_more_slack_could_give_way(
 
     taken = {id(r) for r in d.resume + d.admit}
     may_give_way = [r for r in running if r not in parked and is_parkable(r, slack[id(r)], protected, cfg)]
-    demand = sum(1 for r in after if r.req.realtime and slack[id(r)] < cfg.park_ahead_s)
-    demand += min(background, sum(1 for r in after if not r.req.realtime))
+    rt_demand = sum(1 for r in after if r.req.realtime and slack[id(r)] < cfg.park_ahead_s)
+    kept = min(background, sum(1 for r in after if not r.req.realtime))
     eligible = [r for r in held if id(r) not in taken] + [
         r for r in waiting if id(r) not in taken and s.eligible(r, cfg, None)
     ]
@@ -355,7 +361,7 @@ def test_no_urgent_row_waits_while_a_row_with_more_slack_could_give_way(
         new = is_new(w)
         if not (new or slack[id(w)] < cfg.resume_ahead_s):
             continue  # not urgent
-        gated = new and cap.admit_rows is not None and demand + 1 > max(1, cap.admit_rows)
+        gated = new and bool(cap.admit_rows) and rt_demand + 1 > max(1, cap.admit_rows - kept)
         if gated:
             continue
         assert len(after) == slots and not may_give_way, (w.req.client, slack[id(w)], len(after), slots)

@@ -15,10 +15,12 @@ sent its first audio yet. Rows without a listener have none. Before every decode
    listener beyond the protected ones (newest first), then a real-time row at least
    ``park_ahead_s`` ahead (most ahead first). Rows between the two thresholds are neither
    parked nor urgent (hysteresis), so a parked row stays out for at least their difference.
-   A **new stream** starts only while the rows that stay whatever comes (real-time rows less
-   than ``park_ahead_s`` ahead, protected rows) leave room for one more within the replica's
-   measured capacity (``Capacity.admit_rows``, decode/capacity.py): beyond it every running
-   stream would drop below 1x. Started streams are never held back for new ones. Among new
+   A **new stream** starts only while the real-time rows that must keep 1x (less than
+   ``park_ahead_s`` ahead) leave room for one more within the replica's measured capacity
+   (``Capacity.admit_rows``, decode/capacity.py), less the protected rows (one stream may
+   always start): beyond it every running stream would drop below 1x. Started streams are never
+   held back for new ones. A replica whose steps are slower than real time even at one row has
+   no smooth stream to protect: there nothing is held back, rows are only ordered. Among new
    streams a client holding its share of the capacity in real-time streams goes after the
    others (one key's streams are not capped while capacity is free).
 3. **What is left**, into free slots only: real-time rows that are not urgent (least slack
@@ -50,7 +52,7 @@ from .scheduler import Scheduler, prompt_len_estimate, stream_key
 class Capacity:
     """What the batch can carry (rows; None until measured)."""
 
-    admit_rows: Optional[int] = None  # rows with each at >= 1x, with capacity_headroom to spare
+    admit_rows: Optional[int] = None  # rows with each at >= 1x, with capacity_headroom to spare (0: none)
     park_rows: Optional[int] = None  # rows at exactly 1x: above it, real-time rows fall behind
 
 
@@ -204,13 +206,16 @@ def decide(
     # 2. Urgent real-time rows, least slack first; new streams within the capacity.
     urgent = [c for c in cands if c.new or c.slack < cfg.resume_ahead_s]
     later = [c for c in cands if not (c.new or c.slack < cfg.resume_ahead_s)]
-    admit_rows = None if capacity.admit_rows is None else max(1, capacity.admit_rows)
+    # Not even one row at 1x (a slow CPU): no real-time stream can be kept smooth, so the rule only
+    # orders rows (least slack first) and holds nothing back for the capacity.
+    admit_rows = capacity.admit_rows or None
+    park_rows = capacity.park_rows if admit_rows else None
     clients = {c.row.req.client for c in urgent if c.new} | set(streams_of)
     share = math.ceil((admit_rows or slots) / max(1, len(clients)))
     while urgent:
         best = min(urgent, key=lambda c: (c.new and streams_of[c.row.req.client] >= share, c.slack, c.seq))
         urgent.remove(best)
-        if best.new and admit_rows is not None and rt_demand + kept + 1 > admit_rows:
+        if best.new and admit_rows is not None and rt_demand + 1 > max(1, admit_rows - kept):
             urgent = [c for c in urgent if not c.new]  # no room for another stream at 1x
             continue
         if not claim(_need(best.row, best.held)):
@@ -249,7 +254,7 @@ def decide(
 
     # 4. Cheaper steps: above the rows whose steps keep 1x, parkable rows leave (down to the rows
     # with headroom: the band between keeps them from coming straight back).
-    if rt_demand and capacity.park_rows is not None and admit_rows is not None and total > capacity.park_rows:
+    if rt_demand and park_rows is not None and admit_rows is not None and total > park_rows:
         while total > admit_rows and parkable:
             park_one()
 
