@@ -383,10 +383,10 @@ class AcousticEngine:
         now = self._clock()
         cfg = self.cfg
         slots = cfg.max_rows + cfg.reserved_rows
-        cap = Capacity(
-            admit_rows=self.capacity.rows_within(TOKEN_SECONDS * (1 - cfg.capacity_headroom), slots),
-            park_rows=self.capacity.rows_within(TOKEN_SECONDS, slots),
-        )
+        admit = self.capacity.rows_within(TOKEN_SECONDS * (1 - cfg.capacity_headroom), slots)
+        if admit:  # a row past the largest batch measured lately, not more (decode/capacity.py)
+            admit = min(admit, self.capacity.largest_recent() + 1)
+        cap = Capacity(admit_rows=admit, park_rows=self.capacity.rows_within(TOKEN_SECONDS, slots))
         with self._lock:
             plan = decide(self.batch.rows, self.held.rows, self.scheduler, cfg, now, cap, hold_groups_at=limit)
         for row in plan.ended:
@@ -458,20 +458,22 @@ class AcousticEngine:
         self.stats.max_rows = max(self.stats.max_rows, n)
         # Each row's input token of this step produced `hidden`: it belongs to that token.
         self._sample_and_advance(0, hidden)
-        self.capacity.observe(n, time.perf_counter() - t0)
         self._retire()
         self._park()
         self.stats.decode_seconds += time.perf_counter() - t0
-        self._keep_pace(start)
+        # What a running row waits per token at this size, admissions between steps included.
+        self.capacity.observe(n, self._keep_pace(start))
         if self.on_step is not None:
             self.on_step(n)
 
-    def _keep_pace(self, start: float) -> None:
+    def _keep_pace(self, start: float) -> float:
+        """Update ``pace_s`` with this step; returns the step's time, the wait before it included."""
         end = time.monotonic()
         took = end - (self._busy_since_step if self._busy_since_step is not None else start)
         self.pace_s = took if self.pace_s is None else 0.7 * self.pace_s + 0.3 * took
         # Rows still running wait through whatever comes before the next step; none: idle time is no one's.
         self._busy_since_step = end if self.batch.rows else None
+        return took
 
     def _forward(self, last: torch.Tensor) -> torch.Tensor:
         """The GPT over one new token per row (``last``: (B, 4) codes) -> last hidden (B, hidden)."""

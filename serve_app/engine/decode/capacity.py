@@ -2,27 +2,34 @@
 
 A step's time grows with its rows on a CPU (every row adds its matmul rows and its attention) and
 barely on a GPU, and it drifts as KV lengths grow and neighbours share the machine, so it is
-measured, not configured: ``StepModel`` keeps, per batch size, an EWMA of the decode step's time,
-and over all sizes a least-squares line ``a + b * rows`` whose weights decay with every step (the
-recent steps count, the old ones fade). A size run recently enough times is read from its own
-average; the others from the line once two sizes have been seen, before that from the one size
-seen (an optimistic guess for more rows: the loop admits them, and so measures them).
+measured, not configured: ``StepModel`` keeps, per batch size, an EWMA of the decode step's time
+(as its rows wait for it: admissions between two steps count, ``AcousticEngine.pace_s``), and
+over all sizes a least-squares line ``a + b * rows`` whose weights decay with every step (the
+recent steps count, the old ones fade). A size run lately is read from its own average; a size
+between two of them, interpolated; past the smallest or the largest, that one's plus or minus the
+line's slope per row (kept within [0, its time per row]: a noisy line over a narrow band of sizes
+must promise, or forbid, no more than that). Before a second size is seen the slope is 0: more
+rows are guessed no slower, but the rule grows the batch a row at a time (below), so a size is
+measured before it is trusted; fewer rows, no faster, until the batch has varied.
 
 From it: how many rows the replica can decode with each at least 1x real time (``rows_within``:
 the largest n with ``step_s(n) <= budget``, every smaller size within it too), and the audio
-seconds per second a batch of n rows makes (``audio_rate``). The decode loop uses the first for
-its deadline rule (decode/deadline.py); ``AcousticEngine.realtime`` reports both.
+seconds per second a batch of n rows makes (``audio_rate``). ``AcousticEngine.realtime`` reports
+both; the deadline rule (decode/deadline.py) lets real-time work fill the first, but at most one
+row past the largest batch measured lately (``largest_recent``): a burst of new streams grows the
+batch a row a step, each size measured before the next is trusted, instead of filling every slot
+on a guess.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Optional
 
 from ..pacing import TOKEN_SECONDS
 
 EWMA_ALPHA = 0.05  # per-size average: about the last 20 steps of that size
 LINE_DECAY = 0.998  # the line's weights: about the last 500 steps (a few seconds of decoding)
-MIN_SAMPLES = 3  # steps of one size before its own average is trusted
 STALE_STEPS = 2000  # a size not run for this many steps is read from the line again
 OUTLIER = 3.0  # a step this many times its size's estimate counts as that (a GC pause, a preempted thread)
 
@@ -33,7 +40,6 @@ class StepModel:
 
     def __init__(self) -> None:
         self._avg: dict[int, float] = {}
-        self._count: dict[int, int] = {}
         self._seen: dict[int, int] = {}  # size -> observation number it was last seen at
         self._n = 0  # observations so far
         # Decayed sums for the weighted least-squares line: weight, rows, rows^2, time, rows*time.
@@ -52,7 +58,6 @@ class StepModel:
         self._n += 1
         avg = self._avg.get(rows)
         self._avg[rows] = seconds if avg is None else avg + EWMA_ALPHA * (seconds - avg)
-        self._count[rows] = self._count.get(rows, 0) + 1
         self._seen[rows] = self._n
         d = LINE_DECAY
         self._w = self._w * d + 1.0
@@ -77,14 +82,24 @@ class StepModel:
         """The expected time of a decode step of ``rows`` rows; None before any step."""
         if not self._n or rows <= 0:
             return None
-        if self._count.get(rows, 0) >= MIN_SAMPLES and self._n - self._seen[rows] <= STALE_STEPS:
+        sizes = sorted(m for m, seen in self._seen.items() if self._n - seen <= STALE_STEPS) or sorted(self._avg)
+        i = bisect.bisect_left(sizes, rows)
+        if i < len(sizes) and sizes[i] == rows:
             return self._avg[rows]
+        if i == 0:  # fewer rows than any measured: the smallest, less the line's slope per row
+            lo = sizes[0]
+            return self._avg[lo] - self.slope(lo) * (lo - rows)
+        lo = sizes[i - 1]
+        if i == len(sizes):  # more rows than any measured: the largest, plus the line's slope per row
+            return self._avg[lo] + self.slope(lo) * (rows - lo)
+        hi = sizes[i]
+        return self._avg[lo] + (self._avg[hi] - self._avg[lo]) * (rows - lo) / (hi - lo)
+
+    def slope(self, at: int) -> float:
+        """Seconds a row adds to a step around ``at`` rows: the line's, within [0, the time per row at
+        ``at``] (a step's fixed part is never negative); 0 until two sizes have been seen."""
         line = self.line()
-        if line is not None:
-            a, b = line
-            return max(a + b * rows, 1e-6)
-        # One size seen: its time (fewer rows are no faster; more, the loop tries and learns).
-        return self._avg[min(self._avg, key=lambda m: (abs(m - rows), -m))]
+        return 0.0 if line is None else min(line[1], self._avg[at] / at)
 
     def rows_within(self, budget_s: float, limit: int) -> Optional[int]:
         """The most rows (up to ``limit``) whose steps, and every smaller batch's, take at most
@@ -98,6 +113,11 @@ class StepModel:
                 break
             n = rows
         return n
+
+    def largest_recent(self) -> Optional[int]:
+        """The largest batch stepped within the last ``STALE_STEPS`` steps (None: none)."""
+        recent = [m for m, seen in self._seen.items() if self._n - seen <= STALE_STEPS]
+        return max(recent, default=None)
 
     def audio_rate(self, rows: int) -> Optional[float]:
         """Audio seconds per second a batch of ``rows`` rows makes (each step: one token per row)."""

@@ -11,22 +11,26 @@ sent its first audio yet. Rows without a listener have none. Before every decode
    are never parked for real-time rows ("protected").
 2. **Urgent real-time rows**, least slack first: rows of streams with less than
    ``resume_ahead_s`` of slack (waiting, or parked by this rule) and new streams (first audio
-   pending). Each takes a free slot, or parks a running row that is *parkable*: a row without a
+   pending). Each takes a free place, or parks a running row that is *parkable*: a row without a
    listener beyond the protected ones (newest first), then a real-time row at least
-   ``park_ahead_s`` ahead (most ahead first). Rows between the two thresholds are neither
-   parked nor urgent (hysteresis), so a parked row stays out for at least their difference.
-   A **new stream** starts only while the real-time rows that must keep 1x (less than
-   ``park_ahead_s`` ahead) leave room for one more within the replica's measured capacity
-   (``Capacity.admit_rows``, decode/capacity.py), less the protected rows (one stream may
-   always start): beyond it every running stream would drop below 1x. Started streams are never
-   held back for new ones. A replica whose steps are slower than real time even at one row has
-   no smooth stream to protect: there nothing is held back, rows are only ordered. Among new
-   streams a client holding its share of the capacity in real-time streams goes after the
+   ``park_ahead_s`` ahead (most ahead first). A free place is a free slot within the replica's
+   measured capacity (``Capacity.admit_rows``, decode/capacity.py: the rows whose steps keep each
+   at 1x with headroom): more rows would slow every running stream below 1x, so past it an urgent
+   row waits for a row to end or to be far enough ahead. Rows between the two thresholds are
+   neither parked nor urgent (hysteresis), so a parked row stays out for at least their difference.
+   A **new stream** starts only while the started streams not far ahead (less than
+   ``park_ahead_s`` of slack, decoding or between two segments) leave room for one more within the
+   capacity, less the protected rows (one stream may always start), whether it takes a free place
+   or a far-ahead row's: a started stream must find room for its next segment, and streams beyond
+   the capacity would all stall.
+   A replica whose steps are slower than real time even at one row has no smooth stream to
+   protect: there nothing is held back for the capacity, rows are only ordered. Among new
+   streams, a client holding its share of the capacity in real-time streams goes after the
    others (one key's streams are not capped while capacity is free).
-3. **What is left**, into free slots only: real-time rows that are not urgent (least slack
+3. **What is left**, into free places only: real-time rows that are not urgent (least slack
    first), then rows without a listener (parked ones first, then the queue's fair order between
-   clients: ``Scheduler.pop_admissible``). While real-time rows that must keep 1x run, only
-   within the capacity.
+   clients: ``Scheduler.pop_admissible``). Within the capacity while real-time rows that must
+   keep 1x run, every slot otherwise.
 4. **Cheaper steps.** While such rows run and the batch is above ``Capacity.park_rows`` (its
    steps slower than one token's audio), parkable rows leave until it is within
    ``Capacity.admit_rows`` (the band between is the hysteresis in rows).
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..config import AcousticConfig
+from .playback import Playback
 from .row import Row
 from .scheduler import Scheduler, prompt_len_estimate, stream_key
 
@@ -72,6 +77,12 @@ def slack_of(row: Row, now: float) -> Optional[float]:
     if pb is None:
         return -(now - row.stream.submitted_at)
     return pb.row_slack(row.stream.segment, now)
+
+
+def committing(pb: Playback, now: float, cfg: AcousticConfig) -> bool:
+    """A real-time stream that has started, is not finished, and is not far ahead of its listener:
+    it holds a claim on the capacity, between two segments too."""
+    return pb.realtime and pb.started and not pb.finished and pb.slack(now) < cfg.park_ahead_s
 
 
 def is_new(row: Row) -> bool:
@@ -108,6 +119,10 @@ def decide(
     out = Decision(ended=scheduler.pop_cancelled())
     slots = cfg.max_rows + cfg.reserved_rows
     slack = {id(r): slack_of(r, now) for r in running}
+    # Not even one row at 1x (a slow CPU): no real-time stream can be kept smooth, so the rule only
+    # orders rows (least slack first) and holds nothing back for the capacity.
+    admit_rows = capacity.admit_rows or None
+    park_rows = capacity.park_rows if admit_rows else None
 
     # Running rows: the protected ones, the parkable ones (in the order they would go), and the
     # real-time rows that must keep 1x (not far ahead).
@@ -124,6 +139,13 @@ def decide(
         return out  # nothing can join, nothing would leave
     rt_demand = sum(1 for r in running if r.req.realtime and slack[id(r)] < cfg.park_ahead_s)
     kept = min(len(nonrt), cfg.background_rows)  # protected rows in the batch
+    # Started streams not far ahead, running or not: each will need a place for its next audio
+    # (a stream between two segments holds its claim on the capacity).
+    committed = {
+        id(pb)
+        for r in [*running, *held]
+        if r.req.realtime and (pb := r.stream.playback) is not None and committing(pb, now, cfg)
+    }
     total = len(running)
     used = sum(r.budget for r in running)
     nonrt_in = [running[i] for i in nonrt]  # rows without a listener in the batch (fair shares count them)
@@ -138,10 +160,15 @@ def decide(
         if not running[i].req.realtime:
             nonrt_in.remove(running[i])
 
-    def claim(need: int) -> bool:
-        """A slot for a row needing ``need`` tokens of budget: a free one, or a parkable row's."""
+    def within() -> int:
+        """Rows real-time work may fill: the capacity, or one row beside the protected ones."""
+        return slots if admit_rows is None else min(slots, max(admit_rows, kept + 1))
+
+    def claim(need: int, limit: int = slots) -> bool:
+        """A place for a row needing ``need`` tokens of budget among ``limit`` rows: a free one, or a
+        parkable row's."""
         nonlocal total, used
-        if total >= slots:
+        if total >= limit:
             if not parkable or (used - running[parkable[0]].budget + need > cfg.token_budget and total > 1):
                 return False
             park_one()
@@ -171,6 +198,9 @@ def decide(
     held_nonrt = sorted((r for r in held if not r.req.realtime), key=lambda r: r.parked_at or 0.0)
     cands = [_Candidate(r, slack_of(r, now), True, False, r.stream.row_id) for r in held if r.req.realtime]
     for rows in scheduler.realtime_streams():
+        pb = rows[0].stream.playback
+        if pb is not None and committing(pb, now, cfg):
+            committed.add(id(pb))
         for r in rows[:slots]:
             if not scheduler.eligible(r, cfg, hold_groups_at):
                 break
@@ -206,33 +236,27 @@ def decide(
     # 2. Urgent real-time rows, least slack first; new streams within the capacity.
     urgent = [c for c in cands if c.new or c.slack < cfg.resume_ahead_s]
     later = [c for c in cands if not (c.new or c.slack < cfg.resume_ahead_s)]
-    # Not even one row at 1x (a slow CPU): no real-time stream can be kept smooth, so the rule only
-    # orders rows (least slack first) and holds nothing back for the capacity.
-    admit_rows = capacity.admit_rows or None
-    park_rows = capacity.park_rows if admit_rows else None
     clients = {c.row.req.client for c in urgent if c.new} | set(streams_of)
     share = math.ceil((admit_rows or slots) / max(1, len(clients)))
     while urgent:
         best = min(urgent, key=lambda c: (c.new and streams_of[c.row.req.client] >= share, c.slack, c.seq))
         urgent.remove(best)
-        if best.new and admit_rows is not None and rt_demand + 1 > max(1, admit_rows - kept):
+        if best.new and admit_rows is not None and len(committed) + 1 > max(1, admit_rows - kept):
             urgent = [c for c in urgent if not c.new]  # no room for another stream at 1x
             continue
-        if not claim(_need(best.row, best.held)):
-            if total >= slots and not parkable:
-                break  # no slot for anyone
+        if not claim(_need(best.row, best.held), within()):
+            if total >= within() and not parkable:
+                break  # no room for anyone
             continue  # over the token budget: a smaller row may fit
         (out.resume if best.held else out.admit).append(best.row)
         rt_demand += 1
         if best.new:
             streams_of[best.row.req.client] += 1
+            committed.add(id(best.row.stream.playback or best.row.stream))
 
     # 3. What is left, into free slots: real-time rows not urgent, then rows without a listener.
     def room() -> int:
-        free = slots - total
-        if rt_demand and admit_rows is not None:
-            free = min(free, admit_rows - total)
-        return free
+        return (within() if rt_demand else slots) - total
 
     for c in sorted(later, key=lambda c: (c.slack, c.seq)):
         need = _need(c.row, c.held)
