@@ -6,12 +6,16 @@ waiting rows (each is prefilled alone, then its KV joins the batch's buffers: TG
 ``filter``). Every row keeps its own position ids, sampling parameters, seed (a private
 ``torch.Generator`` drawn once per step, so its tokens do not depend on its neighbours), token
 budget and chunk schedule. Each row streams chunks of GPT hidden states, which is what
-ChatTTS's decoder turns into mel frames. The parts live in ``decode/`` (``Scheduler``,
-``Prefiller``, ``BatchState``, ``Sampler``, ``RowStream``, ``ParkedRows``, ``EngineStats``, with
-``cuda_graphs`` ``GraphRunner``). This module runs them: the loop, admission, the decode step,
-chunk emission, back-pressure, and the one failure path (``_fail``). ``continuous=False`` turns
-this into window batching (a batch runs to its end before the next one is admitted), kept for
-the benchmark comparison.
+ChatTTS's decoder turns into mel frames. The parts live in ``decode/`` (``Scheduler``, ``decide``
+(the deadline rule), ``Playback``, ``StepModel``, ``Prefiller``, ``BatchState``, ``Sampler``,
+``RowStream``, ``ParkedRows``, ``EngineStats``, with ``cuda_graphs`` ``GraphRunner``). This module
+runs them: the loop, admission (``scheduling``: real-time streams least slack first, parking rows
+far ahead of their listeners, within the capacity measured from the loop's own steps; or the fair
+order between clients alone), the decode step, chunk emission, back-pressure, and the one failure
+path (``_fail``). Every request gets a playback clock (``RowStream.playback``): its rows' slack,
+and the stall its listener has heard, which ``realtime()`` reports with the replica's capacity.
+``continuous=False`` turns this into window batching (a batch runs to its end before the next one
+is admitted), kept for the benchmark comparison.
 
 It uses ChatTTS's own modules: the tokenizer and speaker prompt format, ``Embed`` (code
 embeddings and heads), the ``LlamaModel`` and ``gen_logits``. No Ray, no HTTP.
@@ -294,7 +298,8 @@ class AcousticEngine:
             pass
 
     def step(self) -> bool:
-        """Admit, run one decode step, retire finished rows. Returns False when idle.
+        """Admit (and, by the deadline rule, park and resume), run one decode step, retire
+        finished rows. Returns False when idle.
 
         A failure here fails the running rows (not the loop): each through ``_fail``."""
         try:

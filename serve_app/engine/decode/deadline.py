@@ -42,6 +42,7 @@ lock, with its own clock (``now``), so tests drive it with synthetic rows and cl
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -89,15 +90,6 @@ def is_new(row: Row) -> bool:
     """A real-time row of a stream whose first audio has not left yet."""
     pb = row.stream.playback
     return row.req.realtime and (pb is None or not pb.started)
-
-
-@dataclass
-class _Candidate:
-    row: Row
-    slack: float
-    held: bool  # parked by this rule (else waiting in the queue)
-    new: bool
-    seq: int
 
 
 def _need(row: Row, held: bool) -> int:
@@ -189,24 +181,13 @@ def decide(
             occupied=total - len(nonrt_in),
             at_most=at_most,
             occupied_budget=used - sum(r.budget for r in nonrt_in),
+            cancelled_popped=True,
         )
         out.ended += [r for r in got if r.stream.cancelled.is_set()]
         return [r for r in got if not r.stream.cancelled.is_set()]
 
-    # Candidates not running: rows this rule parked, and the eligible waiting rows of each
-    # real-time stream (a stream's rows in segment order, at most a batch's worth).
-    held_nonrt = sorted((r for r in held if not r.req.realtime), key=lambda r: r.parked_at or 0.0)
-    cands = [_Candidate(r, slack_of(r, now), True, False, r.stream.row_id) for r in held if r.req.realtime]
-    for rows in scheduler.realtime_streams():
-        pb = rows[0].stream.playback
-        if pb is not None and committing(pb, now, cfg):
-            committed.add(id(pb))
-        for r in rows[:slots]:
-            if not scheduler.eligible(r, cfg, hold_groups_at):
-                break
-            cands.append(_Candidate(r, slack_of(r, now), False, is_new(r), r.stream.row_id))
-
     # 1. Owed slots: rows without a listener that have waited background_wait_s.
+    held_nonrt = sorted((r for r in held if not r.req.realtime), key=lambda r: r.parked_at or 0.0)
     due = now - cfg.background_wait_s
     while kept < cfg.background_rows:
         if held_nonrt and (held_nonrt[0].parked_at or 0.0) <= due:
@@ -233,38 +214,82 @@ def decide(
         nonrt_in.append(row)
         kept += 1
 
+    def room() -> int:
+        """Free places for work that is not urgent."""
+        return (within() if rt_demand else slots) - total
+
+    if not parkable and total >= within() and room() <= 0:
+        return _cheaper_steps(out, running, parkable, rt_demand, total, admit_rows, park_rows, scheduler)
+
+    # Candidates not running, taken lazily: the rows this rule parked, and each real-time stream's
+    # next eligible waiting row (its later rows have more slack: one is offered once it is taken).
+    # Started streams' in a heap by slack; new streams' (first audio pending) apart, for the share.
+    heap: list[tuple[float, int, Row, Optional[list[Row]], int]] = []
+    new: list[tuple[float, int, Row]] = []
+
+    def offer(rows: list[Row], pos: int) -> None:
+        if pos < len(rows) and scheduler.eligible(rows[pos], cfg, hold_groups_at):
+            r = rows[pos]
+            if is_new(r):
+                new.append((slack_of(r, now), r.stream.row_id, r))
+            else:
+                heapq.heappush(heap, (slack_of(r, now), r.stream.row_id, r, rows, pos))
+
+    for r in held:
+        if r.req.realtime:
+            heapq.heappush(heap, (slack_of(r, now), r.stream.row_id, r, None, 0))
+    for rows in scheduler.realtime_streams():
+        pb = rows[0].stream.playback
+        if pb is not None and committing(pb, now, cfg):
+            committed.add(id(pb))
+        offer(rows, 0)
+
+    def take(entry: tuple) -> None:
+        _, _, row, rows, pos = entry
+        (out.admit if rows is not None else out.resume).append(row)
+        if rows is not None:
+            offer(rows, pos + 1)
+
     # 2. Urgent real-time rows, least slack first; new streams within the capacity.
-    urgent = [c for c in cands if c.new or c.slack < cfg.resume_ahead_s]
-    later = [c for c in cands if not (c.new or c.slack < cfg.resume_ahead_s)]
-    clients = {c.row.req.client for c in urgent if c.new} | set(streams_of)
+    clients = {r.req.client for _, _, r in new} | set(streams_of)
     share = math.ceil((admit_rows or slots) / max(1, len(clients)))
-    while urgent:
-        best = min(urgent, key=lambda c: (c.new and streams_of[c.row.req.client] >= share, c.slack, c.seq))
-        urgent.remove(best)
-        if best.new and admit_rows is not None and len(committed) + 1 > max(1, admit_rows - kept):
-            urgent = [c for c in urgent if not c.new]  # no room for another stream at 1x
-            continue
-        if not claim(_need(best.row, best.held), within()):
+    while True:
+        best_new = min(new, key=lambda e: (streams_of[e[2].req.client] >= share, e[0], e[1]), default=None)
+        first = heap[0] if heap and heap[0][0] < cfg.resume_ahead_s else None
+        if best_new is None and first is None:
+            break
+        picks_new = best_new is not None and (
+            first is None or (streams_of[best_new[2].req.client] >= share, *best_new[:2]) < (False, *first[:2])
+        )
+        if picks_new:
+            new.remove(best_new)
+            if admit_rows is not None and len(committed) + 1 > max(1, admit_rows - kept):
+                new.clear()  # no room for another stream at 1x
+                continue
+            row = best_new[2]
+        else:
+            heapq.heappop(heap)
+            row = first[2]
+        if not claim(_need(row, not picks_new and first[3] is None), within()):
             if total >= within() and not parkable:
                 break  # no room for anyone
             continue  # over the token budget: a smaller row may fit
-        (out.resume if best.held else out.admit).append(best.row)
+        if picks_new:  # a new stream's first row (its later rows wait for its first audio)
+            out.admit.append(row)
+            streams_of[row.req.client] += 1
+            committed.add(id(stream_key(row)))
+        else:
+            take(first)
         rt_demand += 1
-        if best.new:
-            streams_of[best.row.req.client] += 1
-            committed.add(id(best.row.stream.playback or best.row.stream))
 
-    # 3. What is left, into free slots: real-time rows not urgent, then rows without a listener.
-    def room() -> int:
-        return (within() if rt_demand else slots) - total
-
-    for c in sorted(later, key=lambda c: (c.slack, c.seq)):
-        need = _need(c.row, c.held)
-        if room() <= 0 or (used + need > cfg.token_budget and total):
+    # 3. What is left, into free places: real-time rows not urgent, then rows without a listener.
+    while heap and room() > 0:
+        need = _need(heap[0][2], heap[0][3] is None)
+        if used + need > cfg.token_budget and total:
             break
         total += 1
         used += need
-        (out.resume if c.held else out.admit).append(c.row)
+        take(heapq.heappop(heap))
     while held_nonrt and room() > 0 and (used + held_nonrt[0].budget <= cfg.token_budget or not total):
         row = held_nonrt.pop(0)
         total += 1
@@ -276,11 +301,25 @@ def decide(
         total += len(got)
         out.admit += got
 
-    # 4. Cheaper steps: above the rows whose steps keep 1x, parkable rows leave (down to the rows
-    # with headroom: the band between keeps them from coming straight back).
+    return _cheaper_steps(out, running, parkable, rt_demand, total, admit_rows, park_rows, scheduler)
+
+
+def _cheaper_steps(
+    out: Decision,
+    running: Sequence[Row],
+    parkable: list[int],
+    rt_demand: int,
+    total: int,
+    admit_rows: Optional[int],
+    park_rows: Optional[int],
+    scheduler: Scheduler,
+) -> Decision:
+    """4. Above the rows whose steps keep 1x, parkable rows leave (down to the rows with headroom:
+    the band between keeps them from coming straight back); then the admitted real-time rows
+    leave the queue."""
     if rt_demand and park_rows is not None and admit_rows is not None and total > park_rows:
         while total > admit_rows and parkable:
-            park_one()
-
+            out.park.append(parkable.pop(0))
+            total -= 1
     scheduler.take([r for r in out.admit if r.req.realtime])
     return out

@@ -1,5 +1,10 @@
 """The waiting queue and admission: which rows join the running batch, and when.
 
+This is the whole rule with ``AcousticConfig.scheduling: fair``. With ``deadline`` (the
+default), ``decode/deadline.py`` takes the real-time rows by their slack (``realtime_streams``,
+``take``) and shares what they leave between the rows without a listener through
+``pop_admissible(realtime=False, ...)``, by the rules below; the queue limits hold for both.
+
 Rows belong to clients (``SegmentRequest.client``: an API key's id, ``ip:<addr>``, or "" for
 anonymous). Admission shares the batch between clients:
 
@@ -222,6 +227,8 @@ class Scheduler:
 
     def take(self, rows: Sequence[Row]) -> None:
         """Remove these waiting rows (the deadline rule admits them)."""
+        if not rows:
+            return
         ids = {id(r) for r in rows}
         self._remove([w for lst in self._streams.values() for w in lst if id(w.row) in ids])
 
@@ -242,6 +249,7 @@ class Scheduler:
         occupied: int = 0,
         at_most: Optional[int] = None,
         occupied_budget: int = 0,
+        cancelled_popped: bool = False,
     ) -> list[Row]:
         """Remove and return the rows to admit now, in admission order. Every row cancelled while
         waiting comes out too (first): the caller ends them without decoding. ``hold_groups_at``:
@@ -250,9 +258,10 @@ class Scheduler:
         The deadline rule (decode/deadline.py) shares out what real-time rows leave with
         ``realtime=False``: only rows without a listener take part, ``running`` are those of them in
         the batch (the client shares and caps count them), ``occupied`` the other rows in the batch
-        (they take slots and ``occupied_budget`` of the token budget), ``at_most`` the rows it may take."""
+        (they take slots and ``occupied_budget`` of the token budget), ``at_most`` the rows it may take,
+        ``cancelled_popped`` that it took the cancelled rows out just before (``pop_cancelled``)."""
         self._note_presence(running, now, realtime)
-        out = self.pop_cancelled()
+        out = [] if cancelled_popped else self.pop_cancelled()
         if not self._n or (not cfg.continuous and (running or occupied)):
             return out  # window batching: the running batch finishes first
         slots = cfg.max_rows + cfg.reserved_rows
