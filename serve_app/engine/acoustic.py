@@ -94,7 +94,8 @@ class RealtimeStatus:
 class AcousticEngine:
     """Owns the model's GPT and one running batch. Thread-safe ``submit``; one decode thread.
 
-    ``clock``: the time the scheduler and the playback clocks read (tests inject one)."""
+    ``clock``: the time the scheduler, the playback clocks and the step-time model read (tests and
+    simulations inject one; durations of work, ``stats``, stay on the wall clock)."""
 
     def __init__(
         self, model: LoadedModel, config: AcousticConfig = AcousticConfig(), clock: Callable[[], float] = time.monotonic
@@ -455,7 +456,7 @@ class AcousticEngine:
     @torch.inference_mode()
     def _decode_step(self) -> None:
         t0 = time.perf_counter()
-        start = time.monotonic()
+        start = self._clock()
         n = len(self.batch.rows)
         hidden = self._forward(self.batch.sampling.last)  # each row's last token in, (B, hidden) out
         self.stats.steps += 1
@@ -473,7 +474,7 @@ class AcousticEngine:
 
     def _keep_pace(self, start: float) -> float:
         """Update ``pace_s`` with this step; returns the step's time, the wait before it included."""
-        end = time.monotonic()
+        end = self._clock()
         took = end - (self._busy_since_step if self._busy_since_step is not None else start)
         self.pace_s = took if self.pace_s is None else 0.7 * self.pace_s + 0.3 * took
         # Rows still running wait through whatever comes before the next step; none: idle time is no one's.

@@ -35,8 +35,9 @@ OUTLIER = 3.0  # a step this many times its size's estimate counts as that (a GC
 
 
 class StepModel:
-    """Decode step time against rows in the batch, measured online. Decode thread writes, any
-    thread reads (floats and small dicts: a reader may see a step's update half done, harmlessly)."""
+    """Decode step time against rows in the batch, measured online. The decode thread writes, any
+    thread reads: readers copy the dicts in one C-level call (no iteration the writer could
+    invalidate) and may see a step's update half done, harmlessly."""
 
     def __init__(self) -> None:
         self._avg: dict[int, float] = {}
@@ -82,24 +83,25 @@ class StepModel:
         """The expected time of a decode step of ``rows`` rows; None before any step."""
         if not self._n or rows <= 0:
             return None
-        sizes = sorted(m for m, seen in self._seen.items() if self._n - seen <= STALE_STEPS) or sorted(self._avg)
+        avg, n = dict(self._avg), self._n
+        sizes = sorted(m for m, seen in list(self._seen.items()) if n - seen <= STALE_STEPS) or sorted(avg)
         i = bisect.bisect_left(sizes, rows)
         if i < len(sizes) and sizes[i] == rows:
-            return self._avg[rows]
+            return avg[rows]
         if i == 0:  # fewer rows than any measured: the smallest, less the line's slope per row
             lo = sizes[0]
-            return self._avg[lo] - self.slope(lo) * (lo - rows)
+            return avg[lo] - self.slope(lo, avg[lo]) * (lo - rows)
         lo = sizes[i - 1]
         if i == len(sizes):  # more rows than any measured: the largest, plus the line's slope per row
-            return self._avg[lo] + self.slope(lo) * (rows - lo)
+            return avg[lo] + self.slope(lo, avg[lo]) * (rows - lo)
         hi = sizes[i]
-        return self._avg[lo] + (self._avg[hi] - self._avg[lo]) * (rows - lo) / (hi - lo)
+        return avg[lo] + (avg[hi] - avg[lo]) * (rows - lo) / (hi - lo)
 
-    def slope(self, at: int) -> float:
+    def slope(self, at: int, step_s: Optional[float] = None) -> float:
         """Seconds a row adds to a step around ``at`` rows: the line's, within [0, the time per row at
         ``at``] (a step's fixed part is never negative); 0 until two sizes have been seen."""
         line = self.line()
-        return 0.0 if line is None else min(line[1], self._avg[at] / at)
+        return 0.0 if line is None else min(line[1], (self._avg[at] if step_s is None else step_s) / at)
 
     def rows_within(self, budget_s: float, limit: int) -> Optional[int]:
         """The most rows (up to ``limit``) whose steps, and every smaller batch's, take at most
@@ -116,7 +118,8 @@ class StepModel:
 
     def largest_recent(self) -> Optional[int]:
         """The largest batch stepped within the last ``STALE_STEPS`` steps (None: none)."""
-        recent = [m for m, seen in self._seen.items() if self._n - seen <= STALE_STEPS]
+        n = self._n
+        recent = [m for m, seen in list(self._seen.items()) if n - seen <= STALE_STEPS]
         return max(recent, default=None)
 
     def audio_rate(self, rows: int) -> Optional[float]:
