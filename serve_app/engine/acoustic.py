@@ -416,6 +416,7 @@ class AcousticEngine:
         if not new_rows and not back:
             return
         t0 = time.perf_counter()
+        resumed_s = 0.0
         prefilled: list[Prefilled] = []
         for row in new_rows:
             try:
@@ -438,8 +439,9 @@ class AcousticEngine:
                 if prefilled:
                     self.stats.admissions += 1
                 if back:
+                    resumed_s = time.perf_counter() - t_merge
                     self.stats.deadline_resumed += len(back)
-                    self.stats.resume_seconds += time.perf_counter() - t_merge
+                    self.stats.resume_seconds += resumed_s
         if prefilled:
             now = self._clock()
             for p in prefilled:
@@ -448,7 +450,7 @@ class AcousticEngine:
             # The prefills' last hidden states yield the new rows' first tokens (the batch's last rows).
             start = len(self.batch.rows) - len(prefilled)
             self._sample_and_advance(start, torch.cat([p.hidden for p in prefilled]))
-        self.stats.prefill_seconds += time.perf_counter() - t0
+        self.stats.prefill_seconds += time.perf_counter() - t0 - resumed_s  # a merge with resumed rows is theirs
         self._retire()
 
     # ------------------------------------------------------------------ decode

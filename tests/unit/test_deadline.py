@@ -557,3 +557,28 @@ def test_scheduling_is_live_and_fair_mode_brings_parked_rows_back(make_engine, s
     with pytest.raises(ValueError, match="resume_ahead_s"):
         eng.reconfigure(resume_ahead_s=5.0)
     assert math.isclose(eng.cfg.park_ahead_s, 0.3)
+
+
+def test_the_deadline_knobs_are_live_through_the_acoustic_user_config():
+    """As the Acoustic replica applies a user_config: validated over its args, then every live
+    field handed to the running engine (deployments/acoustic.py)."""
+    from pydantic import ValidationError
+
+    from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticUserConfig
+
+    assert set(LIVE_ACOUSTIC_FIELDS) <= set(AcousticConfig.model_fields)
+    live = AcousticUserConfig.model_validate(
+        {"scheduling": "fair", "park_ahead_s": 3.0, "resume_ahead_s": 1.0, "prebuffer_s": 0.5, "background_rows": 2}
+    )
+    cfg = live.engine_config(AcousticConfig())
+    assert (cfg.scheduling, cfg.park_ahead_s, cfg.resume_ahead_s, cfg.prebuffer_s, cfg.background_rows) == (
+        "fair",
+        3.0,
+        1.0,
+        0.5,
+        2,
+    )
+    with pytest.raises(ValidationError, match="resume_ahead_s must be below park_ahead_s"):
+        AcousticUserConfig.model_validate({"resume_ahead_s": 5.0}).engine_config(AcousticConfig())
+    with pytest.raises(ValidationError):
+        AcousticUserConfig.model_validate({"scheduling": "edf"}).engine_config(AcousticConfig())
