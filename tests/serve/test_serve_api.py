@@ -31,7 +31,7 @@ from support.waiting import wait_until
 from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
 from serve_app.engine.audio import CONTENT_TYPES
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
-from serve_app.engine.pipeline import SynthesisOptions
+from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.wav import with_true_length
 
 # Every voice name OpenAI's speech API accepts.

@@ -38,9 +38,6 @@ READY_TIMEOUT_S = 180.0
 TEST_ARGS: dict[str, Any] = {
     # The shipped CPU precision (int8: model.quantize's default); one torch thread.
     "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "torch_threads": 1},
-    # Fixed chunk sizes: two syntheses of one request are byte-identical, which tests compare
-    # (docs/architecture.md, "The decode loop"). The shipped 0.1 s is tested by its own tests.
-    "acoustic": {"listener_margin_s": None},
     # Tests that need a fresh synthesis use text no other test sends. 2 MiB (a test's own repeats
     # stay in it): the soak fills it during its warm-up, so RSS after warm-up measures leaks, not
     # cache fill.

@@ -18,7 +18,7 @@ from support.cli import cli_command
 from support.engine import expected_samples
 
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
-from serve_app.engine.pipeline import SynthesisOptions
+from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.weights.random_weights import MANIFEST
 from serve_app.pipeline.local import LocalPipeline
 from serve_app.tools.cli import build_parser

@@ -41,7 +41,8 @@ from serve_app.engine.pacing import (
     max_new_tokens,
     speed_tag_level,
 )
-from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions
+from serve_app.engine.errors import EmptyInputError
+from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.types import SegmentRequest
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import (
@@ -705,6 +706,25 @@ def test_local_pipeline_wav_length_and_determinism(synth):
     assert other_voice != wav
 
 
+@pytest.mark.timeout(240)
+def test_the_same_tokens_are_the_same_bytes_whatever_the_chunks(tiny_model, tiny_weights_config):
+    """The vocoder's windows fall where the tokens put them: the shipped 12-then-24 chunks, chunks
+    of 5 tokens and a whole segment in one chunk (bulk's) give the same file, bit for bit."""
+    opts = SynthesisOptions(voice="alloy", seed=7)
+    files = []
+    for first, size in ((12, 24), (5, 5), (1 << 16, 1 << 16)):
+        acoustic = fixed_chunks(first_chunk_tokens=first, chunk_tokens=size)
+        local = LocalPipeline.from_config(
+            EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=acoustic),
+            model=tiny_model,
+        )
+        try:
+            files.append(local.synthesize_sync(TEXT, "wav", opts))
+        finally:
+            local.close()
+    assert files[0] == files[1] == files[2]
+
+
 @pytest.mark.timeout(180)
 def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_config):
     cfg = EngineConfig(
@@ -769,7 +789,7 @@ def test_every_response_format_decodes(synth, fmt):
 def test_engine_modules_do_not_import_ray():
     code = (
         "import sys\n"
-        "import serve_app.engine.pipeline, serve_app.engine.weights.loading, serve_app.engine.acoustic\n"
+        "import serve_app.engine.assembly, serve_app.engine.weights.loading, serve_app.engine.acoustic\n"
         "import serve_app.engine.vocoder, serve_app.engine.voices, serve_app.engine.pacing\n"
         "import serve_app.tools.cli\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
