@@ -99,7 +99,8 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
 
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
-    from serve_app.engine.pipeline import Planner, SynthesisOptions
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
     from ..lib.corpus import load_corpus
@@ -184,9 +185,9 @@ def vocoder(weights: str) -> dict:
     ph.mark("import torch")
     import numpy as np
 
+    from serve_app.engine.assembly import AudioAssembler
     from serve_app.engine.clips import load_voice_encoder
     from serve_app.engine.config import ModelConfig, VocoderConfig, WeightsConfig
-    from serve_app.engine.pipeline import AudioAssembler
     from serve_app.engine.vocoder import Vocoder
     from serve_app.engine.weights.loading import load_vocoder
 

@@ -1,9 +1,10 @@
 """Batching changes the speed, never the speech, in the shipped precision (int8 on CPU), through
 the session's Serve app with the shipped chunking (early chunks when a listener would run dry):
 a request decoded alone and beside seven others streaming at the same time is the same audio,
-bit for bit (the vocoder's windows fall where the tokens put them, not where chunks did); a cache hit of audio made under load is what a fresh synthesis alone
-makes; a dialogue's turns are what each turn says as a request of its own. The engine's side
-(bit-identical rows at the model's real depth): tests/unit/test_batch_invariance.py."""
+bit for bit (the vocoder's windows fall where the tokens put them, not where chunks did); a
+cache hit of audio made under load is what a fresh synthesis alone makes; a dialogue's turns
+are what each turn says as a request of its own. The engine's side (bit-identical rows at the
+model's real depth): tests/unit/test_batch_invariance.py."""
 
 from __future__ import annotations
 

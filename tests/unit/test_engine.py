@@ -33,7 +33,7 @@ from support.engine import (
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import EngineConfig, ModelConfig, SegmentConfig, VocoderConfig
 from serve_app.engine.decode.streams import HiddenChunk
-from serve_app.engine.errors import EngineError, EngineOverloaded
+from serve_app.engine.errors import EmptyInputError, EngineError, EngineOverloaded
 from serve_app.engine.pacing import (
     TOKENS_PER_SECOND,
     expected_seconds,
@@ -41,9 +41,7 @@ from serve_app.engine.pacing import (
     max_new_tokens,
     speed_tag_level,
 )
-from serve_app.engine.errors import EmptyInputError
-from serve_app.engine.types import SynthesisOptions
-from serve_app.engine.types import SegmentRequest
+from serve_app.engine.types import SegmentRequest, SynthesisOptions
 from serve_app.engine.vocoder import Vocoder
 from serve_app.engine.voices import (
     OPENAI_VOICES,
