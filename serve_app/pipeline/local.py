@@ -1,11 +1,10 @@
 """The speech pipeline in one process, over the engine's pieces as the stages use them: the
 planner (the TextNormalizer's), a running ``AcousticEngine`` (the Acoustic stage's decode loop)
 and the vocoder on a single torch thread, each stream through the engine's ``AudioLoop`` (the
-Vocoder stage's loop). For tests and tools that need what the graph does without Ray (the CLI's ``say``); it
-imports torch, so nothing on the Ingress side imports this module.
+Vocoder stage's loop). For what needs the graph's work without Ray (the CLI's ``say``, bulk
+synthesis's actors, tests); it imports torch, so nothing on the Ingress side imports this module.
 
-``LocalPipeline.from_config`` builds and starts all of it (and ``close()`` stops it);
-``synthesize`` is a whole file through ``plan`` and ``audio``."""
+``LocalPipeline.from_config`` builds and starts all of it (and ``close()`` stops it)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from ..engine.planner import Planner
 from ..engine.threads import TorchThread, on_new_thread
 from ..engine.types import Plan, ScriptPart, SynthesisOptions, Voice
 from ..engine.vocoder import Vocoder
-from .interface import AudioItem, Script, SpeechPipeline
+from .interface import AudioItem, SpeechPipeline
 from .stream import AudioStream
 
 Refine = Callable[[list[str], int], Awaitable[list[str]]]
@@ -84,27 +83,6 @@ class LocalPipeline(SpeechPipeline):
             self._owned = False
             self.engine.stop()
             self.thread.shutdown()
-
-    async def synthesize(
-        self,
-        script: Script,
-        response_format: str = "wav",
-        options: SynthesisOptions = SynthesisOptions(),
-        voice: Optional[Voice] = None,
-    ) -> bytes:
-        """A whole file: ``plan`` then ``speak``."""
-        plan = await self.plan(script, options, voice)
-        return (await self.speak(plan, response_format))[0]
-
-    def synthesize_sync(
-        self,
-        script: Script,
-        response_format: str = "wav",
-        options: SynthesisOptions = SynthesisOptions(),
-        voice: Optional[Voice] = None,
-    ) -> bytes:
-        """``synthesize`` from code with no running event loop (its own loop, for the call)."""
-        return asyncio.run(self.synthesize(script, response_format, options, voice))
 
     async def plan_text(self, text: str, options: SynthesisOptions, voice: Optional[Voice], client: str) -> Plan:
         return self.planner.plan(text, options, voice, client=client)

@@ -11,19 +11,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, NoReturn, Optional
 
+from ..engine.audio import AUDIO_FORMATS
+
 if TYPE_CHECKING:
     from ..engine.config import EngineConfig
 
-FORMATS = (
-    "mp3",
-    "opus",
-    "aac",
-    "flac",
-    "wav",
-    "pcm",
-    "ulaw",
-    "alaw",
-)  # engine/audio.py's AUDIO_FORMATS (kept light here)
+FORMATS = AUDIO_FORMATS
 STREAM_FORMATS = ("pcm", "opus", "mp3", "ulaw", "alaw")  # one stream for text that arrives over time (the WebSocket)
 
 
@@ -49,19 +42,30 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from ..engine.types import SegmentMark, StreamSummary, SynthesisOptions
+    from ..engine.types import SegmentMark, StreamSummary
     from ..engine.wav import finish_file
     from ..pipeline.local import LocalPipeline
+    from ..pipeline.prepare import OFFLINE_CALLER, offline_preparation
+    from ..protocol import SpeechRequest
+    from ..settings import IngressConfig
 
+    # Read as the API reads a request (the same limits, instructions, SSML, voices), before the model loads.
+    req = SpeechRequest(
+        input=args.text,
+        voice=args.voice,
+        seed=args.seed,
+        speed=args.speed,
+        lang=args.lang,
+        text_normalization=args.text_normalization,
+        response_format=fmt,
+    )
     pipeline = LocalPipeline.from_config(engine_config(args))
     if pipeline.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
-    opts = SynthesisOptions(
-        voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang, text_normalization=args.text_normalization
-    )
 
     async def speak() -> tuple:
-        plan = await pipeline.plan(args.text, opts)
+        prepared = await offline_preparation(IngressConfig().max_input_chars).prepare(req, OFFLINE_CALLER)
+        plan = await prepared.plan(pipeline)
         summary: Optional[StreamSummary] = None
         with (
             open(args.output, "w+b") as out,

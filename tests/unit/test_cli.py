@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 from support.audio import SR
 from support.cli import cli_command
-from support.engine import expected_samples
+from support.engine import expected_samples, synthesize_sync
 
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
 from serve_app.engine.types import SynthesisOptions
@@ -84,7 +84,7 @@ def test_say_writes_a_24khz_mono_wav(say_runs, text_samples, tiny_model, tiny_we
     )
     pipeline = LocalPipeline.from_config(cfg)
     try:
-        local = pipeline.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy"))
+        local = synthesize_sync(pipeline, TEXT, "wav", SynthesisOptions(voice="alloy"))
     finally:
         pipeline.close()
     assert local == out.read_bytes()

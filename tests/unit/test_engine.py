@@ -28,6 +28,8 @@ from support.engine import (
     seg,
     stream_decode,
     streamed_vs_one_shot,
+    synthesize,
+    synthesize_sync,
 )
 
 from serve_app.engine.acoustic import AcousticEngine
@@ -690,17 +692,17 @@ def test_local_pipeline_wav_length_and_determinism(synth):
     opts = SynthesisOptions(voice="alloy", seed=7)
     plan = synth.planner.plan(TEXT, opts)
     frames = expected_samples(plan)
-    wav = synth.synthesize_sync(TEXT, "wav", opts)
+    wav = synthesize_sync(synth, TEXT, "wav", opts)
     pcm, sr = sf.read(io.BytesIO(wav), dtype="int16")
     info = sf.info(io.BytesIO(wav))
     assert sr == SR and info.channels == 1 and info.subtype == "PCM_16"
     assert pcm.ndim == 1 and len(pcm) == frames
     assert len(wav) == 44 + 2 * frames
     assert np.abs(pcm).max() > 0
-    assert synth.synthesize_sync(TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
-    other = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
+    assert synthesize_sync(synth, TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
+    other = synthesize_sync(synth, TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
     assert len(other) == len(wav) and other != wav
-    other_voice = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
+    other_voice = synthesize_sync(synth, TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
     assert other_voice != wav
 
 
@@ -717,7 +719,7 @@ def test_the_same_tokens_are_the_same_bytes_whatever_the_chunks(tiny_model, tiny
             model=tiny_model,
         )
         try:
-            files.append(local.synthesize_sync(TEXT, "wav", opts))
+            files.append(synthesize_sync(local, TEXT, "wav", opts))
         finally:
             local.close()
     assert files[0] == files[1] == files[2]
@@ -735,7 +737,7 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
     assert len(plan.segments) >= 3
     assert len({r.seed for r in plan.segments}) == len(plan.segments)  # each segment its own seed
     try:
-        wav = synth.synthesize_sync(text, "wav", opts)  # the segments decode as parallel rows
+        wav = synthesize_sync(synth, text, "wav", opts)  # the segments decode as parallel rows
     finally:
         synth.close()
     assert synth.engine.stats.max_rows >= 2
@@ -752,7 +754,7 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
 async def test_local_pipeline_stream_matches_whole_file(synth):
     opts = SynthesisOptions(voice="nova", seed=3)
     text = "你好，世界。"
-    whole = await synth.synthesize(text, "wav", opts)
+    whole = await synthesize(synth, text, "wav", opts)
     plan = await synth.plan(text, opts)
     async with synth.audio(plan, "wav") as items:
         parts = [b async for b in items if isinstance(b, bytes)]
@@ -764,7 +766,7 @@ async def test_local_pipeline_stream_matches_whole_file(synth):
 )
 def test_empty_input_raises(synth, text):
     with pytest.raises(EmptyInputError):
-        synth.synthesize_sync(text, "wav", SynthesisOptions())
+        synthesize_sync(synth, text, "wav", SynthesisOptions())
     assert synth.engine.waiting_rows == 0 and synth.engine.running_rows == 0
 
 
@@ -774,7 +776,7 @@ def test_every_response_format_decodes(synth, fmt):
     text = "你好，世界。"
     opts = SynthesisOptions(voice="alloy", seed=1)
     seconds = expected_samples(synth.planner.plan(text, opts)) / SR
-    data = synth.synthesize_sync(text, fmt, opts)
+    data = synthesize_sync(synth, text, fmt, opts)
     assert data
     samples, rate = decode_av(data, fmt)  # mono, or it fails
     n = samples.shape[1]
