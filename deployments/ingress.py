@@ -27,8 +27,6 @@ from serve_app.errors import APIError
 from serve_app.http.app import make_app
 from serve_app.http.errors import error_response
 from serve_app.http.health import Readiness
-from serve_app.http.job_request import CREATE_JOB_OPENAPI
-from serve_app.http.jobs import JOBS_PATH, JobsService
 from serve_app.http.lexicons import CREATE_LEXICON_OPENAPI, LEXICONS_PATH, LexiconsAPI
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.middleware import HttpPolicy, caller_of, install_policy
@@ -37,6 +35,8 @@ from serve_app.http.security import APIKeyAuth, Caller
 from serve_app.http.speech import SpeechService, as_request
 from serve_app.http.voices import CREATE_VOICE_OPENAPI, VOICES_PATH, VoicesAPI
 from serve_app.http.webui import page_response
+from serve_app.jobs.request import CREATE_JOB_OPENAPI
+from serve_app.jobs.service import JOBS_PATH, JobsService
 from serve_app.pipeline.flow import ACKS_HEADER, board, board_name
 from serve_app.protocol import (
     MODEL_IDS,

@@ -33,8 +33,9 @@ from support.waiting import wait_until
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from serve_app.http.security import key_id
+from serve_app.jobs.cutting import cut_text
 from serve_app.settings import JobsConfig
-from serve_app.storage.jobs import cut_text, owner_tag
+from serve_app.storage.jobs import owner_tag
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -2,7 +2,7 @@
 only from its own layer or the ones below it, and nothing below the Ray layer imports Ray.
 
     engine < errors, settings, protocol, callers, metrics, tools.client < storage < pipeline
-      < http < realtime, wyoming < deployments (the Ray layer) < tools (entry points)
+      < http, jobs < realtime, wyoming < deployments (the Ray layer) < tools (entry points)
 
 A module's layer is its longest prefix in ``LAYERS``. Imports are read with ``ast`` (also those
 inside functions: a lazy import is still a dependency).
@@ -27,6 +27,7 @@ LAYERS = {
     "serve_app.storage": 2,
     "serve_app.pipeline": 3,
     "serve_app.http": 4,
+    "serve_app.jobs": 4,
     "serve_app.realtime": 5,
     "serve_app.wyoming": 5,
     "deployments": 6,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from serve_app.engine.audio import SAMPLE_RATE
-from serve_app.storage.jobs import JobChunk, StoredJob
+from ..engine.audio import SAMPLE_RATE
+from ..storage.jobs import JobChunk, StoredJob
 
 SAMPLE_BYTES = 2
 
@@ -35,7 +35,7 @@ def write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
 def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
     """Captions of the file made from chunks [first, end): each chunk's segments moved to where
     the chunk starts in that file (the chunks before it and their pauses)."""
-    from serve_app.engine.captions import TimedText, caption_file
+    from ..engine.captions import TimedText, caption_file
 
     items: list[TimedText] = []
     at = 0
@@ -65,7 +65,7 @@ def _encoded(
     encoder (``encode_file``: a WAV's header carries its true size at once)."""
     import numpy as np
 
-    from serve_app.engine.audio import encode_file
+    from ..engine.audio import encode_file
 
     pauses = _pauses(chunks, first, end, trailing_pause)
     total = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(pauses)

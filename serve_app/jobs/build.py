@@ -17,11 +17,12 @@ from ..pipeline.admission import Admission
 from ..pipeline.prepare import Preparation
 from ..protocol import JobRequest
 from ..settings import JobsConfig
-from ..storage.jobs import JobLimits, JobStore, check_room, cut_script, cut_text, split_chapters
-from ..storage.jobs.planning import JobPlanner, pieces, reservation
+from ..storage.jobs import JobLimits, JobStore, check_room
 from ..storage.voices import VoiceCatalog
-from .job_script import emptied, job_parts
-from .job_views import store_call
+from .cutting import cut_script, cut_text, split_chapters
+from .planning import JobPlanner, pieces, reservation
+from .script import emptied, job_parts
+from .views import store_call
 
 
 @dataclasses.dataclass
