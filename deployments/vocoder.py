@@ -25,7 +25,7 @@ from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
 from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, SegmentMark, StreamSummary
-from serve_app.engine.vocoder import Vocoder as VocoderEngine
+from serve_app.engine.vocoder import VocoderEngine
 from serve_app.engine.weights.loading import load_vocoder
 from serve_app.pipeline.flow import AckedStream, FlowCredit, FlowRef, board, board_name
 from serve_app.settings import FlowConfig

@@ -188,7 +188,7 @@ def vocoder(weights: str) -> dict:
     from serve_app.engine.assembly import AudioAssembler
     from serve_app.engine.clips import load_voice_encoder
     from serve_app.engine.config import ModelConfig, VocoderConfig, WeightsConfig
-    from serve_app.engine.vocoder import Vocoder
+    from serve_app.engine.vocoder import VocoderEngine
     from serve_app.engine.weights.loading import load_vocoder
 
     ph.mark("import engine")
@@ -198,7 +198,7 @@ def vocoder(weights: str) -> dict:
     def init() -> tuple[Any, Any]:  # the replica's __init__: the loader's result is dropped at its end
         parts = load_vocoder(cfg)
         ph.mark("load_vocoder")
-        voc = Vocoder(parts, VocoderConfig())
+        voc = VocoderEngine(parts, VocoderConfig())
         ph.mark("Vocoder", precision=str(voc.dtype))
         enc = load_voice_encoder(cfg)
         ph.mark("load_voice_encoder")

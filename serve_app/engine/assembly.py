@@ -22,7 +22,7 @@ import torch
 from .audio import SAMPLE_RATE, AudioEncoder, new_encoder
 from .config import VocoderConfig
 from .types import Plan, SegmentMark, StreamSummary
-from .vocoder import Vocoder, VocoderStream
+from .vocoder import VocoderEngine, VocoderStream
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class AudioAssembler:
 
     def __init__(
         self,
-        vocoder: Vocoder,
+        vocoder: VocoderEngine,
         fmt: str,
         vocoder_cfg: Optional[VocoderConfig] = None,
         pauses: Optional[list[float]] = None,
@@ -162,7 +162,7 @@ class AudioLoop:
 
     def __init__(
         self,
-        vocoder: Vocoder,
+        vocoder: VocoderEngine,
         plan: Plan,
         response_format: str,
         cfg: Optional[VocoderConfig],

@@ -63,7 +63,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     return getattr(torch, precision)
 
 
-class Vocoder:
+class VocoderEngine:
     """Stateless decode of hidden states; safe to share between streams (one lock per call)."""
 
     def __init__(self, model: LoadedModel | VocoderWeights, config: VocoderConfig = VocoderConfig()):
@@ -135,7 +135,7 @@ def window_ends(first: int, size: int) -> Iterator[int]:
 class VocoderStream:
     """Per-stream sliding-window state: ``push`` hidden chunks, ``finish`` at the end."""
 
-    def __init__(self, vocoder: Vocoder, cfg: VocoderConfig):
+    def __init__(self, vocoder: VocoderEngine, cfg: VocoderConfig):
         self.vocoder = vocoder
         self.cfg = cfg
         self._hidden: Optional[torch.Tensor] = None  # tokens kept: left context + not yet emitted

@@ -17,7 +17,7 @@ from ..engine.decode.streams import aordered_chunks
 from ..engine.planner import Planner
 from ..engine.threads import TorchThread, on_new_thread
 from ..engine.types import Plan, ScriptPart, SynthesisOptions, Voice
-from ..engine.vocoder import Vocoder
+from ..engine.vocoder import VocoderEngine
 from .interface import AudioItem, SpeechPipeline
 from .stream import AudioStream
 
@@ -38,7 +38,7 @@ class LocalPipeline(SpeechPipeline):
         self,
         planner: Planner,
         engine: Any,
-        vocoder: Vocoder,
+        vocoder: VocoderEngine,
         thread: TorchThread,
         vocoder_cfg: Optional[VocoderConfig] = None,
         refine: Optional[Refine] = None,
@@ -70,7 +70,7 @@ class LocalPipeline(SpeechPipeline):
         thread = TorchThread("vocoder", threads=1)
         # Built on the thread it runs on: its packing computes, and on the caller's thread (which
         # lives on) that would start a second OpenMP team beside the decode thread's.
-        vocoder = thread.call(Vocoder, model, config.vocoder)
+        vocoder = thread.call(VocoderEngine, model, config.vocoder)
         engine.start()
         pipeline = cls(planner, engine, vocoder, thread, vocoder_cfg=config.vocoder, model=model)
         pipeline._owned = True

@@ -11,6 +11,7 @@ from ..engine.types import Plan, SynthesisOptions
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
 from ..http.speech import SpeechService
+from ..http.state import UnstartedSockets
 from ..pipeline import AudioItem, AudioStream, SpeechPipeline
 from ..pipeline.prepare import Prepared
 from ..protocol import SessionCreated, SessionStart
@@ -68,29 +69,6 @@ def session_limits(settings: IngressConfig) -> SessionLimits:
         idle_s=ws.idle_s,
         max_pending_cuts=ws.max_pending_cuts,
     )
-
-
-class UnstartedSockets:
-    """Sockets of one replica that have not sent their ``session.start`` yet, per client (its key
-    id from the handshake's header, else its address): a client holds at most ``limit`` of them,
-    so sockets that never speak cannot fill the replica's request slots."""
-
-    def __init__(self) -> None:
-        self._count: dict[str, int] = {}
-
-    def enter(self, client: str, limit: int) -> bool:
-        n = self._count.get(client, 0)
-        if n >= limit:
-            return False
-        self._count[client] = n + 1
-        return True
-
-    def leave(self, client: str) -> None:
-        n = self._count.get(client, 0) - 1
-        if n <= 0:
-            self._count.pop(client, None)
-        else:
-            self._count[client] = n
 
 
 async def run_session(

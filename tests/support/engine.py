@@ -21,7 +21,7 @@ from serve_app.engine.config import AcousticConfig, VocoderConfig
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.types import SegmentRequest, SynthesisOptions
-from serve_app.engine.vocoder import Vocoder
+from serve_app.engine.vocoder import VocoderEngine
 from support.audio import snr_db
 
 HIDDEN = 768
@@ -145,14 +145,14 @@ def decode_alone(engine: AcousticEngine, req: SegmentRequest) -> torch.Tensor:
     return drain(stream)[1]
 
 
-def stream_decode(vocoder: Vocoder, chunks: list[HiddenChunk], cfg: VocoderConfig | None = None) -> np.ndarray:
+def stream_decode(vocoder: VocoderEngine, chunks: list[HiddenChunk], cfg: VocoderConfig | None = None) -> np.ndarray:
     vs = vocoder.stream(cfg)
     parts = [vs.push(c.hidden) for c in chunks]
     parts.append(vs.finish())
     return np.concatenate(parts)
 
 
-def streamed_vs_one_shot(vocoder: Vocoder, chunks: list[HiddenChunk]) -> dict:
+def streamed_vs_one_shot(vocoder: VocoderEngine, chunks: list[HiddenChunk]) -> dict:
     """Sliding-window decode of a row's chunks against one decode of all its hidden states: SNR
     over the whole utterance and the worst absolute error within half a token of a chunk edge."""
     ref = vocoder.decode(torch.cat([c.hidden for c in chunks]))

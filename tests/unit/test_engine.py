@@ -44,7 +44,7 @@ from serve_app.engine.pacing import (
     speed_tag_level,
 )
 from serve_app.engine.types import SegmentRequest, SynthesisOptions
-from serve_app.engine.vocoder import Vocoder
+from serve_app.engine.vocoder import VocoderEngine
 from serve_app.engine.voices import (
     OPENAI_VOICES,
     SpeakerSampler,
@@ -643,7 +643,7 @@ def long_utterance(tiny_model, spk) -> list[HiddenChunk]:
 
 def test_streamed_vocoder_matches_one_shot_decode(tiny_model, long_utterance):
     # Around every chunk edge too (no click where windows meet).
-    r = streamed_vs_one_shot(Vocoder(tiny_model), long_utterance)  # default VocoderConfig
+    r = streamed_vs_one_shot(VocoderEngine(tiny_model), long_utterance)  # default VocoderConfig
     assert r["samples"] == 512 * 600 - 256
     print(
         f"\nvocoder streamed vs one-shot: SNR {r['snr_db']:.1f} dB over {r['samples'] / SR:.1f} s "
@@ -658,7 +658,7 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
     bound = cfg.left_context_tokens + 24 + cfg.hold_back_tokens + cfg.min_window_tokens
     sizes = {}
     for n_chunks in (6, len(long_utterance)):  # 132 tokens and 600 tokens
-        vocoder = Vocoder(tiny_model)
+        vocoder = VocoderEngine(tiny_model)
         windows: list[int] = []
         vocoder.on_decode = windows.append
         chunks = long_utterance[:n_chunks]
@@ -744,7 +744,7 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
     pcm, sr = sf.read(io.BytesIO(wav), dtype="float32")
     assert sr == SR and len(pcm) == expected_samples(plan)
     # Segment k of the response is the one-shot decode of segment k's hidden states, in order.
-    engine, vocoder = AcousticEngine(tiny_model, fixed_chunks()), Vocoder(tiny_model)
+    engine, vocoder = AcousticEngine(tiny_model, fixed_chunks()), VocoderEngine(tiny_model)
     ref = np.concatenate([vocoder.decode(decode_alone(engine, r)) for r in plan.segments])
     assert len(ref) == len(pcm)
     assert snr_db(ref, pcm) >= 30.0
@@ -791,7 +791,7 @@ def test_engine_modules_do_not_import_ray():
         "import sys\n"
         "import serve_app.engine.assembly, serve_app.engine.weights.loading, serve_app.engine.acoustic\n"
         "import serve_app.engine.vocoder, serve_app.engine.voices, serve_app.engine.pacing\n"
-        "import serve_app.tools.cli\n"
+        "import chattts_serve.cli\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
         "assert not bad, bad\n"
     )

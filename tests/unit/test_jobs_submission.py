@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 from starlette.requests import Request
+from support.speakers import encode_speaker
 
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
-from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller

@@ -62,7 +62,8 @@ def _is_full_stop(text: str, i: int) -> bool:
 
 # Where a sentence may end, or a control tag begin: the only characters split_sentences looks at
 # (the rest is skipped in C, so a book is cut in a fraction of a second).
-_BOUNDARY_RE = re.compile("[" + re.escape(SENTENCE_PUNCT) + r".\n\[]")
+# A "." inside a word or number (3.5, e.g., example.com) is never a boundary: skipped here too.
+_BOUNDARY_RE = re.compile("[" + re.escape(SENTENCE_PUNCT) + r"\n\[]|\.(?![A-Za-z0-9])")
 _SENTENCE_TAIL_RE = re.compile("[" + re.escape(SENTENCE_PUNCT + "." + CLOSERS) + "]*")
 
 
@@ -82,12 +83,11 @@ def split_sentences(text: str) -> List[str]:
             tag = CONTROL_TAG_RE.match(text, j)
             i = tag.end() if tag else j + 1
             continue
-        nxt = text[j + 1 : j + 2]
         if ch == "\n":
             i = j + 1
-        elif ch in SENTENCE_PUNCT or (not (nxt.isascii() and nxt.isalnum()) and _is_full_stop(text, j)):
+        elif ch in SENTENCE_PUNCT or _is_full_stop(text, j):
             i = _SENTENCE_TAIL_RE.match(text, j + 1).end()
-        else:  # 3.5, e.g., example.com: a "." inside a word or number (the common case, decided here)
+        else:  # Mr., U.S., initials
             i = j + 1
             continue
         pieces.append(text[start:i])
