@@ -1,4 +1,4 @@
-"""A job request read into what a job is made of (``http/jobs.py`` stores it): admitted (model,
+"""A job request read into what a job is made of (``service.py`` stores it): admitted (model,
 length, voice, lexicon), its script read (SSML, turns: each distinct voice resolved once for the
 caller), cut into chunks with their seeds, and every chunk planned as the runner will plan it to
 size the job's reservation. Everything proportional to the input's size runs off the event loop."""

@@ -10,7 +10,7 @@ active jobs and room, before the body is read; the model and the length, ``jobs.
 then (``job_build.py``), off the event loop, the script is read (SSML, turns; each distinct voice
 resolved once for the caller and kept with the job), cut into chunks, each with its seed, and every
 chunk planned as the runner will plan it: the job reserves its planned audio
-(``storage/jobs/planning.py``), and answers 202 ``queued``.
+(``planning.py``), and answers 202 ``queued``.
 
 Every job belongs to the caller that made it (``Caller.owner``): another key's id answers 404
 exactly like a missing one, and an admin key sees every key's.

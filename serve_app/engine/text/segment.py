@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # Sentence ends, clause breaks, closing quotes/brackets that belong to the sentence they close:
-# the one home of these boundaries (a job's chunking, storage/jobs/chunking.py, cuts with them too).
+# the one home of these boundaries (the one text cutter: segments here, and a job's chunks with pack_text).
 SENTENCE_PUNCT = "。！？!?…"
 CLAUSE_PUNCT = "，、；,;：:"
 CLOSERS = "\"'”’」』）)】》"
