@@ -21,8 +21,10 @@ from deployments.backends import install
 from deployments.stage_calls import stage_handle
 from serve_app import metrics
 from serve_app.engine.assembly import AudioLoop
+from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
+from serve_app.engine.playback import PREBUFFER_S, PlaybackClock
 from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import VocoderEngine
@@ -46,10 +48,12 @@ class Vocoder:
         model: dict | None = None,
         vocoder: dict | None = None,
         flow: dict | None = None,
+        prebuffer_s: float = PREBUFFER_S,
     ):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.flow = FlowConfig.model_validate(flow or {})
+        self.prebuffer_s = prebuffer_s  # the listener's, as the engine assumes it (engine/playback.py)
         self.acoustic = stage_handle(acoustic, self.flow)
         self.flow_board = board_name(serve.get_replica_context().app_name)
         board(self.flow_board)  # created (or found) now, not on the first stream
@@ -74,6 +78,9 @@ class Vocoder:
         (pipeline/flow.py)."""
         t0 = time.perf_counter()
         loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, self._torch_thread.acall)
+        # The listener's clock as this stream infers it: audio counted as each block leaves.
+        listener = PlaybackClock(self.prebuffer_s)
+        sent_samples = 0
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
@@ -91,6 +98,8 @@ class Vocoder:
                 if isinstance(item, bytes):
                     t_credit = time.perf_counter()
                     await credit.ready()
+                    listener.deliver((loop.yielded_samples - sent_samples) / SAMPLE_RATE)
+                    sent_samples = loop.yielded_samples
                     if "vocoder_total" not in loop.first_audio:
                         first = loop.first_window or {}
                         loop.first_audio.update(
@@ -102,6 +111,7 @@ class Vocoder:
                         )
                 elif isinstance(item, StreamSummary):
                     done = True
+                    item.stall_s, item.min_slack_s = round(listener.stall_s, 3), listener.min_slack_s
                     elapsed = time.perf_counter() - t0
                     metrics.inc("tts_audio_seconds_total", item.audio_seconds)
                     if item.audio_seconds > 0:

@@ -15,6 +15,8 @@ LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3
 STAGE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 ROW_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
+STALL_BUCKETS = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
+SLACK_BUCKETS = [-5.0, -1.0, -0.25, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
 
 # name -> (kind, description, tag keys, buckets)
 METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
@@ -39,6 +41,18 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
     "tts_rtf": ("histogram", "Real-time factor per request: processing seconds / audio seconds.", (), RTF_BUCKETS),
     "tts_cache_total": ("counter", "Cache lookups by result (hit, miss, bypass, error).", ("result",), None),
     "tts_stream_aborted_total": ("counter", "Streams that ended before their audio was complete.", ("reason",), None),
+    "tts_stream_stall_seconds": (
+        "histogram",
+        "Per streamed answer: the silence a listener playing it at 1x after the prebuffer heard, as the server infers it.",
+        ("door",),
+        STALL_BUCKETS,
+    ),
+    "tts_stream_slack_seconds": (
+        "histogram",
+        "Per streamed answer: the least audio its listener had buffered ahead of the playhead (below 0: silence).",
+        ("door",),
+        SLACK_BUCKETS,
+    ),
 }
 
 

@@ -185,6 +185,7 @@ class AudioLoop:
         self.first_audio: dict = {}
         self.first_window: Optional[dict[str, float]] = None
         self.feed_seconds = 0.0
+        self.yielded_samples = 0  # the audio in the bytes yielded so far (what a listener's clock counts)
 
     async def items(self, chunks: AsyncIterator[HiddenItem]) -> AsyncIterator[AudioItem]:
         asm = self.assembler
@@ -201,12 +202,14 @@ class AudioLoop:
                         "vocode": asm.vocode_seconds,
                         "encode": asm.encode_seconds,
                     }
+                self.yielded_samples = asm.samples
                 yield pending
                 pending = b""
             for mark in marks:  # after the bytes that complete its segment
                 yield mark
         pending += await self.run(asm.close)
         if pending:
+            self.yielded_samples = asm.samples
             yield pending
         for mark in asm.take_marks():
             yield mark

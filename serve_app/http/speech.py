@@ -198,13 +198,20 @@ class SpeechService:
             raise as_api_error(exc) from None
 
     async def audio(
-        self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "", timed: bool = False
+        self,
+        req: SpeechRequest,
+        rec: RequestRecord,
+        caller: Caller,
+        cache_control: str = "",
+        timed: bool = False,
+        listener: bool = False,
     ) -> Union[Hit, "SynthesisStream"]:
         """The request's audio: the cached answer on a hit, else a stream of its bytes and of a
         ``SpeechSegment`` once each segment's audio is complete, which holds one of the caller's
         stream slots until it ends (a hit takes none: it is one quick answer). The caller's id goes
         with every segment to the engine's fair admission. ``timed``: the caller needs the
-        segments' timing, so only a hit stored with it counts.
+        segments' timing, so only a hit stored with it counts. ``listener``: the answer streams to
+        someone who plays it as it comes (its stalls are logged; a whole file's are nobody's).
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
@@ -243,12 +250,14 @@ class SpeechService:
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        stream = SynthesisStream(self._chain(first, gen, rec, key, plan), prepared.admitted.hand_over(), gen, rec)
+        stream = SynthesisStream(
+            self._chain(first, gen, rec, key, plan, listener), prepared.admitted.hand_over(), gen, rec
+        )
         stream.headers = script.headers
         return stream
 
     async def _chain(
-        self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan
+        self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan, listener: bool
     ) -> AsyncIterator[Union[bytes, SpeechSegment]]:
         """Forward the stream within the deadline (marks as ``SpeechSegment``); record metrics and
         the log line; cache it with its segments."""
@@ -265,6 +274,8 @@ class SpeechService:
                 while True:
                     if isinstance(data, StreamSummary):
                         rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                        if listener:
+                            rec.stall_s, rec.min_slack_s = data.stall_s, data.min_slack_s
                         rec.first_audio.update(data.first_audio or {})
                     elif isinstance(data, SegmentMark):
                         segment = speech_segment(data, plan)
@@ -317,7 +328,7 @@ class SpeechService:
 
     async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
-        audio = await self.audio(req, rec, caller)
+        audio = await self.audio(req, rec, caller, listener=True)
         if isinstance(audio, Hit):
             yield audio.audio
             return
@@ -389,7 +400,7 @@ class SpeechService:
         """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (pipeline/flow.py)."""
-        audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
+        audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps, listener=True)
         headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
