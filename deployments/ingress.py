@@ -12,6 +12,7 @@ import functools
 import uuid
 from typing import AsyncIterator, Union
 
+from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -32,14 +33,20 @@ from serve_app.protocol import SpeechRequest, TimedSpeech, TimedSpeechRequest
 from serve_app.realtime import routes as realtime
 from serve_app.settings import AppConfig, IngressConfig, merged
 
-# Serve needs the app when the class is defined; each replica installs its own policy at start.
-app = make_app(HttpPolicy(IngressConfig().max_body_bytes))
-app.include_router(speech.router)
-app.include_router(realtime.router)
-app.include_router(voices.router)
-app.include_router(lexicons.router)
-app.include_router(jobs.router)
-app.include_router(health.router)
+
+def ingress_app() -> FastAPI:
+    """The Ingress's FastAPI app: every feature's router, attached in one line each. Built in
+    each replica (``__serve_build_asgi_app__``), so its state is the one the replica fills (an app
+    given to ``@serve.ingress`` is frozen as a copy when the class is defined)."""
+    app = make_app(HttpPolicy(IngressConfig().max_body_bytes))  # every guarded route 503 until build_state
+    app.include_router(speech.router)
+    app.include_router(realtime.router)
+    app.include_router(voices.router)
+    app.include_router(lexicons.router)
+    app.include_router(jobs.router)
+    app.include_router(health.router)
+    return app
+
 
 # Other Ray apps calling through a DeploymentHandle are inside the cluster, past the HTTP front
 # door: trusted like the operator, with no stream slot to count (their own replicas bound them).
@@ -56,13 +63,14 @@ def _request_id() -> str:
 
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml).
 @serve.deployment
-@serve.ingress(app)
+@serve.ingress()
 class Ingress:
     def __init__(
         self, normalizer: DeploymentHandle, vocoder: DeploymentHandle, acoustic: DeploymentHandle, config: dict
     ):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         self.config = AppConfig.model_validate(config)
+        self._fastapi = ingress_app()
         app_name = serve.get_replica_context().app_name
         flow_board = board_name(app_name)
         board(flow_board)  # created (or found) now, not on the first request
@@ -70,7 +78,7 @@ class Ingress:
         # the voices API's clip uploads keep Ray's actor calls (larger than gRPC's messages).
         stages = tuple(stage_handle(h, self.config.flow) for h in (normalizer, vocoder, acoustic))
         self.state = build_state(
-            app,
+            self._fastapi,
             self.config,
             stages,
             # One count of stream slots for every replica of this application.
@@ -88,7 +96,10 @@ class Ingress:
         deployment's ``args.ingress``: a user_config naming one security field keeps the others
         (``auth: required`` among them), and one that drops a field gives it back its args value."""
         args = self.config.ingress.model_dump()
-        self.state.apply(app, IngressConfig.model_validate(merged(args, user_config or {})))
+        self.state.apply(self._fastapi, IngressConfig.model_validate(merged(args, user_config or {})))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._fastapi
 
     # ------------------------------------------------------------------ handle API
 

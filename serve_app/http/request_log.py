@@ -85,7 +85,7 @@ class RequestRecord:
         if self.stall_s is not None:
             metrics.observe("tts_stream_stall_seconds", self.stall_s, door=self.client)
         if self.min_slack_s is not None:
-            metrics.observe("tts_stream_slack_seconds", self.min_slack_s, door=self.client)
+            metrics.observe("tts_stream_slack_seconds", max(0.0, self.min_slack_s), door=self.client)
         line = {k: v for k, v in asdict(self).items() if k not in ("t0", "text")}
         log.info(json.dumps({"event": "speech", **line}, ensure_ascii=False))
         if self.text is not None:
