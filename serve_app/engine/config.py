@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from .playback import PREBUFFER_S
 from .strict import StrictModel
 
 WeightsSource = Literal["auto", "huggingface", "local", "random", "random-tiny", "random-deep"]
@@ -30,6 +31,9 @@ HOLD_BACK_TOKENS = 4
 MIN_WINDOW_TOKENS = 8
 # The vocoder's windows after the ramp from MIN_WINDOW_TOKENS: the chunk the Acoustic stage sends.
 WINDOW_TOKENS = 24
+# The listener's prebuffer the deadline rule counts on: what a listener holds (PREBUFFER_S, 0.5 s)
+# less what the engine's audio still has to go through (the hold-back, a window's vocode and send).
+SCHEDULING_PREBUFFER_S = round(PREBUFFER_S - 0.2, 3)
 
 
 def default_cache_dir() -> Path:
@@ -203,14 +207,15 @@ class AcousticConfig(StrictModel):
         "false, fair.",
     )
     prebuffer_s: float = Field(
-        default=0.3,
+        default=SCHEDULING_PREBUFFER_S,
         ge=0,
         le=10,
-        description="Audio a real-time listener is assumed to buffer before it starts playing: a stream's slack is "
-        "the audio sent minus the time since its first chunk, plus this. Clients buffer ~0.5 s (a phone line's "
-        "jitter buffer, the web page); the vocoder holds back hold_back_tokens (85 ms) and a window takes time "
-        "to vocode and send, so the engine counts on 0.3 s and errs towards urgency. Read when a stream is "
-        "submitted.",
+        description="Audio a real-time listener is assumed to buffer before it starts playing, for the deadline "
+        "rule: a stream's slack is the audio sent minus the time since its first chunk, plus this. Listeners "
+        "buffer ~0.5 s (playback.PREBUFFER_S: a phone line's jitter buffer, the web page, the streams "
+        "benchmark's clients); the vocoder holds back hold_back_tokens (85 ms) and a window takes time to "
+        "vocode and send, so the engine counts on 0.2 s less (0.3 s) and errs towards urgency. Read when a "
+        "stream is submitted.",
     )
     park_ahead_s: float = Field(
         default=4.0,

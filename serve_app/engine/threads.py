@@ -75,7 +75,7 @@ class TorchThread:
     work next to a multi-threaded loop, so it adds no OpenMP team.
 
     Order: calls given a slack (``submit_within`` / ``acall_within``: seconds before the stream
-    they serve runs dry, e.g. a listener's ``pacing.ListenerClock.slack``) run earliest deadline
+    they serve runs dry, e.g. its listener's ``playback.PlaybackClock.slack``) run earliest deadline
     first (queued at + slack, floored at ``LATE_FLOOR_S``), equal deadlines in the order queued;
     calls without one (``call``, ``submit``, ``acall``) come after those, in the order queued,
     until one has waited ``UNTIMED_WAIT_S``: then it is due since then, so it goes before every

@@ -3,11 +3,12 @@
 A request's segments play one after the other: segment k's audio starts once segments 0..k-1 have
 played. The engine knows what it has sent of each (``note_sent``, from ``RowStream.send``) and when
 the request's first chunk left, so it can tell, without asking anyone, where a listener playing the
-stream at 1x would be (``pacing.ListenerClock``: it starts ``prebuffer_s`` after the first audio and
-pauses while it has nothing to play) and how long each row has before its listener needs its next
-audio (``row_slack``). A segment not finished counts its expected length (``target_tokens``, else its
-cap), or what it has sent if more; pauses between segments (SSML breaks, dialogue turns) are not
-known here and are ignored, which only understates the slack.
+stream at 1x would be (engine/playback.py's ``PlaybackClock``, fed the request's audio in playback
+order: it starts ``prebuffer_s`` after the first audio and waits through silence) and how long each
+row has before its listener needs its next audio (``row_slack``). A segment not finished counts
+its expected length (``target_tokens``, else its cap), or what it has sent if more; pauses between
+segments (SSML breaks, dialogue turns) are not known here and are ignored, which only understates
+the slack.
 
 The decode thread writes it (``note_sent``); the scheduler and ``AcousticEngine.realtime`` read it.
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from ..pacing import TOKEN_SECONDS, ListenerClock
+from ..pacing import TOKEN_SECONDS
+from ..playback import PlaybackClock
 from ..types import SegmentRequest
 
 if TYPE_CHECKING:
@@ -37,7 +39,8 @@ class Playback:
         self.head = 0  # the first segment not finished: the one its listener waits on
         self._done_tokens = 0  # tokens of segments 0..head-1
         self._starts = [0]  # _starts[k]: tokens played before segment k (valid for k < len)
-        self.clock = ListenerClock(prebuffer_s, opened_at)
+        self.opened_at = opened_at  # the request came in: its listener waits for first audio from here
+        self.clock = PlaybackClock(prebuffer_s)
         self.streams: list["RowStream"] = []  # the rows' streams, in segment order (engine)
 
     def __len__(self) -> int:
@@ -60,7 +63,7 @@ class Playback:
 
     @property
     def submitted_at(self) -> float:
-        return self.clock.opened_at
+        return self.opened_at
 
     # ------------------------------------------------------------------ producer (decode thread)
 
@@ -75,7 +78,7 @@ class Playback:
             self._done_tokens += self.sent[self.head]
             self.head += 1
         grew = self._contiguous() - before
-        if grew > 0 or (index == 0 and not self.clock.started):
+        if grew > 0:
             self.clock.deliver(grew * TOKEN_SECONDS, now)
 
     def _contiguous(self) -> int:
@@ -96,7 +99,7 @@ class Playback:
     def slack(self, now: float) -> float:
         """Seconds before its listener hears silence (negative: for how long it has; before the first
         audio: minus the time waited for it)."""
-        return self.clock.slack(now)
+        return self.clock.slack(now) if self.clock.started else -(now - self.opened_at)
 
     def row_slack(self, index: int, now: float) -> float:
         """Seconds before the listener needs segment ``index``'s next audio: its audio sent so far ends
@@ -104,11 +107,16 @@ class Playback:
         stream's slack; a later segment's lies further ahead by the audio before it."""
         clock = self.clock
         if not clock.started:
-            wait = clock.slack(now)
+            wait = -(now - self.opened_at)
             return wait if index == 0 else wait + clock.prebuffer_s + self.start_tokens(index) * TOKEN_SECONDS
-        return (self.start_tokens(index) + self.sent[index]) * TOKEN_SECONDS - clock.played_s(now)
+        # The clock holds the audio delivered in order (the head's end); this row's ends further on.
+        ahead = (self.start_tokens(index) + self.sent[index]) * TOKEN_SECONDS - clock.delivered_s
+        return clock.slack(now) + ahead
 
     def stall_s(self, now: float) -> float:
         """Silence its listener has heard so far (time its slack spent below zero after the first
-        audio); final once it is ``finished``."""
-        return self.clock.stalled_s if self.finished else self.clock.stall_s(now)
+        audio), the silence it is in now included; final once it is ``finished``."""
+        clock = self.clock
+        if self.finished or not clock.started:
+            return clock.stall_s
+        return clock.stall_s + max(0.0, -clock.slack(now))
