@@ -48,7 +48,7 @@ from .decode.sampling import Sampler
 from .decode.scheduler import Scheduler
 from .decode.stats import EngineStats
 from .decode.streams import HiddenChunk, RowStream, StreamGroup
-from .errors import EngineError
+from .errors import CapacityExhausted, EngineError
 from .pacing import TOKEN_SECONDS
 from .threads import apply_torch_threads, on_new_thread
 from .types import SegmentRequest
@@ -395,6 +395,11 @@ class AcousticEngine:
         cap = Capacity(admit_rows=admit, park_rows=self.capacity.rows_within(TOKEN_SECONDS, slots))
         with self._lock:
             plan = decide(self.batch.rows, self.held.rows, self.scheduler, cfg, now, cap, hold_groups_at=limit)
+            # New streams still waiting for room past capacity_wait_s are refused (a stream beyond
+            # the capacity would make every listener stall): what fit this step is admitted first.
+            late = [] if cfg.capacity_wait_s is None else self.scheduler.pop_unstarted(now - cfg.capacity_wait_s)
+        for row in late:
+            self._refuse(row)
         for row in plan.ended:
             row.finish_reason = "cancelled"
             self._end(row)
@@ -591,6 +596,18 @@ class AcousticEngine:
             self.stats.rows_failed += 1
             row.stream.fail(EngineError(reason))
             self._forget(row)
+
+    def _refuse(self, row: Row) -> None:
+        """A new real-time stream that found no room within ``capacity_wait_s``: its stream ends
+        with ``CapacityExhausted`` (503), its later segments with it."""
+        row.finish_reason = "error"
+        self.stats.capacity_refusals += 1
+        row.stream.fail(
+            CapacityExhausted(
+                f"every real-time stream this replica can keep at 1x is taken; none ended within "
+                f"{self.cfg.capacity_wait_s:g} s (acoustic.capacity_wait_s): retry shortly"
+            )
+        )
 
     def _end(self, row: Row) -> None:
         """A row with a finish reason leaves: its stream's last item."""

@@ -252,6 +252,14 @@ class AcousticConfig(StrictModel):
         "many such rows run, and keeps it to its end. So jobs and bulk are never starved, and real-time "
         "streams lose at most this many slots to them.",
     )
+    capacity_wait_s: Optional[float] = Field(
+        default=0.75,
+        ge=0,
+        description="scheduling deadline: how long a new real-time stream may wait for room within the replica's "
+        "measured capacity before it is refused (503 capacity_exhausted, Retry-After: the client's next try, or "
+        "another replica, rather than a stream every listener would hear stall). A stream that gets room "
+        "within it starts later and plays smoothly. None: wait as long as it takes.",
+    )
     background_wait_s: float = Field(
         default=2.0,
         ge=0,

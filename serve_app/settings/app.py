@@ -44,6 +44,7 @@ LIVE_ACOUSTIC_FIELDS = (
     "capacity_headroom",
     "background_rows",
     "background_wait_s",
+    "capacity_wait_s",
     "refine_max_chars",
     "refine_max_texts",
     "refine_wait_s",

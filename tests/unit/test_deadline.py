@@ -23,6 +23,7 @@ from serve_app.engine.decode.playback import Playback
 from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.scheduler import Scheduler
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
+from serve_app.engine.errors import CapacityExhausted
 from serve_app.engine.pacing import TOKEN_SECONDS
 from serve_app.engine.playback import PlaybackClock
 from serve_app.engine.types import SegmentRequest
@@ -524,9 +525,10 @@ def test_rows_parked_and_resumed_by_the_deadline_rule_decode_as_alone(make_engin
 
 def test_a_job_beside_real_time_streams_that_fill_the_batch_is_not_starved(make_engine, spk):
     """Real-time streams keep both slots busy and every listener behind; a job waits its
-    background_wait_s, then takes the first slot that frees, before the streams still waiting."""
+    background_wait_s, then takes the first slot that frees, before the streams still waiting (who
+    wait as long as it takes here: capacity_wait_s None)."""
     clock = FakeClock()
-    eng = make_engine(max_rows=2, reserved_rows=0, background_wait_s=0.5, clock=clock)
+    eng = make_engine(max_rows=2, reserved_rows=0, background_wait_s=0.5, capacity_wait_s=None, clock=clock)
     job = eng.submit(seg(spk, 20, seed=50, client="jobs"))
     calls = [eng.submit(rt_seg(spk, 60, seed=i)) for i in range(6)]
     while eng.step():
@@ -574,3 +576,55 @@ def test_the_deadline_knobs_are_live_through_the_acoustic_user_config():
         AcousticUserConfig.model_validate({"resume_ahead_s": 5.0}).engine_config(AcousticConfig())
     with pytest.raises(ValidationError):
         AcousticUserConfig.model_validate({"scheduling": "edf"}).engine_config(AcousticConfig())
+
+
+def test_a_new_stream_with_no_room_within_capacity_wait_s_is_refused_and_one_with_room_starts(make_engine, spk):
+    """The replica carries one stream at 1x (its steps, measured: 15 ms at one row, 30 ms at two).
+    A second stream waits for room; past ``capacity_wait_s`` it is refused with
+    ``CapacityExhausted`` (503 capacity_exhausted) before it sent anything, while the running
+    stream plays on; once that one ends, a new stream starts at once."""
+    clock = FakeClock()
+    eng = make_engine(capacity_wait_s=0.5, clock=clock)
+    eng.capacity.observe(1, 0.015)
+    eng.capacity.observe(2, 0.030)
+    first = eng.submit(rt_seg(spk, 80, seed=1))
+
+    def step() -> None:
+        eng.step()
+        clock.t += 0.015 * max(1, eng.running_rows)
+
+    step()
+    late = eng.submit(rt_seg(spk, 40, seed=2, client="B"))
+    for _ in range(45):  # 0.68 s of steps at one row
+        step()
+        assert eng.running_rows == 1
+    with pytest.raises(CapacityExhausted, match="capacity_wait_s"):
+        late.poll()
+    assert eng.stats.capacity_refusals == 1 and late.first_chunk_at is None
+    eng.run_until_idle()
+    assert drain(first)[1].shape[0] == 80  # the running stream was never disturbed
+    again = eng.submit(rt_seg(spk, 20, seed=3, client="B"))
+    eng.run_until_idle()
+    assert drain(again)[1].shape[0] == 20 and eng.stats.capacity_refusals == 1
+
+
+def test_a_sessions_next_segment_continues_its_stream_and_is_never_refused(make_engine, spk):
+    """A WebSocket session's next segment is a request of its own that says what its listener
+    holds already (``ahead_s``): it is not a new stream (not refused for capacity, not urgent while
+    that lasts), and its audio plays on when the audio before it runs out, with no new prebuffer."""
+    clock = FakeClock()
+    eng = make_engine(capacity_wait_s=0.2, clock=clock)
+    eng.capacity.observe(1, 0.015)
+    eng.capacity.observe(2, 0.030)  # one stream at 1x
+    first = eng.submit(rt_seg(spk, 200, seed=1))
+    eng.step()
+    nxt = eng.submit(rt_seg(spk, 30, seed=2, ahead_s=3.0))
+    pb = nxt.playback
+    assert pb.continuing and pb.slack(clock.t) == pytest.approx(3.0)
+    for _ in range(40):  # 0.6 s at one row: past capacity_wait_s, and it waits (3 s ahead)
+        clock.t += 0.015
+        eng.step()
+    assert nxt.poll() == [] and eng.stats.capacity_refusals == 0
+    assert pb.slack(clock.t) == pytest.approx(3.0 - 0.6, abs=0.02)
+    eng.run_until_idle()
+    assert drain(first)[1].shape[0] == 200 and drain(nxt)[1].shape[0] == 30 and eng.stats.capacity_refusals == 0

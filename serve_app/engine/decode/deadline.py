@@ -76,20 +76,21 @@ def slack_of(row: Row, now: float) -> Optional[float]:
         return None
     pb = row.stream.playback
     if pb is None:
-        return -(now - row.stream.submitted_at)
+        return row.req.ahead_s - (now - row.stream.submitted_at)
     return pb.row_slack(row.stream.segment, now)
 
 
 def committing(pb: Playback, now: float, cfg: AcousticConfig) -> bool:
     """A real-time stream that has started, is not finished, and is not far ahead of its listener:
     it holds a claim on the capacity, between two segments too."""
-    return pb.realtime and pb.started and not pb.finished and pb.slack(now) < cfg.park_ahead_s
+    return pb.realtime and (pb.started or pb.continuing) and not pb.finished and pb.slack(now) < cfg.park_ahead_s
 
 
 def is_new(row: Row) -> bool:
-    """A real-time row of a stream whose first audio has not left yet."""
+    """A real-time row of a new stream whose first audio has not left yet (a request that continues
+    a stream, ``SegmentRequest.ahead_s``, is not new)."""
     pb = row.stream.playback
-    return row.req.realtime and (pb is None or not pb.started)
+    return row.req.realtime and not row.req.ahead_s and (pb is None or not pb.started)
 
 
 def _need(row: Row, held: bool) -> int:

@@ -31,6 +31,7 @@ class Playback:
 
     def __init__(self, reqs: Sequence[SegmentRequest], prebuffer_s: float, opened_at: float):
         self.realtime = bool(reqs[0].realtime)
+        self.ahead_s = max(0.0, reqs[0].ahead_s)  # audio its listener holds before this request's
         self.client = reqs[0].client
         self.expected = [r.target_tokens or r.max_new_tokens for r in reqs]
         n = len(reqs)
@@ -65,6 +66,11 @@ class Playback:
     def submitted_at(self) -> float:
         return self.opened_at
 
+    @property
+    def continuing(self) -> bool:
+        """It continues a stream its listener already plays (``SegmentRequest.ahead_s``)."""
+        return self.ahead_s > 0
+
     # ------------------------------------------------------------------ producer (decode thread)
 
     def note_sent(self, index: int, tokens: int, final: bool, now: float) -> None:
@@ -79,6 +85,9 @@ class Playback:
             self.head += 1
         grew = self._contiguous() - before
         if grew > 0:
+            if self.continuing and not self.clock.started:
+                # No new prebuffer: it plays on when the audio before it runs out (now, if it has).
+                self.clock.prebuffer_s = max(0.0, self.opened_at + self.ahead_s - now)
             self.clock.deliver(grew * TOKEN_SECONDS, now)
 
     def _contiguous(self) -> int:
@@ -99,7 +108,7 @@ class Playback:
     def slack(self, now: float) -> float:
         """Seconds before its listener hears silence (negative: for how long it has; before the first
         audio: minus the time waited for it)."""
-        return self.clock.slack(now) if self.clock.started else -(now - self.opened_at)
+        return self.clock.slack(now) if self.clock.started else self.ahead_s - (now - self.opened_at)
 
     def row_slack(self, index: int, now: float) -> float:
         """Seconds before the listener needs segment ``index``'s next audio: its audio sent so far ends
@@ -107,8 +116,10 @@ class Playback:
         stream's slack; a later segment's lies further ahead by the audio before it."""
         clock = self.clock
         if not clock.started:
-            wait = -(now - self.opened_at)
-            return wait if index == 0 else wait + clock.prebuffer_s + self.start_tokens(index) * TOKEN_SECONDS
+            wait = self.ahead_s - (now - self.opened_at)
+            if index == 0:
+                return wait
+            return wait + (0.0 if self.continuing else clock.prebuffer_s) + self.start_tokens(index) * TOKEN_SECONDS
         # The clock holds the audio delivered in order (the head's end); this row's ends further on.
         ahead = (self.start_tokens(index) + self.sent[index]) * TOKEN_SECONDS - clock.delivered_s
         return clock.slack(now) + ahead

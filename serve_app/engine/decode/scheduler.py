@@ -232,6 +232,22 @@ class Scheduler:
         ids = {id(r) for r in rows}
         self._remove([w for lst in self._streams.values() for w in lst if id(w.row) in ids])
 
+    def pop_unstarted(self, queued_before: float) -> list[Row]:
+        """Remove and return the first rows of the real-time streams queued before
+        ``queued_before`` whose first segment is still waiting for room (the caller refuses them;
+        their later segments end with their streams)."""
+        late = [
+            w
+            for rows in self._streams.values()
+            for w in rows[:1]
+            if w.row.req.realtime
+            and not w.row.req.ahead_s  # a stream's next request keeps its claim: never refused
+            and w.row.after is None
+            and w.row.stream.submitted_at < queued_before
+        ]
+        self._remove(late)
+        return [w.row for w in late]
+
     def oldest(self, realtime: bool) -> Optional[float]:
         """When the longest-waiting row of that kind was queued (None: none waits)."""
         heads = [

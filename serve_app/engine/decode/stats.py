@@ -23,6 +23,7 @@ class EngineStats:
     deadline_resumed: int = 0
     park_seconds: float = 0.0
     resume_seconds: float = 0.0
+    capacity_refusals: int = 0  # new real-time streams refused: no room within capacity_wait_s
     max_rows: int = 0
     graph_steps: int = 0  # decode steps run by the static path (CUDA graphs, cuda_graphs=True)
     prefill_seconds: float = 0.0
