@@ -628,3 +628,18 @@ def test_a_sessions_next_segment_continues_its_stream_and_is_never_refused(make_
     assert pb.slack(clock.t) == pytest.approx(3.0 - 0.6, abs=0.02)
     eng.run_until_idle()
     assert drain(first)[1].shape[0] == 200 and drain(nxt)[1].shape[0] == 30 and eng.stats.capacity_refusals == 0
+
+
+def test_later_segments_far_ahead_of_their_listener_wait_in_the_queue():
+    """A long answer's later segments come in as its listener nears them, not all at once: with
+    every slot free, the next segment (2 s of audio away) joins, the ones ``park_ahead_s`` and more
+    ahead wait, without a row's KV, for a reader who may have stopped reading."""
+    now = 10.0
+    rows = stream_rows(6, tokens=94, at=now - 1.0, prebuffer=0.0)  # six segments of ~2 s each
+    send(rows[0], 47, at=now - 0.5)  # the first plays from 9.5: ~0.5 s of slack
+    cfg = CFG.model_copy(update={"max_rows": 8})
+    s = queue(*rows[1:])
+    d = decide([rows[0]], [], s, cfg, now)
+    admitted = {rows.index(r) for r in d.admit}
+    assert 1 in admitted and not admitted & {3, 4, 5}, admitted
+    assert all(slack_of(rows[i], now) < cfg.park_ahead_s for i in admitted)

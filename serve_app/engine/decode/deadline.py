@@ -28,8 +28,10 @@ sent its first audio yet. Rows without a listener have none. Before every decode
    streams, a client holding its share of the capacity in real-time streams goes after the
    others (one key's streams are not capped while capacity is free).
 3. **What is left**, into free places only: real-time rows that are not urgent (least slack
-   first), then rows without a listener (parked ones first, then the queue's fair order between
-   clients: ``Scheduler.pop_admissible``). Within the capacity while real-time rows that must
+   first, but none already ``park_ahead_s`` ahead: it would be parkable at once, and a stream's
+   later segments would be decoded ever further ahead of its reader), then rows without a
+   listener (parked ones first, then the queue's fair order between clients:
+   ``Scheduler.pop_admissible``). Within the capacity while real-time rows that must
    keep 1x run, every slot otherwise.
 4. **Cheaper steps.** While such rows run and the batch is above ``Capacity.park_rows`` (its
    steps slower than one token's audio), parkable rows leave until it is within
@@ -284,7 +286,10 @@ def decide(
         rt_demand += 1
 
     # 3. What is left, into free places: real-time rows not urgent, then rows without a listener.
-    while heap and room() > 0:
+    # Not a row already far ahead of its listener (park_ahead_s): it would be parkable at once, and
+    # a stream's rows would be decoded ever further ahead of a reader who may have stopped (each
+    # set aside with its KV) instead of when its listener nears them.
+    while heap and room() > 0 and heap[0][0] < cfg.park_ahead_s:
         need = _need(heap[0][2], heap[0][3] is None)
         if used + need > cfg.token_budget and total:
             break
