@@ -27,6 +27,9 @@ CACHE_ENV = "CHATTTS_SERVE_CACHE"
 HOLD_BACK_TOKENS = 4
 # New tokens the vocoder waits for before it decodes a window (fewer play nothing yet).
 MIN_WINDOW_TOKENS = 8
+# One request's text at most (the Ingress's ``ingress.max_input_chars``); the planner's own bounds
+# are sized from it (``SegmentConfig.max_lexicon_growth_chars``).
+DEFAULT_MAX_INPUT_CHARS = 4096
 
 
 def default_cache_dir() -> Path:
@@ -280,6 +283,14 @@ class SegmentConfig(StrictModel):
         "speed 1, English ~240 s: the cap is twice the longest prose and bites on slow speeds (speed 0.25 "
         "is 4x the seconds) and on number floods read out in full. Silence (SSML breaks, pauses between "
         "turns, a lead-in) counts too: it costs the same bytes and vocoder time as speech.",
+    )
+    max_lexicon_growth_chars: int = Field(
+        default=DEFAULT_MAX_INPUT_CHARS,
+        ge=0,
+        description="Characters a pronunciation lexicon's aliases may add to one request's text, every piece "
+        "and part together, counted as the text grows and before it is normalised; more is 413 input_too_long. "
+        "The default is ingress.max_input_chars' own: a full request read through a lexicon is at most twice "
+        "as long (an alias may say one character as 128).",
     )
     max_silence_seconds: float = Field(
         default=480.0,

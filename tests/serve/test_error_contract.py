@@ -31,6 +31,7 @@ from serve_app.engine.errors import (
     ClientQueueFull,
     EmptyInputError,
     EngineOverloaded,
+    InputTooLong,
     InvalidClipError,
     InvalidInstructionsError,
     InvalidSSMLError,
@@ -102,6 +103,7 @@ _JOB_BLANK = "answers param None, not 'input' (test_a_blank_job_input_is_refused
 # Table rows not sent here, and why. With the rows above, every row of the table is accounted for
 # (test_every_table_row_is_sent_or_listed).
 NOT_SENT = {
+    InputTooLong: "needs a key's lexicon whose aliases grow the text (test_cost_caps.py; test_worst_inputs.py sends it)",
     InvalidInstructionsError: "the API bounds instructions' length first (a pydantic max_length: invalid_value)",
     InvalidClipError: "a voice upload's error, not a speech request's (test_voices.py, test_abuse.py)",
     ClientQueueFull: "needs a key's queue filled with rows (test_backpressure.py)",

@@ -29,6 +29,7 @@ from typing import Optional
 
 from pydantic import ConfigDict, Field, model_validator
 
+from ..errors import InputTooLong
 from ..strict import StrictModel
 from .chars import SAYABLE_CJK_RE
 from .pinyin import PinyinError, parse_pinyin, substitute
@@ -41,6 +42,7 @@ __all__ = [
     "PHONEME_OPEN",
     "PHONEME_SEP",
     "CompiledLexicon",
+    "LexiconBudget",
     "LexiconEntry",
     "Pronunciations",
     "apply_lexicon",
@@ -120,6 +122,23 @@ class Pronunciations(StrictModel):
 _END = ""  # a trie node's key for the entry ending there (no character is "")
 
 
+class LexiconBudget:
+    """How many characters a lexicon may still add to one plan's text, every piece of it together
+    (``SegmentConfig.max_lexicon_growth_chars``). An alias may be far longer than what it replaces
+    (one character said as 128), so the text is bounded as it grows, before it is normalised:
+    ``InputTooLong`` the moment it passes, never after the work."""
+
+    def __init__(self, chars: int):
+        self.limit = chars
+        self.left = chars
+
+    def refused(self) -> InputTooLong:
+        return InputTooLong(
+            f"the lexicon's aliases make the input more than {self.limit} characters longer than sent "
+            "(segments.max_lexicon_growth_chars): send less text or use shorter aliases"
+        )
+
+
 class CompiledLexicon:
     """Entries in a trie of their case-folded characters: at each position one walk of at most
     ``MAX_ENTRY_CHARS`` steps finds the longest entry that matches there, whatever the count."""
@@ -151,7 +170,9 @@ class CompiledLexicon:
                     found = (j + 1, reading)
         return found
 
-    def apply(self, text: str) -> str:
+    def apply(self, text: str, budget: Optional[LexiconBudget] = None) -> str:
+        """``text`` read through the entries. ``budget``: what they may add to it (spent here;
+        ``InputTooLong`` as soon as the text has grown past it)."""
         if not self._root or not text:
             return text
         low = text.lower()
@@ -159,6 +180,8 @@ class CompiledLexicon:
             low = "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
         out: list[str] = []
         i, n, last = 0, len(text), 0
+        grown = 0  # characters added so far (an alias shorter than its text takes some back)
+        left = budget.left if budget is not None else None
         while i < n:
             found = self._match(text, low, i) if low[i] in self._root else None
             if found is None:
@@ -169,11 +192,18 @@ class CompiledLexicon:
             # An alias beside a letter or digit is a word of its own.
             if i > 0 and _wordish(text[i - 1]) and _wordish(reading[0]):
                 out.append(" ")
+                grown += 1
             out.append(reading)
+            grown += len(reading) - (j - i)
             if j < n and _wordish(text[j]) and _wordish(reading[-1]):
                 out.append(" ")
+                grown += 1
+            if left is not None and grown > left:
+                raise budget.refused()  # type: ignore[union-attr]
             i = last = j
         out.append(text[last:])
+        if budget is not None:
+            budget.left -= grown
         return "".join(out)
 
 
@@ -198,11 +228,12 @@ def _compiled_for(p: Pronunciations) -> CompiledLexicon:
     return compiled
 
 
-def apply_lexicon(text: str, pronunciations: Optional[Pronunciations]) -> str:
-    """``text`` as the model should read it under ``pronunciations`` (None or empty: as is)."""
+def apply_lexicon(text: str, pronunciations: Optional[Pronunciations], budget: Optional[LexiconBudget] = None) -> str:
+    """``text`` as the model should read it under ``pronunciations`` (None or empty: as is);
+    ``budget``: what the entries may add to it (``LexiconBudget``)."""
     if pronunciations is None or not pronunciations.entries:
         return text
-    return _compiled_for(pronunciations).apply(text)
+    return _compiled_for(pronunciations).apply(text, budget)
 
 
 def phoneme_marker(written: str, pinyin: str) -> str:
