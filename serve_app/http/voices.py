@@ -47,6 +47,7 @@ from ..storage.voices import (
     make_voice_store,
     stored_voice,
 )
+from .bodies import read_bounded
 from .errors import read_form
 from .security import Caller
 
@@ -125,15 +126,16 @@ async def _fields(request: Request) -> dict[str, Any]:
         await form.close()
         return out
     if ctype in ("application/json", ""):
-        raw = b""
-        async for piece in request.stream():  # only a clip (multipart) may be large: JSON stops early
-            raw += piece
-            if len(raw) > MAX_JSON_BYTES:
-                raise APIError(
-                    413,
-                    f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
-                    code="body_too_large",
-                )
+        # Only a clip (multipart) may be large: JSON stops early.
+        raw = await read_bounded(
+            request,
+            MAX_JSON_BYTES,
+            lambda: APIError(
+                413,
+                f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
+                code="body_too_large",
+            ),
+        )
         try:
             body = json.loads(raw or b"null")
         except ValueError:
