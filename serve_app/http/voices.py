@@ -259,12 +259,14 @@ class VoicesAPI:
     async def list(self, caller: Optional[Caller]) -> dict[str, Any]:
         """The built-in voices and the caller's (an admin: every owner's); with no caller (no key
         sent where keys are on, as Open WebUI asks) the built-in voices only. ``data``: the cards;
-        ``voices``: each one's id and name, the shape Open WebUI reads (``protocol.VoiceList``)."""
+        ``voices``: each one's id and name, the shape Open WebUI reads (``protocol.VoiceList``);
+        ``every_owner``: an admin's listing (every key's voices)."""
         if caller is None:
             cards = self.catalog.builtin_cards()
         else:
             cards = await self.catalog.cards(caller.owner, admin=caller.admin)
-        return {"object": "list", "data": cards, "voices": [{"id": c["id"], "name": c["name"]} for c in cards]}
+        voices = [{"id": c["id"], "name": c["name"]} for c in cards]
+        return {"object": "list", "data": cards, "voices": voices, "every_owner": bool(caller and caller.admin)}
 
     async def get(self, voice_id: str, caller: Caller) -> dict[str, Any]:
         seed = OPENAI_VOICES.get(voice_id.lower())
