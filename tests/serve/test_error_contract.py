@@ -94,12 +94,6 @@ class Row:
     key: str = KEY
 
 
-# JobRequest refuses a blank input in its model validator (input or turns), whose error has no
-# field path: invalid_value with param None where /v1/audio/speech names "input". Not a one-line
-# fix in the front door (the protocol model would raise it on the field): its own xfail test below.
-_JOB_BLANK = "answers param None, not 'input' (test_a_blank_job_input_is_refused_as_the_table_says, xfail)"
-
-
 # Table rows not sent here, and why. With the rows above, every row of the table is accounted for
 # (test_every_table_row_is_sent_or_listed).
 NOT_SENT = {
@@ -135,7 +129,7 @@ def rows() -> list[Row]:
             ws="session text is bounded by the session's pending text (test_ws_sessions.py, param 'text')",
             job="jobs have their own, far larger jobs.max_input_chars (test_jobs.py)",
         ),
-        Row("empty input", {"input": ""}, refused("input"), ws=_WS_TEXT, job=_JOB_BLANK),
+        Row("empty input", {"input": ""}, refused("input"), ws=_WS_TEXT),
         Row("only punctuation", {"input": "。。。!!!"}, table(EmptyInputError), ws=_WS_TEXT),
         Row("malformed SSML", {"input": "<speak>你好</spek>"}, table(InvalidSSMLError), ws=_WS_TEXT),
         Row(
@@ -272,8 +266,9 @@ def test_every_error_row_answers_the_table_through_every_front_door(app_url, cha
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason="jobs: " + _JOB_BLANK.split(" (")[0])
 def test_a_blank_job_input_is_refused_as_the_table_says(app_url, tmp_path):
+    """JobRequest refused a blank input in its model validator, an error with no field path: param
+    None where /v1/audio/speech names "input". The field's own check names it."""
     row = Row("empty input", {"input": ""}, refused("input"))
     failures: list[str] = []
     with _keys_on(tmp_path):
