@@ -62,8 +62,9 @@ class Ceiling:
         import torch
 
         from serve_app.engine.config import ModelConfig, SegmentConfig, VocoderConfig, WeightsConfig
-        from serve_app.engine.pipeline import Planner, SynthesisOptions
-        from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.planner import Planner
+        from serve_app.engine.types import SynthesisOptions
+        from serve_app.engine.vocoder import VocoderEngine
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights.loading import load_model
 
@@ -87,7 +88,7 @@ class Ceiling:
         self.first_chunk_tokens = first_chunk_tokens
         self.chunk_tokens = chunk_tokens
         self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
-        self.vocoder = Vocoder(self.model, self.vocoder_cfg)
+        self.vocoder = VocoderEngine(self.model, self.vocoder_cfg)
         planner = Planner(SegmentConfig.model_validate(segments or {}))
         planner.warmup()
         speakers = SpeakerSampler(self.chat.speaker)  # Chat.infer needs the speaker string itself

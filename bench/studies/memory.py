@@ -99,7 +99,8 @@ def acoustic(weights: str, quantize: str, dual_layout: bool, rows: list[int], th
 
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
-    from serve_app.engine.pipeline import Planner, SynthesisOptions
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
     from ..lib.corpus import load_corpus
@@ -184,10 +185,10 @@ def vocoder(weights: str) -> dict:
     ph.mark("import torch")
     import numpy as np
 
+    from serve_app.engine.assembly import AudioAssembler
     from serve_app.engine.clips import load_voice_encoder
     from serve_app.engine.config import ModelConfig, VocoderConfig, WeightsConfig
-    from serve_app.engine.pipeline import AudioAssembler
-    from serve_app.engine.vocoder import Vocoder
+    from serve_app.engine.vocoder import VocoderEngine
     from serve_app.engine.weights.loading import load_vocoder
 
     ph.mark("import engine")
@@ -197,7 +198,7 @@ def vocoder(weights: str) -> dict:
     def init() -> tuple[Any, Any]:  # the replica's __init__: the loader's result is dropped at its end
         parts = load_vocoder(cfg)
         ph.mark("load_vocoder")
-        voc = Vocoder(parts, VocoderConfig())
+        voc = VocoderEngine(parts, VocoderConfig())
         ph.mark("Vocoder", precision=str(voc.dtype))
         enc = load_voice_encoder(cfg)
         ph.mark("load_voice_encoder")

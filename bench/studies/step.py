@@ -48,7 +48,8 @@ def measure(weights: str, batches: list[int], tokens: int, reps: int, variants: 
     import serve_app
     from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
     from serve_app.engine.config import ModelConfig, SegmentConfig, WeightsConfig
-    from serve_app.engine.pipeline import Planner, SynthesisOptions
+    from serve_app.engine.planner import Planner
+    from serve_app.engine.types import SynthesisOptions
     from serve_app.engine.weights.loading import load_model
 
     torch.set_grad_enabled(False)

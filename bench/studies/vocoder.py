@@ -110,7 +110,7 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
 
     from serve_app.engine.audio import AUDIO_FORMATS, SAMPLE_RATE, new_encoder
     from serve_app.engine.config import AcousticConfig, ModelConfig, VocoderConfig, WeightsConfig
-    from serve_app.engine.vocoder import Vocoder
+    from serve_app.engine.vocoder import VocoderEngine
     from serve_app.engine.weights.loading import load_vocoder
 
     torch.set_num_threads(1)
@@ -125,8 +125,8 @@ def measure(a: argparse.Namespace, report: dict, write) -> None:
     utts = [torch.randn(a.tokens, 768, generator=gen) for _ in range(a.utterances)]
     audio_s = a.utterances * (a.tokens * 512 - 256) / SAMPLE_RATE
     variants = {name: VocoderConfig(**fields) for name, fields in VARIANTS.items()}
-    vocoders = {name: Vocoder(parts, cfg) for name, cfg in variants.items()}
-    reference = Vocoder(parts, VocoderConfig(cache_state=False, precision="float32"))
+    vocoders = {name: VocoderEngine(parts, cfg) for name, cfg in variants.items()}
+    reference = VocoderEngine(parts, VocoderConfig(cache_state=False, precision="float32"))
     report["setup"] = {
         "first_chunk_tokens": first,
         "chunk_tokens": size,

@@ -211,7 +211,7 @@ async def test_an_admin_key_is_refused(app_url, tmp_path):
     security = {**SecurityConfig().model_dump(), "api_keys_env": None, "api_keys_file": str(keys), "keys": admin}
     with ingress_settings(security=security):
         env = {**os.environ, "CHATTTS_BASE_URL": app_url, "CHATTTS_API_KEY": "sk-wyoming-admin"}
-        cli = [sys.executable, "-m", "serve_app.tools.cli", "wyoming", "--uri", "tcp://127.0.0.1:0"]
+        cli = [sys.executable, "-m", "chattts_serve.cli", "wyoming", "--uri", "tcp://127.0.0.1:0"]
         done = await asyncio.to_thread(subprocess.run, cli, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and "admin key" in done.stderr, (done.returncode, done.stderr[-2000:])
         async with wyoming_server(app_url, api_key="sk-wyoming-admin") as (host, port):  # started without asking

@@ -13,7 +13,7 @@ ROW = {"id": "r1", "text": "你好。"}
 
 def test_a_plain_row_passes():
     row, reason, ignored = check_row(dict(ROW), "wav")
-    assert reason is None and ignored == [] and row.options().pronunciations is None
+    assert reason is None and ignored == [] and row.request().pronunciations is None
 
 
 @pytest.mark.parametrize(

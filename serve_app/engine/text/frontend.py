@@ -13,6 +13,7 @@ from .chattts_norm import ChatTTSNormalizer
 from .en import normalize_numbers_en
 from .lang import Lang, check_lang, detect_language, detect_or
 from .lexicon import LexiconBudget, LexiconEntry, Pronunciations, apply_lexicon
+from .pinyin import syllable_table
 from .segment import check_max_chars, locate_pieces, segment_fits, split_segments, split_sentences
 from .tags import strip_stray_brackets
 from .zh import normalize_numbers_zh
@@ -68,6 +69,7 @@ class TextFrontend:
             self.normalize(sample, lang=lang)
             self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)
         # A pinyin entry's reading: pypinyin's table is built here (~0.5 s), not in a request.
+        syllable_table()
         self.process("银行", lexicon=Pronunciations(entries=(LexiconEntry(text="银行", pinyin="yin2 hang2"),)))
         elapsed = time.perf_counter() - start
         logger.info("text front end warm-up took %.2fs", elapsed)
