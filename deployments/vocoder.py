@@ -77,10 +77,21 @@ class Vocoder:
         ``flow`` this stream stays at most its window ahead of what the caller has taken
         (pipeline/flow.py)."""
         t0 = time.perf_counter()
-        loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, self._torch_thread.acall)
         # The listener's clock as this stream infers it: audio counted as each block leaves.
         listener = PlaybackClock(self.prebuffer_s)
         sent_samples = 0
+        run = self._torch_thread.acall
+        if plan.segments and plan.segments[0].realtime:
+            ahead = plan.segments[0].ahead_s
+            opened = time.monotonic()
+
+            def run(fn, *args):
+                # Windows of the streams closest to silence first (before its first audio: minus
+                # the wait, or what its listener holds of the audio before it).
+                slack = listener.slack() if listener.started else ahead - (time.monotonic() - opened)
+                return self._torch_thread.acall_within(slack, fn, *args)
+
+        loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, run)
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
