@@ -25,6 +25,7 @@ from serve_app.protocol import SpeechRequest
 from serve_app.settings import LexiconStoreConfig, VoiceStoreConfig
 from serve_app.storage.cache import request_key
 from serve_app.storage.lexicons import LexiconBook, check_syllables, make_lexicon_store, parse_create
+from serve_app.storage.lexicons.model import summary_of
 from serve_app.storage.records import ANONYMOUS, owner_tag
 
 ENTRIES = [{"text": "银行", "pinyin": "yin2 hang2"}, {"text": "SQL", "alias": "sequel"}]
@@ -257,3 +258,15 @@ async def test_without_keys_no_caller_sets_everyones_default(tmp_path):
     assert await LexiconBook(store).pronunciations(None, ANONYMOUS) is None
     assert [x.default for x in await store.list(ANONYMOUS)] == [False]
     await store.close()
+
+
+def test_a_summary_is_read_from_the_documents_head():
+    """The fields a listing shows are written before the entries: only they are parsed, whatever
+    the name holds; a document stored before them is parsed whole."""
+    cfg = LexiconStoreConfig()
+    tricky = parse_create({"name": 'x,"entries":[1]}', "entries": ENTRIES}, cfg, "key-a")
+    doc = tricky.to_json()
+    assert summary_of(tricky.id, doc) == summary_of(tricky.id, doc.encode()) == tricky.summary()
+    old = json.loads(doc)
+    del old["entry_count"], old["content_hash"]
+    assert summary_of(tricky.id, json.dumps(old)) == tricky.summary()

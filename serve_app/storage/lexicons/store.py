@@ -55,7 +55,7 @@ class LexiconStore(OwnedStore):
         """``list`` as the list answer shows it (``StoredLexicon.summary``), oldest first: read
         from the documents' stored summary fields in a bulk worker, no entry validated."""
         docs = await self._guard(self._list, None if admin else owner)
-        found = await self.workers.bulk(lambda: [summary_of(doc) for _, doc in docs])
+        found = await self.workers.bulk(lambda: [summary_of(i, doc) for i, doc in docs])
         if not admin:
             found = [x for x in found if x["owner"] == owner]
         defaults = await self._defaults({x["owner"] for x in found})
