@@ -187,15 +187,15 @@ class Acoustic:
             now = time.monotonic()
             total = self.engine.stats.capacity_refusals
             if total > refused:
-                metrics.inc("tts_capacity_refusals_total", total - refused)
+                metrics.inc("tts_capacity_refusals_total", total - refused, stage="acoustic")
                 self._refusals.append((now, total - refused))
             refused = total
             while self._refusals and now - self._refusals[0][0] > REFUSALS_WINDOW_S:
                 self._refusals.popleft()
             self._realtime = (rt, sum(n for _, n in self._refusals))
             if rt.capacity_streams is not None:
-                metrics.set_gauge("tts_realtime_capacity_streams", rt.capacity_streams)
-            metrics.set_gauge("tts_realtime_demand_streams", rt.demand_streams)
+                metrics.set_gauge("tts_realtime_capacity_streams", rt.capacity_streams, stage="acoustic")
+            metrics.set_gauge("tts_realtime_demand_streams", rt.demand_streams, stage="acoustic")
             metrics.set_gauge("tts_realtime_waiting_streams", rt.waiting_streams)
             metrics.set_gauge("tts_realtime_stalled_streams", rt.stalled_streams)
             await asyncio.sleep(1.0)

@@ -47,22 +47,18 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
     "tts_stream_aborted_total": ("counter", "Streams that ended before their audio was complete.", ("reason",), None),
     "tts_realtime_capacity_streams": (
         "gauge",
-        "Real-time streams the Acoustic replica can keep at 1x (its measured decode steps, with headroom).",
-        (),
+        "Real-time streams a replica can keep at 1x (measured: the Acoustic's decode steps, the Vocoder's rate), "
+        "with headroom.",
+        ("stage",),
         None,
     ),
-    "tts_realtime_demand_streams": (
-        "gauge",
-        "Real-time streams the Acoustic replica carries or is starting.",
-        (),
-        None,
-    ),
+    "tts_realtime_demand_streams": ("gauge", "Real-time streams a replica carries or is starting.", ("stage",), None),
     "tts_realtime_waiting_streams": ("gauge", "Real-time streams waiting for room to start (no audio yet).", (), None),
     "tts_realtime_stalled_streams": ("gauge", "Real-time streams whose listener hears silence now.", (), None),
     "tts_capacity_refusals_total": (
         "counter",
         "New real-time streams refused (503 capacity_exhausted): no room within acoustic.capacity_wait_s.",
-        (),
+        ("stage",),
         None,
     ),
     "tts_stream_stall_seconds": (

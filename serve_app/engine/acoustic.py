@@ -3,9 +3,9 @@
 The loop owns a batch of rows (one row = one text segment). Between two decode steps it admits
 waiting rows (each is prefilled alone, then its KV joins the batch's buffers: TGI's
 ``concatenate``) and drops finished or cancelled rows (their KV goes with them: TGI's
-``filter``). Every row keeps its own position ids, sampling parameters, seed (a private
-``torch.Generator`` drawn once per step, so its tokens do not depend on its neighbours), token
-budget and chunk schedule. Each row streams chunks of GPT hidden states, which is what
+``filter``). Every row keeps its own position ids, sampling parameters, seed (each draw a hash of
+the row's seed, its token index and the codebook: ``decode/sampling.py``, so its tokens do not
+depend on its neighbours), token budget and chunk schedule. Each row streams chunks of GPT hidden states, which is what
 ChatTTS's decoder turns into mel frames. The parts live in ``decode/`` (``Scheduler``, ``decide``
 (the deadline rule), ``Playback``, ``StepModel``, ``Prefiller``, ``BatchState``, ``Sampler``,
 ``RowStream``, ``ParkedRows``, ``EngineStats``, with ``cuda_graphs`` ``GraphRunner``). This module

@@ -93,6 +93,7 @@ class TorchThread:
         self._seq = itertools.count()
         self._thread: Optional[threading.Thread] = None  # started by the first call
         self._closed = False
+        self.busy_s = 0.0  # seconds spent in calls (wall time: what the thread got of the machine, too)
 
     # ------------------------------------------------------------------ the thread
 
@@ -112,12 +113,15 @@ class TorchThread:
                 call = self._next()
             if not call.future.set_running_or_notify_cancel():
                 continue  # cancelled while queued
+            t0 = time.perf_counter()
             try:
                 result = call.fn(*call.args, **call.kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 call.future.set_exception(exc)
             else:
                 call.future.set_result(result)
+            finally:
+                self.busy_s += time.perf_counter() - t0
             del call
 
     def _next(self) -> "_Call":

@@ -5,7 +5,6 @@ size the job's reservation. Everything proportional to the input's size runs off
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any, Optional
 
@@ -23,6 +22,7 @@ from .cutting import cut_script, cut_text, split_chapters
 from .planning import JobPlanner, pieces, reservation
 from .script import emptied, job_parts
 from .views import store_call
+from .work import SubmissionWork
 
 
 @dataclasses.dataclass
@@ -61,14 +61,15 @@ class JobBuilder:
         self.admission = Admission(voices)
         self.preparation = Preparation(self.admission, cfg.max_input_chars)
 
-    async def build(self, req: JobRequest, caller: Caller) -> BuiltJob:
-        """The request read into the job's chunks (and its voices), every piece of it checked."""
+    async def build(self, req: JobRequest, caller: Caller, work: SubmissionWork) -> BuiltJob:
+        """The request read into the job's chunks (and its voices), every piece of it checked;
+        its work off the loop through ``work``."""
         # Prepared as every door prepares a request: model, length, voice (the caller's own),
         # lexicon (its entries go into the job's options: a later edit does not change it), then
         # its script (instructions, SSML, turns: a malformed document is a 400 before anything is
         # stored), read off the loop, each distinct voice resolved once. A job's priority is the
         # service's (jobs.priority), not the request's.
-        prepared = await self.preparation.prepare(req, caller, priority=False, off_loop=True)
+        prepared = await self.preparation.prepare(req, caller, priority=False, off_loop=work.run)
         used = await store_call(self.store.usage, caller.owner)
         check_room(used, self.limits, 1)  # again: the body took a while
         script, voice = prepared.script, prepared.voice
@@ -78,13 +79,13 @@ class JobBuilder:
         voice_name = voice.name
         if script.parts is not None:
             silence = self.planner.limits.max_silence_seconds
-            script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts, seed, silence)
+            script_voices, chunks = await work.run(self._cut_script, script.parts, seed, silence)
             if req.turns is not None:
-                voice_name = await asyncio.to_thread(_turn_voices, req.turns)
+                voice_name = await work.run(_turn_voices, req.turns)
             # The turns and parts are cut into the chunks now: freed off the loop, an item at a time.
-            await asyncio.to_thread(emptied, req.turns or [], script.parts)
+            await work.run(emptied, req.turns or [], script.parts)
         else:
-            chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
+            chunks, chapters = await work.run(self._cut, req, seed)
         options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
@@ -115,6 +116,7 @@ class JobBuilder:
         owner: str,
         chapters: bool,
         room: int,
+        work: SubmissionWork,
     ) -> float:
         """The job's planned audio (``JobPlanner``), a piece of chunks per thread call; a chunk the
         runner's planner would refuse is a 413 now, and planning stops with a 409 as soon as the
@@ -123,8 +125,8 @@ class JobBuilder:
         total = 0.0
         for start, end in pieces(chunks):
             total += sum(
-                await asyncio.to_thread(
-                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen
+                await work.run(
+                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen, work.check
                 )
             )
             needed = reservation(total, chapters, self.cfg.reservation_headroom)[1]

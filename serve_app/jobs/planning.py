@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from ..engine.audio import SAMPLE_RATE
 from ..engine.config import SegmentConfig
@@ -63,13 +63,21 @@ def reservation(seconds: float, chapters: bool, headroom: float) -> tuple[int, i
 
 
 class JobPlanner:
-    """The engine's planner with the TextNormalizer's limits, made on first use (its rule tables
-    load once), one thread at a time (the text front end keeps state)."""
+    """The engine's planner with the TextNormalizer's limits: one per thread (the text front end
+    keeps state), made on its first use there (its rule tables load once per thread), so the
+    submissions of different keys never queue on one planner."""
 
     def __init__(self, limits: SegmentConfig):
         self.limits = limits
-        self._planner: Optional[Planner] = None
-        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _planner(self) -> Planner:
+        planner = getattr(self._local, "planner", None)
+        if planner is None:
+            planner = Planner(self.limits)
+            planner.warmup()
+            self._local.planner = planner
+        return planner
 
     def seconds(
         self,
@@ -81,19 +89,22 @@ class JobPlanner:
         voices: list[Voice],
         client: str,
         seen: Optional[dict[str, float]] = None,
+        check: Callable[[], None] = lambda: None,
     ) -> list[float]:
         """Chunks [start, end)'s planned audio (speech, the plan's silence and the pause after
         each), seconds; ``RequestTooLarge`` naming the first chunk the planner refuses. ``seen``:
-        a plain chunk's text -> its seconds (a run of one character is many equal chunks)."""
-        with self._lock:
-            if self._planner is None:
-                planner = Planner(self.limits)
-                planner.warmup()
-                self._planner = planner
-            return [self._one(k, chunks[k], options, voice, voices, client, seen) for k in range(start, end)]
+        a plain chunk's text -> its seconds (a run of one character is many equal chunks).
+        ``check``: called before each chunk (it raises to stop: the submission was cancelled)."""
+        planner = self._planner()
+        out = []
+        for k in range(start, end):
+            check()
+            out.append(self._one(planner, k, chunks[k], options, voice, voices, client, seen))
+        return out
 
     def _one(
         self,
+        planner: Planner,
         k: int,
         chunk: JobChunk,
         options: SynthesisOptions,
@@ -102,15 +113,14 @@ class JobPlanner:
         client: str,
         seen: Optional[dict[str, float]],
     ) -> float:
-        assert self._planner is not None
         if chunk.parts is None and seen is not None and chunk.text in seen:
             return seen[chunk.text] + chunk.pause_after
         opts = options.model_copy(update={"seed": chunk.seed})
         try:
             if chunk.parts is not None:
-                plan = self._planner.plan_script(script_parts(chunk, voices), opts, client=client)
+                plan = planner.plan_script(script_parts(chunk, voices), opts, client=client)
             else:
-                plan = self._planner.plan(chunk.text, opts, voice, client=client)
+                plan = planner.plan(chunk.text, opts, voice, client=client)
             own = plan_seconds(plan)
         except EmptyInputError:
             own = 0.0  # the runner makes it an empty chunk

@@ -190,12 +190,12 @@ def _text(raw: bytes, param: str) -> str:
         raise bad("the text must be UTF-8", param=param, code="invalid_text") from None
 
 
-async def read_job_request(request: Request, max_upload_bytes: int) -> JobRequest:
-    """The job's text and options from JSON (read off the loop, piece by piece), a text body
-    (options in the query) or a form."""
+async def read_job_request(request: Request, max_upload_bytes: int, off_loop: Any = asyncio.to_thread) -> JobRequest:
+    """The job's text and options from JSON (read off the loop, piece by piece: ``off_loop(fn,
+    *args)``), a text body (options in the query) or a form."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in ("application/json", ""):
-        return await asyncio.to_thread(parse_body, await request.body())
+        return await off_loop(parse_body, await request.body())
     if ctype == "text/plain":
         params = dict(request.query_params)
         if "input" in params:

@@ -19,6 +19,7 @@ exactly like a missing one, and an admin key sees every key's.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -58,6 +59,7 @@ from .planning import JobPlanner, reservation
 from .request import read_job_request
 from .script import CollectorDeferred, emptied
 from .views import JOBS_PATH, file_response, job_view, not_found, store_call
+from .work import SubmissionWork
 
 log = logging.getLogger("ray.serve")
 
@@ -90,6 +92,8 @@ class JobsService:
         self.voices = voices
         self.builder = JobBuilder(cfg, self.limits, self.store, voices, JobPlanner(segments or SegmentConfig()))
         self._submitting: set[str] = set()  # owners with a submission being read and planned here
+        # The submissions' work off the loop: threads of their own (jobs/work.py), one a submission.
+        self._executor = concurrent.futures.ThreadPoolExecutor(cfg.max_submissions_at_once, "job-submission")
         self._runner_args = (cfg, normalizer, vocoder)
         self._find_runner = find_runner
         if runner is not None:
@@ -173,15 +177,18 @@ class JobsService:
             )
         self._submitting.add(caller.owner)
         CollectorDeferred.submission(True)
+        # Its work off the loop; a client that leaves stops it, and its slot stays held until then.
+        work = SubmissionWork(self._executor)
         try:
             with CollectorDeferred():
-                built = await self.builder.build(await read_job_request(request, self.cfg.max_upload_bytes), caller)
+                req = await read_job_request(request, self.cfg.max_upload_bytes, work.run)
+                built = await self.builder.build(req, caller, work)
                 # The request, its turns and parts are gone now: what is planned is the chunks
                 # alone, freed off the loop once the job is stored (or refused).
                 try:
-                    return await self._create(built, caller, request.scope.get("root_path", ""))
+                    return await self._create(built, caller, request.scope.get("root_path", ""), work)
                 finally:
-                    await asyncio.to_thread(emptied, built.chunks)
+                    await work.run(emptied, built.chunks)
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - typed errors keep their status (voice, quota, empty input)
@@ -190,7 +197,7 @@ class JobsService:
             self._submitting.discard(caller.owner)
             CollectorDeferred.submission(False)
 
-    async def _create(self, built: BuiltJob, caller: Caller, root: str) -> JSONResponse:
+    async def _create(self, built: BuiltJob, caller: Caller, root: str, work: SubmissionWork) -> JSONResponse:
         """Plan the built job, reserve its planned audio, store it and tell the runner."""
         chunks, chapters, voice, script_voices, options = (
             built.chunks,
@@ -207,6 +214,7 @@ class JobsService:
             caller.owner,
             bool(chapters),
             self.limits.max_bytes - built.used_bytes,
+            work,
         )
         pcm_limit, reserved = reservation(seconds, bool(chapters), self.cfg.reservation_headroom)
         now = time.time()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from ..callers import Caller
 from ..engine.types import Plan, SynthesisOptions, Voice
@@ -85,15 +85,16 @@ class Preparation:
         *,
         stream: bool = False,
         priority: bool = True,
-        off_loop: bool = False,
+        off_loop: Optional[Callable[..., Awaitable[Any]]] = None,
     ) -> Prepared:
         """Admit ``req`` for ``caller``, then read its script. ``stream``: the busy switch and a
         stream slot, held when this returns (released on every failure). ``priority``: check the
-        request's priority against the key's (a job's is the service's). ``off_loop``: the script
-        is read on a worker thread (a job's input may be a book; each distinct voice is still
-        resolved once, on this loop)."""
+        request's priority against the key's (a job's is the service's). ``off_loop``: how to run
+        work on a worker thread (``await off_loop(fn, *args)``, e.g. ``asyncio.to_thread``): the
+        script is read there (a job's input may be a book; each distinct voice is still resolved
+        once, on this loop)."""
         # A job's 100,000 turns are summed off the loop too.
-        chars = await asyncio.to_thread(_chars, req) if off_loop else _chars(req)
+        chars = await off_loop(_chars, req) if off_loop else _chars(req)
         param = "turns" if getattr(req, "turns", None) is not None and hasattr(req, "script_chars") else "input"
         admitted = await self.admission.admit(
             caller,
@@ -112,7 +113,7 @@ class Preparation:
         script.options = admitted.with_lexicon(script.options)
         return Prepared(admitted, script)
 
-    async def _script(self, req: Any, admitted: Admitted, off_loop: bool) -> Script:
+    async def _script(self, req: Any, admitted: Admitted, off_loop: Optional[Callable[..., Awaitable[Any]]]) -> Script:
         if getattr(req, "input", None) is None:  # text streams in later: its options alone
             return Script(req.to_options())
         voices: Any = self.admission.voices
@@ -124,7 +125,7 @@ class Preparation:
             else speech_script(req, admitted.voice, voices, admitted.caller, self.max_chars)
         )
         if off_loop:
-            return await asyncio.to_thread(asyncio.run, build)
+            return await off_loop(asyncio.run, build)
         return await build
 
 

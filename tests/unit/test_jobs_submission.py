@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from serve_app.engine.types import SynthesisOptions
 from serve_app.errors import APIError
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
+from serve_app.jobs.build import JobBuilder
 from serve_app.jobs.cutting import cut_text, estimated_pcm_bytes
+from serve_app.jobs.planning import JobPlanner
 from serve_app.jobs.request import loads_object
 from serve_app.jobs.service import JobsService
 from serve_app.settings import JobsConfig, VoiceStoreConfig
@@ -323,3 +326,53 @@ async def test_jobs_without_a_key_are_refused_unless_allowed(tmp_path: Path):
     status, view = await submit(svc, {"input": "你好。"}, anonymous)
     assert status == 202 and view["owner"] == ANONYMOUS
     assert [j.id for j in (await svc.list(anonymous)).data] == [view["id"]]
+
+
+async def test_an_abandoned_submission_holds_its_slot_until_its_work_has_stopped(tmp_path: Path, monkeypatch):
+    """A client that hangs up on a large submission while it is being cut, then while it is being
+    planned: its key's submission slot is free only once nothing of it runs any more (before, the
+    slot was freed at once while the cutting went on in a thread of the loop's shared pool), and
+    its planning stops at the next chunk."""
+    svc = await service(tmp_path, max_input_chars=4_000_000, chunk_chars=300)
+    text = "".join(f"第{i}段，今天的天气非常好，我们一起去公园散步，然后回家吃晚饭。\n\n" for i in range(20_000))
+    cutting, cut_done = threading.Event(), []
+    real_cut = JobBuilder._cut
+
+    def slow_cut(self, *args):
+        cutting.set()
+        out = real_cut(self, *args)
+        time.sleep(0.5)  # a cut of a book that takes a while
+        cut_done.append(time.monotonic())
+        return out
+
+    monkeypatch.setattr(JobBuilder, "_cut", slow_cut)
+    task = asyncio.ensure_future(submit(svc, {"input": text}))
+    await asyncio.to_thread(cutting.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    freed = time.monotonic()
+    assert ALICE not in svc._submitting
+    assert cut_done and cut_done[0] <= freed, "the slot was freed while the submission's cut still ran"
+    monkeypatch.setattr(JobBuilder, "_cut", real_cut)
+
+    planned: list[float] = []
+    real_one = JobPlanner._one
+
+    def one(self, *args):
+        planned.append(time.monotonic())
+        time.sleep(0.002)  # a chunk's planning, long enough to be caught mid-piece
+        return real_one(self, *args)
+
+    monkeypatch.setattr(JobPlanner, "_one", one)
+    task = asyncio.ensure_future(submit(svc, {"input": text}))
+    while len(planned) < 50:  # planning has started
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    freed = time.monotonic()
+    await asyncio.sleep(0.3)
+    assert max(planned) <= freed, f"{sum(t > freed for t in planned)} chunks planned after the slot was freed"
+    status, _ = await submit(svc, {"input": "下一个请求。"})
+    assert status == 202  # the key submits again at once
