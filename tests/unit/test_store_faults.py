@@ -31,9 +31,12 @@ def _lexicon(cfg: LexiconStoreConfig, n: int, size: int = 8):
 
 def _kinds(root: Path, **redis):
     """(noun, store, make the n-th record) for voices and lexicons on ``root`` (or Redis)."""
-    if redis:
-        vcfg = VoiceStoreConfig(backend="redis", redis_prefix="fv", **redis)
-        lcfg = LexiconStoreConfig(backend="redis", redis_prefix="fl", **redis)
+    if redis:  # room for as many writes as the restart takes
+        room = {"max_voices_per_key": 100_000, "max_voices": 100_000}
+        vcfg = VoiceStoreConfig(backend="redis", redis_prefix="fv", **room, **redis)
+        lcfg = LexiconStoreConfig(
+            backend="redis", redis_prefix="fl", max_lexicons_per_key=100_000, max_lexicons=100_000, **redis
+        )
     else:
         vcfg = VoiceStoreConfig(backend="directory", path=str(root / "voices"))
         lcfg = LexiconStoreConfig(backend="directory", path=str(root / "lexicons"))
