@@ -28,6 +28,7 @@ from support.report import report
 from support.ws import Served
 
 from serve_app.engine.errors import (
+    CapacityExhausted,
     ClientQueueFull,
     EmptyInputError,
     EngineOverloaded,
@@ -97,6 +98,7 @@ class Row:
 # Table rows not sent here, and why. With the rows above, every row of the table is accounted for
 # (test_every_table_row_is_sent_or_listed).
 NOT_SENT = {
+    CapacityExhausted: "needs a replica's real-time capacity used up (test_realtime_capacity.py)",
     InputTooLong: "needs a key's lexicon whose aliases grow the text (test_cost_caps.py; test_worst_inputs.py sends it)",
     InvalidInstructionsError: "the API bounds instructions' length first (a pydantic max_length: invalid_value)",
     InvalidClipError: "a voice upload's error, not a speech request's (test_voices.py, test_abuse.py)",
