@@ -102,7 +102,7 @@ def _wyoming(args: argparse.Namespace) -> int:
     """A Wyoming protocol server (Home Assistant) in front of a running service, until Ctrl-C."""
     from pydantic import ValidationError
 
-    from serve_app.wyoming import WyomingConfig, serve
+    from serve_app.wyoming import KeyRefused, WyomingConfig, serve
 
     logging.getLogger("chattts_serve.wyoming").setLevel(logging.INFO)  # a line per synthesis
     given = {k: getattr(args, k) for k in WYOMING_OPTIONS}
@@ -111,7 +111,11 @@ def _wyoming(args: argparse.Namespace) -> int:
     except (ValidationError, OSError) as exc:
         print(f"wyoming: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except KeyRefused as exc:
+        print(f"wyoming: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -125,6 +129,7 @@ WYOMING_OPTIONS = (
     "max_text_chars",
     "max_synthesize_per_connection",
     "max_connections",
+    "max_connections_per_peer",
 )
 
 
@@ -274,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-synthesize-per-connection", type=int, default=None, help="syntheses running or waiting (default 2)"
     )
     wyoming.add_argument("--max-connections", type=int, default=None, help="open connections (default 32)")
+    wyoming.add_argument(
+        "--max-connections-per-peer", type=int, default=None, help="open connections of one address (default 8)"
+    )
     return p
 
 

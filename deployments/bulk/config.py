@@ -53,7 +53,8 @@ class BatchRow(SynthesisOptions):
     (``SynthesisOptions``). Each row is prepared as the API prepares a request
     (``pipeline/prepare.py``); ``voice`` is a built-in name, ``seed:<n>`` or a ChatTTS speaker
     string: voices stored by a running service are not read here (a stored voice's name is
-    ``voice_not_found``)."""
+    ``voice_not_found``), nor are its lexicons (a row's ``lexicon`` is refused, and
+    ``pronunciations`` is no row's to set)."""
 
     id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     text: str = Field(max_length=MAX_TEXT_CHARS)
@@ -78,6 +79,24 @@ class BatchRow(SynthesisOptions):
     def _text(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("text is empty")
+        return v
+
+    @field_validator("pronunciations", mode="before")
+    @classmethod
+    def _no_pronunciations(cls, v: Any) -> None:
+        # What a service puts in from a stored lexicon, never a caller: refused before it is read.
+        if v is not None:
+            raise ValueError("not a field a row may set (bulk synthesis does not apply lexicons)")
+        return None
+
+    @field_validator("lexicon")
+    @classmethod
+    def _no_lexicon(cls, v: Optional[str]) -> Optional[str]:
+        # A row naming a lexicon was spoken without it, silently: bulk reads no lexicon store.
+        if v is not None and v != "none":
+            raise ValueError(
+                "bulk synthesis does not apply lexicons: a row is spoken as written (leave 'lexicon' out, or 'none')"
+            )
         return v
 
     def request(self) -> SpeechRequest:

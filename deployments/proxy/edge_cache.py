@@ -7,7 +7,9 @@ second call, and the answer (a 10 s WAV is ~480 KB) crosses the object store; on
 that was 8-18 ms against 5-8 ms for ``/healthz`` (bench/README.md, "Cache hits"). Here the
 proxy keeps what the Ingress marked as edge-cacheable (``EDGE_HEADER``: a whole answer from its
 cache, for a plain request whose voice is content-addressed: a built-in voice, ``seed:<n>`` or a
-speaker string, never a stored voice, whose content may change under its name) under the exact
+speaker string, never a stored voice, whose content may change under its name; and whose audio no
+lexicon can change: ``lexicon: "none"``, or none named without a key, never a key's default or a
+named lexicon, which may be replaced or deleted: ``SpeechService._edge_cacheable``) under the exact
 request: path, ``Authorization`` header and body bytes. So only the same credential gets it, and
 an answer is at most ``ttl_s`` old: a revoked key, a deleted voice or new weights reach every
 client within it. ``Cache-Control: no-cache`` / ``no-store`` always go through.

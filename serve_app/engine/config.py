@@ -34,6 +34,9 @@ WINDOW_TOKENS = 24
 # The listener's prebuffer the deadline rule counts on: what a listener holds (PREBUFFER_S, 0.5 s)
 # less what the engine's audio still has to go through (the hold-back, a window's vocode and send).
 SCHEDULING_PREBUFFER_S = round(PREBUFFER_S - 0.2, 3)
+# One request's text at most (the Ingress's ``ingress.max_input_chars``); the planner's own bounds
+# are sized from it (``SegmentConfig.max_lexicon_growth_chars``).
+DEFAULT_MAX_INPUT_CHARS = 4096
 
 
 def default_cache_dir() -> Path:
@@ -371,6 +374,14 @@ class SegmentConfig(StrictModel):
         "speed 1, English ~240 s: the cap is twice the longest prose and bites on slow speeds (speed 0.25 "
         "is 4x the seconds) and on number floods read out in full. Silence (SSML breaks, pauses between "
         "turns, a lead-in) counts too: it costs the same bytes and vocoder time as speech.",
+    )
+    max_lexicon_growth_chars: int = Field(
+        default=DEFAULT_MAX_INPUT_CHARS,
+        ge=0,
+        description="Characters a pronunciation lexicon's aliases may add to one request's text, every piece "
+        "and part together, counted as the text grows and before it is normalised; more is 413 input_too_long. "
+        "The default is ingress.max_input_chars' own: a full request read through a lexicon is at most twice "
+        "as long (an alias may say one character as 128).",
     )
     max_silence_seconds: float = Field(
         default=480.0,

@@ -43,6 +43,12 @@ class RequestTooLarge(EngineError):
     figure. Retrying the same request cannot help: send less text (or a higher speed)."""
 
 
+class InputTooLong(RequestTooLarge):
+    """The input's text grows past a limit before it is normalised: a lexicon's aliases add more
+    characters than ``SegmentConfig.max_lexicon_growth_chars`` allows (413 ``input_too_long``, as
+    an input over ``max_input_chars``)."""
+
+
 class VoiceError(ValueError):
     """A voice string that cannot be used."""
 

@@ -4,8 +4,11 @@ No torch and no model: the TextNormalizer stage runs this alone. The speaker of 
 is sampled later, where ChatTTS's speaker statistics live (``voices.SpeakerSampler``).
 
 A plan's cost is bounded after normalisation (``SegmentConfig.max_segments``,
-``max_request_seconds``): characters alone do not bound it (numbers read out in full, tags,
-``speed: 0.25``), so a plan past either limit raises ``RequestTooLarge``.
+``max_request_seconds``, ``max_silence_seconds``): characters alone do not bound it (numbers read
+out in full, tags, ``speed: 0.25``), so a plan past any limit raises ``RequestTooLarge``. The cost
+is counted as the plan is made (``PlanCost``), a segment at a time, so planning stops at the first
+limit crossed; a lexicon's aliases are bounded as the text grows, before it is normalised
+(``max_lexicon_growth_chars``: ``InputTooLong``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .config import SegmentConfig
 from .errors import EmptyInputError, RequestTooLarge
 from .pacing import TOKENS_PER_SECOND, expected_tokens, max_new_tokens, speed_tag_level
 from .text import Segment, TextFrontend
-from .text.lexicon import resolve_phonemes, strip_phonemes
+from .text.lexicon import LexiconBudget, resolve_phonemes, strip_phonemes
 from .types import Plan, ScriptPart, SegmentRequest, SynthesisOptions, Voice
 from .voices import MAX_SEED, VoiceResolver, effective_seed
 
@@ -49,6 +52,49 @@ def plan_seconds(plan: Plan) -> float:
     return speech_seconds(plan.segments) + plan_silence(plan)
 
 
+class PlanCost:
+    """One plan's cost as it is made: its segments, their expected speech and the silence asked
+    for, ``RequestTooLarge`` at the first limit crossed (the figures in the message are what was
+    counted by then); and what a lexicon may still add to its text (``lexicon``)."""
+
+    def __init__(self, limits: SegmentConfig, opts: SynthesisOptions):
+        self.limits = limits
+        self.speed = opts.speed
+        self.segments = 0
+        self.tokens = 0
+        self.silence = 0.0
+        self.lexicon = LexiconBudget(limits.max_lexicon_growth_chars)
+
+    def add_silence(self, seconds: float) -> None:
+        self.silence += seconds
+        self._check()
+
+    def add_segment(self, target_tokens: int) -> None:
+        self.segments += 1
+        self.tokens += target_tokens
+        self._check()
+
+    def _check(self) -> None:
+        limits = self.limits
+        if self.segments > limits.max_segments:
+            raise RequestTooLarge(
+                f"input makes more than {limits.max_segments} segments after normalisation; the limit is "
+                f"{limits.max_segments} (segments.max_segments): send less text"
+            )
+        if self.silence > limits.max_silence_seconds:
+            raise RequestTooLarge(
+                f"input asks for {self.silence:.0f} s of silence (breaks and pauses, all turns together); "
+                f"the limit is {limits.max_silence_seconds:g} s (segments.max_silence_seconds)"
+            )
+        seconds = self.tokens / TOKENS_PER_SECOND + self.silence
+        if seconds > limits.max_request_seconds:
+            raise RequestTooLarge(
+                f"input is more than {seconds:.0f} s of audio at speed {self.speed:g}; the limit is "
+                f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
+                "or a higher speed"
+            )
+
+
 def normalization(opts: SynthesisOptions) -> tuple[bool, bool]:
     """(normalise numbers and symbols, read digits as written) for ``text_normalization``: on,
     off (the text as written: digits one by one, nothing else read), auto (as ``normalize`` says)."""
@@ -70,7 +116,7 @@ class Planner:
     def plan(self, text: str, opts: SynthesisOptions, voice: Optional[Voice] = None, client: str = "") -> Plan:
         """``voice``: already resolved (a stored custom voice the Ingress looked up); else
         ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment)."""
-        segments = self._segments(text, opts)
+        segments = self._segments(text, opts, PlanCost(self.limits, opts), speed_tag_level(opts.speed))
         plan = self.plan_texts([s.text for s in segments], opts, voice, client, spans=[s.span for s in segments])
         plan.sources = source_texts(text, plan.texts, plan.spans)
         return plan
@@ -81,13 +127,18 @@ class Planner:
         whole script (the same seeds whatever the parts), all of them decoding together."""
         reqs: list[SegmentRequest] = []
         plan = Plan(parts[0].voice if parts else self.voices.resolve(opts.voice), reqs, [], gain_db=opts.volume)
+        cost = PlanCost(self.limits, opts)
+        # Every pause lands somewhere (the lead-in, after a segment, the end): the script's whole
+        # silence, refused before any text is normalised.
+        cost.add_silence(sum(part.pause_before for part in parts))
         pause = 0.0
         for part in parts:
             pause += part.pause_before
             own = part.offset is not None
             # An SSML piece may hold phonemes: the model reads their characters, captions the written ones.
             written = part.text if own else strip_phonemes(part.text)
-            segments = self._segments(part.text if own else resolve_phonemes(part.text), opts)
+            level = speed_tag_level(part.speed)
+            segments = self._segments(part.text if own else resolve_phonemes(part.text), opts, cost, level)
             if not segments:
                 continue  # nothing speakable (a break alone): its pause goes on to the next part
             if pause > 0:
@@ -96,7 +147,6 @@ class Planner:
                 else:
                     plan.lead_in = pause
                 pause = 0.0
-            level = speed_tag_level(part.speed)
             seed = effective_seed(part.voice, opts.seed)
             spans = [
                 None if s.span is None or part.offset is None else (part.offset + s.span[0], part.offset + s.span[1])
@@ -130,12 +180,13 @@ class Planner:
         if not reqs:
             raise EmptyInputError("input has nothing to speak (only punctuation, tags, breaks or whitespace)")
         plan.pauses[-1] += pause  # a break at the very end
-        self.check_cost(reqs, opts, silence=plan_silence(plan))
         return plan
 
-    def _segments(self, text: str, opts: SynthesisOptions) -> list[Segment]:
+    def _segments(self, text: str, opts: SynthesisOptions, cost: PlanCost, level: int) -> list[Segment]:
+        """``text``'s segments, each counted into ``cost`` (at speed tag ``level``) as it is made."""
         normalize, literal = normalization(opts)
-        return self.frontend.process(
+        out: list[Segment] = []
+        for segment in self.frontend.segments(
             text,
             lang=opts.lang,
             normalize=normalize,
@@ -143,7 +194,11 @@ class Planner:
             max_seconds=self.limits.max_seconds,
             literal=literal,
             lexicon=opts.pronunciations,
-        )
+            budget=cost.lexicon,
+        ):
+            cost.add_segment(expected_tokens(segment.text, level))
+            out.append(segment)
+        return out
 
     def plan_texts(
         self,
@@ -193,22 +248,9 @@ class Planner:
 
     def check_cost(self, reqs: list[SegmentRequest], opts: SynthesisOptions, silence: float = 0.0) -> None:
         """``RequestTooLarge`` past ``max_segments``, ``max_silence_seconds`` of ``silence``, or
-        ``max_request_seconds`` of expected audio (speech and silence together)."""
-        limits = self.limits
-        if len(reqs) > limits.max_segments:
-            raise RequestTooLarge(
-                f"input makes {len(reqs)} segments after normalisation; the limit is "
-                f"{limits.max_segments} (segments.max_segments): send less text"
-            )
-        if silence > limits.max_silence_seconds:
-            raise RequestTooLarge(
-                f"input asks for {silence:.0f} s of silence (breaks and pauses, all turns together); "
-                f"the limit is {limits.max_silence_seconds:g} s (segments.max_silence_seconds)"
-            )
-        seconds = speech_seconds(reqs) + silence
-        if seconds > limits.max_request_seconds:
-            raise RequestTooLarge(
-                f"input is about {seconds:.0f} s of audio at speed {opts.speed:g}; the limit is "
-                f"{limits.max_request_seconds:g} s (segments.max_request_seconds): send less text "
-                "or a higher speed"
-            )
+        ``max_request_seconds`` of expected audio (speech and silence together): ``PlanCost`` over
+        segments already made."""
+        cost = PlanCost(self.limits, opts)
+        cost.add_silence(silence)
+        for r in reqs:
+            cost.add_segment(r.target_tokens or 0)

@@ -34,7 +34,7 @@ from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .answers import Hit, build_timed_answer, hit_items, speech_segment, whole, with_audio
 from .request_log import RequestRecord
-from .security import Caller, StreamSlots
+from .security import ANONYMOUS, Caller, StreamSlots
 from .speech_cache import SpeechCache
 from .sse import sse_stream
 from .streams import OwnedStreamResponse, SynthesisStream
@@ -341,10 +341,16 @@ class SpeechService:
                 yield data
 
     @staticmethod
-    def _edge_cacheable(req: SpeechRequest) -> bool:
+    def _edge_cacheable(req: SpeechRequest, caller: Caller) -> bool:
         """A plain request of a content-addressed voice (an SSML document or a dialogue may name
-        stored voices inside: always answered by the Ingress)."""
-        return type(req) is SpeechRequest and not req.is_ssml and _edge_cacheable_voice(req.voice)
+        stored voices inside: always answered by the Ingress) whose audio no lexicon can change:
+        ``lexicon: "none"``, or none named by a caller without a key (the anonymous owner has no
+        default). A key's default lexicon, or a named one, may be replaced or deleted at any time,
+        and the proxy cannot know: those answers always come from the Ingress (its cache keys the
+        lexicon's content)."""
+        if type(req) is not SpeechRequest or req.is_ssml or not _edge_cacheable_voice(req.voice):
+            return False
+        return req.lexicon == "none" or (req.lexicon is None and caller.owner == ANONYMOUS)
 
     def _answer_headers(self, rec: RequestRecord) -> dict[str, str]:
         # X-Cache only where the cache is the caller's own: on a cache shared across keys a hit
@@ -410,7 +416,7 @@ class SpeechService:
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy;
                 # the edge cache in the proxy may give it again (deployments/proxy/edge_cache.py).
-                if self._edge_cacheable(body):
+                if self._edge_cacheable(body, caller):
                     headers[EDGE_HEADER] = "1"
                 return Response(audio.audio, media_type=body.content_type, headers=headers)
             items: Any = hit_items(audio)

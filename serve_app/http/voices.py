@@ -47,6 +47,7 @@ from ..storage.voices import (
     make_voice_store,
     stored_voice,
 )
+from .bodies import read_bounded
 from .errors import read_form
 from .security import Caller
 
@@ -125,15 +126,16 @@ async def _fields(request: Request) -> dict[str, Any]:
         await form.close()
         return out
     if ctype in ("application/json", ""):
-        raw = b""
-        async for piece in request.stream():  # only a clip (multipart) may be large: JSON stops early
-            raw += piece
-            if len(raw) > MAX_JSON_BYTES:
-                raise APIError(
-                    413,
-                    f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
-                    code="body_too_large",
-                )
+        # Only a clip (multipart) may be large: JSON stops early.
+        raw = await read_bounded(
+            request,
+            MAX_JSON_BYTES,
+            lambda: APIError(
+                413,
+                f"a JSON voice is at most {MAX_JSON_BYTES} bytes; send clips as a multipart form",
+                code="body_too_large",
+            ),
+        )
         try:
             body = json.loads(raw or b"null")
         except ValueError:
@@ -257,12 +259,14 @@ class VoicesAPI:
     async def list(self, caller: Optional[Caller]) -> dict[str, Any]:
         """The built-in voices and the caller's (an admin: every owner's); with no caller (no key
         sent where keys are on, as Open WebUI asks) the built-in voices only. ``data``: the cards;
-        ``voices``: each one's id and name, the shape Open WebUI reads (``protocol.VoiceList``)."""
+        ``voices``: each one's id and name, the shape Open WebUI reads (``protocol.VoiceList``);
+        ``every_owner``: an admin's listing (every key's voices)."""
         if caller is None:
             cards = self.catalog.builtin_cards()
         else:
             cards = await self.catalog.cards(caller.owner, admin=caller.admin)
-        return {"object": "list", "data": cards, "voices": [{"id": c["id"], "name": c["name"]} for c in cards]}
+        voices = [{"id": c["id"], "name": c["name"]} for c in cards]
+        return {"object": "list", "data": cards, "voices": voices, "every_owner": bool(caller and caller.admin)}
 
     async def get(self, voice_id: str, caller: Caller) -> dict[str, Any]:
         seed = OPENAI_VOICES.get(voice_id.lower())

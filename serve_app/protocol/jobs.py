@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from ..engine.styles import MAX_INSTRUCTIONS_CHARS
 from ..engine.text.ssml import looks_like_ssml
@@ -30,18 +30,20 @@ class JobRequest(ApiOptions):
     # Strict (a StrictModel through SynthesisOptions), unlike SpeechRequest, which ignores unknown fields.
 
     model: str = Field(default="chattts", max_length=64)
-    input: str = Field(
-        default="",
-        description="Text to speak (paragraphs separated by blank lines) or an SSML document; empty with turns.",
-    )
-    input_format: Optional[Literal["text", "ssml"]] = Field(
-        default=None, description="ssml: the input is SSML (the default when it starts with <speak)."
-    )
+    # Before input: input's check reads it (a blank input without turns is refused as input's error).
     turns: Optional[list[DialogueTurn]] = Field(
         default=None,
         min_length=1,
         max_length=MAX_JOB_TURNS,
         description="A dialogue instead of input: turns in several voices.",
+    )
+    input: str = Field(
+        default="",
+        validate_default=True,
+        description="Text to speak (paragraphs separated by blank lines) or an SSML document; empty with turns.",
+    )
+    input_format: Optional[Literal["text", "ssml"]] = Field(
+        default=None, description="ssml: the input is SSML (the default when it starts with <speak)."
     )
     pause_s: float = Field(default=0.4, ge=0.0, le=5.0, description="With turns: silence between turns, seconds.")
     response_format: ResponseFormat = "mp3"
@@ -61,9 +63,13 @@ class JobRequest(ApiOptions):
 
     @field_validator("input")
     @classmethod
-    def _no_nul(cls, v: str) -> str:
+    def _no_nul(cls, v: str, info: ValidationInfo) -> str:
         if "\x00" in v:
             raise ValueError("input must not contain NUL characters")
+        # A field's error names the field (param "input", as /v1/audio/speech answers). Turns that
+        # failed their own check are missing here too, but their error comes first.
+        if info.data.get("turns") is None and not v.strip():
+            raise ValueError("input must not be blank")
         return v
 
     @model_validator(mode="after")
@@ -71,8 +77,6 @@ class JobRequest(ApiOptions):
         if self.turns is not None:
             if self.input:
                 raise ValueError("give either input or turns, not both")
-        elif not self.input.strip():
-            raise ValueError("input must not be blank")
         if self.chapters and (self.turns is not None or self.is_ssml):
             raise ValueError("chapters are cut from plain text's headings; an SSML or dialogue job has none")
         return self

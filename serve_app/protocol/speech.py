@@ -259,6 +259,11 @@ class VoiceList(BaseModel):
     object: Literal["list"] = "list"
     data: list[VoiceCard]
     voices: list[VoiceName] = Field(default_factory=list)
+    every_owner: bool = Field(
+        default=False,
+        description="True when the caller's key is an admin's: the list holds every key's voices (the Wyoming "
+        "server refuses such a key).",
+    )
 
 
 class AudioModelList(BaseModel):

@@ -6,6 +6,7 @@ from typing import Optional
 
 from pydantic import Field
 
+from ..engine.config import DEFAULT_MAX_INPUT_CHARS
 from ..engine.strict import StrictModel
 from .front import SecurityConfig
 from .units import KiB
@@ -37,7 +38,7 @@ class WebSocketConfig(StrictModel):
 class IngressConfig(StrictModel):
     """``args.ingress``; every field also changes live through the Ingress's ``user_config``."""
 
-    max_input_chars: int = Field(default=4096, ge=1)
+    max_input_chars: int = Field(default=DEFAULT_MAX_INPUT_CHARS, ge=1)
     max_body_bytes: int = Field(default=64 * KiB, ge=1024)
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="A request body (any route) must arrive within this (408)."

@@ -10,5 +10,6 @@ neither Ray nor torch.
 
 from .config import WyomingClientConfig, WyomingConfig
 from .server import WyomingServer, serve
+from .service import KeyRefused
 
-__all__ = ["WyomingClientConfig", "WyomingServer", "WyomingConfig", "serve"]
+__all__ = ["KeyRefused", "WyomingClientConfig", "WyomingServer", "WyomingConfig", "serve"]

@@ -37,10 +37,17 @@ class WyomingClientConfig(StrictModel):
         default=2, ge=1, description="Syntheses one connection has running or waiting (they run in order)."
     )
     max_connections: int = Field(default=32, ge=1, description="Open client connections; more get an error.")
+    max_connections_per_peer: int = Field(
+        default=8,
+        ge=1,
+        description="Open connections of one peer address (every unix:// client is one peer); more get an "
+        "error, so one host holding sockets open cannot take them all from Home Assistant.",
+    )
     idle_timeout_s: float = Field(
         default=_INGRESS.websocket.idle_s,
         gt=0,
-        description="A connection with no event and nothing to speak is closed.",
+        description="A connection with nothing to speak and no event but pings for this long is closed "
+        "(a ping keeps nothing open).",
     )
     samples_per_chunk: int = Field(default=1024, ge=1, description="The most samples in one audio-chunk event.")
 
@@ -50,7 +57,11 @@ class WyomingConfig(StrictModel):
 
     uri: str = Field(default=f"tcp://0.0.0.0:{DEFAULT_PORT}", description="tcp://host:port or unix://path")
     base_url: str = Field(default="http://127.0.0.1:8000", description="The service's public base URL.")
-    api_key: Optional[SecretStr] = Field(default=None, description="The service's API key (none: an open service).")
+    api_key: Optional[SecretStr] = Field(
+        default=None,
+        description="The service's API key (none: an open service). Not an admin key: the server refuses to "
+        "start with one (any client on the network could list and speak with every key's voices).",
+    )
     voice: str = Field(default="alloy", min_length=1, max_length=64, description="When the client names no voice.")
     zeroconf: bool = Field(default=False, description="Announce _wyoming._tcp over mDNS (Home Assistant discovery).")
     zeroconf_name: str = Field(default="chattts-serve", min_length=1, max_length=63)

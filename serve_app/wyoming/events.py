@@ -18,6 +18,7 @@ from ..engine.audio import SAMPLE_RATE
 from ..engine.strict import StrictModel
 from ..engine.types import MAX_SPEAKER_CHARS
 from ..errors import APIError, invalid_value
+from ..http.jsonlimits import MAX_JSON_DEPTH, JsonDepthGuard
 
 SAMPLE_WIDTH = 2  # s16le: the service's pcm
 CHANNELS = 1
@@ -118,13 +119,17 @@ def speech_options(data: SynthesizeStartData, default_voice: str) -> SpeechOptio
 async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Optional[Event]:
     """The next event, None at the end of the stream. Unlike ``wyoming.event.async_read_event``
     it reads no more than ``max_bytes`` for one event (its header line is already bounded by the
-    reader's limit) and refuses a malformed one with a 400 instead of ending quietly."""
+    reader's limit), refuses JSON nested deeper than the API's bodies may be before parsing it,
+    and refuses a malformed one with a 400 instead of ending quietly."""
     try:
         line = await reader.readline()
     except ValueError:  # the line outgrew the reader's buffer limit
         raise APIError(413, "event header line too long", code="request_too_large") from None
     if not line:
         return None
+    # Nesting first, in one linear scan: json.loads recurses per level, and a 40 KB header nested
+    # 20,000 deep raised RecursionError (a 500 and a traceback) inside the event limit.
+    JsonDepthGuard(MAX_JSON_DEPTH).feed(line)
     try:
         header = json.loads(line)
     except ValueError:
@@ -140,9 +145,12 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Optional[E
     data_length, payload_length = lengths
     if data_length:
         try:
-            extra = json.loads(await reader.readexactly(data_length))
+            raw = await reader.readexactly(data_length)
         except asyncio.IncompleteReadError:
             return None
+        JsonDepthGuard(MAX_JSON_DEPTH).feed(raw)
+        try:
+            extra = json.loads(raw)
         except ValueError:
             raise APIError(400, "event data is not valid JSON", code="invalid_json") from None
         if not isinstance(extra, dict):

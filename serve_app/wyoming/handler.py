@@ -53,20 +53,42 @@ class ClientGone(Exception):
 
 
 class ConnectionGate:
-    """The server's open connections, at most ``limit``."""
+    """The server's open connections: at most ``limit`` in all and ``per_peer`` of one peer address,
+    so one host holding sockets open cannot take every connection from the others."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, per_peer: Optional[int] = None):
         self.limit = limit
+        self.per_peer = per_peer if per_peer is not None else limit
         self.open = 0
+        self.peers: dict[str, int] = {}
 
-    def enter(self) -> bool:
+    def enter(self, peer: str = "") -> Optional[APIError]:
+        """None if the connection may open (then ``leave(peer)`` once it ends), else why not."""
+        if self.peers.get(peer, 0) >= self.per_peer:
+            return APIError(
+                503,
+                f"this address has {self.per_peer} connections open already; close one first",
+                code="too_many_connections_from_peer",
+            )
         if self.open >= self.limit:
-            return False
+            return APIError(503, "too many connections; retry shortly", code="too_many_connections")
         self.open += 1
-        return True
+        self.peers[peer] = self.peers.get(peer, 0) + 1
+        return None
 
-    def leave(self) -> None:
+    def leave(self, peer: str = "") -> None:
         self.open -= 1
+        left = self.peers.get(peer, 0) - 1
+        if left > 0:
+            self.peers[peer] = left
+        else:
+            self.peers.pop(peer, None)
+
+
+def peer_of(writer: asyncio.StreamWriter) -> str:
+    """A connection's peer address (its host, not its port); every unix:// client is one peer."""
+    name = writer.get_extra_info("peername")
+    return str(name[0]) if isinstance(name, (tuple, list)) and name else "local"
 
 
 class TextStream:
@@ -123,8 +145,10 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ the connection
 
     async def run(self) -> None:
-        if not self.gate.enter():
-            await self._last_words(APIError(503, "too many connections; retry shortly", code="too_many_connections"))
+        peer = peer_of(self.writer)
+        refused = self.gate.enter(peer)
+        if refused is not None:
+            await self._last_words(refused)
             return
         tasks = [asyncio.create_task(self._read_events()), asyncio.create_task(self._work())]
         try:
@@ -133,7 +157,7 @@ class WyomingHandler(AsyncEventHandler):
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
-            self.gate.leave()
+            self.gate.leave(peer)
         failure = next((r for r in results if isinstance(r, Exception)), None)
         # A reset while reading is the client's going too (service failures are APIErrors by now).
         if failure is None or isinstance(failure, (ClientGone, ConnectionError)):
@@ -155,21 +179,27 @@ class WyomingHandler(AsyncEventHandler):
                 raise ClientGone(str(exc)) from None
 
     async def _read_events(self) -> None:
-        """Events until the client hangs up; a connection with nothing going on is closed after
-        ``idle_timeout_s``. The read is never cancelled half-way through an event."""
+        """Events until the client hangs up; a connection with nothing to speak and no event but
+        pings for ``idle_timeout_s`` is closed (a ping answers, but keeps nothing open). The read
+        is never cancelled half-way through an event."""
         pending: Optional[asyncio.Task] = None
+        active = time.monotonic()  # the last event other than a ping
         try:
             while True:
                 if pending is None:
                     pending = asyncio.create_task(read_event(self.reader, self.limits.max_event_bytes))
-                done, _ = await asyncio.wait({pending}, timeout=self.limits.idle_timeout_s)
+                wait = max(0.0, active + self.limits.idle_timeout_s - time.monotonic())
+                done, _ = await asyncio.wait({pending}, timeout=wait)
                 if not done:
                     if self._busy == 0 and self._stream is None:
                         raise APIError(408, "no event for too long", code="idle_timeout")
+                    active = time.monotonic()  # speaking is not idling
                     continue
                 event, pending = pending.result(), None
                 if event is None:
                     return  # the client hung up
+                if not Ping.is_type(event.type):
+                    active = time.monotonic()
                 await self.handle_event(event)
         finally:
             if pending is not None:
@@ -236,6 +266,7 @@ class WyomingHandler(AsyncEventHandler):
         t0 = time.perf_counter()
         first: Optional[float] = None
         try:
+            await self.service.ensure_key()
             async with contextlib.aclosing(self.service.speak(text, options)) as stream:
                 async for data in stream:
                     first = first if first is not None else time.perf_counter() - t0
@@ -254,6 +285,7 @@ class WyomingHandler(AsyncEventHandler):
         t0 = time.perf_counter()
         first: Optional[float] = None
         try:
+            await self.service.ensure_key()
             async with self.service.session(options) as session:
                 sender = asyncio.create_task(self._send_text(session, stream))
                 try:

@@ -31,7 +31,7 @@ class WyomingServer:
     def __init__(self, settings: WyomingConfig):
         self.settings = settings
         self.service = ServiceClient(settings)
-        self.gate = ConnectionGate(settings.limits.max_connections)
+        self.gate = ConnectionGate(settings.limits.max_connections, settings.limits.max_connections_per_peer)
         self.version = package_version()
         self._server: Optional[asyncio.AbstractServer] = None
         self._handlers: set[asyncio.Task] = set()
@@ -99,8 +99,14 @@ class WyomingServer:
 
 
 async def serve(settings: WyomingConfig) -> None:
-    """Run until SIGINT or SIGTERM."""
+    """Run until SIGINT or SIGTERM. ``KeyRefused`` before it listens if the service says the key is
+    an admin's (a service that cannot be asked yet is asked again before each synthesis)."""
     server = WyomingServer(settings)
+    try:
+        await server.service.check_key()
+    except BaseException:
+        await server.service.aclose()
+        raise
     await server.start()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()

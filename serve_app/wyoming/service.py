@@ -61,6 +61,21 @@ def service_error(exc: BaseException, base_url: str) -> APIError:
     return unexpected(exc)
 
 
+class KeyRefused(RuntimeError):
+    """The server's API key is an admin key: any client on the network would list and speak with
+    every key's voices through it. The server does not start (or, found later, speaks no more)."""
+
+
+ADMIN_KEY = (
+    "the API key is an admin key (it sees and speaks with every key's custom voices, and any client on the "
+    "network would, through this server): give the Wyoming server a key of its own"
+)
+
+
+def key_refused() -> APIError:
+    return APIError(403, ADMIN_KEY, type="server_error", code="admin_key_refused")
+
+
 def unexpected(exc: BaseException) -> APIError:
     """A known error keeps its status (errors.py's table); anything else is logged here and
     answered 500 without internals. (``errors.as_api_error`` would also ask Ray about its
@@ -88,34 +103,83 @@ class ServiceClient:
         self._http = httpx.AsyncClient(base_url=settings.base_url, headers=headers, timeout=LISTING_TIMEOUT)
         self._voices: Optional[list[dict[str, Any]]] = None
         self._voices_at = 0.0
+        self.refused = False  # the service said the key is an admin's: nothing is spoken through it
+        self.verified = False  # the service said the key is not an admin's
 
     async def aclose(self) -> None:
         await self._speech.aclose()
         await self._sessions.aclose()
         await self._http.aclose()
 
+    async def check_key(self) -> None:
+        """At the server's start: ``KeyRefused`` if the service lists every key's voices for this
+        key (an admin's). A service that cannot be asked now is asked again at each listing."""
+        try:
+            await self._listing()
+        except KeyRefused:
+            raise
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.warning(
+                "could not ask %s about the API key (%s); asking again at each voice listing", self.base_url, exc
+            )
+
+    async def _listing(self) -> list[dict[str, Any]]:
+        """``GET /v1/audio/voices``' cards; ``KeyRefused`` (and nothing spoken from then on) when
+        the listing is every key's."""
+        resp = await self._http.get("/v1/audio/voices")
+        resp.raise_for_status()
+        body = resp.json()
+        if body.get("every_owner") is True:
+            self.refused = True
+            raise KeyRefused(ADMIN_KEY)
+        cards = [c for c in body["data"] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        self._voices, self._voices_at, self.verified = cards, time.monotonic(), True
+        return cards
+
+    async def ensure_key(self) -> None:
+        """Before a synthesis: the key known not to be an admin's (asked now if the start could
+        not ask); 403 ``admin_key_refused`` if it is. A listing that fails otherwise (a wrong key,
+        the service down) leaves the synthesis to fail with the service's own answer: whatever
+        refuses the listing refuses it too, and a store that cannot list has no voice to lend."""
+        if not self.verified and not self.refused:
+            try:
+                await self._listing()
+            except KeyRefused:
+                log.error("%s: refusing every synthesis", ADMIN_KEY)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.debug("voice listing from %s failed before a synthesis: %s", self.base_url, exc)
+        self.check_refused()
+
+    def check_refused(self) -> None:
+        if self.refused:
+            raise key_refused()
+
     async def voices(self) -> list[dict[str, Any]]:
         """The voices this key may use (``GET /v1/audio/voices``: built-in and its own), reused for
         ``voices_ttl_s``; the built-in ones while the service cannot be asked, so a client can
-        still be set up (its syntheses then say why they fail)."""
+        still be set up (its syntheses then say why they fail), or once the key turned out an
+        admin's."""
+        if self.refused:
+            return builtin_cards()
         if self._voices is not None and time.monotonic() - self._voices_at < self._voices_ttl_s:
             return self._voices
         try:
-            resp = await self._http.get("/v1/audio/voices")
-            resp.raise_for_status()
-            cards = [c for c in resp.json()["data"] if isinstance(c, dict) and isinstance(c.get("name"), str)]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            return await self._listing()
+        except KeyRefused:
+            log.error("%s: refusing every synthesis", ADMIN_KEY)
+            return builtin_cards()
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("voice listing from %s failed (%s); offering the built-in voices", self.base_url, exc)
             return builtin_cards()
-        self._voices, self._voices_at = cards, time.monotonic()
-        return cards
 
     def speak(self, text: str, options: SpeechOptions) -> AsyncIterator[bytes]:
         """s16le 24 kHz mono as the service sends it. Closing the iterator closes the HTTP
         stream, which cancels the synthesis in the service."""
+        self.check_refused()
         return self._speech.stream(text, options.voice, "pcm", **options.http_fields())
 
     def session(self, options: SpeechOptions):
         """``async with``: a WebSocket session (``SpeechSession``) sending pcm; leaving it closes
         the socket, which cancels whatever the service has not spoken yet."""
+        self.check_refused()
         return self._sessions.session(options.voice, "pcm", api_key=self._key, **options.session_fields())

@@ -28,9 +28,11 @@ from support.report import report
 from support.ws import Served
 
 from serve_app.engine.errors import (
+    CapacityExhausted,
     ClientQueueFull,
     EmptyInputError,
     EngineOverloaded,
+    InputTooLong,
     InvalidClipError,
     InvalidInstructionsError,
     InvalidSSMLError,
@@ -93,15 +95,11 @@ class Row:
     key: str = KEY
 
 
-# JobRequest refuses a blank input in its model validator (input or turns), whose error has no
-# field path: invalid_value with param None where /v1/audio/speech names "input". Not a one-line
-# fix in the front door (the protocol model would raise it on the field): its own xfail test below.
-_JOB_BLANK = "answers param None, not 'input' (test_a_blank_job_input_is_refused_as_the_table_says, xfail)"
-
-
 # Table rows not sent here, and why. With the rows above, every row of the table is accounted for
 # (test_every_table_row_is_sent_or_listed).
 NOT_SENT = {
+    CapacityExhausted: "needs a replica's real-time capacity used up (test_realtime_capacity.py)",
+    InputTooLong: "needs a key's lexicon whose aliases grow the text (test_cost_caps.py; test_worst_inputs.py sends it)",
     InvalidInstructionsError: "the API bounds instructions' length first (a pydantic max_length: invalid_value)",
     InvalidClipError: "a voice upload's error, not a speech request's (test_voices.py, test_abuse.py)",
     ClientQueueFull: "needs a key's queue filled with rows (test_backpressure.py)",
@@ -133,7 +131,7 @@ def rows() -> list[Row]:
             ws="session text is bounded by the session's pending text (test_ws_sessions.py, param 'text')",
             job="jobs have their own, far larger jobs.max_input_chars (test_jobs.py)",
         ),
-        Row("empty input", {"input": ""}, refused("input"), ws=_WS_TEXT, job=_JOB_BLANK),
+        Row("empty input", {"input": ""}, refused("input"), ws=_WS_TEXT),
         Row("only punctuation", {"input": "。。。!!!"}, table(EmptyInputError), ws=_WS_TEXT),
         Row("malformed SSML", {"input": "<speak>你好</spek>"}, table(InvalidSSMLError), ws=_WS_TEXT),
         Row(
@@ -270,8 +268,9 @@ def test_every_error_row_answers_the_table_through_every_front_door(app_url, cha
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason="jobs: " + _JOB_BLANK.split(" (")[0])
 def test_a_blank_job_input_is_refused_as_the_table_says(app_url, tmp_path):
+    """JobRequest refused a blank input in its model validator, an error with no field path: param
+    None where /v1/audio/speech names "input". The field's own check names it."""
     row = Row("empty input", {"input": ""}, refused("input"))
     failures: list[str] = []
     with _keys_on(tmp_path):

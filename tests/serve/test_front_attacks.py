@@ -36,6 +36,8 @@ def keyed_run(chattts_cache_dir, tmp_path_factory, stopped_by_session_end):
     config = load("cpu")
     config["http_options"].update(host="127.0.0.1", port=free_port())
     chattts_app(config)["args"]["jobs"] = {"path": str(tmp_path_factory.mktemp("attack-jobs"))}
+    # Voices and lexicons (which follow the voices' path) of this run only, not the user's.
+    chattts_app(config)["args"]["voices"] = {"path": str(tmp_path_factory.mktemp("attack-voices"))}
     env = {
         HOOK_ENV: IMPORT_PATH,
         "CHATTTS_API_KEYS": f"{POLITE_KEY},{OTHER_KEY}",
@@ -322,4 +324,61 @@ def test_the_new_surfaces_answer_their_costliest_inputs_clearly(keyed_run, polit
         "front attacks: new surfaces",
         f"dot job {status}; silence dialogue 413; say-as digits 400; "
         f"instructions 200; /healthz worst {max(health) * 1000:.0f} ms over {len(health)} probes",
+    )
+
+
+@pytest.mark.timeout(420)
+def test_the_edge_never_answers_with_audio_of_a_lexicon_that_changed(keyed_run):
+    """Through the README's hook, with keys: a key's default lexicon replaced or deleted, and the
+    same body is spoken under the new one at once (before: the edge gave the old audio for
+    ``ttl_s``); a deleted lexicon's id is 400 at once (before: 200 from the edge). An answer only
+    the request decides (``lexicon: "none"``) is still the edge's."""
+    url, key = keyed_run.url, {"Authorization": f"Bearer {POLITE_KEY}"}
+    lexicons = url + "/v1/audio/lexicons"
+
+    def make(alias: str, default: bool = True) -> str:
+        body = {"name": alias, "entries": [{"text": "苹果", "alias": alias}], "default": default}
+        r = httpx.post(lexicons, json=body, headers=key, timeout=60)
+        assert r.status_code == 200, r.text[:300]
+        return r.json()["id"]
+
+    def speak(**extra) -> httpx.Response:
+        body = {**SPEECH, "input": "我喜欢苹果。", "seed": 21, "response_format": "pcm", **extra}
+        return httpx.post(url + "/v1/audio/speech", json=body, headers=key, timeout=120)
+
+    def twice(**extra) -> tuple[bytes, list[str]]:
+        """The answer to the same body asked twice (the second a cache hit), and where each came from."""
+        answers = [speak(**extra) for _ in range(2)]
+        assert all(a.status_code == 200 for a in answers), answers[-1].text[:300]
+        assert answers[0].content == answers[1].content
+        return answers[1].content, [a.headers.get("x-edge-cache", "ingress") for a in answers]
+
+    made = []
+    try:
+        made.append(make("香蕉"))
+        banana, where = twice()
+        assert where == ["ingress", "ingress"], where  # a key's default may change: never the edge's
+        made.append(make("西瓜 西瓜 西瓜"))  # the newest default wins
+        melon, _ = twice()
+        assert melon != banana and len(melon) > len(banana)
+        httpx.delete(f"{lexicons}/{made.pop()}", headers=key, timeout=30)  # the default gone: none left
+        plain, _ = twice()
+        assert plain not in (banana, melon)
+        httpx.delete(f"{lexicons}/{made.pop()}", headers=key, timeout=30)
+        named = make("香蕉", default=False)
+        made.append(named)
+        assert twice(lexicon=named)[0] == banana
+        httpx.delete(f"{lexicons}/{made.pop()}", headers=key, timeout=30)
+        gone = speak(lexicon=named)
+        assert gone.status_code == 400 and gone.json()["error"]["code"] == "lexicon_not_found", gone.text[:300]
+        # What no lexicon can change is still given by the edge.
+        none, none_where = twice(lexicon="none")
+        assert none == plain and none_where == ["ingress", "hit"], none_where
+    finally:
+        for lexicon_id in made:
+            httpx.delete(f"{lexicons}/{lexicon_id}", headers=key, timeout=30)
+    report(
+        "front attacks: edge cache and lexicons",
+        "a replaced and a deleted default lexicon heard at once, a deleted lexicon's id 400 (before: the edge's "
+        f"old audio for ttl_s); lexicon 'none' from the edge: {none_where}",
     )

@@ -6,8 +6,11 @@ the text path does with them: tests/unit/test_lexicon_text.py; the store: test_l
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 from support.app import ingress_settings
+from support.disk import Filler, small_disk
 from test_voice_owners_serve import ws_start
 
 from serve_app.http.security import key_id
@@ -99,3 +102,31 @@ async def test_lexicons_through_http(app_url, tmp_path):
         finally:
             http.delete(f"{LEXICONS}/{made['id']}", headers=auth("alice"))
         assert error_of(http.post(TIMED, json={**speech, "lexicon": made["id"]}, headers=auth("alice")), 400)
+
+
+def test_a_full_disk_is_507_and_stores_nothing(app_url, ray_session):
+    """The session app's voice and lexicon directories on a full disk (a small tmpfs over them;
+    root only): a lexicon and a voice are each 507 ``insufficient_storage`` with an OpenAI body
+    (before: 503 ``*_store_unavailable``, as if a retry could help), nothing half-written is listed,
+    and both work again once there is room."""
+    with small_disk(Path(ray_session["cache_dir"]) / "voices", 256 * 1024) as disk:
+        (disk / "lexicons").mkdir()
+        filler = Filler(disk)
+        with httpx.Client(base_url=app_url, timeout=120) as http:
+            lexicon = {"name": "full", "entries": [{"text": "满", "alias": "man"}]}
+            voice = {"name": "full-disk", "seed": 7}
+            kept = ok(http.post(LEXICONS, json=lexicon))
+            filler.fill(leave=0)
+            for path, body in ((LEXICONS, lexicon), ("/v1/audio/voices", voice)):
+                r = http.post(path, json=body)
+                assert r.status_code == 507, (path, r.status_code, r.text[:300])
+                error = r.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["message"]
+                assert (error["type"], error["code"]) == ("server_error", "insufficient_storage"), error
+            assert [x["id"] for x in ok(http.get(LEXICONS))["data"]] == [kept["id"]]
+            assert not [x for x in ok(http.get("/v1/audio/voices"))["data"] if x["name"] == "full-disk"]
+            filler.release()
+            again = ok(http.post(LEXICONS, json=lexicon))
+            made = ok(http.post("/v1/audio/voices", json=voice))
+            assert [x["id"] for x in ok(http.get(LEXICONS))["data"]] == [kept["id"], again["id"]]
+            assert made["name"] == "full-disk"

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
 from typing import AsyncIterator, Optional
 
@@ -23,6 +26,7 @@ from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
 from serve_app.engine.voices import OPENAI_VOICES
+from serve_app.http.security import key_id
 from serve_app.settings import SecurityConfig
 from serve_app.wyoming import WyomingConfig, WyomingServer
 
@@ -195,3 +199,30 @@ async def test_a_dropped_client_cancels_its_synthesis(app_url, how):
         assert events[-1].type == "audio-stop" and pcm_of(events)
     assert (await asyncio.to_thread(acoustic_stats))["running_rows"] == 0
     report(f"wyoming: dropped client ({how})", f"rows stopped {stop_s:.2f} s after the hang-up")
+
+
+async def test_an_admin_key_is_refused(app_url, tmp_path):
+    """With an admin key every client on the network would list and speak with every key's cloned
+    voices through the server: ``chattts-serve wyoming`` refuses to start with one (a clear error,
+    exit 2), and a server that could not ask at its start speaks nothing once it knows."""
+    keys = tmp_path / "keys"
+    keys.write_text("sk-wyoming-admin\nsk-wyoming-plain\n")
+    admin = {key_id("sk-wyoming-admin"): {"admin": True}}
+    security = {**SecurityConfig().model_dump(), "api_keys_env": None, "api_keys_file": str(keys), "keys": admin}
+    with ingress_settings(security=security):
+        env = {**os.environ, "CHATTTS_BASE_URL": app_url, "CHATTTS_API_KEY": "sk-wyoming-admin"}
+        cli = [sys.executable, "-m", "chattts_serve.cli", "wyoming", "--uri", "tcp://127.0.0.1:0"]
+        done = await asyncio.to_thread(subprocess.run, cli, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "admin key" in done.stderr, (done.returncode, done.stderr[-2000:])
+        async with wyoming_server(app_url, api_key="sk-wyoming-admin") as (host, port):  # started without asking
+            refused = await _error_of(host, port, Synthesize(text="Hello.").event())
+            async with AsyncTcpClient(host, port) as client:
+                await client.write_event(Describe().event())
+                listed = [v.name for v in Info.from_event(await read(client)).tts[0].voices]
+        assert refused["code"] == "admin_key_refused" and "admin key" in refused["text"], refused
+        assert listed == list(OPENAI_VOICES)
+        async with wyoming_server(app_url, api_key="sk-wyoming-plain") as (host, port):  # another key: served
+            async with AsyncTcpClient(host, port) as client:
+                await client.write_event(Synthesize(text="A key of its own.").event())
+                spoken = await read_until(client, "audio-stop")
+    assert spoken[-1].type == "audio-stop" and pcm_of(spoken)

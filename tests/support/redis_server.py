@@ -1,5 +1,6 @@
 """A private ``redis-server`` for the cache and voice-store tests: a loopback port, no
-persistence, stoppable, restartable on the same port and pausable (a hung server). A
+persistence unless asked (``persistent``: an append-only file, fsynced before each reply),
+stoppable, crashable, restartable on the same port and pausable (a hung server). A
 ``ManagedProcess`` (bench/lib/procs.py)."""
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ class RedisServer:
     """``start()`` answers PING before it returns; ``stop()``, ``pause()`` (SIGSTOP: it accepts
     connections and never answers), ``resume()``."""
 
-    def __init__(self, port: int, workdir: Path):
+    def __init__(self, port: int, workdir: Path, persistent: bool = False):
         self.port = port
         self.workdir = Path(workdir)
+        self.persistent = persistent  # an append-only file, each write on disk before its reply
         self.process: Optional[ManagedProcess] = None
         self.url = f"redis://127.0.0.1:{port}/0"
 
@@ -42,7 +44,9 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.persistent else "no",
+            "--appendfsync",
+            "always",
             "--dir",
             str(self.workdir),
         ]
@@ -64,6 +68,12 @@ class RedisServer:
         if self.process is not None:
             self.process.signal(signal.SIGCONT)  # in case a test paused it
             self.process.stop(timeout=10)
+        self.process = None
+
+    def crash(self) -> None:
+        """SIGKILL: no shutdown of its own (a persistent server keeps what it acknowledged)."""
+        if self.process is not None:
+            self.process.kill(timeout=10)
         self.process = None
 
     def pause(self) -> None:

@@ -42,3 +42,22 @@ def test_anything_else_is_a_logged_500_without_the_traceback(caplog):
     assert (err.status, err.type, err.code) == (500, "server_error", "voice_encoding_failed")
     assert "secret" not in err.message and err.message == "voice encoding failed"
     assert any(r.exc_info and "secret internals" in str(r.exc_info[1]) for r in caplog.records)
+
+
+@pytest.mark.parametrize("body", [{"input": ""}, {"input": "  \n"}, {}], ids=["empty", "blank", "missing"])
+def test_a_blank_job_input_names_input(body):
+    """As /v1/audio/speech answers it: 400 invalid_value, param "input" (the model's own check had
+    no field path: param null). Turns that fail still name turns."""
+    from pydantic import ValidationError
+
+    from serve_app.errors import invalid_value
+    from serve_app.protocol import JobRequest
+
+    with pytest.raises(ValidationError) as exc:
+        JobRequest.model_validate(body)
+    err = invalid_value(exc.value.errors())
+    assert (err.status, err.code, err.param) == (400, "invalid_value", "input"), err.message
+    with pytest.raises(ValidationError) as exc:
+        JobRequest.model_validate({"turns": []})
+    assert invalid_value(exc.value.errors()).param == "turns"
+    assert JobRequest.model_validate({"turns": [{"voice": "alloy", "input": "Hi"}]}).input == ""

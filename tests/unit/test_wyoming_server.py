@@ -20,6 +20,7 @@ import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
 from wyoming.info import Describe, Info
+from wyoming.ping import Ping
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart
 
 from bench.lib.procs import REPO_ROOT
@@ -239,6 +240,89 @@ async def test_a_reset_client_is_no_failure(caplog):
         client._writer.transport.abort()  # with SO_LINGER 0: a reset, not a close
         await asyncio.sleep(0.2)
         async with AsyncTcpClient(host, port) as again:
+            await again.write_event(Describe().event())
+            assert (await read(again)).type == "info"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+async def _open_from(host: str, port: int, source: str) -> AsyncTcpClient:
+    """A client whose socket comes from ``source`` (another loopback address: another peer)."""
+    client = AsyncTcpClient(host, port)
+    client._reader, client._writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+    return client
+
+
+async def test_one_peer_cannot_take_every_connection():
+    """Before: 32 connections per process in all, whoever held them: one host's sockets locked
+    Home Assistant out. Now each peer address holds at most ``max_connections_per_peer``."""
+    async with server(f"http://127.0.0.1:{closed_port()}", max_connections=4, max_connections_per_peer=2) as (
+        host,
+        port,
+    ):
+        held = [await _open_from(host, port, "127.0.0.2") for _ in range(2)]
+        for client in held:
+            await client.write_event(Describe().event())
+            assert (await read(client)).type == "info"
+        extra = await _open_from(host, port, "127.0.0.2")
+        error = await read(extra)
+        assert error.type == "error" and error.data["code"] == "too_many_connections_from_peer", error
+        assert await read(extra) is None
+        async with AsyncTcpClient(host, port) as other:  # another address: served
+            await other.write_event(Describe().event())
+            assert (await read(other)).type == "info"
+        for client in held:
+            await client.disconnect()
+
+
+async def test_pings_keep_nothing_open():
+    """A ping is answered, but only another event (or speaking) counts as activity: a socket kept
+    alive by pings alone is closed after ``idle_timeout_s`` (before: any event reset the timer)."""
+    async with server(f"http://127.0.0.1:{closed_port()}", idle_timeout_s=0.4) as (host, port):
+        async with AsyncTcpClient(host, port) as client:
+
+            async def pinging() -> None:
+                with contextlib.suppress(OSError):
+                    while True:
+                        await client.write_event(Ping(text="still here").event())
+                        await asyncio.sleep(0.05)
+
+            t0 = time.monotonic()
+            pinger = asyncio.create_task(pinging())
+            events = []
+            while (event := await read(client)) is not None:
+                events.append(event)
+                if event.type == "error":
+                    break
+            pinger.cancel()
+            await asyncio.gather(pinger, return_exceptions=True)
+            assert events[-1].type == "error" and events[-1].data["code"] == "idle_timeout", events[-1:]
+            assert {e.type for e in events[:-1]} == {"pong"} and len(events) > 4
+            assert time.monotonic() - t0 < 2
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"type": "synthesize", "data": {"x": ' + b"[" * depth + b"]" * depth + b"}}\n"
+
+
+@pytest.mark.parametrize("where", ["header", "data"])
+async def test_a_deeply_nested_event_is_an_error_event_not_a_traceback(where, caplog):
+    """A 40 KB header nested 20,000 deep (inside the 64 KiB event limit) raised RecursionError: a
+    500 ``synthesis_failed`` and a traceback each time. Its nesting is checked before it is parsed."""
+    async with server(f"http://127.0.0.1:{closed_port()}") as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        if where == "header":
+            writer.write(_nested(20_000))
+        else:
+            data = b"[" * 20_000 + b"]" * 20_000
+            writer.write(json.dumps({"type": "synthesize", "data_length": len(data)}).encode() + b"\n" + data)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), READ_S)
+        error = json.loads(line)
+        extra = json.loads(await reader.readexactly(error["data_length"])) if error.get("data_length") else {}
+        assert error["type"] == "error" and {**error.get("data", {}), **extra}["code"] == "invalid_json", error
+        assert await asyncio.wait_for(reader.read(), READ_S) == b""  # closed, cleanly
+        writer.close()
+        async with AsyncTcpClient(host, port) as again:  # the server serves on
             await again.write_event(Describe().event())
             assert (await read(again)).type == "info"
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

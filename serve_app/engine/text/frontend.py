@@ -6,13 +6,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 from .chars import WS_RE, is_speakable, sanitize
 from .chattts_norm import ChatTTSNormalizer
 from .en import normalize_numbers_en
 from .lang import Lang, check_lang, detect_language, detect_or
-from .lexicon import Pronunciations, apply_lexicon
+from .lexicon import LexiconBudget, LexiconEntry, Pronunciations, apply_lexicon
+from .pinyin import syllable_table
 from .segment import check_max_chars, locate_pieces, segment_fits, split_segments, split_sentences
 from .tags import strip_stray_brackets
 from .zh import normalize_numbers_zh
@@ -67,6 +68,9 @@ class TextFrontend:
         for sample, lang in samples:
             self.normalize(sample, lang=lang)
             self.normalize(sample, lang=lang, do_normalize=False, do_homophones=False)
+        # A pinyin entry's reading: pypinyin's table is built here (~0.5 s), not in a request.
+        syllable_table()
+        self.process("银行", lexicon=Pronunciations(entries=(LexiconEntry(text="银行", pinyin="yin2 hang2"),)))
         elapsed = time.perf_counter() - start
         logger.info("text front end warm-up took %.2fs", elapsed)
         return elapsed
@@ -111,30 +115,49 @@ class TextFrontend:
         max_seconds: Optional[float] = None,
         literal: bool = False,
         lexicon: Optional[Pronunciations] = None,
+        budget: Optional[LexiconBudget] = None,
     ) -> List[Segment]:
-        """Split (on the raw text), apply the lexicon to each piece, normalise it, drop empty ones.
+        """Every segment of ``text`` (``segments``, whole)."""
+        segments = list(self.segments(text, lang, normalize, max_chars, max_seconds, literal, lexicon, budget))
+        logger.debug("text front end produced %d segment(s) from %d chars", len(segments), len(text))
+        return segments
+
+    def segments(
+        self,
+        text: str,
+        lang: Optional[str] = None,
+        normalize: bool = True,
+        max_chars: int = 120,
+        max_seconds: Optional[float] = None,
+        literal: bool = False,
+        lexicon: Optional[Pronunciations] = None,
+        budget: Optional[LexiconBudget] = None,
+    ) -> Iterator[Segment]:
+        """Split (on the raw text), apply the lexicon to each piece, normalise it, drop empty ones;
+        one piece at a time, so a caller that counts the cost stops the work at its limit.
 
         ``normalize=False`` skips number/symbol normalisation only: the text still goes
         through homophone replacement and invalid-character removal, so it is always safe
         for the tokenizer (digits are then dropped, as ChatTTS would; with ``literal`` they are
         read one by one: ``text_normalization: off``). Segments that grow past ``max_chars``
         when normalised are split again; text is never truncated. The lexicon applies after the
-        cut, so each segment's span is still where its written text is in ``text``.
+        cut, so each segment's span is still where its written text is in ``text``; ``budget``:
+        what its aliases may add, every piece together (``InputTooLong`` as the text passes it,
+        before that piece is normalised).
         """
         if not isinstance(text, str):
             raise ValueError(f"text must be str, got {type(text).__name__}")
         check_lang(lang)
         check_max_chars(max_chars)
-        segments: List[Segment] = []
         pieces = split_segments(text, max_chars, max_seconds)
         for raw, span in zip(pieces, locate_pieces(text, pieces)):
-            normed = self.normalize(apply_lexicon(raw, lexicon), lang=lang, do_normalize=normalize, literal=literal)
+            read = apply_lexicon(raw, lexicon, budget)
+            normed = self.normalize(read, lang=lang, do_normalize=normalize, literal=literal)
             if not normed:
                 continue
             fits = segment_fits(normed, max_chars, max_seconds)
             parts = [normed] if fits else split_segments(normed, max_chars, max_seconds)
             # Detected on the normalised text: numbers are words by now, in the
             # language they were normalised in.
-            segments.extend(Segment(text=p, lang=lang or detect_language(p), span=span) for p in parts)  # type: ignore[arg-type]
-        logger.debug("text front end produced %d segment(s) from %d chars", len(segments), len(text))
-        return segments
+            for p in parts:
+                yield Segment(text=p, lang=lang or detect_language(p), span=span)  # type: ignore[arg-type]

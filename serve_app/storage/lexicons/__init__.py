@@ -15,6 +15,8 @@ never a silent miss.
 
 ``LexiconBook`` resolves a request's ``lexicon`` (an id, ``none``, or nothing: the owner's
 default) into the ``Pronunciations`` the TextNormalizer applies (``engine/text/lexicon.py``).
+The anonymous owner (every caller where keys are off) has no default lexicon: one caller's would
+change everyone's speech, so ``default: true`` needs an API key.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def make_lexicon_store(cfg: LexiconStoreConfig) -> LexiconStore:
 
 
 def check_syllables(lexicon: StoredLexicon) -> None:
-    """400 for a pinyin syllable no character reads (the table is built on first use: call it
-    off the event loop)."""
+    """400 for a pinyin syllable no character reads (the table is built once, at the replica's
+    start: ``LexiconsAPI``; blocking either way, call it off the event loop)."""
     table = syllable_table()
     for i, entry in enumerate(lexicon.entries):
         for syllable in (entry.pinyin or "").split():
@@ -80,7 +82,7 @@ class LexiconBook:
         if ref is None:
             found = await self.store.default_of(owner)
         else:
-            found = await self.store.get(ref, owner, admin=admin)
+            found = await self.store.get(ref, owner, admin=admin, present=False)
             if found is None:
                 raise lexicon_not_found(ref, status=400)
         return found.pronunciations() if found is not None and found.entries else None

@@ -1,24 +1,25 @@
 """The ``directory`` backend: one JSON file per record plus an index, shared by the replicas of one
 host. Every file is written to a temporary file and renamed into place (``write_atomic``), so
-readers take no lock; creating and deleting hold ``<dir>/.lock`` (a file lock). File work runs on
-a worker thread, off the event loop."""
+readers take no lock and never see part of a file; creating and deleting hold ``<dir>/.lock`` (a
+file lock). File work runs in the store's workers (``StoreWorkers``), off the event loop: a
+record's lookup reads the index once, listings run in the bulk workers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 from ..files import write_atomic
 from .kind import Index, owner_tag
-from .store import OwnedStore
+from .store import Doc, OwnedStore
 
 
 class DirectoryRecords(OwnedStore):
     """``<dir>/<id>.json`` per record and ``<dir>/<kind.index_file>`` (each kind keeps its own
     index layout: ``kind.read_index``/``kind.write_index``). A record exists while the index
-    names it: the document is written before the index, and the index before the document goes."""
+    names it: the document is written before the index, and the index before the document goes.
+    A write that fails (a full disk) leaves neither: the index as it was, no document beside it."""
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -42,9 +43,9 @@ class DirectoryRecords(OwnedStore):
     def _write_index(self, index: Index) -> None:
         write_atomic(self._index, json.dumps(self.kind.write_index(index)))
 
-    def _read(self, record_id: str) -> Optional[Any]:
+    def _read(self, record_id: str) -> Optional[str]:
         try:
-            return self.kind.parse(self._file(record_id).read_text(encoding="utf-8"))
+            return self._file(record_id).read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
 
@@ -65,23 +66,36 @@ class DirectoryRecords(OwnedStore):
             if field is not None and self.kind.unique_pointers and field in index.pointers:
                 raise self.kind.taken(record)
             self.kind.check_room(*self._counts_sync(record.owner, index), max_owned, self.max_total)
-            write_atomic(self._file(record.id), doc)  # the document first: the index never points at nothing
+            path = self._file(record.id)
+            write_atomic(path, doc)  # the document first: the index never points at nothing
             index.ids[record.id] = owner_tag(record.owner)
             if field is not None:
                 index.pointers[field] = record.id
-            self._write_index(index)
+            try:
+                self._write_index(index)
+            except BaseException:
+                path.unlink(missing_ok=True)  # not acknowledged: no document the index never named
+                raise
 
-    def _get_sync(self, record_id: str, owner: Optional[str]) -> Optional[Any]:
+    def _get_sync(self, record_id: str, owner: Optional[str]) -> Optional[str]:
         return self._read(record_id) if self._owns(self._read_index(), record_id, owner) else None
 
-    def _read_many_sync(self, ids: list[str]) -> list:
-        return [x for x in map(self._read, ids) if x is not None]
+    def _read_many_sync(self, ids: list[str]) -> list[tuple[str, Doc]]:
+        return [(i, d) for i in ids if (d := self._read(i)) is not None]
 
-    def _list_sync(self, owner: Optional[str]) -> list:
+    def _list_sync(self, owner: Optional[str]) -> list[tuple[str, Doc]]:
         index = self._read_index()
         return self._read_many_sync(
             [i for i in index.ids if self._owns(index, i, owner) and self.kind.id_re.fullmatch(i)]
         )
+
+    def _get_pointed_sync(self, field: str, owner: Optional[str]) -> Optional[tuple[str, Doc]]:
+        index = self._read_index()  # once: the pointer and the owner from the same read
+        record_id = index.pointers.get(field)
+        if not record_id or not self.kind.id_re.fullmatch(record_id) or not self._owns(index, record_id, owner):
+            return None
+        doc = self._read(record_id)
+        return (record_id, doc) if doc is not None else None
 
     def _delete_sync(self, record_id: str, owner: Optional[str]) -> bool:
         with self._lock:
@@ -95,27 +109,34 @@ class DirectoryRecords(OwnedStore):
             return True
 
     async def _counts(self, owner: str) -> tuple[int, int]:
-        return await asyncio.to_thread(self._counts_sync, owner)
+        return await self.workers.lookup(self._counts_sync, owner)
 
     async def _create(self, record: Any, doc: str, max_owned: int) -> None:
-        await asyncio.to_thread(self._create_sync, record, doc, max_owned)
+        await self.workers.bulk(self._create_sync, record, doc, max_owned)
 
-    async def _get(self, record_id: str, owner: Optional[str]) -> Optional[Any]:
-        return await asyncio.to_thread(self._get_sync, record_id, owner)
+    async def _get(self, record_id: str, owner: Optional[str]) -> Optional[Doc]:
+        return await self.workers.lookup(self._get_sync, record_id, owner)
 
-    async def _read_many(self, ids: list[str]) -> list:
-        return await asyncio.to_thread(self._read_many_sync, ids)
+    async def _read_many(self, ids: list[str]) -> list[tuple[str, Doc]]:
+        return await self.workers.bulk(self._read_many_sync, ids)
 
-    async def _list(self, owner: Optional[str]) -> list:
-        return await asyncio.to_thread(self._list_sync, owner)
+    async def _list(self, owner: Optional[str]) -> list[tuple[str, Doc]]:
+        return await self.workers.bulk(self._list_sync, owner)
 
     async def _delete(self, record_id: str, owner: Optional[str]) -> bool:
-        return await asyncio.to_thread(self._delete_sync, record_id, owner)
+        return await self.workers.bulk(self._delete_sync, record_id, owner)
 
     async def _pointed(self, field: str) -> Optional[str]:
-        index = await asyncio.to_thread(self._read_index)
+        index = await self.workers.lookup(self._read_index)
         return index.pointers.get(field)
 
+    async def _pointed_many(self, fields: list[str]) -> dict[str, Optional[str]]:
+        index = await self.workers.lookup(self._read_index)
+        return {f: index.pointers.get(f) for f in fields}
+
+    async def _get_pointed(self, field: str, owner: Optional[str]) -> Optional[tuple[str, Doc]]:
+        return await self.workers.lookup(self._get_pointed_sync, field, owner)
+
     async def _pointers_ending(self, suffix: str) -> dict[str, str]:
-        index = await asyncio.to_thread(self._read_index)
+        index = await self.workers.lookup(self._read_index)
         return {k: v for k, v in index.pointers.items() if k.endswith(suffix)}

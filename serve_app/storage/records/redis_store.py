@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ..redis_client import open_redis
 from .kind import owner_tag
-from .store import OwnedStore
+from .store import Doc, OwnedStore
 
 # KEYS: ids, the record's key, the owner's ids, the pointers hash[, the owners set].
 # ARGV: id, JSON, created_at, max records, the owner's quota, pointer field ("": none), "1" when
@@ -99,26 +99,27 @@ class RedisRecords(OwnedStore):
         if code == 2:
             raise self.kind.store_full(self.max_total)
 
-    async def _get(self, record_id: str, owner: Optional[str]) -> Optional[Any]:
+    async def _get(self, record_id: str, owner: Optional[str]) -> Optional[Doc]:
         if owner is None:
             doc = await self._redis.get(self._key(record_id))
         else:
             doc = await self._get_owned_script(keys=[self._own(owner), self._key(record_id)], args=[record_id])
-        return self.kind.parse(doc) if doc else None
+        return doc or None
 
-    async def _read_many(self, ids: list[str]) -> list:
+    async def _read_many(self, ids: list[str]) -> list[tuple[str, Doc]]:
         ids = [i for i in ids if self.kind.id_re.fullmatch(i)]
         docs = await self._redis.mget([self._key(i) for i in ids]) if ids else []
-        return [self.kind.parse(d) for d in docs if d is not None]
+        return [(i, d) for i, d in zip(ids, docs) if d is not None]
 
-    async def _list(self, owner: Optional[str]) -> list:
+    async def _list(self, owner: Optional[str]) -> list[tuple[str, Doc]]:
         ids = await self._redis.zrange(self._ids if owner is None else self._own(owner), 0, -1)
         return await self._read_many([i.decode() for i in ids])
 
     async def _delete(self, record_id: str, owner: Optional[str]) -> bool:
-        found = await self._get(record_id, owner)
-        if found is None:
+        doc = await self._get(record_id, owner)
+        if doc is None:
             return False
+        found = await self._parse_one(record_id, doc)
         # An id's owner never changes (ids are never reused): checking it first is safe.
         keys = [self._ids, self._key(record_id), self._own(found.owner), self._pointers]
         return bool(await self._delete_script(keys=keys, args=[record_id, self.pointer(found) or ""]))
@@ -126,6 +127,10 @@ class RedisRecords(OwnedStore):
     async def _pointed(self, field: str) -> Optional[str]:
         found = await self._redis.hget(self._pointers, field)
         return found.decode() if found else None
+
+    async def _pointed_many(self, fields: list[str]) -> dict[str, Optional[str]]:
+        found = await self._redis.hmget(self._pointers, fields) if fields else []
+        return {f: v.decode() if v else None for f, v in zip(fields, found)}
 
     async def _pointers_ending(self, suffix: str) -> dict[str, str]:
         return {
@@ -135,3 +140,4 @@ class RedisRecords(OwnedStore):
 
     async def close(self) -> None:
         await self._redis.aclose()
+        await super().close()
