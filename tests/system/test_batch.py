@@ -109,7 +109,7 @@ def expected(row: dict) -> dict:
     opts = BatchRow.model_validate(
         {**{k: v for k, v in row.items() if k in BatchRow.model_fields}, "id": str(row["id"])}
     )
-    plan = Planner().plan(opts.text, opts.options())
+    plan = Planner().plan(opts.text, opts.request().to_options())
     fmt = opts.response_format
     return {
         "id": opts.id,
