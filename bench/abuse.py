@@ -215,7 +215,7 @@ def cpu_seconds() -> dict[str, float]:
     attackers share its loop and the machine's cores) and the rest of Ray (the job runner too)."""
     import psutil
 
-    from .lib.procs import classify_serve, processes_by_group
+    from .lib.machine import classify_serve, processes_by_group
 
     def classify(p: psutil.Process) -> str:
         return "bench (the clients)" if p.pid == os.getpid() else classify_serve(p) or "rest of Ray"
@@ -232,7 +232,8 @@ def cpu_seconds() -> dict[str, float]:
 
 
 def main(a: argparse.Namespace) -> int:
-    from .lib.procs import classify_serve, free_port
+    from .lib.machine import classify_serve
+    from .lib.procs import free_port
     from .lib.sampler import RssSampler
     from .lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
 

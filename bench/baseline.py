@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import struct
 import time
 from typing import Optional
 
@@ -33,28 +32,20 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from serve_app.engine.audio import to_int16
 from serve_app.engine.threads import TorchThread
+from serve_app.engine.wav import wav_header
 
 from .lib.corpus import SAMPLE_RATE
+from .lib.reference import chattts_infer
 
 log = logging.getLogger("bench.baseline")
 
 
-def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+def wav_bytes(pcm: np.ndarray) -> bytes:
     """float32 mono PCM -> a complete 16-bit WAV file (sizes filled in)."""
-    data = np.rint(np.clip(np.nan_to_num(pcm.astype(np.float32)), -1, 1) * 32767).astype("<i2").tobytes()
-    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", 36 + len(data))
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", len(fmt))
-        + fmt
-        + b"data"
-        + struct.pack("<I", len(data))
-        + data
-    )
+    data = to_int16(pcm).astype("<i2").tobytes()
+    return wav_header(SAMPLE_RATE, len(data)) + data
 
 
 class BaselineSynth:
@@ -91,8 +82,6 @@ class BaselineSynth:
     def synthesize(
         self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0
     ) -> tuple[bytes, dict]:
-        from ChatTTS import Chat
-
         from serve_app.engine.types import SynthesisOptions
 
         plan = self.planner.plan(text, SynthesisOptions(voice=voice, seed=seed, speed=speed))
@@ -108,26 +97,7 @@ class BaselineSynth:
                 lo, hi = n, n
             else:  # real weights: stop at end-of-speech, never after the cap
                 lo, hi = 0, seg.max_new_tokens
-            params = Chat.InferCodeParams(
-                prompt=seg.prompt,
-                spk_emb=spk_emb,
-                temperature=seg.temperature,
-                top_P=seg.top_p,
-                top_K=seg.top_k,
-                repetition_penalty=seg.repetition_penalty,
-                max_new_token=hi,
-                min_new_token=lo,
-                manual_seed=seg.seed,
-                show_tqdm=False,
-            )
-            out = self.chat.infer(
-                [seg.text],
-                skip_refine_text=True,
-                do_text_normalization=False,
-                do_homophone_replacement=False,
-                split_text=False,
-                params_infer_code=params,
-            )
+            out = chattts_infer(self.chat, [seg], (lo, hi), spk_emb=spk_emb)
             wavs.append(np.asarray(out[0], dtype=np.float32).reshape(-1))
             tokens += hi
         pcm = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)

@@ -25,21 +25,9 @@ from . import cache_hit
 from .lib import first_audio, loadgen
 from .lib.corpus import ONE_ROW_TEXTS, corpus_summary, expected_audio_s, plan_corpus, text_stream
 from .lib.harness import Harness, floats, ints
+from .lib.machine import busy_threads, classify_all, classify_serve, machine_cores, machine_cpu, thread_cpu
 from .lib.pinning import cpu_set, pin_acoustic, pin_threads
-from .lib.procs import (
-    ManagedProcess,
-    bench_command,
-    busy_threads,
-    classify_all,
-    classify_serve,
-    free_port,
-    kill_descendants,
-    machine_cores,
-    machine_cpu,
-    run_to_end,
-    thread_cpu,
-    wait_until,
-)
+from .lib.procs import ManagedProcess, bench_command, free_port, kill_descendants, run_to_end
 from .lib.sampler import Periodic, RssSampler
 from .lib.serve import (
     ServeRunner,
@@ -54,6 +42,7 @@ from .lib.serve import (
     set_replicas,
     set_threads,
 )
+from .lib.waiting import holds_within, wait_until
 from .run_report import load_key, write_all
 
 PHASES = ("ceiling", "baseline", "serve", "first", "open")
@@ -199,11 +188,8 @@ class BenchRun:
         # baseline cut the same segments and chunks as the project.
         from serve_app.settings import AppConfig
 
-        args = AppConfig.model_validate(get_path(serve_cfg, args_path(serve_cfg)) or {})
-        self.segments = args.segments.model_dump()
-        self.first_chunk_tokens = args.acoustic.first_chunk_tokens
-        self.chunk_tokens = args.acoustic.chunk_tokens
-        self.vocoder_cfg = args.vocoder.model_dump()
+        self.args = get_path(serve_cfg, args_path(serve_cfg)) or {}
+        self.segments = AppConfig.model_validate(self.args).segments.model_dump()
 
     # -------------------------------------------------------------- planning
 
@@ -273,32 +259,17 @@ class BenchRun:
     def run_ceiling(self) -> None:
         p = self.plan
         path = self.out / "ceiling.json"
-        argv = bench_command(
-            "ceiling",
-            "--out",
-            str(path),
-            "--weights",
-            p.weights,
-            "--batches",
-            ",".join(map(str, p.ceiling_batches)),
+        argv = ["--out", str(path), "--weights", p.weights, "--batches", ",".join(map(str, p.ceiling_batches))]
+        argv += [
             "--methods",
             ",".join(p.ceiling_methods),
             "--reps",
             str(p.ceiling_reps),
             "--tokens",
             str(p.ceiling_tokens),
-            "--segments",
-            json.dumps(self.segments),
-            "--first-chunk-tokens",
-            str(self.first_chunk_tokens),
-            "--chunk-tokens",
-            str(self.chunk_tokens),
-            "--first-chunk-reps",
-            str(p.first_chunk_reps),
-            "--vocoder",
-            json.dumps(self.vocoder_cfg),
-            *(["--cpus", p.pin_acoustic] if p.pin_acoustic else []),
-        )
+        ]
+        argv += ["--args", json.dumps(self.args), "--first-chunk-reps", str(p.first_chunk_reps)]
+        argv = bench_command("ceiling", *argv, *(["--cpus", p.pin_acoustic] if p.pin_acoustic else []))
         rc, log_tail = run_to_end("ceiling", argv, self.logs / "ceiling.log", timeout_s=3600)
         if rc != 0 or not path.exists():
             raise RuntimeError(f"ceiling failed (rc {rc}):\n{log_tail}")
@@ -371,14 +342,10 @@ class BenchRun:
         def healthy() -> bool:
             if not proc.alive():
                 raise RuntimeError(f"baseline exited:\n{proc.log_tail()}")
-            try:
-                return httpx.get(f"{url}/healthz", timeout=5, trust_env=False).status_code == 200
-            except httpx.HTTPError:
-                return False
+            return httpx.get(f"{url}/healthz", timeout=5, trust_env=False).status_code == 200
 
         t0 = time.perf_counter()
-        if not wait_until(healthy, timeout=600, interval=1.0):
-            raise TimeoutError(f"baseline not healthy after 600s:\n{proc.log_tail()}")
+        wait_until(healthy, 600, 1.0, what=lambda: f"baseline healthy:\n{proc.log_tail()}", retry_on=(httpx.HTTPError,))
         base = {"start_s": round(time.perf_counter() - t0, 1), "pid": proc.pid, "closed": {}}
         self.report["baseline"] = base
         sampler = RssSampler(lambda: [proc.pid], classify_all).start()
@@ -398,7 +365,7 @@ class BenchRun:
                 s["rss"] = sampler.window()
                 base["closed"][str(c)] = s
                 self.progress.write(self._line("baseline", f"c{c}", s))
-                if not wait_until(idle, timeout=p.timeout_s, interval=0.5):
+                if not holds_within(idle, p.timeout_s):
                     self.harness.warn(f"baseline still busy {p.timeout_s}s after c{c}")
             base["rss_peak"] = self._overall_rss(base["closed"])
             try:

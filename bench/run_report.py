@@ -1,5 +1,5 @@
 """The report of ``python -m bench run``: report.json (everything), report.md (tables) and
-report.png (plots); the ratios against the targets. Also used by ``compare`` and ``report``."""
+report.png (plots); the ratios against the targets. Also used by ``report`` (and its ``--compare``)."""
 
 from __future__ import annotations
 
@@ -194,9 +194,6 @@ def to_doc(report: dict) -> Doc:
                 f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
                 f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s",
             )
-        from .studies.numerics import quantize_markdown
-
-        doc.add(*quantize_markdown(ceil.get("quantize")))
 
     closed = _levels("baseline", _get(report, "baseline", "closed") or {})
     closed += _levels("serve", _get(report, "serve", "closed") or {})

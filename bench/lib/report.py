@@ -92,6 +92,24 @@ class Table:
         return out
 
 
+def load_columns(ttfb: Sequence[str] = ("p50", "p95"), latency: Sequence[str] = ("p50", "p95", "p99")) -> list[Col]:
+    """The columns of a load phase (``loadgen.summarize``) in a row ``(name, clients, summary)``,
+    after the row's name: its throughput, the chosen TTFB and latency percentiles, the requests
+    done / failed / cut and the mean batch."""
+    return [
+        Col("clients", 1),
+        Col("audio s/s", (2, "audio_s_per_s"), nd=3),
+        Col("req/s", (2, "requests_per_s"), nd=3),
+        *[Col(f"TTFB {q}", (2, "ttfb_s", q)) for q in ttfb],
+        *[Col(f"lat {q}", (2, "latency_s", q)) for q in latency],
+        *[
+            Col(h, lambda x, k=k: str(x[2].get(k)))
+            for h, k in (("done", "completed"), ("errors", "errors"), ("cut", "cut"))
+        ],
+        Col("mean batch", (2, "engine", "mean_rows_per_step")),
+    ]
+
+
 Block = Union[str, Table, None]
 
 

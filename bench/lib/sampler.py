@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import psutil
 
-from .procs import processes_by_group
+from .machine import processes_by_group
 
 
 class Periodic:

@@ -21,7 +21,9 @@ from typing import Any, Optional
 import httpx
 import yaml
 
-from .procs import REPO_ROOT, classify_serve, processes_by_group
+from .machine import classify_serve, processes_by_group
+from .procs import REPO_ROOT, isolate_environ
+from .waiting import NotMet, wait_until
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "serve.yaml"
 GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
@@ -188,10 +190,8 @@ class ServeRunner:
         from ray.serve._private import api as serve_api
         from ray.serve.schema import ServeDeploySchema
 
-        os.environ["RAY_AUTH_MODE"] = "disabled"
+        isolate_environ()
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # keep the progress bar readable
-        os.environ.pop("CHATTTS_WEIGHTS", None)
-        os.environ.pop("CHATTTS_WEIGHTS_PATH", None)
         # Read by the controller and the replicas that ray.init starts (docs/operations.md, "Fast front door").
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
@@ -223,48 +223,25 @@ class ServeRunner:
         )
         self._client.deploy_apps(schema)
         self._wait_running()
-        self._wait_ready()
+        wait_ready(self.base_url, self.ready_timeout_s)
         return time.perf_counter() - t0
 
     def _wait_running(self) -> None:
         from ray import serve
 
-        deadline = time.monotonic() + self.ready_timeout_s
-        status = None
-        while time.monotonic() < deadline:
-            apps = serve.status().applications
-            app = apps.get(self.app)
-            status = app.status if app else None
-            if status == "RUNNING":
-                return
-            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RuntimeError(f"Serve app {self.app} {status}: {app.message}")
-            time.sleep(1.0)
-        raise TimeoutError(f"Serve app {self.app} not RUNNING after {self.ready_timeout_s}s (last: {status})")
+        def status() -> Optional[str]:
+            app = serve.status().applications.get(self.app)
+            if app is not None and app.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"Serve app {self.app} {app.status}: {app.message}")
+            return app and app.status
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        last = None
-        with httpx.Client(base_url=self.base_url, timeout=10, trust_env=False) as c:
-            while time.monotonic() < deadline:
-                try:
-                    r = c.get("/readyz")
-                    if r.status_code == 200:
-                        return
-                    last = r.text
-                    try:
-                        body = r.json()
-                    except ValueError:
-                        body = {}
-                    if isinstance(body, dict) and body.get("status") == "failed":
-                        raise RuntimeError(f"the app's warm-up failed: {body.get('error')}")
-                except httpx.HTTPError as exc:
-                    last = repr(exc)
-                time.sleep(1.0)
-        raise TimeoutError(f"/readyz not ready after {self.ready_timeout_s}s: {last}")
+        wait_until(
+            status, self.ready_timeout_s, 1.0, until=lambda x: x == "RUNNING", what=f"Serve app {self.app} RUNNING"
+        )
 
     def reconfigure_acoustic(self, **user_config: Any) -> None:
-        """Re-apply the config with changed Acoustic ``user_config`` keys (no replica restart)."""
+        """Re-apply the config with changed Acoustic ``user_config`` keys (no replica restart), and
+        wait until the replica reports them (in its engine config, or its own stats)."""
         from ray.serve.schema import ServeDeploySchema
 
         cfg = copy.deepcopy(self.cfg)
@@ -275,19 +252,13 @@ class ServeRunner:
         self.cfg = cfg
         time.sleep(2.0)  # let the controller see the new version before polling its status
         self._wait_running()
-        # If the replica reports its engine config, wait until it shows the change.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def applied() -> bool:
             s = self.acoustic_stats() or {}
-            applied = s.get("config") if isinstance(s.get("config"), dict) else s
-            if all(
-                applied.get(k, v) == v
-                for k, v in user_config.items()
-                if k in ("continuous", "max_rows", "first_chunk_tokens", "chunk_tokens")
-            ):
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"Acoustic did not apply user_config {user_config} within 30 s")
+            engine = s.get("config") or {}
+            return all(engine.get(k, s.get(k, v)) == v for k, v in user_config.items())
+
+        wait_until(applied, 30, 0.3, what=f"Acoustic applying user_config {user_config}")
 
     def stop(self) -> None:
         if not self._started:
@@ -310,24 +281,23 @@ class ServeRunner:
     # -------------------------------------------------------------- observation
 
     def acoustic_stats(self) -> Optional[dict]:
-        from ray import serve
-
         try:
-            h = serve.get_deployment_handle("Acoustic", app_name=self.app)
-            return h.stats.remote().result(timeout_s=30)
+            return acoustic_stats(self.app)
         except Exception as exc:  # noqa: BLE001 - stats are a bonus, not a failure
             log.warning("Acoustic.stats() failed: %s", exc)
             return None
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
-        """Until the Acoustic engine has no running or waiting rows (after cut requests)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            s = self.acoustic_stats()
-            if s is None or (s.get("running_rows", 0) == 0 and s.get("waiting_rows", 0) == 0):
-                return True
-            time.sleep(0.5)
-        return False
+        """Until the Acoustic engine has no running or waiting rows (after cut requests); False if
+        it still had after ``timeout_s`` (stats that cannot be read count as idle)."""
+        try:
+            wait_idle(self.app, timeout_s, 0.5)
+            return True
+        except NotMet:
+            return False
+        except Exception as exc:  # noqa: BLE001 - stats are a bonus, not a failure
+            log.warning("Acoustic.stats() failed: %s", exc)
+            return True
 
     def replica_pids(self) -> dict[str, list[int]]:
         """pids of the Serve processes (replicas by deployment, ServeController, ProxyActor)."""
@@ -362,6 +332,55 @@ class ServeRunner:
                     }
                 )
         return out
+
+
+# ------------------------------------------------------------------ any running app (the bench's, the tests')
+
+
+def wait_ready(url: str, timeout_s: float, proc: Any = None) -> float:
+    """Poll ``GET /readyz`` until 200; the seconds it took. ``NotMet`` after ``timeout_s``;
+    RuntimeError at once if ``proc`` (a subprocess serving it) exits first or the app says its
+    warm-up failed."""
+    t0 = time.monotonic()
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+
+        def readyz() -> str:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server process exited with {proc.returncode} before ready")
+            try:
+                r = client.get(url + "/readyz")
+            except httpx.HTTPError as exc:
+                return f"{exc.__class__.__name__}: {exc}"
+            if r.status_code == 200:
+                return "200"
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            if isinstance(body, dict) and body.get("status") == "failed":
+                raise RuntimeError(f"the app's warm-up failed: {body.get('error')}")
+            return f"{r.status_code} {r.text[:200]}"
+
+        wait_until(readyz, timeout_s, 0.5, until=lambda answer: answer == "200", what=f"{url}/readyz 200")
+    return time.monotonic() - t0
+
+
+def acoustic_stats(app: str) -> dict:
+    """Counters of an Acoustic replica of ``app``: ``EngineStats`` plus running/waiting rows."""
+    from ray import serve
+
+    return serve.get_deployment_handle("Acoustic", app_name=app).stats.remote().result(timeout_s=30)
+
+
+def wait_idle(app: str, timeout_s: float, interval_s: float = 0.05) -> dict:
+    """The Acoustic counters once no row runs or waits (``NotMet`` after ``timeout_s``)."""
+    return wait_until(
+        lambda: acoustic_stats(app),
+        timeout_s,
+        interval_s,
+        until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
+        what="no rows left in the decode loop",
+    )
 
 
 def engine_delta(before: Optional[dict], after: Optional[dict]) -> dict:
