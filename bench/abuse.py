@@ -232,10 +232,11 @@ def cpu_seconds() -> dict[str, float]:
 
 
 def main(a: argparse.Namespace) -> int:
+    from .lib.config import apply_overrides, load_config, parse_sets
     from .lib.machine import classify_serve
     from .lib.procs import free_port
     from .lib.sampler import RssSampler
-    from .lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
+    from .lib.serve import ServeRunner
 
     runner = None
     url = a.url

@@ -112,9 +112,10 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
 
 def serve_phase(a: argparse.Namespace) -> dict[str, Any]:
     from .lib import loadgen
+    from .lib.config import apply_overrides, load_config
     from .lib.corpus import expected_audio_s, plan_corpus, text_stream
     from .lib.procs import free_port
-    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
+    from .lib.serve import ServeRunner, engine_delta
 
     runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
     res: dict[str, Any] = {"levels": {}}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .lib.config import GPU_CONFIG
 from .lib.harness import Harness, command_line, ints, logger
 from .lib.procs import REPO_ROOT, bench_command, free_port, run_to_end
 from .lib.report import (
@@ -42,7 +43,6 @@ from .lib.report import (
 )
 from .lib.report import fmt as _f
 from .lib.report import get as _get
-from .lib.serve import GPU_CONFIG
 
 _log = logger("gpu")
 STEPS = ("tests", "fidelity", "ceiling", "serve_2x0.5", "serve_1x1")
@@ -111,7 +111,7 @@ class GpuPlan:
 
 def serve_config(plan: GpuPlan, variant: str, port: int) -> tuple[dict, dict]:
     """config/serve.gpu.yaml for one variant, and the overrides applied to it (for the report)."""
-    from .lib.serve import apply_overrides, args_path, deployment_path, get_path, load_config, set_replicas
+    from .lib.config import apply_overrides, args_path, deployment_path, get_path, load_config, set_replicas
 
     replicas, num_gpus = SERVE_VARIANTS[variant]
     base = load_config(plan.config)
@@ -327,7 +327,7 @@ class GpuCheck:
         self._state: dict[str, Any] = {}
 
     def run(self) -> dict:
-        from .lib.serve import args_path, get_path, load_config
+        from .lib.config import args_path, get_path, load_config
 
         base = load_config(self.plan.config)
         serve_args = get_path(base, args_path(base)) or {}

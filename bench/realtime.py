@@ -317,8 +317,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
+    from .lib.config import apply_overrides, load_config
     from .lib.procs import free_port
-    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
+    from .lib.serve import ServeRunner, engine_delta
 
     levels = a.levels
     rounds = a.rounds * len(levels) if len(a.rounds) == 1 else a.rounds

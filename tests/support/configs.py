@@ -7,8 +7,8 @@ import copy
 from typing import Optional
 
 from bench.lib.cluster import HEAD_RESOURCE
+from bench.lib.config import DEFAULT_CONFIG, GPU_CONFIG, get_path, load_config, set_path
 from bench.lib.procs import REPO_ROOT as REPO  # noqa: F401  (the repository's root, for the tests)
-from bench.lib.serve import DEFAULT_CONFIG, GPU_CONFIG, get_path, load_config, set_path
 
 CONFIGS = {"cpu": DEFAULT_CONFIG, "gpu": GPU_CONFIG}
 

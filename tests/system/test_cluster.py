@@ -33,11 +33,12 @@ from support.report import report
 from support.waiting import wait_until, wait_until_async
 
 from bench.lib.cluster import LocalCluster
+from bench.lib.config import get_path, set_path
 from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
 from bench.lib.loadgen import StepLoad, complete
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port
-from bench.lib.serve import get_path, set_path, wait_ready
+from bench.lib.serve import wait_ready
 from deployments.kuberay import GPU_POD, cpu_pod
 from serve_app.engine.wav import with_true_length
 

@@ -17,8 +17,8 @@ from bench import abuse_attackers as att
 from bench.__main__ import RUNNERS, main
 from bench.gpu import SERVE_VARIANTS, GpuPlan, serve_config
 from bench.lib import first_audio
+from bench.lib.config import args_path, deployment_path, get_path, load_config
 from bench.lib.report import get
-from bench.lib.serve import args_path, deployment_path, get_path, load_config
 from bench.report import renderer
 from bench.run_report import KIND, check_targets, compute_ratios, load_key
 
@@ -91,7 +91,7 @@ def test_run_overrides_reach_the_config_and_the_report():
 
 
 def get_path_(cfg, dotted):
-    from bench.lib.serve import get_path
+    from bench.lib.config import get_path
 
     return get_path(cfg, dotted)
 

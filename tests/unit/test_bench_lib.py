@@ -13,13 +13,13 @@ import pytest
 
 from bench.baseline import wav_bytes
 from bench.lib import loadgen
+from bench.lib.config import apply_overrides, get_path, set_path, set_replicas, set_threads
 from bench.lib.corpus import expected_audio_s, planned_samples
 from bench.lib.harness import Harness, command_line, relative_path
 from bench.lib.machine import busy_threads, machine_cores, machine_cpu, thread_cpu
 from bench.lib.procs import REPO_ROOT, ManagedProcess, child_env, free_port
 from bench.lib.pyspy import summarize_raw
 from bench.lib.sampler import Periodic
-from bench.lib.serve import apply_overrides, get_path, set_path, set_replicas, set_threads
 from bench.lib.stats import median, nearest_rank, percentiles, ratio
 from bench.lib.waiting import NotMet, holds_within, wait_until
 
