@@ -1,20 +1,10 @@
-"""The "before" server of the ChatTTS serving write-ups, rebuilt as a yardstick (not a product).
+"""``python -m bench baseline --port N``: the "before" server of the ChatTTS serving write-ups,
+rebuilt as a yardstick (bench/README.md, "run", step 2; ``run`` starts it for its phase "baseline").
 
-FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the
-whole WAV in one response. It loads the same weights through ``serve_app.engine.weights.loading.load_model``
-(the same asset tree as the project) and plans each request with the project's own ``Planner``,
-so its segments, speaker, seeds and (for random weights) segment lengths are identical to what the
-project decodes: every segment is one ``Chat.infer`` call with ``max_new_token = min_new_token =``
-the segment's target tokens (``pacing.expected_tokens``), ``skip_refine_text=True`` and no text
-normalisation inside ChatTTS (the planner's text is already normalised).
-
-    python -m bench baseline --port 8100 [--weights random] [--threads N]
-
-``python -m bench run`` starts it as a subprocess for its phase "baseline".
-
-Endpoints: ``POST /v1/audio/speech`` (OpenAI-style JSON; answers ``audio/wav``), ``GET /healthz``
-(200 once the model is loaded and warmed up), ``GET /stats`` (busy, waiting, served, pid).
-A request whose client has gone away while it waited for the lock is skipped.
+FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the whole
+WAV in one response. The same weights and the project's own ``Planner``, so its segments, speaker,
+seeds and (random weights) lengths are the project's. ``POST /v1/audio/speech``, ``GET /healthz``
+(200 once loaded and warm), ``GET /stats``. A request whose client went away is skipped or stopped.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""Batch invariance: does a row decode the same speech alone, in a batch, and as ChatTTS does?
+"""``python -m bench fidelity``: batch invariance (bench/README.md, "fidelity"). Does a row decode
+the same speech alone, in a batch, and as ChatTTS does?
 
-For each weights size (``random-deep``: ChatTTS's real depths at narrow widths, what CI runs;
-``random``: full size) and CPU precision (``int8``, the default, and ``none``: float32), in this
-process, under near-greedy sampling (temperature 1e-5, fixed seeds):
-
-* **alone vs batched**: ``--rows`` rows of different prompt lengths, arriving ``--stagger`` steps
-  apart (each joins a running batch), each also decoded alone on a fresh engine: rows whose
-  tokens are equal, rows whose hidden states are bit-identical, the smallest frame cosine;
-* **ChatTTS alone / batched**: each row's tokens against ChatTTS's own ``Chat._infer_code`` for
-  it on the same loaded model (the same int8 layers), and the smallest frame cosine of their
-  hidden states;
-
-    python -m bench fidelity --out bench/results/fidelity-DATE [--sizes random-deep,random]
-
-(A committed report's ``step_cost``, what invariance cost per decode step, was measured with the
-``step`` study's code: bench/README.md, "Studies".)
+Per weights size and precision, in this process, near-greedy (temperature 1e-5, fixed seeds):
+``--rows`` rows of different prompt lengths join a running batch ``--stagger`` steps apart, each
+also decoded alone on a fresh engine and by ChatTTS's own ``Chat._infer_code`` on the same model
+(bench/lib/reference.py): rows whose tokens are equal, whose hidden states are bit-identical, the
+smallest frame cosine. Exit 1 unless every row's tokens are equal everywhere and alone vs batched
+is bit-identical. (A committed report's ``step_cost`` was measured by the ``step`` study.)
 """
 
 from __future__ import annotations

@@ -586,17 +586,8 @@ def add_arguments(g: argparse.ArgumentParser) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    options = (
-        "deadline_s",
-        "device",
-        "dtype",
-        "ceiling_batches",
-        "serve_levels",
-        "level_s",
-        "vocoder_replicas",
-        "config",
-    )
-    kw = {k: getattr(a, k) for k in options if getattr(a, k) is not None}
+    options = ("deadline_s", "device", "dtype", "ceiling_batches", "serve_levels", "level_s", "vocoder_replicas")
+    kw = {k: getattr(a, k) for k in (*options, "config") if getattr(a, k) is not None}
     if a.steps:
         kw["steps"] = tuple(x.strip() for x in a.steps.split(",") if x.strip())
         bad = [x for x in kw["steps"] if x not in STEPS]

@@ -28,17 +28,16 @@ import httpx
 import yaml
 
 from .procs import MARKER_ENV, REPO_ROOT, ManagedProcess, child_env, free_port, kill_marked
+from .waiting import wait_until
 
 HEAD_RESOURCE = "head_only"  # a custom resource only the head declares
 APP = "chattts"
+HTTP_ERRORS = (httpx.HTTPError, ValueError, KeyError)  # the dashboard still starting, or busy: not yet
 
 
-def ray_exe() -> str:
-    return str(Path(sys.executable).with_name("ray"))
-
-
-def serve_exe() -> str:
-    return str(Path(sys.executable).with_name("serve"))
+def cli(name: str) -> str:
+    """Ray's command-line tools (``ray``, ``serve``) next to this interpreter."""
+    return str(Path(sys.executable).with_name(name))
 
 
 class Node(ManagedProcess):
@@ -46,7 +45,7 @@ class Node(ManagedProcess):
 
     def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
         super().__init__(name, argv, log_path, env=env, marker=env[MARKER_ENV])
-        self.metrics_port = int(argv[argv.index("--metrics-export-port") + 1])
+        self.metrics_port = int(next(a for a in argv if a.startswith("--metrics-export-port=")).split("=")[1])
         self.node_id: Optional[str] = None
 
 
@@ -89,52 +88,29 @@ class LocalCluster:
             **({MARKER_ENV: marker} if marker else {}),
         )
 
-    def _node_ports(self) -> list[str]:
-        return [
-            "--node-ip-address",
-            "127.0.0.1",
-            "--metrics-export-port",
-            str(free_port()),
-            "--dashboard-agent-listen-port",
-            str(free_port()),
-            "--dashboard-agent-grpc-port",
-            str(free_port()),
-            "--runtime-env-agent-port",
-            str(free_port()),
-            "--min-worker-port",
-            "0",
-            "--max-worker-port",
-            "0",
-            "--disable-usage-stats",
-            "--block",
-        ]
+    def _node_args(self) -> list[str]:
+        """A node's own ports (several nodes share the host), loopback, the process blocking."""
+        ports = ("metrics-export", "dashboard-agent-listen", "dashboard-agent-grpc", "runtime-env-agent")
+        own = [f"--{name}-port={free_port()}" for name in ports]
+        return ["--node-ip-address=127.0.0.1", *own, "--min-worker-port=0", "--max-worker-port=0", "--block"]
 
     def start(self, timeout_s: float = 180.0) -> float:
         t0 = time.monotonic()
         head = [
-            ray_exe(),
+            cli("ray"),
             "start",
             "--head",
-            "--port",
-            str(self.gcs_port),
-            "--num-cpus",
-            str(self.head_cpus),
-            "--num-gpus",
-            "0",
-            "--resources",
-            json.dumps({HEAD_RESOURCE: 1000}),
-            "--include-dashboard",
-            "true",
-            "--dashboard-host",
-            "127.0.0.1",
-            "--dashboard-port",
-            str(self.dashboard_port),
-            "--temp-dir",
-            str(self.root),
-            "--ray-client-server-port",
-            str(free_port()),
-            *self._node_ports(),
+            f"--port={self.gcs_port}",
+            f"--num-cpus={self.head_cpus}",
+            "--num-gpus=0",
         ]
+        head += [
+            f"--resources={json.dumps({HEAD_RESOURCE: 1000})}",
+            "--include-dashboard=true",
+            "--disable-usage-stats",
+        ]
+        head += ["--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.root}"]
+        head += [f"--ray-client-server-port={free_port()}", *self._node_args()]
         self._join(Node("head", head, self.env(f"{self.id}-head"), self.root / "head.log"), timeout_s)
         for _ in range(self.workers):
             self.add_worker(timeout_s)
@@ -144,17 +120,8 @@ class LocalCluster:
         """A worker of the cluster's shape, or of ``cpus`` / ``gpus`` (a CPU-group node: ``gpus=0``)."""
         i = len(self.nodes)
         cpus, gpus = (self.worker_cpus if cpus is None else cpus), (self.worker_gpus if gpus is None else gpus)
-        argv = [
-            ray_exe(),
-            "start",
-            "--address",
-            self.address,
-            "--num-cpus",
-            f"{cpus:g}",
-            "--num-gpus",
-            str(gpus),
-            *self._node_ports(),
-        ]
+        argv = [cli("ray"), "start", f"--address={self.address}", f"--num-cpus={cpus:g}", f"--num-gpus={gpus}"]
+        argv += ["--disable-usage-stats", *self._node_args()]
         return self._join(
             Node(f"worker{i}", argv, self.env(f"{self.id}-w{i}"), self.root / f"worker{i}.log"), timeout_s
         )
@@ -163,19 +130,14 @@ class LocalCluster:
         """Wait until ``node`` is alive in the GCS; nodes join one at a time, so its id is the new one."""
         known = {n.node_id for n in self.nodes}
         self.nodes.append(node)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if node.proc.poll() is not None:
-                raise RuntimeError(f"{node.name} exited: {(self.root / (node.name + '.log')).read_text()[-2000:]}")
-            try:
-                new = [x["node_id"] for x in self.list_nodes() if x["state"] == "ALIVE" and x["node_id"] not in known]
-            except (httpx.HTTPError, ValueError, KeyError):
-                new = []
-            if new:
-                node.node_id = new[0]
-                return node
-            time.sleep(1.0)
-        raise TimeoutError(f"{node.name} not alive within {timeout_s:g} s")
+
+        def new() -> list[str]:
+            if not node.alive():
+                raise RuntimeError(f"{node.name} exited: {node.log_tail(40)}")
+            return [x["node_id"] for x in self.list_nodes() if x["state"] == "ALIVE" and x["node_id"] not in known]
+
+        node.node_id = wait_until(new, timeout_s, 1.0, what=f"{node.name} alive", retry_on=HTTP_ERRORS)[0]
+        return node
 
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.node_id == node_id)
@@ -220,7 +182,7 @@ class LocalCluster:
     def serve(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
         """The ``serve`` CLI against this cluster's dashboard (``serve deploy``, ``serve status``)."""
         return subprocess.run(
-            [serve_exe(), *args, "--address", self.dashboard_url],
+            [cli("serve"), *args, "--address", self.dashboard_url],
             env=self.env(),
             capture_output=True,
             text=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .report import Col, Table
-from .stats import percentiles
+from .stats import median, percentiles
 
 # Shown in this order; every figure in ms. "model" is the engine's own share (prefill and first
 # chunk decode, the first vocoder window): what the ceiling's first chunk measures in-process.
@@ -180,7 +180,7 @@ def ab_pairs(serve, target, pairs: int, per_half: int, texts: tuple[str, ...], p
         out[side] = breakdown(records[side], lines)
     for fig in ("ttfb_p50_ms", "service_p50_ms"):
         ratios = [p["after"][fig] / p["before"][fig] for p in halves if p["after"].get(fig) and p["before"].get(fig)]
-        out[f"{fig.replace('_ms', '')}_after_over_before"] = _median(ratios)
+        out[f"{fig.replace('_ms', '')}_after_over_before"] = ratios and round(median(ratios), 4) or None
     return out
 
 
@@ -192,14 +192,6 @@ def _switch(serve, settings: dict) -> None:
 
 def _hop(b: dict, name: str) -> Optional[float]:
     return (b.get("hops_ms") or {}).get(name, {}).get("p50")
-
-
-def _median(values: list[float]) -> Optional[float]:
-    if not values:
-        return None
-    import statistics
-
-    return round(statistics.median(values), 4)
 
 
 def ab_line(ab: dict) -> str:

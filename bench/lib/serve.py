@@ -30,7 +30,15 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "
 FRONT_DOORS = {"proxy": {}, "haproxy": HAPROXY_ENV}
 
 
-# ------------------------------------------------------------------ the running app
+def add_app_arguments(p: Any, url: Optional[str] = None, weights: str = "random-tiny") -> None:
+    """The options of a runner that starts the app (``ServeRunner.from_args``) or, with ``url`` (its
+    help), measures a running one."""
+    if url:
+        p.add_argument("--url", help=url)
+    p.add_argument("--weights", default=weights, choices=["random", "random-tiny"])
+    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="a config value (as in `run`)")
+    p.add_argument("--ray-cpus", type=float, help="CPUs Ray may schedule (default: all)")
 
 
 class ServeRunner:
@@ -57,6 +65,19 @@ class ServeRunner:
         self.session_dir: Optional[str] = None
         self._client = None
         self._started = False
+
+    @classmethod
+    def from_args(cls, a: Any, overrides: Optional[dict] = None, **kw: Any) -> "ServeRunner":
+        """The app of ``add_app_arguments``'s options (``--set`` over ``overrides``) on a free loopback port."""
+        from .config import apply_overrides, load_config, parse_sets
+        from .procs import free_port
+
+        overrides = {**(overrides or {}), **parse_sets(a.set)}
+        return cls(
+            apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides),
+            a.ray_cpus,
+            **kw,
+        )
 
     # -------------------------------------------------------------- lifecycle
 
@@ -198,14 +219,9 @@ class ServeRunner:
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 omp = env.get("OMP_NUM_THREADS")
-                out.setdefault(group, []).append(
-                    {
-                        "pid": pid,
-                        "num_cpus": cpus,
-                        "OMP_NUM_THREADS_env": omp,
-                        "omp_threads_effective": int(omp) if omp else max(math.floor(cpus), 1),
-                    }
-                )
+                effective = int(omp) if omp else max(math.floor(cpus), 1)
+                entry = {"pid": pid, "num_cpus": cpus, "OMP_NUM_THREADS_env": omp, "omp_threads_effective": effective}
+                out.setdefault(group, []).append(entry)
         return out
 
 
@@ -249,41 +265,30 @@ def acoustic_stats(app: str) -> dict:
 
 def wait_idle(app: str, timeout_s: float, interval_s: float = 0.05) -> dict:
     """The Acoustic counters once no row runs or waits (``NotMet`` after ``timeout_s``)."""
-    return wait_until(
-        lambda: acoustic_stats(app),
-        timeout_s,
-        interval_s,
-        until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
-        what="no rows left in the decode loop",
-    )
+    idle = lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0  # noqa: E731
+    return wait_until(lambda: acoustic_stats(app), timeout_s, interval_s, until=idle, what="no rows left to decode")
+
+
+ENGINE_COUNTERS = (
+    "steps",
+    "row_steps",
+    "admissions",
+    "rows_admitted",
+    "rows_finished",
+    "rows_cancelled",
+    "rows_failed",
+)
 
 
 def engine_delta(before: Optional[dict], after: Optional[dict]) -> dict:
     """Batching actually formed during a phase, from the engine's counters."""
     if not before or not after:
         return {}
-    d = {
-        k: after.get(k, 0) - before.get(k, 0)
-        for k in (
-            "steps",
-            "row_steps",
-            "admissions",
-            "rows_admitted",
-            "rows_finished",
-            "rows_cancelled",
-            "rows_failed",
-            "prefill_seconds",
-            "decode_seconds",
-        )
-    }
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in (*ENGINE_COUNTERS, "prefill_seconds", "decode_seconds")}
     return {
         "mean_rows_per_step": round(d["row_steps"] / d["steps"], 3) if d["steps"] else None,
         "mean_rows_per_admission": round(d["rows_admitted"] / d["admissions"], 3) if d["admissions"] else None,
-        "steps": d["steps"],
-        "rows_admitted": d["rows_admitted"],
-        "rows_finished": d["rows_finished"],
-        "rows_cancelled": d["rows_cancelled"],
-        "rows_failed": d["rows_failed"],
+        **{k: d[k] for k in ENGINE_COUNTERS if k not in ("row_steps", "admissions")},
         "prefill_s": round(d["prefill_seconds"], 3),
         "decode_s": round(d["decode_seconds"], 3),
         "max_rows_ever": after.get("max_rows"),

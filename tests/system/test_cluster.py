@@ -30,12 +30,12 @@ from support import configs
 from support.audio import snr_db
 from support.configs import cluster_config
 from support.report import report
+from support.step_load import StepLoad, complete
 from support.waiting import wait_until, wait_until_async
 
-from bench.lib.cluster import LocalCluster
+from bench.lib.cluster import HTTP_ERRORS, LocalCluster
 from bench.lib.config import get_path, set_path
 from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
-from bench.lib.loadgen import StepLoad, complete
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port
 from bench.lib.serve import wait_ready
@@ -43,7 +43,6 @@ from deployments.kuberay import GPU_POD, cpu_pod
 from serve_app.engine.wav import with_true_length
 
 FAILOVER_BOUNDS = (2, 2)
-HTTP = (httpx.HTTPError, ValueError, KeyError)  # the dashboard still starting, or busy: not yet
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -85,7 +84,9 @@ class App:
                 for a in apps.values()
             )
 
-        wait_until(settled, 300, 0.5, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY", retry_on=HTTP)
+        wait_until(
+            settled, 300, 0.5, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY", retry_on=HTTP_ERRORS
+        )
         return time.monotonic() - t0
 
     def acoustic(self, states=("RUNNING",)) -> list[dict]:
@@ -161,7 +162,7 @@ def _wait_acoustic(app: App, n: int, timeout_s: float, what: str) -> list[dict]:
         coming = [r for r in live if r["state"] not in ("RUNNING", "STOPPING")]
         return running if len(running) == n and not coming else []
 
-    return wait_until(probe, timeout_s, 0.5, what=what, retry_on=HTTP)
+    return wait_until(probe, timeout_s, 0.5, what=what, retry_on=HTTP_ERRORS)
 
 
 async def _acoustic_target(cluster: LocalCluster) -> int:
