@@ -14,7 +14,7 @@ from typing import Any
 
 from .lib.harness import Harness, ints, logger
 from .lib.procs import isolate_environ
-from .lib.report import Col, Doc, Kind, failed, fmt
+from .lib.report import TARGETS, Col, Doc, Kind, failed, fmt, target
 from .lib.serve import add_app_arguments
 
 _log = logger("batch")
@@ -129,8 +129,7 @@ def targets(report: dict) -> dict:
     best = max((lv["audio_s_per_s"] or 0 for lv in levels.values()), default=None)
     out: dict = {}
     if bulk and best:
-        ratio = round(bulk / best, 3)
-        out["bulk (1 actor) / service best"] = {"value": ratio, "target": f">= {TARGET}", "met": ratio >= TARGET}
+        out["bulk (1 actor) / service best"] = target(round(bulk / best, 3), ">=", TARGET)
     two = (report.get("bulk") or {}).get("2", {}).get("audio_s_per_s")
     if bulk and two:
         out["bulk 2 actors / 1 actor"] = {"value": round(two / bulk, 3), "target": "(measured)", "met": None}
@@ -169,11 +168,6 @@ SERVICE = [
     Col("done", lambda x: x[1]["completed"]),
     Col("errors", lambda x: x[1]["errors"]),
     Col("rows per step", lambda x: (x[1].get("engine") or {}).get("mean_rows_per_step")),
-]
-TARGETS = [
-    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
-    Col("value", lambda x: str(x[1]["value"])),
-    Col("met", lambda x: "–" if x[1]["met"] is None else str(x[1]["met"])),
 ]
 
 

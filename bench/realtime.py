@@ -22,7 +22,7 @@ import httpx
 
 from .lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from .lib.harness import Harness, ints
-from .lib.report import Col, Doc, Kind, failed
+from .lib.report import TARGETS, Col, Doc, Kind, failed, target
 from .lib.serve import add_app_arguments
 from .lib.stats import median, nearest_rank
 
@@ -221,16 +221,9 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
 
 
 def targets(levels: dict[str, dict]) -> dict[str, dict]:
-    out = {}
-    for n, lv in levels.items():
-        out[f"ws_first_audio/http_ttfb c{n}"] = {
-            "value": lv["ratio_p50"],
-            "target": f"<= {TARGET_RATIO}",
-            "met": lv["ratio_p50"] <= TARGET_RATIO,
-        }
+    out = {f"ws_first_audio/http_ttfb c{n}": target(lv["ratio_p50"], "<=", TARGET_RATIO) for n, lv in levels.items()}
     if "1" in levels:
-        gap = levels["1"]["gap_s"]["total"]
-        out["playback gaps c1 (s)"] = {"value": gap, "target": "0", "met": gap == 0}
+        out["playback gaps c1 (s)"] = target(levels["1"]["gap_s"]["total"], "<=", 0)
     return out
 
 
@@ -257,11 +250,6 @@ COLUMNS = [
         lambda x: str(x[1].get("ms_per_decode_step", "–")),
     ),
     Col("mean rows per step", lambda x: str(x[1].get("engine", {}).get("mean_rows_per_step", "–"))),
-]
-TARGETS = [
-    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
-    Col("value", lambda x: str(x[1]["value"])),
-    Col("met", lambda x: str(x[1]["met"])),
 ]
 
 

@@ -19,6 +19,7 @@ from .lib.report import (
     load_columns,
     points,
     seconds_panel,
+    target,
 )
 from .lib.report import fmt as _f
 from .lib.report import get as _get
@@ -103,10 +104,8 @@ def _minus_ms(a: object, b: object) -> object:
 def check_targets(ratios: dict) -> dict:
     out = {}
     checked = {**TARGETS, **{k: t for k, t in FIRST_AUDIO_TARGETS.items() if k in ratios}}
-    for name, (op, thr, what) in checked.items():
-        v = ratios.get(name)
-        met = None if v is None else (v >= thr if op == ">=" else v <= thr)
-        out[name] = {"value": v, "target": f"{op} {thr}", "met": met, "what": what}
+    for name, (op, threshold, what) in checked.items():
+        out[name] = {**target(ratios.get(name), op, threshold), "what": what}
     return out
 
 

@@ -142,6 +142,21 @@ class Doc:
         return "\n".join(lines) + self.end
 
 
+def target(value: Any, op: str, threshold: float) -> dict:
+    """A figure against its target (``op`` ``>=`` or ``<=``): its value, the target and whether
+    it is met (None: not measured)."""
+    met = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
+    return {"value": value, "target": f"{op} {threshold}", "met": met}
+
+
+# The targets' table of a runner whose report keeps them as ``{name: target(...)}``.
+TARGETS = [
+    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
+    Col("value", lambda x: str(x[1]["value"])),
+    Col("met", lambda x: "–" if x[1]["met"] is None else str(x[1]["met"])),
+]
+
+
 def failed(report: dict, note: str = "") -> Optional[str]:
     """The line that says a run failed (a report written on an error keeps what it measured)."""
     return f"**The run failed:** `{report['error']}`{note}" if report.get("error") else None
