@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 import httpx
@@ -19,6 +18,7 @@ import httpx
 from serve_app.engine.wav import with_true_length
 
 from .lib.corpus import BYTES_PER_AUDIO_SECOND
+from .lib.report import json_text
 from .lib.stats import median, nearest_rank
 
 # ~10 s of audio at the project's pacing (Chinese ~0.21 s per character + pauses).
@@ -97,5 +97,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    print(json.dumps(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
+    print(json_text(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
     return 0

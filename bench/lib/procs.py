@@ -146,8 +146,10 @@ class ManagedProcess:
     def finish(self, timeout_s: float, grace_s: float = 0.0, lines: int = 30) -> tuple[Optional[int], str]:
         """Wait for the end, at most ``timeout_s`` (then it is stopped), and stop whatever it left:
         its exit status (None: timed out) and the tail of its log."""
-        rc = self.wait(timeout_s)
-        self.stop(grace_s=grace_s)
+        try:
+            rc = self.wait(timeout_s)
+        finally:  # also when the wait is interrupted (Ctrl-C, SIGTERM)
+            self.stop(grace_s=grace_s)
         return rc, self.log_tail(lines)
 
     def log_tail(self, n: int = 30) -> str:

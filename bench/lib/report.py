@@ -45,8 +45,12 @@ def by_clients(closed: dict, *keys: Any) -> list[tuple[int, Any]]:
     return [p for p in pts if p[1] is not None]
 
 
+def json_text(obj: Any, indent: Optional[int] = 2) -> str:
+    return json.dumps(obj, indent=indent, ensure_ascii=False, default=str)
+
+
 def write_json(obj: Any, path: Path, indent: Optional[int] = 2) -> None:
-    path.write_text(json.dumps(obj, indent=indent, ensure_ascii=False, default=str))
+    path.write_text(json_text(obj, indent))
 
 
 # ---------------------------------------------------------------------------------- Markdown
