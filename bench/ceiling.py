@@ -44,8 +44,7 @@ class Ceiling:
         import torch
 
         from serve_app.engine.config import ModelConfig, WeightsConfig
-        from serve_app.engine.planner import Planner
-        from serve_app.engine.types import SynthesisOptions
+        from serve_app.engine.pipeline import Planner, SynthesisOptions
         from serve_app.engine.vocoder import Vocoder
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights.loading import load_model

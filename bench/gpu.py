@@ -168,18 +168,9 @@ def parse_junit(path: Path) -> dict:
             if el is not None:
                 outcome, message = name, (el.get("message") or el.text or "").strip()[:2000]
                 break
-        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
-        time_s = round(float(tc.get("time") or 0), 3)
-        cases.append(
-            dict(
-                name=tc.get("name"),
-                file=tc.get("classname"),
-                outcome=outcome,
-                time_s=time_s,
-                message=message,
-                properties=props,
-            )
-        )
+        case = {"name": tc.get("name"), "file": tc.get("classname"), "outcome": outcome, "message": message}
+        case["time_s"] = round(float(tc.get("time") or 0), 3)
+        cases.append({**case, "properties": {p.get("name"): p.get("value") for p in tc.iter("property")}})
     summary = {k: sum(1 for c in cases if c["outcome"] == k) for k in ("passed", "failed", "error", "skipped")}
     summary["errors"] = summary.pop("error")
     return {"summary": {**summary, "total": len(cases)}, "cases": cases}
