@@ -44,8 +44,9 @@ class Ceiling:
         import torch
 
         from serve_app.engine.config import ModelConfig, WeightsConfig
-        from serve_app.engine.pipeline import Planner, SynthesisOptions
-        from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.planner import Planner
+        from serve_app.engine.types import SynthesisOptions
+        from serve_app.engine.vocoder import VocoderEngine
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights.loading import load_model
         from serve_app.settings import AppConfig
@@ -63,7 +64,7 @@ class Ceiling:
         self.chat = self.model.chat
         self.first_chunk_tokens, self.chunk_tokens = app.acoustic.first_chunk_tokens, app.acoustic.chunk_tokens
         self.vocoder_cfg = app.vocoder
-        self.vocoder = Vocoder(self.model, self.vocoder_cfg)
+        self.vocoder = VocoderEngine(self.model, self.vocoder_cfg)
         planner = Planner(app.segments)
         planner.warmup()
         speakers = SpeakerSampler(self.chat.speaker)  # Chat.infer needs the speaker string itself

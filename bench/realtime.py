@@ -109,7 +109,7 @@ def buffer_needed(frames: list[tuple[float, float]]) -> float:
 
 async def ws_session(url: str, reply: str, seed: int, tokens_per_s: float) -> dict[str, Any]:
     """One reply written at ``tokens_per_s`` into a session; the timings of its audio."""
-    from serve_app.tools.client import AsyncSpeechClient
+    from serve_app.client import AsyncSpeechClient
 
     tokens = llm_tokens(reply)
     _, end_token = first_sentence(reply)

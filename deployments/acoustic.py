@@ -24,8 +24,8 @@ from deployments.backends import install
 from serve_app import metrics
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
+from serve_app.engine.decode.streams import aordered_chunks
 from serve_app.engine.errors import EngineError
-from serve_app.engine.pipeline import aordered_chunks
 from serve_app.engine.refine import TextRefiner, refine_async
 from serve_app.engine.threads import TorchThread, on_new_thread
 from serve_app.engine.types import INTERNAL_CLIENT, SegmentRequest, WireChunk

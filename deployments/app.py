@@ -48,15 +48,5 @@ def build_app(args: Optional[dict] = None) -> Application:
         acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump(), flow=a.flow.model_dump()
     )
     normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
-    return Ingress.bind(
-        normalizer,
-        vocoder,
-        acoustic,
-        settings=a.ingress.model_dump(),
-        cache=a.cache.model_dump(),
-        voices=a.voices.model_dump(),
-        flow=a.flow.model_dump(),
-        jobs=a.jobs.model_dump(),
-        segments=a.segments.model_dump(),
-        lexicons=a.lexicons.model_dump(),
-    )
+    # The Ingress validates the whole of args once, with the weights source pinned here.
+    return Ingress.bind(normalizer, vocoder, acoustic, config=a.model_copy(update={"model": model}).model_dump())

@@ -57,10 +57,6 @@ class Decision:
     rows_per_replica: float  # target_fill * max_rows: the rows one replica should carry
     reporting: int  # replicas whose stats reached the controller
 
-    @property
-    def demand_rows(self) -> float:
-        return self.running_rows + self.waiting_rows + self.queued_requests
-
 
 def _sum(per_replica: Optional[Mapping[Any, float]]) -> float:
     return float(sum((per_replica or {}).values()))

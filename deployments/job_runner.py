@@ -38,18 +38,16 @@ from collections import Counter
 from typing import Any, Optional
 
 from deployments.backends import install
-from deployments.job_audio import SAMPLE_BYTES, write_audio
-from deployments.running_job import ReservationExceeded, _Job  # noqa: F401  (_Job: tests take jobs up by hand)
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.types import SegmentMark
 from serve_app.errors import to_api_error
+from serve_app.jobs.audio import SAMPLE_BYTES, write_audio
+from serve_app.jobs.running import ReservationExceeded, RunningJob
 from serve_app.pipeline.handles import HandlesPipeline
 from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
 from serve_app.storage.jobs.model import JobScript
 from serve_app.storage.jobs.objects import clean_spool
-
-_write_audio = write_audio  # its name before it moved (tests use it)
 
 log = logging.getLogger("ray.serve")
 
@@ -94,7 +92,7 @@ class JobRunner:
         self.settings = JobsConfig.model_validate(settings)
         self.store = make_job_store(self.settings)
         self.pipeline = HandlesPipeline(normalizer, vocoder)
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[str, RunningJob] = {}
         self._running: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._rescan_now = True
@@ -242,7 +240,7 @@ class JobRunner:
                 script, done = await asyncio.to_thread(self._take_up, job)
             except JobGone:
                 continue
-            active = _Job(job, script, done)
+            active = RunningJob(job, script, done)
             self.jobs[job.id] = active
             if done:
                 self.resumed[job.id] = len(done)
@@ -283,7 +281,7 @@ class JobRunner:
             k = active.pending.pop(0)
             active.tasks[k] = self._spawn(self._chunk(active, k))
 
-    def _stop(self, active: _Job) -> list[asyncio.Task]:
+    def _stop(self, active: RunningJob) -> list[asyncio.Task]:
         active.stopped = True
         self.jobs.pop(active.job.id, None)
         tasks = list(active.tasks.values())
@@ -293,7 +291,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------ one chunk
 
-    async def _chunk(self, active: _Job, k: int) -> None:
+    async def _chunk(self, active: RunningJob, k: int) -> None:
         job = active.job
         try:
             if job.status == "queued":
@@ -342,7 +340,7 @@ class JobRunner:
         if active.complete and not active.finishing and not active.stopped:
             await self._finish(active)
 
-    async def _synthesise(self, active: _Job, k: int) -> int:
+    async def _synthesise(self, active: RunningJob, k: int) -> int:
         """Plan and speak chunk ``k`` as one request; store its PCM whole. Its samples."""
         job, chunk = active.job, active.chunks[k]
         options = active.options.model_copy(update={"seed": chunk.seed, "priority": self.settings.priority})
@@ -372,7 +370,7 @@ class JobRunner:
         await asyncio.to_thread(self.store.put_chunk, job, k, pcm, timing if job.captions else None)
         return len(pcm) // SAMPLE_BYTES
 
-    async def _save(self, active: _Job) -> None:
+    async def _save(self, active: RunningJob) -> None:
         async with active.save_lock:  # one write at a time, the newest state last
             if active.stopped:
                 raise JobGone(active.job.id)
@@ -381,7 +379,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------ the end of a job
 
-    async def _finish(self, active: _Job) -> None:
+    async def _finish(self, active: RunningJob) -> None:
         """Every chunk is stored: encode the file once, mark the job succeeded, drop its chunks."""
         active.finishing = True
         job = active.job
@@ -408,7 +406,7 @@ class JobRunner:
             return
         self.jobs.pop(job.id, None)
 
-    async def _fail(self, active: _Job, code: str, message: str) -> None:
+    async def _fail(self, active: RunningJob, code: str, message: str) -> None:
         job = active.job
         log.warning("jobs: %s failed: %s", job.id, message)
         for task in list(active.tasks.values()):

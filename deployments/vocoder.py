@@ -13,7 +13,6 @@ import logging
 import time
 from typing import AsyncIterator, Optional, Union
 
-import numpy as np
 import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -21,40 +20,23 @@ from ray.serve.handle import DeploymentHandle
 from deployments.backends import install
 from deployments.stage_calls import stage_handle
 from serve_app import metrics
+from serve_app.engine.assembly import AudioLoop
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
-from serve_app.engine.pipeline import AudioAssembler
+from serve_app.engine.playback import PREBUFFER_S, PlaybackClock
 from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, SegmentMark, StreamSummary
-from serve_app.engine.vocoder import Vocoder as VocoderEngine
-from serve_app.engine.wav import with_true_length
+from serve_app.engine.vocoder import VocoderEngine
 from serve_app.engine.weights.loading import load_vocoder
 from serve_app.pipeline.flow import AckedStream, FlowCredit, FlowRef, board, board_name
 from serve_app.settings import FlowConfig
 
 log = logging.getLogger("ray.serve")
 
-# After the first bytes (sent at once: time to first audio), bytes are merged up to this size
-# before they leave: fewer, larger RPC messages.
-MIN_YIELD_BYTES = 2048
-
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 2)
-
-
-def _first_window(assembler: AudioAssembler, feed_s: float, credit_s: float, t0: float) -> dict:
-    """The first bytes' share of this stream (ms, this process's clock): the feeds until then (the
-    sliding window's decode and the encoder, with the hand-over to the torch thread), the wait for
-    the caller's window, the whole of it from the call's start."""
-    return {
-        "vocoder_feed": _ms(feed_s),
-        "vocode": _ms(assembler.vocode_seconds),
-        "encode": _ms(assembler.encode_seconds),
-        "vocoder_credit": _ms(credit_s),
-        "vocoder_total": _ms(time.perf_counter() - t0),
-    }
 
 
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml).
@@ -66,10 +48,12 @@ class Vocoder:
         model: dict | None = None,
         vocoder: dict | None = None,
         flow: dict | None = None,
+        prebuffer_s: float = PREBUFFER_S,
     ):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.flow = FlowConfig.model_validate(flow or {})
+        self.prebuffer_s = prebuffer_s  # the listener's, as the engine assumes it (engine/playback.py)
         self.acoustic = stage_handle(acoustic, self.flow)
         self.flow_board = board_name(serve.get_replica_context().app_name)
         board(self.flow_board)  # created (or found) now, not on the first stream
@@ -88,71 +72,53 @@ class Vocoder:
         self, plan: Plan, response_format: str, flow: Optional[FlowRef] = None
     ) -> AsyncIterator[Union[bytes, SegmentMark, StreamSummary]]:
         """Encoded audio bytes as they are made, a ``SegmentMark`` right after the bytes that
-        complete each segment, then one ``StreamSummary``. The Acoustic stage stays at most a
-        window ahead of what this stream has decoded, and with ``flow`` this stream stays at most
-        its window ahead of what the caller has taken (pipeline/flow.py)."""
+        complete each segment, then one ``StreamSummary`` (the engine's ``AudioLoop``). The
+        Acoustic stage stays at most a window ahead of what this stream has decoded, and with
+        ``flow`` this stream stays at most its window ahead of what the caller has taken
+        (pipeline/flow.py)."""
         t0 = time.perf_counter()
-        assembler = AudioAssembler(
-            self.vocoder,
-            response_format,
-            self.cfg,
-            pauses=plan.pauses,
-            gain_db=plan.gain_db,
-            lead_in=plan.lead_in,
-            loudness=plan.loudness,
-        )
+        loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, self._torch_thread.acall)
+        # The listener's clock as this stream infers it: audio counted as each block leaves.
+        listener = PlaybackClock(self.prebuffer_s)
+        sent_samples = 0
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
-        pending = b""
-        done = False
-        sent_first = False
-        batch_rows = 0
-        first: dict = {}  # where the first audio's time went, here and in the Acoustic stage (ms)
-        feed_s = 0.0
-        try:
+
+        async def hidden():
             async for wire in chunks:
-                batch_rows = batch_rows or wire.batch_rows
-                if wire.hops is not None and not first:
-                    first = {**wire.hops, "acoustic_call": _ms(time.perf_counter() - t0)}
-                hidden = torch.from_numpy(np.asarray(wire.hidden, dtype=np.float32))
-                # Decoding is CPU-bound: keep it off the replica's event loop.
-                t_feed = time.perf_counter()
-                pending += await self._torch_thread.acall(assembler.feed, wire.segment, hidden, wire.final)
-                feed_s += time.perf_counter() - t_feed
-                marks = assembler.take_marks()
-                if pending and (marks or not sent_first or len(pending) >= MIN_YIELD_BYTES):
+                loop.batch_rows = loop.batch_rows or wire.batch_rows
+                if wire.hops is not None and not loop.first_audio:
+                    loop.first_audio.update(wire.hops, acoustic_call=_ms(time.perf_counter() - t0))
+                yield wire.segment, wire.hidden, wire.final
+
+        done = False
+        try:
+            async for item in loop.items(hidden()):
+                if isinstance(item, bytes):
                     t_credit = time.perf_counter()
                     await credit.ready()
-                    if not sent_first:
-                        first.update(_first_window(assembler, feed_s, time.perf_counter() - t_credit, t0))
-                    yield pending
-                    pending = b""
-                    sent_first = True
-                for mark in marks:  # after the bytes that complete its segment
-                    yield mark
-            done = True
-            pending += await self._torch_thread.acall(assembler.close)
-            if pending:
-                await credit.ready()
-                yield pending
-            for mark in assembler.take_marks():
-                yield mark
-            seconds = assembler.samples / SAMPLE_RATE
-            elapsed = time.perf_counter() - t0
-            metrics.inc("tts_audio_seconds_total", seconds)
-            if seconds > 0:
-                metrics.observe("tts_rtf", elapsed / seconds)
-            metrics.observe("tts_stage_seconds", assembler.vocode_seconds, stage="vocode")
-            metrics.observe("tts_stage_seconds", assembler.encode_seconds, stage="encode")
-            yield StreamSummary(
-                seconds,
-                len(plan.segments),
-                batch_rows,
-                assembler.vocode_seconds,
-                assembler.encode_seconds,
-                first_audio=first or None,
-            )
+                    listener.deliver((loop.yielded_samples - sent_samples) / SAMPLE_RATE)
+                    sent_samples = loop.yielded_samples
+                    if "vocoder_total" not in loop.first_audio:
+                        first = loop.first_window or {}
+                        loop.first_audio.update(
+                            vocoder_feed=_ms(first.get("feed", 0.0)),
+                            vocode=_ms(first.get("vocode", 0.0)),
+                            encode=_ms(first.get("encode", 0.0)),
+                            vocoder_credit=_ms(time.perf_counter() - t_credit),
+                            vocoder_total=_ms(time.perf_counter() - t0),
+                        )
+                elif isinstance(item, StreamSummary):
+                    done = True
+                    item.stall_s, item.min_slack_s = round(listener.stall_s, 3), listener.min_slack_s
+                    elapsed = time.perf_counter() - t0
+                    metrics.inc("tts_audio_seconds_total", item.audio_seconds)
+                    if item.audio_seconds > 0:
+                        metrics.observe("tts_rtf", elapsed / item.audio_seconds)
+                    metrics.observe("tts_stage_seconds", item.vocode_seconds, stage="vocode")
+                    metrics.observe("tts_stage_seconds", item.encode_seconds, stage="encode")
+                yield item
         finally:
             if done:
                 chunks.close()
@@ -173,6 +139,3 @@ class Vocoder:
     async def speaker_for_seed(self, seed: int) -> str:
         """The speaker string of ``seed:<n>``, to store with a voice made from a seed."""
         return await self._torch_thread.acall(self.voice_encoder.speaker_for_seed, seed)
-
-    async def synthesize(self, plan: Plan, response_format: str) -> bytes:
-        return with_true_length(b"".join([b async for b in self.stream(plan, response_format) if isinstance(b, bytes)]))

@@ -9,12 +9,18 @@ Metrics are created lazily in the process that records them.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, Optional
 
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0]
 STAGE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 ROW_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
+# Ray's histograms take positive boundaries only: no stall and a slack run to zero fall in the first.
+STALL_BUCKETS = [0.001, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
+SLACK_BUCKETS = [0.001, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
+
+log = logging.getLogger(__name__)
 
 # name -> (kind, description, tag keys, buckets)
 METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
@@ -39,6 +45,18 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
     "tts_rtf": ("histogram", "Real-time factor per request: processing seconds / audio seconds.", (), RTF_BUCKETS),
     "tts_cache_total": ("counter", "Cache lookups by result (hit, miss, bypass, error).", ("result",), None),
     "tts_stream_aborted_total": ("counter", "Streams that ended before their audio was complete.", ("reason",), None),
+    "tts_stream_stall_seconds": (
+        "histogram",
+        "Per streamed answer: the silence a listener playing it at 1x after the prebuffer heard, as the server infers it.",
+        ("door",),
+        STALL_BUCKETS,
+    ),
+    "tts_stream_slack_seconds": (
+        "histogram",
+        "Per streamed answer: the least audio its listener had buffered ahead of the playhead (0: it ran dry).",
+        ("door",),
+        SLACK_BUCKETS,
+    ),
 }
 
 
@@ -71,9 +89,14 @@ def custom(kind: str, name: str, description: str, tags: tuple = (), buckets: Op
 
 @functools.lru_cache(maxsize=None)
 def metric(name: str) -> Any:
-    """The process-wide metric object for ``name`` (created on first use)."""
+    """The process-wide metric object for ``name`` (created on first use). One that cannot be
+    made records nothing (logged once): a metric never fails the request that records it."""
     kind, desc, tags, buckets = METRICS[name]
-    return custom(kind, name, desc, tags, buckets)
+    try:
+        return custom(kind, name, desc, tags, buckets)
+    except Exception:  # noqa: BLE001 - e.g. a backend's check of the table's values
+        log.exception("metric %s cannot be made; it records nothing", name)
+        return NULL
 
 
 def inc(name: str, value: float = 1.0, **tags: str) -> None:

@@ -92,7 +92,7 @@ class ServeRunner:
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
         os.environ.update(FRONT_DOORS[self.front_door])
-        from deployments.proxy.front_guard import HOOK_ENV, IMPORT_PATH
+        from serve_app.settings import HOOK_ENV, IMPORT_PATH
 
         os.environ.pop(HOOK_ENV, None)
         if self.front_guard:

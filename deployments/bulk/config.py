@@ -22,7 +22,9 @@ from serve_app.engine.config import (
     WeightsConfig,
 )
 from serve_app.engine.strict import StrictModel
+from serve_app.engine.styles import MAX_INSTRUCTIONS_CHARS
 from serve_app.engine.types import SynthesisOptions
+from serve_app.protocol import SpeechRequest
 from serve_app.settings import IngressConfig
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
@@ -46,13 +48,18 @@ CALLS_PER_ACTOR = 2
 
 
 class BatchRow(SynthesisOptions):
-    """One input row: its ``id``, the ``text``, the file's ``response_format`` and the options a
-    request may set (``SynthesisOptions``). ``voice`` is a built-in name, ``seed:<n>`` or a
-    ChatTTS speaker string: voices stored by a running service are not read here."""
+    """One input row: its ``id``, the ``text`` (plain, or SSML as the API reads it), the file's
+    ``response_format``, ``instructions`` and the options a request may set
+    (``SynthesisOptions``). Each row is prepared as the API prepares a request
+    (``pipeline/prepare.py``); ``voice`` is a built-in name, ``seed:<n>`` or a ChatTTS speaker
+    string: voices stored by a running service are not read here (a stored voice's name is
+    ``voice_not_found``)."""
 
     id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     text: str = Field(max_length=MAX_TEXT_CHARS)
     response_format: AudioFormat = "wav"
+    instructions: Optional[str] = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS)
+    input_format: Optional[Literal["text", "ssml"]] = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -73,8 +80,10 @@ class BatchRow(SynthesisOptions):
             raise ValueError("text is empty")
         return v
 
-    def options(self) -> SynthesisOptions:
-        return SynthesisOptions.model_validate(self.model_dump(include=set(SynthesisOptions.model_fields)))
+    def request(self) -> SpeechRequest:
+        """The row as the API's speech request: what every door prepares."""
+        fields = self.model_dump(include=set(SynthesisOptions.model_fields) | {"instructions", "input_format"})
+        return SpeechRequest.model_validate({**fields, "input": self.text, "response_format": self.response_format})
 
 
 ROW_FIELDS = frozenset(BatchRow.model_fields)

@@ -65,9 +65,6 @@ class BatchSummary:
     def audio_s_per_s(self) -> float:
         return self.audio_seconds / self.wall_s if self.wall_s else 0.0
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "audio_s_per_s": round(self.audio_s_per_s, 4)}
-
     def text(self) -> str:
         lines = [
             f"batch: {self.rows} rows: {self.written} written, {self.skipped} skipped (done before), "

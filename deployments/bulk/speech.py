@@ -1,7 +1,8 @@
 """The speech actors of a batch, as a Ray Data callable class: each actor loads the model once and
 speaks its rows through the speech pipeline every front door uses (``serve_app.pipeline``), in
-one process (``LocalPipeline``): plan, decode in one continuously batched ``AcousticEngine``,
-vocode and encode through the same ``AudioAssembler`` as the service's Vocoder stage.
+one process (``LocalPipeline``): each row prepared as the API prepares a request (instructions,
+SSML, voices), planned, decoded in one continuously batched ``AcousticEngine``, vocoded and
+encoded through the same ``AudioLoop`` as the service's Vocoder stage.
 
 A call takes a block of rows and speaks them all at once: their segments decode together, the
 longest submitted first (the rows still decoding when a call's queue runs dry are short ones).
@@ -28,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from deployments.bulk.config import BatchRow
+from deployments.bulk.config import MAX_TEXT_CHARS, BatchRow
 from deployments.bulk.rows import ERROR, TODO, VOICED, audio_stem, error_reason
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,11 @@ class SpeechStage:
     def __init__(self, engine: dict):
         from serve_app.engine.config import EngineConfig
         from serve_app.pipeline.local import LocalPipeline
+        from serve_app.pipeline.prepare import offline_preparation
 
         t0 = time.perf_counter()
         self.pipeline = LocalPipeline.from_config(EngineConfig.model_validate(engine))
+        self.preparation = offline_preparation(MAX_TEXT_CHARS)
         self.pipeline.planner.warmup()  # the text front end's tables, before the first row
         weights = self.pipeline.model.weights
         self.weights = f"{weights.kind}:{weights.weights_id}"
@@ -68,8 +71,11 @@ class SpeechStage:
 
     async def _plan(self, row: BatchRow) -> Any:
         """The row's plan, or its error row (refused for what it holds: permanent)."""
+        from serve_app.pipeline.prepare import OFFLINE_CALLER
+
         try:
-            return await self.pipeline.plan(row.text, row.options())
+            prepared = await self.preparation.prepare(row.request(), OFFLINE_CALLER)
+            return await prepared.plan(self.pipeline)
         except Exception as exc:  # noqa: BLE001 - any failure is this row's, reported with it
             return _error(row, error_reason(exc), permanent=True)
 

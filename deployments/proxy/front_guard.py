@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import error_body
 from serve_app.http.middleware import AUTH_HEADER, header
-from serve_app.settings import HOOK_ENV, IMPORT_PATH, FrontGuardConfig  # noqa: F401 - the hook's names: bench imports them here
+from serve_app.settings import FrontGuardConfig
 
 log = logging.getLogger("ray.serve")
 

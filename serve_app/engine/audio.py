@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal, get_args
+from typing import Iterable, Iterator, Literal, Optional, get_args
 
 import numpy as np
 
@@ -61,18 +61,6 @@ def format_sample_rate(fmt: str) -> int:
         return TELEPHONY_RATE
     if fmt in AUDIO_FORMATS:
         return SAMPLE_RATE
-    raise ValueError(_unknown(fmt))
-
-
-def format_bytes_per_second(fmt: str) -> int | None:
-    """Bytes per second of audio for the constant-rate raw formats (pcm and wav's body: 48000,
-    ulaw/alaw: 8000, one byte a sample); None for the compressed ones."""
-    if fmt in TELEPHONY_FORMATS:
-        return TELEPHONY_RATE
-    if fmt in ("pcm", "wav"):
-        return 2 * SAMPLE_RATE
-    if fmt in AUDIO_FORMATS:
-        return None
     raise ValueError(_unknown(fmt))
 
 
@@ -370,7 +358,18 @@ def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) 
     raise ValueError(_unknown(fmt))
 
 
-def encode_all(pcm: np.ndarray, fmt: str, gain_db: float = 0.0) -> bytes:
-    """Encode a whole clip in one go."""
-    enc = new_encoder(fmt, gain_db=gain_db)
-    return enc.write(pcm) + enc.close()
+def encode_file(
+    pieces: Iterable[np.ndarray], fmt: str, samples: Optional[int] = None, gain_db: float = 0.0
+) -> Iterator[bytes]:
+    """A whole file from PCM pieces in order, through one encoder, its bytes as they are made (one
+    piece in memory at a time). A WAV whose length is known (``samples``) has its true sizes in its
+    header from the start, so the file is written front to back; otherwise its header says
+    "unknown" (``wav.with_true_length`` makes a whole one true)."""
+    if fmt == "wav" and samples is not None:
+        yield wav_header(SAMPLE_RATE, 2 * samples)
+        fmt = "pcm"
+    encoder = new_encoder(fmt, gain_db=gain_db)
+    for pcm in pieces:
+        if len(pcm):
+            yield encoder.write(pcm)
+    yield encoder.close()

@@ -25,8 +25,11 @@ CACHE_ENV = "CHATTTS_SERVE_CACHE"
 # Tokens the sliding-window vocoder holds back as right context (VocoderConfig), so what a
 # listener has heard lags what the Acoustic stage sent by that much (AcousticConfig).
 HOLD_BACK_TOKENS = 4
-# New tokens the vocoder waits for before it decodes a window (fewer play nothing yet).
+# A segment's first vocoder window, in tokens (engine/vocoder.py's ``window_ends``): the first
+# chunk (12) less the hold-back, so the first audio needs one window.
 MIN_WINDOW_TOKENS = 8
+# The vocoder's windows after the ramp from MIN_WINDOW_TOKENS: the chunk the Acoustic stage sends.
+WINDOW_TOKENS = 24
 
 
 def default_cache_dir() -> Path:
@@ -228,7 +231,14 @@ class VocoderConfig(StrictModel):
     # >= 1: the centred ISTFT of a window lacks the last half token (256 samples) of its end.
     hold_back_tokens: int = Field(default=HOLD_BACK_TOKENS, ge=1)
     min_window_tokens: int = Field(
-        default=MIN_WINDOW_TOKENS, ge=1, description="Decode once at least this many new tokens are ready."
+        default=MIN_WINDOW_TOKENS,
+        ge=1,
+        description="A segment's first window, in tokens; the windows after it double up to window_tokens "
+        "(8, 8, 16, 24, 24, ...). Windows end at token positions that depend on nothing but these two numbers, "
+        "never on how the hidden states arrived: the same tokens give the same audio, bit for bit.",
+    )
+    window_tokens: int = Field(
+        default=WINDOW_TOKENS, ge=1, description="Tokens per window once the ramp from min_window_tokens is done."
     )
     # Measured by `python -m bench vocoder` (bench/README.md): carried state + bfloat16 is 6.1x the
     # audio seconds per core of re-decoding the context in float32, 69.9 dB SNR from it.

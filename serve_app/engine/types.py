@@ -251,3 +251,8 @@ class StreamSummary:
     # Where the first audio's time went in the Vocoder and Acoustic processes (ms, each measured
     # inside its own process): the Ingress logs it with the request (docs/architecture.md, "First audio, hop by hop").
     first_audio: Optional[dict] = None
+    # A listener playing the stream at 1x from its first audio (engine/playback.py), as the stage
+    # that sent it infers: the silence it heard (s) and how close it came to silence (s; None: no
+    # audio reached its playback). None where nobody listens (a whole file made in-process).
+    stall_s: Optional[float] = None
+    min_slack_s: Optional[float] = None

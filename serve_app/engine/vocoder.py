@@ -2,11 +2,18 @@
 
 Streaming decodes a sliding window instead of ChatTTS's "re-decode everything so far" (O(n^2)):
 each decode sees the new tokens plus ``left_context_tokens`` already-emitted tokens before them,
-and holds back the last ``hold_back_tokens`` (their right context has not arrived yet) until the
-next window or the end. Only the samples of the tokens between the context and the hold-back are
-emitted, so the streamed audio matches a one-shot decode of the same hidden states (the
-convolutions' receptive field beyond the context only adds a small error) and every window is
-bounded in size: total work grows linearly with the utterance.
+and ``hold_back_tokens`` after them as right context, emitted by the next window or at the end.
+Only the samples of the tokens between the context and the hold-back are emitted, so the
+streamed audio matches a one-shot decode of the same hidden states (the convolutions' receptive
+field beyond the context only adds a small error) and every window is bounded in size: total
+work grows linearly with the utterance.
+
+Windows end at fixed token positions (``window_ends``: 8, 16, 32, 56, 80, ... by default), each
+decoded with exactly ``hold_back_tokens`` of right context, whatever chunks the hidden states
+came in: a window's audio depends on its tokens alone, so the same tokens give the same audio,
+bit for bit, under any load, through any door (a stream cut into small chunks or a whole
+segment at once). Small windows first: the first audio needs 12 tokens, and the listener's
+next 171 ms come 8 tokens later.
 
 One GPT token = 2 mel frames = 512 samples; a one-shot decode of T tokens gives 512*T - 256
 samples (Vocos's centred ISTFT), and so does the concatenated stream.
@@ -23,7 +30,7 @@ import copy
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -56,7 +63,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     return getattr(torch, precision)
 
 
-class Vocoder:
+class VocoderEngine:
     """Stateless decode of hidden states; safe to share between streams (one lock per call)."""
 
     def __init__(self, model: LoadedModel | VocoderWeights, config: VocoderConfig = VocoderConfig()):
@@ -115,16 +122,28 @@ class Vocoder:
         return VocoderStream(self, config or self.cfg)
 
 
+def window_ends(first: int, size: int) -> Iterator[int]:
+    """Where a segment's windows end, in tokens from its start: ``first``, then windows that
+    double from ``first`` up to ``size`` (8, 8, 16, 24, 24, ... tokens: ends 8, 16, 32, 56, 80)."""
+    end, step = first, first
+    while True:
+        yield end
+        end += step
+        step = min(size, step * 2)
+
+
 class VocoderStream:
     """Per-stream sliding-window state: ``push`` hidden chunks, ``finish`` at the end."""
 
-    def __init__(self, vocoder: Vocoder, cfg: VocoderConfig):
+    def __init__(self, vocoder: VocoderEngine, cfg: VocoderConfig):
         self.vocoder = vocoder
         self.cfg = cfg
         self._hidden: Optional[torch.Tensor] = None  # tokens kept: left context + not yet emitted
         self._offset = 0  # absolute index of self._hidden[0]
         self._emitted = 0  # absolute index of the first token not yet emitted
         self._total = 0  # tokens received
+        self._ends = window_ends(cfg.min_window_tokens, cfg.window_tokens)
+        self._next_end = next(self._ends)  # where the next window ends
         self.samples_out = 0
         self._state = NetState() if cfg.cache_state and vocoder.net is not None else None
         # Tokens kept before the next window: none when the convolutions carry their state.
@@ -136,16 +155,20 @@ class VocoderStream:
         self._total += hidden.shape[0]
 
     def push(self, hidden: torch.Tensor) -> np.ndarray:
-        """Add (n, 768) hidden states; returns the PCM that is final now (maybe empty)."""
+        """Add (n, 768) hidden states; returns the PCM of every window complete now (its end and
+        its right context received; maybe none)."""
         if hidden.shape[0]:
             self._append(hidden)
-        ready = self._total - self.cfg.hold_back_tokens - self._emitted
-        if ready < self.cfg.min_window_tokens:
+        out = []
+        while self._total >= self._next_end + self.cfg.hold_back_tokens:
+            out.append(self._decode_until(self._next_end, final=False))
+            self._next_end = next(self._ends)
+        if not out:
             return np.zeros(0, dtype=np.float32)
-        return self._decode_until(self._total - self.cfg.hold_back_tokens, final=False)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def finish(self) -> np.ndarray:
-        """Emit everything left (the hold-back included)."""
+        """Emit everything left (the last window, to the segment's end)."""
         if self._total == self._emitted:
             return np.zeros(0, dtype=np.float32)
         return self._decode_until(self._total, final=True)
@@ -153,7 +176,9 @@ class VocoderStream:
     def _decode_until(self, end: int, final: bool) -> np.ndarray:
         start = self._emitted
         ctx_start = max(self._offset, start - self._context)
-        win_end = self._total  # the hold-back is decoded as right context, not emitted
+        # Exactly hold_back_tokens of right context (decoded, not emitted): never more, so the
+        # window's audio does not depend on how much had arrived when it was decoded.
+        win_end = self._total if final else end + self.cfg.hold_back_tokens
         window = self._hidden[ctx_start - self._offset : win_end - self._offset]
         if self._state is not None:
             out = self.vocoder.window(window, self._state, None if final else end - start)

@@ -51,7 +51,8 @@ SPEAKER_STRING_MIN_CHARS = 32  # a real encoded speaker is several hundred chara
 # MAX_SPEAKER_CHARS (engine/types.py, every schema's bound on a voice string) is re-exported here.
 _SEED_RE = re.compile(r"seed:([0-9]{1,10})")  # fullmatch; [0-9]: \d takes other scripts' digits
 # ChatTTS's own serialisation of a speaker: base16384 of a raw-LZMA2 stream of float16 values.
-_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+# How ChatTTS compresses a speaker string's float16 values (Speaker._encode; the tests encode with it).
+SPEAKER_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
 
 def inflate_exact(data: bytes, size: int, what: str = "data") -> bytes:
@@ -103,14 +104,6 @@ def decode_speaker(value: str) -> np.ndarray:
             f"voice is not a known voice name, 'seed:<n>', or a ChatTTS speaker string ({exc.__class__.__name__})"
         ) from None
     return np.frombuffer(raw, dtype=np.float16).copy()
-
-
-def encode_speaker(vec: np.ndarray) -> str:
-    """A speaker vector -> ChatTTS's speaker string (``Speaker._encode`` without torch)."""
-    import pybase16384 as b14
-
-    raw = np.asarray(vec, dtype=np.float16).tobytes()
-    return b14.encode_to_string(lzma.compress(raw, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS))
 
 
 @functools.lru_cache(maxsize=256)

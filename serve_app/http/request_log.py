@@ -37,6 +37,10 @@ class RequestRecord:
     segments: int = 0
     audio_s: float = 0.0
     batch_rows: int = 0
+    # A listener playing the answer at 1x from its first audio (engine/playback.py), as the Vocoder
+    # inferred it: the silence heard (s), how close it came to silence (s).
+    stall_s: Optional[float] = None
+    min_slack_s: Optional[float] = None
     # Where the first audio's time went, hop by hop (ms; docs/architecture.md, "First audio, hop by hop"): each
     # measured inside the process it runs in, so the figures hold across nodes.
     first_audio: dict = field(default_factory=dict)
@@ -78,6 +82,10 @@ class RequestRecord:
         metrics.inc("tts_requests_total", status=status, format=self.format)
         if status == "200":
             metrics.observe("tts_request_duration_seconds", self.total_s, format=self.format)
+        if self.stall_s is not None:
+            metrics.observe("tts_stream_stall_seconds", self.stall_s, door=self.client)
+        if self.min_slack_s is not None:
+            metrics.observe("tts_stream_slack_seconds", max(0.0, self.min_slack_s), door=self.client)
         line = {k: v for k, v in asdict(self).items() if k not in ("t0", "text")}
         log.info(json.dumps({"event": "speech", **line}, ensure_ascii=False))
         if self.text is not None:

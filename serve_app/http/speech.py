@@ -1,12 +1,13 @@
-"""Speech behind ``POST /v1/audio/speech`` and the handle API: admission, script, cache, plan,
-stream, errors.
+"""Speech behind ``POST /v1/audio/speech`` and the handle API: prepare, cache, plan, stream,
+errors.
 
-Every request is admitted (``pipeline/admission.py``: model, length, priority, voice, lexicon;
-on a cache miss the busy switch and a stream slot) and planned (normalised, split) before any
-byte is sent, and the first audio chunk is awaited before the response starts, so an error
-before audio still gets its proper status and an OpenAI-style body. The stages are reached
-through the speech pipeline over their Serve handles (``pipeline/handles.py``); the Acoustic
-stage also reports its queue here, for the busy and skip-refine switches.
+Every request is prepared (``pipeline/prepare.py``: admitted for model, length, priority, voice
+and lexicon, then read into its script: instructions, SSML, a dialogue's turns; on a cache miss
+the busy switch and a stream slot) and planned (normalised, split) before any byte is sent, and
+the first audio chunk is awaited before the response starts, so an error before audio still
+gets its proper status and an OpenAI-style body. The stages are reached through the speech
+pipeline over their Serve handles (``pipeline/handles.py``); the Acoustic stage also reports its
+queue here, for the busy and skip-refine switches.
 """
 
 from __future__ import annotations
@@ -22,17 +23,16 @@ from .. import metrics
 from ..engine.types import INTERNAL_CLIENT, Plan, SegmentMark, StreamSummary
 from ..engine.voices import VoiceResolver
 from ..errors import APIError, as_api_error, to_api_error
-from ..pipeline import Admission, Admitted, AudioStream, HandlesPipeline
-from ..pipeline.admission import check_model  # noqa: F401  (re-exported: the error contract's test names it)
-from ..pipeline.admission import release_when_taken as _release_when_taken  # noqa: F401  (re-exported)
+from ..pipeline import Admission, AudioStream, HandlesPipeline
 from ..pipeline.flow import REF_HEADER, FlowCredit, FlowRef, paced
+from ..pipeline.prepare import Preparation, Prepared
+from ..pipeline.script import Script
 from ..protocol import DialogueRequest, SpeechRequest, SpeechSegment, TimedSpeech, TimedSpeechRequest
 from ..settings import EDGE_HEADER, CacheConfig, FlowConfig, IngressConfig
 from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
 from .answers import Hit, build_timed_answer, hit_items, speech_segment, whole, with_audio
 from .request_log import RequestRecord
-from .script import Script, dialogue_script, speech_script
 from .security import Caller, StreamSlots
 from .speech_cache import SpeechCache
 from .sse import sse_stream
@@ -91,6 +91,7 @@ class SpeechService:
         self.acoustic = acoustic
         self.voices = voices
         self.admission = Admission(voices, slots, self.check_busy)
+        self.preparation = Preparation(self.admission, settings.max_input_chars)
         self.cache = SpeechCache(cache)
         self.weights_kind = "unknown"
         self.weights_id = "unknown"  # cached audio is only valid for the same weights and engine code
@@ -109,6 +110,7 @@ class SpeechService:
 
     def apply(self, settings: IngressConfig) -> None:
         self.settings = settings
+        self.preparation.max_chars = settings.max_input_chars
         needs_queue = settings.busy_queue_rows is not None or settings.skip_refine_queue_rows is not None
         if needs_queue and self._poll_task is None:
             self._poll_task = asyncio.get_event_loop().create_task(self._poll_queue())
@@ -148,18 +150,6 @@ class SpeechService:
 
     # ------------------------------------------------------------------ the pipeline
 
-    async def script(self, req: SpeechRequest, admitted: Admitted) -> Script:
-        """The request as the planner's script: instructions applied, SSML or a dialogue's turns
-        as parts with their voices resolved for the caller (a malformed document: 400 here), its
-        lexicon's entries in its options."""
-        caller, cap = admitted.caller, self.settings.max_input_chars
-        if isinstance(req, DialogueRequest):
-            script = await dialogue_script(req, self.voices, caller, cap)
-        else:
-            script = await speech_script(req, admitted.voice, self.voices, caller, cap)
-        script.options = admitted.with_lexicon(script.options)
-        return script
-
     def _refine(self, req: SpeechRequest, script: Script) -> bool:
         """refine_text, unless the acoustic queue is past ``skip_refine_queue_rows`` (a script's
         parts are never refined)."""
@@ -182,7 +172,7 @@ class SpeechService:
         return self.pipeline.audio(plan, response_format, self.flow_ref())
 
     async def _open(
-        self, req: SpeechRequest, script: Script, admitted: Admitted, rec: RequestRecord
+        self, req: SpeechRequest, prepared: Prepared, rec: RequestRecord
     ) -> tuple[AudioStream, bytes, Plan]:
         """Plan and start a synthesis; return the stream, its first chunk and the plan. ``rec``:
         where the plan's and the first chunk's calls are timed (the call as seen here; the callee's
@@ -191,11 +181,8 @@ class SpeechService:
         (a stream cut here, by an error or a cancel, stops its stages itself)."""
         try:
             t0 = time.perf_counter()
-            source = script.parts if script.parts is not None else req.input
-            plan = await self.pipeline.plan(
-                source, script.options, admitted.voice, admitted.caller.id, self._refine(req, script)
-            )
-            await admitted.held()
+            plan = await prepared.plan(self.pipeline, self._refine(req, prepared.script))
+            await prepared.admitted.held()
             t1 = time.perf_counter()
             plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
             gen = self.open_audio(plan, req.response_format)
@@ -211,39 +198,43 @@ class SpeechService:
             raise as_api_error(exc) from None
 
     async def audio(
-        self, req: SpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str = "", timed: bool = False
+        self,
+        req: SpeechRequest,
+        rec: RequestRecord,
+        caller: Caller,
+        cache_control: str = "",
+        timed: bool = False,
+        listener: bool = False,
     ) -> Union[Hit, "SynthesisStream"]:
         """The request's audio: the cached answer on a hit, else a stream of its bytes and of a
         ``SpeechSegment`` once each segment's audio is complete, which holds one of the caller's
         stream slots until it ends (a hit takes none: it is one quick answer). The caller's id goes
         with every segment to the engine's fair admission. ``timed``: the caller needs the
-        segments' timing, so only a hit stored with it counts.
+        segments' timing, so only a hit stored with it counts. ``listener``: the answer streams to
+        someone who plays it as it comes (its stalls are logged; a whole file's are nobody's).
 
         ``cache_control``: the request's Cache-Control header: ``no-cache`` skips the lookup (fresh
         synthesis, still stored), ``no-store`` also skips storing. Errors before the first audio
         byte raise APIError.
         """
         rec.caller = caller.id
-        admitted: Optional[Admitted] = None
+        prepared: Optional[Prepared] = None
         try:
-            # Model, length, priority, voice, lexicon; the busy switch and a stream slot on a miss.
-            chars = (len(req.input), self.settings.max_input_chars, "input")
-            admitted = await self.admission.admit(
-                caller, req.model, req.voice, req.lexicon, chars=chars, priority=req.priority
-            )
-            script = await self.script(req, admitted)
-            key = self.cache.key(req, admitted.voice, script, self.weights_id, caller.owner)
+            # Model, length, priority, voice, lexicon, then the script (instructions, SSML, turns).
+            prepared = await self.preparation.prepare(req, caller)
+            script = prepared.script
+            key = self.cache.key(req, prepared.voice, script, self.weights_id, caller.owner)
             key, hit = await self.cache.lookup(key, cache_control, rec, timed)
             if hit is not None:
                 rec.first_byte()
                 rec.finish("200")
                 hit.headers = script.headers
                 return hit
-            self.admission.take_stream(admitted)
+            self.admission.take_stream(prepared.admitted)  # the busy switch, then a stream slot
             rec.hop("ingress_checks", rec.since_start())
             try:
                 gen, first, plan = await asyncio.wait_for(
-                    self._open(req, script, admitted, rec), self.settings.request_timeout_s
+                    self._open(req, prepared, rec), self.settings.request_timeout_s
                 )
                 rec.hop("ingress_opened", rec.since_start())
             except asyncio.TimeoutError:
@@ -251,20 +242,22 @@ class SpeechService:
                     504, f"no audio within {self.settings.request_timeout_s:g}s", type="server_error", code="timeout"
                 ) from None
         except BaseException as exc:
-            if admitted is not None:
-                admitted.release()
+            if prepared is not None:
+                prepared.admitted.release()
             api_exc = to_api_error(exc) if isinstance(exc, Exception) else None
             if api_exc is None:
                 raise
             rec.finish(str(api_exc.status))
             raise api_exc from None
         rec.segments = len(plan.segments)
-        stream = SynthesisStream(self._chain(first, gen, rec, key, plan), admitted.hand_over(), gen, rec)
+        stream = SynthesisStream(
+            self._chain(first, gen, rec, key, plan, listener), prepared.admitted.hand_over(), gen, rec
+        )
         stream.headers = script.headers
         return stream
 
     async def _chain(
-        self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan
+        self, first: bytes, gen: Any, rec: RequestRecord, key: Optional[str], plan: Plan, listener: bool
     ) -> AsyncIterator[Union[bytes, SpeechSegment]]:
         """Forward the stream within the deadline (marks as ``SpeechSegment``); record metrics and
         the log line; cache it with its segments."""
@@ -281,6 +274,8 @@ class SpeechService:
                 while True:
                     if isinstance(data, StreamSummary):
                         rec.audio_s, rec.batch_rows = data.audio_seconds, data.batch_rows
+                        if listener:
+                            rec.stall_s, rec.min_slack_s = data.stall_s, data.min_slack_s
                         rec.first_audio.update(data.first_audio or {})
                     elif isinstance(data, SegmentMark):
                         segment = speech_segment(data, plan)
@@ -333,7 +328,7 @@ class SpeechService:
 
     async def stream(self, req: SpeechRequest, rec: RequestRecord, caller: Caller) -> AsyncIterator[bytes]:
         """Audio bytes as they are made (handle API with ``.options(stream=True)``)."""
-        audio = await self.audio(req, rec, caller)
+        audio = await self.audio(req, rec, caller, listener=True)
         if isinstance(audio, Hit):
             yield audio.audio
             return
@@ -405,7 +400,7 @@ class SpeechService:
         """The HTTP answer: a hit's bytes as one response, else the stream (SSE-framed on request).
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (pipeline/flow.py)."""
-        audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps)
+        audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps, listener=True)
         headers = {**self._answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":

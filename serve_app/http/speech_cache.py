@@ -9,12 +9,12 @@ from typing import Optional
 
 from .. import metrics
 from ..engine.types import Voice
+from ..pipeline.script import Script
 from ..protocol import SpeechRequest, SpeechSegment
 from ..settings import CacheConfig
 from ..storage.cache import make_cache, request_key
 from .answers import Hit, segments_key, whole
 from .request_log import RequestRecord
-from .script import Script
 
 
 class SpeechCache:

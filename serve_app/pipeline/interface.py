@@ -21,15 +21,15 @@ from ..engine.types import Plan, ScriptPart, SegmentMark, StreamSummary, Synthes
 from ..engine.wav import with_true_length
 from .stream import AudioStream
 
-# A text, or a script of parts with their voices resolved.
-Script = Union[str, Sequence[ScriptPart]]
+# What a pipeline plans: a text, or a script's parts with their voices resolved.
+Source = Union[str, Sequence[ScriptPart]]
 AudioItem = Union[bytes, SegmentMark, StreamSummary]
 
 
 class SpeechPipeline(ABC):
     async def plan(
         self,
-        script: Script,
+        script: Source,
         options: SynthesisOptions,
         voice: Optional[Voice] = None,
         client: str = "",

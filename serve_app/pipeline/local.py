@@ -1,25 +1,24 @@
 """The speech pipeline in one process, over the engine's pieces as the stages use them: the
 planner (the TextNormalizer's), a running ``AcousticEngine`` (the Acoustic stage's decode loop)
-and the vocoder with one ``AudioAssembler`` per stream on a single torch thread (the Vocoder
-stage's). For tests and tools that need what the graph does without Ray (the CLI's ``say``); it
-imports torch, so nothing on the Ingress side imports this module.
+and the vocoder on a single torch thread, each stream through the engine's ``AudioLoop`` (the
+Vocoder stage's loop). For what needs the graph's work without Ray (the CLI's ``say``, bulk
+synthesis's actors, tests); it imports torch, so nothing on the Ingress side imports this module.
 
-``LocalPipeline.from_config`` builds and starts all of it (and ``close()`` stops it);
-``synthesize`` is a whole file through ``plan`` and ``audio``."""
+``LocalPipeline.from_config`` builds and starts all of it (and ``close()`` stops it)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
-from ..engine.audio import SAMPLE_RATE
+from ..engine.assembly import AudioLoop
 from ..engine.config import EngineConfig, VocoderConfig, acoustic_heard_through
-from ..engine.pipeline import AudioAssembler, aordered_chunks
+from ..engine.decode.streams import aordered_chunks
 from ..engine.planner import Planner
 from ..engine.threads import TorchThread, on_new_thread
-from ..engine.types import Plan, ScriptPart, StreamSummary, SynthesisOptions, Voice
-from ..engine.vocoder import Vocoder
-from .interface import AudioItem, Script, SpeechPipeline
+from ..engine.types import Plan, ScriptPart, SynthesisOptions, Voice
+from ..engine.vocoder import VocoderEngine
+from .interface import AudioItem, SpeechPipeline
 from .stream import AudioStream
 
 Refine = Callable[[list[str], int], Awaitable[list[str]]]
@@ -39,7 +38,7 @@ class LocalPipeline(SpeechPipeline):
         self,
         planner: Planner,
         engine: Any,
-        vocoder: Vocoder,
+        vocoder: VocoderEngine,
         thread: TorchThread,
         vocoder_cfg: Optional[VocoderConfig] = None,
         refine: Optional[Refine] = None,
@@ -71,7 +70,7 @@ class LocalPipeline(SpeechPipeline):
         thread = TorchThread("vocoder", threads=1)
         # Built on the thread it runs on: its packing computes, and on the caller's thread (which
         # lives on) that would start a second OpenMP team beside the decode thread's.
-        vocoder = thread.call(Vocoder, model, config.vocoder)
+        vocoder = thread.call(VocoderEngine, model, config.vocoder)
         engine.start()
         pipeline = cls(planner, engine, vocoder, thread, vocoder_cfg=config.vocoder, model=model)
         pipeline._owned = True
@@ -84,27 +83,6 @@ class LocalPipeline(SpeechPipeline):
             self._owned = False
             self.engine.stop()
             self.thread.shutdown()
-
-    async def synthesize(
-        self,
-        script: Script,
-        response_format: str = "wav",
-        options: SynthesisOptions = SynthesisOptions(),
-        voice: Optional[Voice] = None,
-    ) -> bytes:
-        """A whole file: ``plan`` then ``speak``."""
-        plan = await self.plan(script, options, voice)
-        return (await self.speak(plan, response_format))[0]
-
-    def synthesize_sync(
-        self,
-        script: Script,
-        response_format: str = "wav",
-        options: SynthesisOptions = SynthesisOptions(),
-        voice: Optional[Voice] = None,
-    ) -> bytes:
-        """``synthesize`` from code with no running event loop (its own loop, for the call)."""
-        return asyncio.run(self.synthesize(script, response_format, options, voice))
 
     async def plan_text(self, text: str, options: SynthesisOptions, voice: Optional[Voice], client: str) -> Plan:
         return self.planner.plan(text, options, voice, client=client)
@@ -122,12 +100,12 @@ class LocalPipeline(SpeechPipeline):
 
     def audio(self, plan: Plan, response_format: str, flow_ref: Any = None) -> AudioStream:
         """``flow_ref``: ignored (nothing crosses a process here)."""
-        return AudioStream(_EngineStream(self, plan, response_format))
+        return AudioStream(_LocalSource(self, plan, response_format))
 
 
-class _EngineStream:
-    """One plan through the engine: its rows are submitted at the first read; ``cancel()`` drops
-    them at the engine's next step."""
+class _LocalSource:
+    """One plan's rows in the engine (submitted at the first read) through the engine's
+    ``AudioLoop``; ``cancel()`` drops the rows at the engine's next step."""
 
     def __init__(self, local: LocalPipeline, plan: Plan, response_format: str):
         self._local = local
@@ -143,27 +121,12 @@ class _EngineStream:
         for row in self._rows:
             row.cancel()
 
-    async def _run(self) -> AsyncIterator[AudioItem]:
-        local, plan = self._local, self._plan
-        assembler = AudioAssembler(
-            local.vocoder,
-            self._format,
-            local.vocoder_cfg,
-            pauses=plan.pauses,
-            gain_db=plan.gain_db,
-            lead_in=plan.lead_in,
-            loudness=plan.loudness,
-        )
-        self._rows = local.engine.submit_all(plan.segments, loop=asyncio.get_running_loop())
+    async def _hidden(self) -> AsyncIterator[tuple]:
+        self._rows = self._local.engine.submit_all(self._plan.segments, loop=asyncio.get_running_loop())
         async for seg, chunk in aordered_chunks(self._rows):  # closed early: the rows are cancelled
-            data = await local.thread.acall(assembler.feed, seg, chunk.hidden, chunk.final)
-            if data:
-                yield data
-            for mark in assembler.take_marks():
-                yield mark
-        yield await local.thread.acall(assembler.close)
-        for mark in assembler.take_marks():
-            yield mark
-        yield StreamSummary(
-            assembler.samples / SAMPLE_RATE, len(plan.segments), 0, assembler.vocode_seconds, assembler.encode_seconds
-        )
+            yield seg, chunk.hidden, chunk.final
+
+    def _run(self) -> AsyncIterator[AudioItem]:
+        local = self._local
+        loop = AudioLoop(local.vocoder, self._plan, self._format, local.vocoder_cfg, local.thread.acall)
+        return loop.items(self._hidden())

@@ -1,4 +1,4 @@
-"""The jobs API's shapes: ``/v1/audio/jobs`` (service ``http/jobs.py``, runner ``deployments/job_runner.py``,
+"""The jobs API's shapes: ``/v1/audio/jobs`` (service ``serve_app/jobs/``, runner ``deployments/job_runner.py``,
 store ``storage/jobs/``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ..engine.types import SynthesisOptions
 from .speech import ApiOptions, CaptionFormat, DialogueTurn, ResponseFormat, options_of
 
 # ------------------------------------------------------------------ jobs: long work in the background
-# ``/v1/audio/jobs`` (service: ``http/jobs.py``; runner: ``deployments/job_runner.py``; store: ``storage/jobs/``).
+# ``/v1/audio/jobs`` (service: ``serve_app/jobs/``; runner: ``deployments/job_runner.py``; store: ``storage/jobs/``).
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 

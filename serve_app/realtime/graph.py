@@ -11,7 +11,9 @@ from ..engine.types import Plan, SynthesisOptions
 from ..errors import as_api_error
 from ..http.request_log import RequestRecord, voice_label
 from ..http.speech import SpeechService
-from ..pipeline import Admitted, AudioItem, AudioStream, SpeechPipeline
+from ..http.state import UnstartedSockets
+from ..pipeline import AudioItem, AudioStream, SpeechPipeline
+from ..pipeline.prepare import Prepared
 from ..protocol import SessionCreated, SessionStart
 from ..settings import IngressConfig
 from .handshake import serve_session
@@ -19,8 +21,8 @@ from .messages import SessionLimits, close_code
 
 
 class PipelineBackend:
-    """A session's way into a speech pipeline: per cut, a plan of its text (with the voice and
-    lexicon admitted once, at the session's start, and its caller as the client); per segment, a
+    """A session's way into a speech pipeline: per cut, a plan of its text (prepared once, at the
+    session's start: its voice, lexicon and options, and its caller as the client); per segment, a
     stream of the pipeline's (as an HTTP request's), stopped when the session stops reading it.
     ``open_audio``: how a stream is opened (the Ingress's reports its flow); ``errors``: what a
     stage's failure becomes (the graph's: its APIError; None: raised as it is)."""
@@ -34,15 +36,14 @@ class PipelineBackend:
         self.pipeline = pipeline
         self.open_audio = open_audio or pipeline.audio
         self.errors = errors
-        self.admitted: Optional[Admitted] = None  # the session's start, once admitted
+        self.prepared: Optional[Prepared] = None  # the session's start, once prepared
 
     async def plan(self, text: str, options: SynthesisOptions) -> Plan:
-        admitted = self.admitted
-        if admitted is not None:
-            options = admitted.with_lexicon(options)
-        voice, client = (admitted.voice, admitted.caller.id) if admitted is not None else (None, "")
+        """``options``: the session's (its start's; tests without a preparation pass their own)."""
         try:
-            return await self.pipeline.plan(text, options, voice, client)
+            if self.prepared is not None:
+                return await self.prepared.plan_text(self.pipeline, text)
+            return await self.pipeline.plan(text, options)
         except Exception as exc:  # noqa: BLE001 - a full queue is 503, a known error keeps its status
             raise self._failed(exc) from None
 
@@ -68,29 +69,6 @@ def session_limits(settings: IngressConfig) -> SessionLimits:
         idle_s=ws.idle_s,
         max_pending_cuts=ws.max_pending_cuts,
     )
-
-
-class UnstartedSockets:
-    """Sockets of one replica that have not sent their ``session.start`` yet, per client (its key
-    id from the handshake's header, else its address): a client holds at most ``limit`` of them,
-    so sockets that never speak cannot fill the replica's request slots."""
-
-    def __init__(self) -> None:
-        self._count: dict[str, int] = {}
-
-    def enter(self, client: str, limit: int) -> bool:
-        n = self._count.get(client, 0)
-        if n >= limit:
-            return False
-        self._count[client] = n + 1
-        return True
-
-    def leave(self, client: str) -> None:
-        n = self._count.get(client, 0) - 1
-        if n <= 0:
-            self._count.pop(client, None)
-        else:
-            self._count[client] = n
 
 
 async def run_session(
@@ -123,9 +101,7 @@ async def run_session(
         started()
         caller = identify(start.api_key)
         # Model, priority, voice, lexicon, the busy switch and a stream slot (held till the end).
-        backend.admitted = await speech.admission.admit(
-            caller, start.model, start.voice, start.lexicon, priority=start.priority, stream=True
-        )
+        backend.prepared = await speech.preparation.prepare(start, caller, stream=True)
         rec.voice, rec.format = voice_label(start.voice), start.response_format
         return SessionCreated(
             id=request_id,
@@ -138,8 +114,8 @@ async def run_session(
         _, stats = await serve_session(ws, backend, admit, session_limits(speech.settings))
     finally:
         started()
-        if backend.admitted is not None:
-            backend.admitted.release()
+        if backend.prepared is not None:
+            backend.prepared.admitted.release()
     rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
     rec.ttfb_s = stats.first_audio_s  # from the session's start: it includes the client's writing
     rec.finish(stats.status)

@@ -1,5 +1,5 @@
 """The service as the Wyoming server uses it, over its public API: the voice listing, one text
-as a pcm HTTP stream, a text stream as a WebSocket session (``tools/client.py`` underneath), and
+as a pcm HTTP stream, a text stream as a WebSocket session (``serve_app/client.py`` underneath), and
 whatever went wrong on the way as an ``APIError`` carrying the service's own message and code."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, AsyncIterator, Optional
 
 import httpx
 
+from ..client import AsyncSpeechClient, SpeechError
 from ..engine.voices import OPENAI_VOICES
 from ..errors import APIError, to_api_error
-from ..tools.client import AsyncSpeechClient, SpeechError
 from .config import WyomingConfig
 from .events import SpeechOptions
 

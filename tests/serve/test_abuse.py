@@ -26,6 +26,7 @@ from support.app import (
     acoustic_stats,
     ingress_log_lines,
     ingress_settings,
+    lone_ingress,
     replica_pids,
     rss_mb,
     wait_idle,
@@ -557,15 +558,7 @@ async def test_a_websocket_message_fuzzer_never_breaks_a_session_or_the_server(k
 
 def _lone_ingress(name: str, replicas: int, settings: dict):
     """An app of ``replicas`` Ingress replicas in front of the session app's stages, at /<name>."""
-    from ray import serve
-
-    from deployments.ingress import Ingress
-
-    stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
-    ingress = Ingress.options(num_replicas=replicas, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
-    return ingress.bind(
-        stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"), settings=settings, voices={"backend": "memory"}
-    )
+    return lone_ingress(replicas, ingress=settings, voices={"backend": "memory"})
 
 
 def test_an_ingress_that_requires_keys_and_has_none_never_serves(keyed):

@@ -44,7 +44,7 @@ from serve_app.engine.errors import (
     UnknownVoiceError,
 )
 from serve_app.errors import _ERRORS, APIError, invalid_value, to_api_error
-from serve_app.http.speech import check_model
+from serve_app.pipeline.admission import check_model
 from serve_app.settings import SecurityConfig
 from serve_app.storage.lexicons import lexicon_not_found
 from serve_app.storage.voices.model import MAX_NAME_CHARS

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import srt
 import webvtt
-from support.app import APP_NAME, acoustic_stats, app_args, replica_actor_name, wait_idle, wait_ready
+from support.app import acoustic_stats, app_args, lone_ingress, replica_actor_name, wait_idle, wait_ready
 from support.engine import expected_samples
 from support.http import assert_openai_error
 from support.report import report
@@ -33,8 +33,9 @@ from support.waiting import wait_until
 from serve_app.engine.planner import Planner
 from serve_app.engine.types import SynthesisOptions
 from serve_app.http.security import key_id
+from serve_app.jobs.cutting import cut_text
 from serve_app.settings import JobsConfig
-from serve_app.storage.jobs import cut_text, owner_tag
+from serve_app.storage.jobs import owner_tag
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,10 +70,6 @@ def runner_info() -> dict[str, Any]:
 def _jobs_app(tmp: Path, **changes: Any) -> Any:
     """The jobs app (an Ingress with keys and small job limits in front of the session app's
     stages), its job settings changed by ``changes``."""
-    from ray import serve
-
-    from deployments.ingress import Ingress
-
     security = {
         "api_keys_env": None,
         "api_keys_file": str(tmp / "keys"),
@@ -91,16 +88,7 @@ def _jobs_app(tmp: Path, **changes: Any) -> Any:
         "max_chunk_retries": 20,
         **changes,
     }
-    stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
-    ingress = Ingress.options(num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
-    return ingress.bind(
-        stage("TextNormalizer"),
-        stage("Vocoder"),
-        stage("Acoustic"),
-        settings={"warmup": False, "security": security},
-        voices={"backend": "memory"},
-        jobs=jobs,
-    )
+    return lone_ingress(1, ingress={"warmup": False, "security": security}, voices={"backend": "memory"}, jobs=jobs)
 
 
 @pytest.fixture(scope="module")

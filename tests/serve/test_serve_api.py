@@ -31,7 +31,7 @@ from support.waiting import wait_until
 from serve_app.engine.audio import AUDIO_FORMATS as FORMATS
 from serve_app.engine.audio import CONTENT_TYPES
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
-from serve_app.engine.pipeline import SynthesisOptions
+from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.wav import with_true_length
 
 # Every voice name OpenAI's speech API accepts.
@@ -509,7 +509,7 @@ def test_client_disconnect_cancels_generation(app_url, planner):
 
 
 def test_speech_client_sync(app_url, planner, tmp_path):
-    from serve_app.tools.client import SpeechClient, SpeechError
+    from serve_app.client import SpeechClient, SpeechError
 
     out = tmp_path / "sync.wav"
     with SpeechClient(app_url) as client:
@@ -528,7 +528,7 @@ def test_speech_client_sync(app_url, planner, tmp_path):
 
 @pytest.mark.asyncio
 async def test_speech_client_async(app_url, planner, tmp_path):
-    from serve_app.tools.client import AsyncSpeechClient, SpeechError
+    from serve_app.client import AsyncSpeechClient, SpeechError
 
     out = tmp_path / "async.mp3"
     async with AsyncSpeechClient(app_url) as client:
@@ -590,9 +590,9 @@ def test_cli_say_cuts_text_into_the_segments_the_server_does(app_url):
     and the CLI's planner cut a long text into the same segments with the same token caps."""
     from ray import serve
 
+    from chattts_serve.cli import build_parser
+    from chattts_serve.say import engine_config
     from serve_app.engine.planner import Planner
-    from serve_app.tools.cli import build_parser
-    from serve_app.tools.say import engine_config
 
     text = (
         "今天我们来聊一聊语音合成服务的部署，从单机到集群，再到自动扩缩容。它需要低延迟，也需要高吞吐量，"

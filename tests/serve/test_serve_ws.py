@@ -89,7 +89,7 @@ async def test_api_keys_and_stream_limit(served, tmp_path):
 
 
 async def test_python_client_stream_text_and_session(app_url):
-    from serve_app.tools.client import AsyncSpeechClient, SpeechError
+    from serve_app.client import AsyncSpeechClient, SpeechError
 
     async def llm() -> AsyncIterator[str]:
         for d in deltas(TEXT, seed=3):

@@ -131,7 +131,7 @@ def test_timestamps_without_sse_is_a_clear_400(app_url):
 
 
 async def test_websocket_segments_sit_on_the_session_timeline(app_url):
-    from serve_app.tools.client import AsyncSpeechClient
+    from serve_app.client import AsyncSpeechClient
 
     events: list[dict] = []
     async with AsyncSpeechClient(app_url) as client:

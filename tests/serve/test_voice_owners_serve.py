@@ -1,6 +1,6 @@
 """Voices owned by keys through the real app (the shared Serve app, reconfigured live with three
 keys: two plain, one admin): HTTP routes, a speech request and a WebSocket session. The store and
-the API without Ray: tests/test_voice_owners.py.
+the API without Ray: tests/unit/test_voice_owners.py.
 """
 
 from __future__ import annotations

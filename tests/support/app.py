@@ -38,9 +38,6 @@ READY_TIMEOUT_S = 180.0
 TEST_ARGS: dict[str, Any] = {
     # The shipped CPU precision (int8: model.quantize's default); one torch thread.
     "model": {"weights": {"source": "random-tiny"}, "device": "cpu", "torch_threads": 1},
-    # Fixed chunk sizes: two syntheses of one request are byte-identical, which tests compare
-    # (docs/architecture.md, "The decode loop"). The shipped 0.1 s is tested by its own tests.
-    "acoustic": {"listener_margin_s": None},
     # Tests that need a fresh synthesis use text no other test sends. 2 MiB (a test's own repeats
     # stay in it): the soak fills it during its warm-up, so RSS after warm-up measures leaks, not
     # cache fill.
@@ -346,3 +343,17 @@ def rss_mb(pids: dict[str, int]) -> dict[str, float]:
     import psutil
 
     return {k: psutil.Process(p).memory_info().rss / 2**20 for k, p in pids.items()}
+
+
+def lone_ingress(replicas: int = 1, **args: Any) -> Any:
+    """An app of ``replicas`` Ingress replicas in front of the session app's stages, with ``args``
+    (``AppConfig``'s sections: ingress, voices, jobs, ...) over the defaults."""
+    from ray import serve
+
+    from deployments.ingress import Ingress
+    from serve_app.settings import AppConfig
+
+    stage = lambda d: serve.get_deployment_handle(d, app_name=APP_NAME)  # noqa: E731
+    ingress = Ingress.options(num_replicas=replicas, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    config = AppConfig.model_validate(args).model_dump()
+    return ingress.bind(stage("TextNormalizer"), stage("Vocoder"), stage("Acoustic"), config=config)

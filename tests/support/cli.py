@@ -13,4 +13,4 @@ def cli_command() -> list[str]:
     if script.is_file():
         return [str(script)]
     found = shutil.which("chattts-serve")
-    return [found] if found else [sys.executable, "-m", "serve_app.tools.cli"]
+    return [found] if found else [sys.executable, "-m", "chattts_serve.cli"]

@@ -8,6 +8,9 @@ Random weights never emit end-of-speech, so a segment decodes exactly its target
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +20,8 @@ from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, VocoderConfig
 from serve_app.engine.decode.streams import HiddenChunk, RowStream
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
-from serve_app.engine.types import SegmentRequest
-from serve_app.engine.vocoder import Vocoder
+from serve_app.engine.types import SegmentRequest, SynthesisOptions
+from serve_app.engine.vocoder import VocoderEngine
 from support.audio import snr_db
 
 HIDDEN = 768
@@ -142,14 +145,14 @@ def decode_alone(engine: AcousticEngine, req: SegmentRequest) -> torch.Tensor:
     return drain(stream)[1]
 
 
-def stream_decode(vocoder: Vocoder, chunks: list[HiddenChunk], cfg: VocoderConfig | None = None) -> np.ndarray:
+def stream_decode(vocoder: VocoderEngine, chunks: list[HiddenChunk], cfg: VocoderConfig | None = None) -> np.ndarray:
     vs = vocoder.stream(cfg)
     parts = [vs.push(c.hidden) for c in chunks]
     parts.append(vs.finish())
     return np.concatenate(parts)
 
 
-def streamed_vs_one_shot(vocoder: Vocoder, chunks: list[HiddenChunk]) -> dict:
+def streamed_vs_one_shot(vocoder: VocoderEngine, chunks: list[HiddenChunk]) -> dict:
     """Sliding-window decode of a row's chunks against one decode of all its hidden states: SNR
     over the whole utterance and the worst absolute error within half a token of a chunk edge."""
     ref = vocoder.decode(torch.cat([c.hidden for c in chunks]))
@@ -161,3 +164,18 @@ def streamed_vs_one_shot(vocoder: Vocoder, chunks: list[HiddenChunk]) -> dict:
         (float(np.abs(ref[e - half : e + half] - y[e - half : e + half]).max()) for e in edges), default=0.0
     )
     return {"snr_db": snr_db(ref, y), "worst_edge": worst_edge, "peak": float(np.abs(ref).max()), "samples": len(ref)}
+
+
+async def synthesize(
+    pipeline: Any, text: str, response_format: str = "wav", options: SynthesisOptions = SynthesisOptions()
+) -> bytes:
+    """A whole file of ``text`` through a pipeline (``plan`` then ``speak``), as a test wants it."""
+    plan = await pipeline.plan(text, options)
+    return (await pipeline.speak(plan, response_format))[0]
+
+
+def synthesize_sync(
+    pipeline: Any, text: str, response_format: str = "wav", options: SynthesisOptions = SynthesisOptions()
+) -> bytes:
+    """``synthesize`` from a test with no running event loop (its own loop, for the call)."""
+    return asyncio.run(synthesize(pipeline, text, response_format, options))

@@ -244,7 +244,7 @@ class EngineBackend:
         from serve_app.engine.acoustic import AcousticEngine
         from serve_app.engine.planner import Planner
         from serve_app.engine.threads import TorchThread
-        from serve_app.engine.vocoder import Vocoder
+        from serve_app.engine.vocoder import VocoderEngine
         from serve_app.pipeline.local import LocalPipeline
         from serve_app.realtime.graph import PipelineBackend
         from support.engine import fixed_chunks
@@ -253,7 +253,7 @@ class EngineBackend:
         self.engine = AcousticEngine(model, fixed_chunks(max_rows=16))
         self.thread = TorchThread("vocoder", threads=1)
         self.engine.start()
-        self.pipeline = LocalPipeline(self.planner, self.engine, Vocoder(model), self.thread)
+        self.pipeline = LocalPipeline(self.planner, self.engine, VocoderEngine(model), self.thread)
         self.session_backend = PipelineBackend(self.pipeline, errors=None)
         self.opened: list = []
         self.planned: list[str] = []

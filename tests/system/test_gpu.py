@@ -31,7 +31,7 @@ from bench.lib.procs import bench_command
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import ModelConfig
 from serve_app.engine.decode.batch import KV_HEADROOM
-from serve_app.engine.vocoder import Vocoder
+from serve_app.engine.vocoder import VocoderEngine
 from serve_app.engine.weights.loading import load_model
 
 CUDA = torch.cuda.is_available()
@@ -179,7 +179,7 @@ def test_streamed_audio_matches_one_shot(device, dtype, model_on, spk, record_pr
     engine.run_until_idle()
     chunks = drain(stream)[0]
     assert sum(c.hidden.shape[0] for c in chunks) == 240 and len(chunks) > 5
-    r = streamed_vs_one_shot(Vocoder(model), chunks)
+    r = streamed_vs_one_shot(VocoderEngine(model), chunks)
     assert r["samples"] == 512 * 240 - 256
     for key in ("snr_db", "worst_edge", "peak"):
         record_property(key, float(f"{r[key]:.4g}"))

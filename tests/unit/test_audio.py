@@ -20,8 +20,7 @@ from serve_app.engine.audio import (
     TELEPHONY_FORMATS,
     AudioEncoder,
     apply_gain,
-    encode_all,
-    format_bytes_per_second,
+    encode_file,
     format_sample_rate,
     new_encoder,
     to_int16,
@@ -32,6 +31,23 @@ N = 2 * SR  # 2.0 s test signal
 FREQ = 440.0
 LOSSY = ("mp3", "opus", "aac")
 LOSSLESS = ("flac", "wav", "pcm")
+
+
+def format_bytes_per_second(fmt: str) -> int | None:
+    """Bytes per second of audio for the constant-rate raw formats (pcm and wav's body: 48000,
+    ulaw/alaw: 8000, one byte a sample); None for the compressed ones."""
+    if fmt in TELEPHONY_FORMATS:
+        return format_sample_rate(fmt)
+    if fmt in ("pcm", "wav"):
+        return 2 * format_sample_rate(fmt)
+    format_sample_rate(fmt)  # ValueError for an unknown one
+    return None
+
+
+def whole(pcm: np.ndarray, fmt: str, gain_db: float = 0.0) -> bytes:
+    """A whole clip in one go, as a file is written (``encode_file``)."""
+    return b"".join(encode_file([pcm], fmt, gain_db=gain_db))
+
 
 # Uneven chunk sizes (incl. empty and 1-sample writes); the rest of the signal
 # goes in one last write.
@@ -176,9 +192,9 @@ def test_roundtrip_soundfile(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", FULL_RATE)
-def test_encode_all_matches_stream_length(fmt: str) -> None:
+def test_whole_file_matches_stream_length(fmt: str) -> None:
     x = sine(SR // 2 + 37)
-    y, rate = decode_av(encode_all(x, fmt), fmt)
+    y, rate = decode_av(whole(x, fmt), fmt)
     extra = y.shape[1] * SR / rate - len(x)
     lo, hi = EXTRA_SAMPLES.get(fmt, (0, 0))
     assert lo <= extra <= hi
@@ -202,14 +218,14 @@ def test_empty_stream(fmt: str) -> None:
 def test_pcm_is_s16le_of_input_with_clipping() -> None:
     x = np.array([-3.0, -1.0, -0.5, -1e-6, 0.0, 0.25, 0.5000153, 1.0, 1.5, np.nan], np.float32)
     expected = np.array([-32767, -32767, -16384, 0, 0, 8192, 16384, 32767, 32767, 0], "<i2")
-    data = encode_all(x, "pcm")
+    data = whole(x, "pcm")
     assert data == expected.tobytes()
     assert np.array_equal(np.frombuffer(data, "<i2"), expected)
 
 
 def test_pcm_matches_input_samples() -> None:
     x = sine(1001)
-    assert encode_all(x, "pcm") == np.rint(x * 32767).astype("<i2").tobytes()
+    assert whole(x, "pcm") == np.rint(x * 32767).astype("<i2").tobytes()
 
 
 def test_to_int16_shapes() -> None:
@@ -221,10 +237,10 @@ def test_to_int16_shapes() -> None:
 
 
 def test_wav_header_is_streamable() -> None:
-    data = encode_all(sine(10), "wav")
+    data = whole(sine(10), "wav")
     assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and data[36:40] == b"data"
     assert data[4:8] == b"\xff\xff\xff\xff" and data[40:44] == b"\xff\xff\xff\xff"
-    assert data[44:] == encode_all(sine(10), "pcm")
+    assert data[44:] == whole(sine(10), "pcm")
 
 
 # --- API ------------------------------------------------------------------------
@@ -283,7 +299,7 @@ def test_unknown_format(fmt: str) -> None:
     with pytest.raises(ValueError, match="unknown audio format"):
         new_encoder(fmt)
     with pytest.raises(ValueError):
-        encode_all(sine(10), fmt)
+        whole(sine(10), fmt)
 
 
 @pytest.mark.parametrize("fmt", AUDIO_FORMATS)
@@ -411,7 +427,7 @@ def test_g711_roundtrip(fmt: str, amp: float) -> None:
 @pytest.mark.parametrize("fmt,silence", [("ulaw", 0xFF), ("alaw", 0xD5)])
 def test_g711_silence_bytes(fmt: str, silence: int) -> None:
     """Digital silence is G.711's idle code (what a telephony stack sends between words)."""
-    assert encode_all(np.zeros(2400, np.float32), fmt) == bytes([silence]) * 800
+    assert whole(np.zeros(2400, np.float32), fmt) == bytes([silence]) * 800
 
 
 @pytest.mark.parametrize("fmt", TELEPHONY_FORMATS)
@@ -419,11 +435,11 @@ def test_g711_chunking_changes_nothing(fmt: str) -> None:
     """The resampler's held-back delay is carried across writes: chunked == one shot, and
     the length is the input's at 8 kHz."""
     x = (0.3 * np.random.default_rng(5).standard_normal(N)).astype(np.float32)
-    whole = encode_all(x, fmt)
-    assert len(whole) == N // 3
+    one_shot = whole(x, fmt)
+    assert len(one_shot) == N // 3
     for schedule in (SCHEDULE, [1] * 50 + [2, 3, 5, 7, 11, 13], [4799] * 5):
         data, _ = feed(new_encoder(fmt), x, schedule)
-        assert data == whole, schedule
+        assert data == one_shot, schedule
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 100, 1001, 24000, 24001, 24002, 37 * 480 + 1])
@@ -439,12 +455,12 @@ def test_g711_anti_aliasing(fmt: str) -> None:
     stays flat. Measured: 1 kHz -0.0 dB, 3.4 kHz -0.1 dB, 4.5 kHz -> 3.5 kHz -61 dB, 6 kHz
     and up: nothing (under half an LSB)."""
     amp = 0.5
-    y, _ = decode_av(encode_all(sine(freq=1000.0, amp=amp), fmt), fmt)
+    y, _ = decode_av(whole(sine(freq=1000.0, amp=amp), fmt), fmt)
     assert abs(tone_level_db(y[0], 1000.0, amp)) < 0.3
-    y, _ = decode_av(encode_all(sine(freq=3400.0, amp=amp), fmt), fmt)
+    y, _ = decode_av(whole(sine(freq=3400.0, amp=amp), fmt), fmt)
     assert abs(tone_level_db(y[0], 3400.0, amp)) < 0.5
     for freq, alias in ((4500.0, 3500.0), (6000.0, 2000.0), (9000.0, 1000.0)):
-        y, _ = decode_av(encode_all(sine(freq=freq, amp=amp), fmt), fmt)
+        y, _ = decode_av(whole(sine(freq=freq, amp=amp), fmt), fmt)
         level = tone_level_db(y[0], alias, amp)
         assert level < -50.0, f"{freq} Hz folds to {alias} Hz at {level:.1f} dB"
 
@@ -476,7 +492,7 @@ def test_zero_gain_is_identity() -> None:
     ints = to_int16(x)
     np.testing.assert_array_equal(to_int16(apply_gain(ints, 0.0)), ints)
     for fmt in ("pcm", "wav", "ulaw", "flac"):
-        assert encode_all(x, fmt, gain_db=0.0) == encode_all(x, fmt)
+        assert whole(x, fmt, gain_db=0.0) == whole(x, fmt)
 
 
 def test_gain_on_int16_input() -> None:
@@ -489,7 +505,7 @@ def test_gain_clips_at_full_scale() -> None:
     """+20 dB on a half-scale tone: samples past full scale clip at +-32767 (to_int16),
     they never wrap around to the other sign."""
     x = sine(SR // 10, amp=0.5)
-    out = np.frombuffer(encode_all(x, "pcm", gain_db=20.0), "<i2")
+    out = np.frombuffer(whole(x, "pcm", gain_db=20.0), "<i2")
     assert out.max() == 32767 and out.min() == -32767
     assert np.all(np.sign(out) == np.sign(to_int16(x)))
     assert np.mean(np.abs(out) == 32767) > 0.8  # 5x full scale: mostly clipped
@@ -499,7 +515,7 @@ def test_gain_is_per_chunk() -> None:
     """Stateless: a stream cut into chunks gets the same samples as one write."""
     x = sine(amp=0.3)
     data, _ = feed(new_encoder("pcm", gain_db=-7.5), x)
-    assert data == encode_all(x, "pcm", gain_db=-7.5)
+    assert data == whole(x, "pcm", gain_db=-7.5)
     np.testing.assert_array_equal(np.frombuffer(data, "<i2"), to_int16(apply_gain(x, -7.5)))
 
 
@@ -524,3 +540,13 @@ def test_gain_range(db: float) -> None:
         new_encoder("pcm", gain_db=db)
     apply_gain(sine(10), GAIN_DB_RANGE[0])  # the bounds themselves are accepted
     apply_gain(sine(10), GAIN_DB_RANGE[1])
+
+
+def test_a_file_of_known_length_has_true_wav_sizes_from_its_first_bytes() -> None:
+    """Pieces through one encoder: the WAV header of a file whose length is known says it at once
+    (a job's file is written front to back), and the bytes are the pieces' PCM in order."""
+    a, b = sine(7200), np.zeros(2400, np.float32)
+    parts = list(encode_file([a, b], "wav", samples=len(a) + len(b)))
+    data = b"".join(parts)
+    assert sf.info(io.BytesIO(data)).frames == len(a) + len(b)
+    assert data[44:] == whole(np.concatenate([a, b]), "pcm")

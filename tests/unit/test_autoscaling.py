@@ -123,7 +123,7 @@ def test_desired_replicas_is_rows_over_target_fill(rows, queued, fill, want):
     d = desired_replicas(context(rows, queued=queued), fill)
     assert d is not None and d.replicas == want, d
     assert d.reporting == len(rows)
-    assert d.demand_rows == sum(r + w for r, w, _ in rows) + queued
+    assert d.running_rows + d.waiting_rows + d.queued_requests == sum(r + w for r, w, _ in rows) + queued
 
 
 def test_no_report_yet_keeps_the_current_target():

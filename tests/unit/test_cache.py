@@ -17,11 +17,12 @@ import time
 import numpy as np
 import pytest
 from support.redis_server import needs_redis
+from support.speakers import encode_speaker
 from support.waiting import wait_until_async
 
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port
-from serve_app.engine.voices import VoiceResolver, encode_speaker
+from serve_app.engine.voices import VoiceResolver
 from serve_app.protocol import SpeechRequest
 from serve_app.settings import CacheConfig
 from serve_app.storage.cache import (

@@ -15,14 +15,14 @@ import pytest
 import soundfile as sf
 from support.audio import SR
 from support.cli import cli_command
-from support.engine import expected_samples
+from support.engine import expected_samples, synthesize_sync
 
+from chattts_serve.cli import build_parser
+from chattts_serve.say import _format_for
 from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig
-from serve_app.engine.pipeline import SynthesisOptions
+from serve_app.engine.types import SynthesisOptions
 from serve_app.engine.weights.random_weights import MANIFEST
 from serve_app.pipeline.local import LocalPipeline
-from serve_app.tools.cli import build_parser
-from serve_app.tools.say import _format_for
 
 TEXT = "你好，欢迎使用语音合成服务。Hello world, it is 10:30."
 
@@ -84,7 +84,7 @@ def test_say_writes_a_24khz_mono_wav(say_runs, text_samples, tiny_model, tiny_we
     )
     pipeline = LocalPipeline.from_config(cfg)
     try:
-        local = pipeline.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy"))
+        local = synthesize_sync(pipeline, TEXT, "wav", SynthesisOptions(voice="alloy"))
     finally:
         pipeline.close()
     assert local == out.read_bytes()
@@ -138,7 +138,7 @@ def test_format_from_suffix_and_flags():
 
 
 def test_say_stdin_needs_a_server_and_a_stream_format():
-    from serve_app.tools.cli import main
+    from chattts_serve.cli import main
 
     for argv in (
         ["say", "--stdin", "-o", "x.pcm"],
@@ -158,7 +158,7 @@ def test_say_stdin_needs_a_server_and_a_stream_format():
 def test_say_tells_a_refused_input_in_one_line(tmp_path, tiny_model, capsys, text, extra, code):
     """What the API answers 400 (the one error table) is one line and exit status 1, not a
     traceback, and no file is left behind."""
-    from serve_app.tools.cli import main
+    from chattts_serve.cli import main
 
     out = tmp_path / "x.wav"
     assert main(["say", text, "-o", str(out), "--weights", "random-tiny", *extra]) == 1
@@ -167,17 +167,14 @@ def test_say_tells_a_refused_input_in_one_line(tmp_path, tiny_model, capsys, tex
     assert not out.exists()
 
 
-def test_batch_flags_map_onto_the_config_and_the_earlier_spellings_still_work():
-    """``batch``'s actor flags (each actor runs the whole speech pipeline) under their names and
-    the ``--acoustic-*`` ones of the stage-per-pool layout, into a valid ``BatchConfig``."""
-    from serve_app.tools.cli import batch_config
+def test_batch_flags_map_onto_the_config():
+    """``batch``'s actor flags (each actor runs the whole speech pipeline) into a valid ``BatchConfig``."""
+    from chattts_serve.cli import batch_config
 
-    for flags in (
-        ["--actors", "2", "--actor-cpus", "0.5", "--actor-threads", "1"],
-        ["--acoustic-actors", "2", "--acoustic-cpus", "0.5", "--acoustic-threads", "1"],
-    ):
-        args = build_parser().parse_args(["batch", "in.jsonl", "--out", "out", *flags, "--rows-per-call", "8"])
-        cfg = batch_config(args)
-        assert (cfg.actors, cfg.actor_cpus, cfg.actor_threads, cfg.call_rows(gpu=False)) == (2, 0.5, 1, 8)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["batch", "in.jsonl", "--out", "out", "--vocoders", "2"])  # no vocoder pool now
+    flags = ["--actors", "2", "--actor-cpus", "0.5", "--actor-threads", "1"]
+    args = build_parser().parse_args(["batch", "in.jsonl", "--out", "out", *flags, "--rows-per-call", "8"])
+    cfg = batch_config(args)
+    assert (cfg.actors, cfg.actor_cpus, cfg.actor_threads, cfg.call_rows(gpu=False)) == (2, 0.5, 1, 8)
+    for gone in (["--acoustic-actors", "2"], ["--vocoders", "2"]):  # the stage-per-pool layout's flags
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["batch", "in.jsonl", "--out", "out", *gone])

@@ -28,12 +28,14 @@ from support.engine import (
     seg,
     stream_decode,
     streamed_vs_one_shot,
+    synthesize,
+    synthesize_sync,
 )
 
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import EngineConfig, ModelConfig, SegmentConfig, VocoderConfig
 from serve_app.engine.decode.streams import HiddenChunk
-from serve_app.engine.errors import EngineError, EngineOverloaded
+from serve_app.engine.errors import EmptyInputError, EngineError, EngineOverloaded
 from serve_app.engine.pacing import (
     TOKENS_PER_SECOND,
     expected_seconds,
@@ -41,9 +43,8 @@ from serve_app.engine.pacing import (
     max_new_tokens,
     speed_tag_level,
 )
-from serve_app.engine.pipeline import EmptyInputError, SynthesisOptions
-from serve_app.engine.types import SegmentRequest
-from serve_app.engine.vocoder import Vocoder
+from serve_app.engine.types import SegmentRequest, SynthesisOptions
+from serve_app.engine.vocoder import VocoderEngine
 from serve_app.engine.voices import (
     OPENAI_VOICES,
     SpeakerSampler,
@@ -642,7 +643,7 @@ def long_utterance(tiny_model, spk) -> list[HiddenChunk]:
 
 def test_streamed_vocoder_matches_one_shot_decode(tiny_model, long_utterance):
     # Around every chunk edge too (no click where windows meet).
-    r = streamed_vs_one_shot(Vocoder(tiny_model), long_utterance)  # default VocoderConfig
+    r = streamed_vs_one_shot(VocoderEngine(tiny_model), long_utterance)  # default VocoderConfig
     assert r["samples"] == 512 * 600 - 256
     print(
         f"\nvocoder streamed vs one-shot: SNR {r['snr_db']:.1f} dB over {r['samples'] / SR:.1f} s "
@@ -657,7 +658,7 @@ def test_vocoder_windows_are_bounded(tiny_model, long_utterance):
     bound = cfg.left_context_tokens + 24 + cfg.hold_back_tokens + cfg.min_window_tokens
     sizes = {}
     for n_chunks in (6, len(long_utterance)):  # 132 tokens and 600 tokens
-        vocoder = Vocoder(tiny_model)
+        vocoder = VocoderEngine(tiny_model)
         windows: list[int] = []
         vocoder.on_decode = windows.append
         chunks = long_utterance[:n_chunks]
@@ -691,18 +692,37 @@ def test_local_pipeline_wav_length_and_determinism(synth):
     opts = SynthesisOptions(voice="alloy", seed=7)
     plan = synth.planner.plan(TEXT, opts)
     frames = expected_samples(plan)
-    wav = synth.synthesize_sync(TEXT, "wav", opts)
+    wav = synthesize_sync(synth, TEXT, "wav", opts)
     pcm, sr = sf.read(io.BytesIO(wav), dtype="int16")
     info = sf.info(io.BytesIO(wav))
     assert sr == SR and info.channels == 1 and info.subtype == "PCM_16"
     assert pcm.ndim == 1 and len(pcm) == frames
     assert len(wav) == 44 + 2 * frames
     assert np.abs(pcm).max() > 0
-    assert synth.synthesize_sync(TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
-    other = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
+    assert synthesize_sync(synth, TEXT, "wav", opts) == wav  # same text + voice + seed: same bytes
+    other = synthesize_sync(synth, TEXT, "wav", SynthesisOptions(voice="alloy", seed=8))
     assert len(other) == len(wav) and other != wav
-    other_voice = synth.synthesize_sync(TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
+    other_voice = synthesize_sync(synth, TEXT, "wav", SynthesisOptions(voice="echo", seed=7))
     assert other_voice != wav
+
+
+@pytest.mark.timeout(240)
+def test_the_same_tokens_are_the_same_bytes_whatever_the_chunks(tiny_model, tiny_weights_config):
+    """The vocoder's windows fall where the tokens put them: the shipped 12-then-24 chunks, chunks
+    of 5 tokens and a whole segment in one chunk (bulk's) give the same file, bit for bit."""
+    opts = SynthesisOptions(voice="alloy", seed=7)
+    files = []
+    for first, size in ((12, 24), (5, 5), (1 << 16, 1 << 16)):
+        acoustic = fixed_chunks(first_chunk_tokens=first, chunk_tokens=size)
+        local = LocalPipeline.from_config(
+            EngineConfig(model=ModelConfig(weights=tiny_weights_config, device="cpu"), acoustic=acoustic),
+            model=tiny_model,
+        )
+        try:
+            files.append(synthesize_sync(local, TEXT, "wav", opts))
+        finally:
+            local.close()
+    assert files[0] == files[1] == files[2]
 
 
 @pytest.mark.timeout(180)
@@ -717,14 +737,14 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
     assert len(plan.segments) >= 3
     assert len({r.seed for r in plan.segments}) == len(plan.segments)  # each segment its own seed
     try:
-        wav = synth.synthesize_sync(text, "wav", opts)  # the segments decode as parallel rows
+        wav = synthesize_sync(synth, text, "wav", opts)  # the segments decode as parallel rows
     finally:
         synth.close()
     assert synth.engine.stats.max_rows >= 2
     pcm, sr = sf.read(io.BytesIO(wav), dtype="float32")
     assert sr == SR and len(pcm) == expected_samples(plan)
     # Segment k of the response is the one-shot decode of segment k's hidden states, in order.
-    engine, vocoder = AcousticEngine(tiny_model, fixed_chunks()), Vocoder(tiny_model)
+    engine, vocoder = AcousticEngine(tiny_model, fixed_chunks()), VocoderEngine(tiny_model)
     ref = np.concatenate([vocoder.decode(decode_alone(engine, r)) for r in plan.segments])
     assert len(ref) == len(pcm)
     assert snr_db(ref, pcm) >= 30.0
@@ -734,7 +754,7 @@ def test_multi_segment_audio_is_each_segment_in_order(tiny_model, tiny_weights_c
 async def test_local_pipeline_stream_matches_whole_file(synth):
     opts = SynthesisOptions(voice="nova", seed=3)
     text = "你好，世界。"
-    whole = await synth.synthesize(text, "wav", opts)
+    whole = await synthesize(synth, text, "wav", opts)
     plan = await synth.plan(text, opts)
     async with synth.audio(plan, "wav") as items:
         parts = [b async for b in items if isinstance(b, bytes)]
@@ -746,7 +766,7 @@ async def test_local_pipeline_stream_matches_whole_file(synth):
 )
 def test_empty_input_raises(synth, text):
     with pytest.raises(EmptyInputError):
-        synth.synthesize_sync(text, "wav", SynthesisOptions())
+        synthesize_sync(synth, text, "wav", SynthesisOptions())
     assert synth.engine.waiting_rows == 0 and synth.engine.running_rows == 0
 
 
@@ -756,7 +776,7 @@ def test_every_response_format_decodes(synth, fmt):
     text = "你好，世界。"
     opts = SynthesisOptions(voice="alloy", seed=1)
     seconds = expected_samples(synth.planner.plan(text, opts)) / SR
-    data = synth.synthesize_sync(text, fmt, opts)
+    data = synthesize_sync(synth, text, fmt, opts)
     assert data
     samples, rate = decode_av(data, fmt)  # mono, or it fails
     n = samples.shape[1]
@@ -769,9 +789,9 @@ def test_every_response_format_decodes(synth, fmt):
 def test_engine_modules_do_not_import_ray():
     code = (
         "import sys\n"
-        "import serve_app.engine.pipeline, serve_app.engine.weights.loading, serve_app.engine.acoustic\n"
+        "import serve_app.engine.assembly, serve_app.engine.weights.loading, serve_app.engine.acoustic\n"
         "import serve_app.engine.vocoder, serve_app.engine.voices, serve_app.engine.pacing\n"
-        "import serve_app.tools.cli\n"
+        "import chattts_serve.cli\n"
         "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
         "assert not bad, bad\n"
     )

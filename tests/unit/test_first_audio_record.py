@@ -6,7 +6,7 @@ import json
 from serve_app.callers import Slot
 from serve_app.http import request_log
 from serve_app.http.request_log import RequestRecord
-from serve_app.http.speech import _release_when_taken
+from serve_app.pipeline.admission import release_when_taken as _release_when_taken
 from serve_app.protocol import SpeechRequest
 
 

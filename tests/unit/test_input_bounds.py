@@ -28,6 +28,7 @@ import pytest
 from pydantic import ValidationError
 from support.clips import encode, speechlike
 from support.hostile import CHATTTS, MiB, ima_adpcm_wav, raw_lzma, speaker_bombs, speaker_vec
+from support.speakers import encode_speaker
 
 from serve_app.engine.clips import MAX_PACKETS_PER_SECOND, ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidVoiceError, UnknownVoiceError
@@ -36,7 +37,6 @@ from serve_app.engine.voices import (
     SPEAKER_BYTES,
     VoiceResolver,
     decode_speaker,
-    encode_speaker,
     inflate_exact,
 )
 from serve_app.protocol import SessionStart, SpeechRequest

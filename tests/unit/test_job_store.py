@@ -24,13 +24,24 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from deployments.job_runner import _Job, _write_audio, parallel_chunks
+from deployments.job_runner import parallel_chunks
 from serve_app.engine.audio import to_int16
 from serve_app.engine.errors import JobQuotaExceeded, TooManyJobs
 from serve_app.engine.planner import segment_seed
 from serve_app.engine.wav import HEADER_BYTES, is_wav
 from serve_app.http import ranged
-from serve_app.http.job_views import file_response
+from serve_app.jobs.audio import write_audio
+from serve_app.jobs.cutting import (
+    chapter_first_chunks,
+    chunk_seed,
+    cut_script,
+    cut_text,
+    estimated_pcm_bytes,
+    heading_title,
+    split_chapters,
+)
+from serve_app.jobs.running import RunningJob
+from serve_app.jobs.views import file_response
 from serve_app.settings import JobsConfig
 from serve_app.storage.jobs import (
     JobGone,
@@ -41,17 +52,10 @@ from serve_app.storage.jobs import (
     StoredJob,
     audio_file_name,
     captions_file_name,
-    chapter_first_chunks,
-    chunk_seed,
-    cut_script,
-    cut_text,
-    estimated_pcm_bytes,
     make_job_store,
     new_job_id,
     owner_tag,
-    split_chapters,
 )
-from serve_app.storage.jobs.chunking import heading_title
 from serve_app.storage.jobs.directory import DirectoryFiles, write_atomic
 from serve_app.storage.jobs.object_files import ObjectFiles
 from serve_app.storage.jobs.object_lock import ObjectLock
@@ -512,7 +516,7 @@ def test_a_restarted_runner_takes_a_job_up_from_its_stored_chunks(settings: Jobs
 
     again = make_job_store(settings)  # the restarted runner's
     [found] = again.active_jobs()
-    taken = _Job(found, again.script(found), again.done_chunks(found))
+    taken = RunningJob(found, again.script(found), again.done_chunks(found))
     assert taken.pending == [1, 3]
     assert found.chunk_samples == [100, -1, 50, -1] and found.chunks_done == 2
     assert found.chars_done == len(chunks[0].text) + len(chunks[2].text)
@@ -534,7 +538,7 @@ def test_the_final_file_is_the_chunks_in_order_with_their_pauses(store: JobStore
     for k, p in enumerate(pcm):
         store.put_chunk(job, k, p.tobytes())
         job.chunk_samples[k] = len(p)
-    size = _write_audio(store, job, chunks)
+    size = write_audio(store, job, chunks)
     store.remove_chunks(job)
     assert files_of(store, job) == {"chunks.json", f"audio.{fmt}"} | state_on_files(store)
     data = read_all(store, job, audio_file_name(job))
@@ -628,7 +632,7 @@ def test_each_chapter_has_its_file_and_its_place_in_the_whole_one(store: JobStor
     for k, p in enumerate(pcm):
         store.put_chunk(job, k, p.tobytes())
         job.chunk_samples[k] = len(p)
-    size = _write_audio(store, job, chunks)
+    size = write_audio(store, job, chunks)
 
     def samples(name: str) -> np.ndarray:
         data = read_all(store, job, name)
@@ -666,7 +670,7 @@ def test_captions_follow_each_chunk_to_its_place_in_the_whole_file_and_its_chapt
         store.put_chunk(job, k, b"\x01\x00" * n, [[1200, n - 1200, chunk.text]])
         job.chunk_samples[k] = n
     assert set(files_of(store, job)) >= {f"chunks/{k}.json" for k in range(len(chunks))}
-    _write_audio(store, job, chunks)
+    write_audio(store, job, chunks)
 
     def cues(name: str) -> list[tuple[int, int, str]]:
         text = read_all(store, job, name).decode()

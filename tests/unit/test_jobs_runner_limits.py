@@ -20,12 +20,14 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from deployments.job_runner import JobRunner, _Job
+from deployments.job_runner import JobRunner
 from serve_app.engine.planner import Planner
+from serve_app.jobs.cutting import cut_text
+from serve_app.jobs.planning import reservation
+from serve_app.jobs.running import RunningJob
 from serve_app.settings import JobsConfig
-from serve_app.storage.jobs import JOB_ID_RE, JobLimits, Place, StoredJob, cut_text, make_job_store, new_job_id
+from serve_app.storage.jobs import JOB_ID_RE, JobLimits, Place, StoredJob, make_job_store, new_job_id
 from serve_app.storage.jobs.objects import SPOOL_BYTES, clean_spool, open_objects, spool_dir
-from serve_app.storage.jobs.planning import reservation
 
 ROOMY = JobLimits(max_active=100, max_jobs=100, max_bytes=10**12)
 VOICE = {"name": "alloy", "seed": 2222, "spk_emb": None, "spk_smp": None, "txt_smp": None}
@@ -123,7 +125,7 @@ async def test_a_job_that_outgrows_its_reservation_stops_failed_as_the_audio_com
     store, job = await _job(settings, limit)
     vocoder = _Vocoder(total=10 * limit)  # the stage makes ten times what was reserved
     runner = _runner(settings, vocoder)
-    active = _Job(job, store.script(job), {})
+    active = RunningJob(job, store.script(job), {})
     runner.jobs[job.id] = active
     await runner._chunk(active, 0)
     stored = store.get(job.id, "alice")
@@ -141,7 +143,7 @@ async def test_a_job_within_its_reservation_stores_its_chunk(settings: JobsConfi
     store, job = await _job(settings, 48_000)
     vocoder = _Vocoder(total=40_000)
     runner = _runner(settings, vocoder)
-    active = _Job(job, store.script(job), {})
+    active = RunningJob(job, store.script(job), {})
     runner.jobs[job.id] = active
     await runner._chunk(active, 0)
     stored = store.get(job.id, "alice")

@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 import pytest
 from starlette.requests import Request
+from support.speakers import encode_speaker
 
 from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
-from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
-from serve_app.http.job_request import loads_object
-from serve_app.http.jobs import JobsService
 from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
+from serve_app.jobs.cutting import cut_text, estimated_pcm_bytes
+from serve_app.jobs.request import loads_object
+from serve_app.jobs.service import JobsService
 from serve_app.settings import JobsConfig, VoiceStoreConfig
-from serve_app.storage.jobs import Place, cut_text, estimated_pcm_bytes
+from serve_app.storage.jobs import Place
 from serve_app.storage.jobs.model import CHUNKS_FILE, STATE_FILE
 from serve_app.storage.voices import VoiceCatalog, make_voice_store, stored_voice
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def keys(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
-        [sys.executable, "-m", "serve_app.tools.cli", "keys", *args],
+        [sys.executable, "-m", "chattts_serve.cli", "keys", *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -1,8 +1,8 @@
 """The code's layers, checked from the source (docs/architecture.md, "Layers"): a module imports
 only from its own layer or the ones below it, and nothing below the Ray layer imports Ray.
 
-    engine < errors, settings, protocol, callers, metrics, tools.client < storage < pipeline
-      < http < realtime, wyoming < deployments (the Ray layer) < tools (entry points)
+    engine < errors, settings, protocol, callers, metrics, client < storage < pipeline
+      < http, jobs < realtime, wyoming < deployments (the Ray layer) < chattts_serve (the command line)
 
 A module's layer is its longest prefix in ``LAYERS``. Imports are read with ``ast`` (also those
 inside functions: a lazy import is still a dependency).
@@ -23,15 +23,15 @@ LAYERS = {
     "serve_app.protocol": 1,
     "serve_app.callers": 1,
     "serve_app.metrics": 1,
-    "serve_app.tools.client": 1,
+    "serve_app.client": 1,
     "serve_app.storage": 2,
     "serve_app.pipeline": 3,
     "serve_app.http": 4,
+    "serve_app.jobs": 4,
     "serve_app.realtime": 5,
     "serve_app.wyoming": 5,
     "deployments": 6,
-    "serve_app.tools": 7,
-    "serve_app.__main__": 7,
+    "chattts_serve": 7,
 }
 EXACT = {"serve_app": 7}  # the package's own __init__ (not a prefix: every module has its layer)
 RAY_LAYER = 6
@@ -48,7 +48,7 @@ def layer_of(module: str) -> Optional[int]:
 
 
 def modules() -> Iterator[tuple[str, Path]]:
-    for top in ("serve_app", "deployments"):
+    for top in ("serve_app", "deployments", "chattts_serve"):
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             if parts[-1] == "__init__":

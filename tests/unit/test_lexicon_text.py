@@ -138,7 +138,7 @@ def test_api_callers_cannot_send_entries():
 
 
 def test_say_takes_the_switch():
-    from serve_app.tools.cli import build_parser
+    from chattts_serve.cli import build_parser
 
     assert build_parser().parse_args(["say", "hi", "-o", "x.wav"]).text_normalization == "auto"
     assert (

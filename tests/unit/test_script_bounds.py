@@ -1,4 +1,4 @@
-"""A request's script (``http/script.py``) on instructions at the API's bounds: every field the
+"""A request's script (``pipeline/script.py``) on instructions at the API's bounds: every field the
 schema admits is read, and what only a caller past the schema can send is a 400 naming the
 field, never a 500. No Ray: the script is built in-process over a memory voice store."""
 
@@ -9,8 +9,8 @@ import pytest
 from serve_app.engine.errors import InvalidInstructionsError
 from serve_app.engine.styles import MAX_INSTRUCTIONS_CHARS, resolve_instructions
 from serve_app.errors import as_api_error
-from serve_app.http.script import dialogue_script, styled
 from serve_app.http.security import Caller
+from serve_app.pipeline.script import dialogue_script, styled
 from serve_app.protocol import DialogueRequest, SpeechRequest
 from serve_app.settings import VoiceStoreConfig
 from serve_app.storage.voices import ANONYMOUS, MemoryVoiceStore, VoiceCatalog

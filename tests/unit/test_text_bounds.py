@@ -2,7 +2,7 @@
 by digit by every number rule, and no pass rescans (4096-character floods of digits, separators,
 currency signs, fraction slashes, ordinal suffixes, operators, dots finish well under a second).
 
-Readings of ordinary numbers are held by tests/test_text.py; here only what changes past the bound."""
+Readings of ordinary numbers are held by tests/unit/test_text.py; here only what changes past the bound."""
 
 from __future__ import annotations
 

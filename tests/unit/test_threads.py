@@ -111,6 +111,7 @@ _PIPELINE_BUILT_HERE = (
     _ENGINE_BUILT_HERE.split("cfg = ")[0]
     + """
 from serve_app.engine.config import EngineConfig
+from serve_app.engine.types import SynthesisOptions
 from serve_app.pipeline.local import LocalPipeline
 
 cfg = ModelConfig(weights=WeightsConfig(source="random-tiny", cache_dir=sys.argv[1]), device="cpu", torch_threads=2)
@@ -118,7 +119,13 @@ model = on_new_thread(load_model, cfg)  # (the tokenizer's own pool starts here)
 before = threads()
 pipeline = LocalPipeline.from_config(EngineConfig(model=cfg), model=model)
 built = threads()
-pipeline.synthesize_sync("Hello there.")
+import asyncio
+
+async def speak():
+    plan = await pipeline.plan("Hello there.", SynthesisOptions())
+    await pipeline.speak(plan, "wav")
+
+asyncio.run(speak())
 print(before, built, threads())
 """
 )

@@ -21,10 +21,10 @@ import pytest
 from starlette.requests import Request
 from support.configs import REPO
 from support.redis_server import RedisServer, needs_redis
+from support.speakers import encode_speaker
 
 from bench.lib.procs import free_port
 from serve_app.engine.errors import UnknownVoiceError
-from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
 from serve_app.http import security
 from serve_app.http.security import Caller

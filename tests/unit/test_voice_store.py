@@ -16,12 +16,12 @@ import pytest
 from pydantic import ValidationError
 from support.clips import encode, speechlike
 from support.redis_server import needs_redis
+from support.speakers import encode_speaker
 
 from bench.lib.procs import REPO_ROOT as REPO
 from bench.lib.procs import free_port
 from serve_app.engine.clips import ClipLimits, decode_clip
 from serve_app.engine.errors import InvalidClipError, UnknownVoiceError
-from serve_app.engine.voices import encode_speaker
 from serve_app.errors import APIError
 from serve_app.protocol import SpeechRequest
 from serve_app.settings import VoiceStoreConfig

@@ -14,8 +14,8 @@ from wyoming.event import Event
 from wyoming.info import Info
 from wyoming.tts import Synthesize, SynthesizeStart, SynthesizeVoice
 
+from serve_app.client import SpeechError
 from serve_app.errors import APIError
-from serve_app.tools.client import SpeechError
 from serve_app.wyoming import WyomingConfig
 from serve_app.wyoming.events import (
     MAX_LISTED_VOICES,

@@ -182,7 +182,7 @@ def test_the_command_serves_and_stops_on_sigterm():
     code = (
         "import sys, atexit, json\n"
         "atexit.register(lambda: print(json.dumps(sorted({'torch', 'ray'} & set(sys.modules))), file=sys.stderr))\n"
-        "from serve_app.tools.cli import main\n"
+        "from chattts_serve.cli import main\n"
         f"sys.exit(main(['wyoming', '--uri', 'tcp://127.0.0.1:{port}']))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)

@@ -205,3 +205,15 @@ class RowStream:
         finally:
             # The consumer stopped early (finished, error or cancelled): free the row.
             self.cancelled.set()
+
+
+async def aordered_chunks(streams: list[RowStream]) -> AsyncIterator[tuple[int, HiddenChunk]]:
+    """One request's rows read in segment order: (segment index, chunk). Leaving early (the
+    reader stopped, an error) cancels every row."""
+    try:
+        for i, stream in enumerate(streams):
+            async for chunk in stream:
+                yield i, chunk
+    finally:
+        for stream in streams:
+            stream.cancel()

@@ -39,7 +39,6 @@ from typing import Any
 
 from ...settings import JobsConfig
 from ..factory import open_store
-from .chunking import chapter_first_chunks, chunk_seed, cut_script, cut_text, estimated_pcm_bytes, split_chapters
 from .files import JobFiles, Place
 from .model import (
     ACTIVE,
@@ -79,19 +78,13 @@ __all__ = [
     "Usage",
     "audio_file_name",
     "captions_file_name",
-    "chapter_first_chunks",
     "check_room",
-    "chunk_seed",
-    "cut_script",
-    "cut_text",
     "default_jobs_dir",
-    "estimated_pcm_bytes",
     "job_limits",
     "jobs_root",
     "make_job_store",
     "new_job_id",
     "owner_tag",
-    "split_chapters",
     "store_identity",
     "store_location",
 ]

@@ -93,7 +93,7 @@ class JobStore:
         self.files.remove_place(Place.of(job))
         return job
 
-    # What HTTP serves a job's file from (``http/jobs.py``): a local file when there is one, else
+    # What HTTP serves a job's file from (``serve_app/jobs/``): a local file when there is one, else
     # ranged reads.
 
     def local_path(self, job: StoredJob, name: str) -> Optional[Path]:

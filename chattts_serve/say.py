@@ -11,19 +11,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, NoReturn, Optional
 
-if TYPE_CHECKING:
-    from ..engine.config import EngineConfig
+from serve_app.engine.audio import AUDIO_FORMATS
 
-FORMATS = (
-    "mp3",
-    "opus",
-    "aac",
-    "flac",
-    "wav",
-    "pcm",
-    "ulaw",
-    "alaw",
-)  # engine/audio.py's AUDIO_FORMATS (kept light here)
+if TYPE_CHECKING:
+    from serve_app.engine.config import EngineConfig
+
+FORMATS = AUDIO_FORMATS
 STREAM_FORMATS = ("pcm", "opus", "mp3", "ulaw", "alaw")  # one stream for text that arrives over time (the WebSocket)
 
 
@@ -38,7 +31,7 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
     """The server's defaults (the same classes), with this command's weights and device. Chunks
     have fixed sizes: a file has no listener to send early audio to, and fixed chunks make two
     runs byte-identical."""
-    from ..engine.config import AcousticConfig, EngineConfig, ModelConfig, WeightsConfig
+    from serve_app.engine.config import AcousticConfig, EngineConfig, ModelConfig, WeightsConfig
 
     weights = WeightsConfig(source=args.weights or "auto", path=args.weights_path)
     return EngineConfig(
@@ -49,19 +42,30 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
 def _say_local(args: argparse.Namespace, fmt: str) -> int:
     from tqdm import tqdm
 
-    from ..engine.types import SegmentMark, StreamSummary, SynthesisOptions
-    from ..engine.wav import finish_file
-    from ..pipeline.local import LocalPipeline
+    from serve_app.engine.types import SegmentMark, StreamSummary
+    from serve_app.engine.wav import finish_file
+    from serve_app.pipeline.local import LocalPipeline
+    from serve_app.pipeline.prepare import OFFLINE_CALLER, offline_preparation
+    from serve_app.protocol import SpeechRequest
+    from serve_app.settings import IngressConfig
 
+    # Read as the API reads a request (the same limits, instructions, SSML, voices), before the model loads.
+    req = SpeechRequest(
+        input=args.text,
+        voice=args.voice,
+        seed=args.seed,
+        speed=args.speed,
+        lang=args.lang,
+        text_normalization=args.text_normalization,
+        response_format=fmt,
+    )
     pipeline = LocalPipeline.from_config(engine_config(args))
     if pipeline.model.is_random:
         print("warning: RANDOM weights (noise, not speech): no real ChatTTS weights found", file=sys.stderr)
-    opts = SynthesisOptions(
-        voice=args.voice, seed=args.seed, speed=args.speed, lang=args.lang, text_normalization=args.text_normalization
-    )
 
     async def speak() -> tuple:
-        plan = await pipeline.plan(args.text, opts)
+        prepared = await offline_preparation(IngressConfig().max_input_chars).prepare(req, OFFLINE_CALLER)
+        plan = await prepared.plan(pipeline)
         summary: Optional[StreamSummary] = None
         with (
             open(args.output, "w+b") as out,
@@ -94,7 +98,7 @@ def _say_local(args: argparse.Namespace, fmt: str) -> int:
 
 
 def _say_remote(args: argparse.Namespace, fmt: str) -> int:
-    from .client import SpeechClient
+    from serve_app.client import SpeechClient
 
     with SpeechClient(args.url, api_key=args.api_key) as client:
         info = client.speak_to_file(
@@ -132,7 +136,7 @@ async def _stdin_lines() -> AsyncIterator[str]:
 
 
 def _say_stdin(args: argparse.Namespace, fmt: str) -> int:
-    from .client import AsyncSpeechClient
+    from serve_app.client import AsyncSpeechClient
 
     done: dict = {}
 
@@ -172,8 +176,8 @@ def _refused(speak: Callable[[argparse.Namespace, str], int], args: argparse.Nam
     """``say``, with what the server would answer 4xx (empty text, an unknown voice, bad SSML:
     the API's own error table) or what a server answered, told in one line and exit status 1
     instead of a traceback."""
-    from ..errors import to_api_error
-    from .client import SpeechError
+    from serve_app.client import SpeechError
+    from serve_app.errors import to_api_error
 
     try:
         return speak(args, fmt)

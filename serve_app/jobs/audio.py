@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from serve_app.engine.audio import SAMPLE_RATE
-from serve_app.storage.jobs import JobChunk, StoredJob
+from ..engine.audio import SAMPLE_RATE
+from ..storage.jobs import JobChunk, StoredJob
 
 SAMPLE_BYTES = 2
 
@@ -35,7 +35,7 @@ def write_audio(store: Any, job: StoredJob, chunks: list[JobChunk]) -> int:
 def _captions(store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int) -> str:
     """Captions of the file made from chunks [first, end): each chunk's segments moved to where
     the chunk starts in that file (the chunks before it and their pauses)."""
-    from serve_app.engine.captions import TimedText, caption_file
+    from ..engine.captions import TimedText, caption_file
 
     items: list[TimedText] = []
     at = 0
@@ -60,26 +60,19 @@ def _pauses(chunks: list[JobChunk], first: int, end: int, trailing_pause: bool) 
 def _encoded(
     store: Any, job: StoredJob, chunks: list[JobChunk], first: int, end: int, trailing_pause: bool = True
 ) -> Iterator[bytes]:
-    """A file's bytes from chunks [first, end), chunk by chunk (one chunk's PCM in memory at a
-    time): in order with their pauses (the last one's only with ``trailing_pause``), through one
-    encoder. A WAV's header carries its true size at once (the length is known), so the file is
-    written front to back."""
+    """A file's bytes from chunks [first, end): their PCM in order with their pauses (the last
+    one's only with ``trailing_pause``), one chunk in memory at a time, through the engine's
+    encoder (``encode_file``: a WAV's header carries its true size at once)."""
     import numpy as np
 
-    from serve_app.engine.audio import new_encoder
-    from serve_app.engine.wav import wav_header
+    from ..engine.audio import encode_file
 
-    fmt = job.response_format
     pauses = _pauses(chunks, first, end, trailing_pause)
-    if fmt == "wav":
-        total = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(pauses)
-        yield wav_header(SAMPLE_RATE, SAMPLE_BYTES * total)
-        fmt = "pcm"
-    encoder = new_encoder(fmt)
-    for k, pause in zip(range(first, end), pauses):
-        pcm = np.frombuffer(store.read_chunk(job, k), dtype="<i2")
-        if len(pcm):
-            yield encoder.write(pcm)
-        if pause:
-            yield encoder.write(np.zeros(pause, dtype=np.int16))
-    yield encoder.close()
+    total = sum(max(0, job.chunk_samples[k]) for k in range(first, end)) + sum(pauses)
+
+    def pieces() -> Iterator[np.ndarray]:
+        for k, pause in zip(range(first, end), pauses):
+            yield np.frombuffer(store.read_chunk(job, k), dtype="<i2")
+            yield np.zeros(pause, dtype=np.int16)
+
+    return encode_file(pieces(), job.response_format, samples=total)

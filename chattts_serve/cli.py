@@ -59,8 +59,8 @@ def batch_config(args: argparse.Namespace):
 
 
 def _weights_build(args: argparse.Namespace) -> int:
-    from ..engine.config import WeightsConfig
-    from ..engine.weights.random_weights import build_random_weights
+    from serve_app.engine.config import WeightsConfig
+    from serve_app.engine.weights.random_weights import build_random_weights
 
     t0 = time.perf_counter()
     path = build_random_weights(args.source, WeightsConfig(cache_dir=args.dir).cache_path, args.seed)
@@ -74,7 +74,7 @@ def _keys_new(args: argparse.Namespace) -> int:
     """A new random API key on stdout (alone: ``KEY=$(chattts-serve keys new)``), its id on stderr."""
     import secrets
 
-    from ..http.security import key_id
+    from serve_app.http.security import key_id
 
     key = secrets.token_urlsafe(32)  # 256 random bits; URL-safe base64: no ',' (the env var's separator)
     print(key)
@@ -86,7 +86,7 @@ def _keys_id(args: argparse.Namespace) -> int:
     """The id of each key read from stdin (one per line, or comma-separated as in CHATTTS_API_KEYS):
     the fingerprint logs, limits and ``security.keys`` use. The key never goes on the command line
     (shell history, ``ps``) and is never printed."""
-    from ..http.security import key_id
+    from serve_app.http.security import key_id
 
     keys = [k.strip() for line in sys.stdin.read().splitlines() for k in line.split(",")]
     keys = [k for k in keys if k]
@@ -102,7 +102,7 @@ def _wyoming(args: argparse.Namespace) -> int:
     """A Wyoming protocol server (Home Assistant) in front of a running service, until Ctrl-C."""
     from pydantic import ValidationError
 
-    from ..wyoming import WyomingConfig, serve
+    from serve_app.wyoming import WyomingConfig, serve
 
     logging.getLogger("chattts_serve.wyoming").setLevel(logging.INFO)  # a line per synthesis
     given = {k: getattr(args, k) for k in WYOMING_OPTIONS}
@@ -207,10 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "none", "int8"),
         help="int8 GPT layers on CPU (auto: int8 on CPU); none decodes each row the same in any batch",
     )
-    # Each actor runs the whole speech pipeline (the --acoustic-* spellings of earlier versions still work).
+    # Each actor runs the whole speech pipeline.
     batch.add_argument(
         "--actors",
-        "--acoustic-actors",
         dest="actors",
         type=int,
         default=None,
@@ -219,7 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--num-gpus", type=float, default=None, help="GPU share per actor (default 0.5 with GPUs)")
     batch.add_argument(
         "--actor-cpus",
-        "--acoustic-cpus",
         dest="actor_cpus",
         type=float,
         default=None,
@@ -227,7 +225,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument(
         "--actor-threads",
-        "--acoustic-threads",
         dest="actor_threads",
         type=int,
         default=None,
@@ -285,7 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "keys":  # no model library to import or quiet
         return _keys_new(args) if args.keys_command == "new" else _keys_id(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from ..engine.quiet import quiet_libraries
+    from serve_app.engine.quiet import quiet_libraries
 
     quiet_libraries()
     if args.command == "say":

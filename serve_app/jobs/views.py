@@ -16,9 +16,9 @@ from fastapi.responses import FileResponse, Response
 from ..engine.audio import SAMPLE_RATE
 from ..engine.errors import JobError, UnknownJobError
 from ..errors import APIError, as_api_error
+from ..http.ranged import RangedResponse
 from ..protocol import AudioJob, JobChapter, JobFailure, JobProgress
 from ..storage.jobs import JobStore, StoredJob
-from .ranged import RangedResponse
 
 log = logging.getLogger("ray.serve")
 

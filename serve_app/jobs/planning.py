@@ -14,12 +14,12 @@ import math
 import threading
 from typing import Iterator, Optional
 
-from ...engine.audio import SAMPLE_RATE
-from ...engine.config import SegmentConfig
-from ...engine.errors import EmptyInputError, RequestTooLarge
-from ...engine.planner import Planner, plan_seconds
-from ...engine.types import ScriptPart, SynthesisOptions, Voice
-from .model import PCM_BYTES_PER_SAMPLE, JobChunk
+from ..engine.audio import SAMPLE_RATE
+from ..engine.config import SegmentConfig
+from ..engine.errors import EmptyInputError, RequestTooLarge
+from ..engine.planner import Planner, plan_seconds
+from ..engine.types import ScriptPart, SynthesisOptions, Voice
+from ..storage.jobs.model import PCM_BYTES_PER_SAMPLE, JobChunk
 
 PIECE_CHARS = 20_000  # text planned per thread call: ~0.1-0.6 s of CPU, so a stop or a refusal comes soon
 

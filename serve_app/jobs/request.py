@@ -17,8 +17,8 @@ from fastapi import Request
 from pydantic import TypeAdapter, ValidationError
 
 from ..errors import APIError, invalid_value
+from ..http.errors import read_form
 from ..protocol import MAX_JOB_TURNS, DialogueTurn, JobRequest
-from .errors import read_form
 
 _FORM_FIELDS = set(JobRequest.model_fields) | {"file"}
 

@@ -1,24 +1,24 @@
 """A request as the planner's script: OpenAI's ``instructions`` applied to the options, SSML
 parsed into parts, a dialogue's turns into parts, every voice resolved for the caller.
 
-Here in the Ingress, not the TextNormalizer: the voices an SSML ``<voice name>`` or a turn
-names may be the caller's own (the voice store is the Ingress's), and a malformed document is
-a 400 before anything is queued. The planner then cuts every part into segments that all decode
-together (``Planner.plan_script``).
+Built where the request is prepared (``prepare.py``), not in the TextNormalizer: the voices an
+SSML ``<voice name>`` or a turn names may be the caller's own (the voice store is the door's),
+and a malformed document is a 400 before anything is queued. The planner then cuts every part
+into segments that all decode together (``Planner.plan_script``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
+from ..callers import Caller
 from ..engine.styles import StyleResult, header_value, resolve_instructions
 from ..engine.text.ssml import SsmlBreak, SsmlText, parse_ssml
 from ..engine.types import ScriptPart, SynthesisOptions, Voice
 from ..protocol import DialogueRequest, JobRequest, SpeechRequest
-from ..storage.lexicons import LexiconBook
 from ..storage.voices import VoiceCatalog
-from .security import Caller
 
 
 @dataclass
@@ -26,18 +26,34 @@ class Script:
     """What the planner gets, and what the answer says about it (response headers)."""
 
     options: SynthesisOptions
-    parts: Optional[list[ScriptPart]] = None  # None: plain text, planned as one
+    text: str = ""  # a plain text's input (planned as one); unused with parts
+    parts: Optional[list[ScriptPart]] = None  # None: plain text
     voices: list[Voice] = field(default_factory=list)  # every voice the script speaks in (the cache key)
     headers: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def source(self) -> Union[str, Sequence[ScriptPart]]:
+        """What the pipeline plans: the parts, else the text."""
+        return self.parts if self.parts is not None else self.text
 
-async def with_lexicon(script: Script, lexicons: Optional[LexiconBook], caller: Caller) -> Script:
-    """The script with its lexicon's entries in its options: the request's ``lexicon`` (the
-    caller's own; another key's is unknown, as a missing one), else the key's default. The
-    TextNormalizer applies them; the cache key takes their content hash."""
-    if lexicons is not None:
-        script.options = await lexicons.apply(script.options, caller.owner, admin=caller.admin)
-    return script
+
+class ThreadVoices:
+    """The voice catalog as a script builder running on a worker thread's own loop sees it: each
+    distinct (name, owner) resolved once, on the door's loop (where the voice store's clients
+    live), and the same ``Voice`` object handed back every time after (so a job keeps each voice
+    once, found by identity, never re-serialised per part)."""
+
+    def __init__(self, catalog: VoiceCatalog, loop: asyncio.AbstractEventLoop):
+        self.catalog = catalog
+        self.loop = loop
+        self.known: dict[tuple[str, str, bool], Voice] = {}
+
+    async def resolve(self, voice: Optional[str], owner: str, admin: bool = False) -> Voice:
+        key = (voice or "", owner, admin)
+        if key not in self.known:
+            fut = asyncio.run_coroutine_threadsafe(self.catalog.resolve(voice, owner, admin=admin), self.loop)
+            self.known[key] = await asyncio.wrap_future(fut)
+        return self.known[key]
 
 
 def styled(options: SynthesisOptions, *instructions: Optional[str]) -> tuple[SynthesisOptions, StyleResult]:
@@ -111,7 +127,7 @@ async def speech_script(
 ) -> Script:
     """A speech request's (or a job's) script: its options with its instructions; parts when it is SSML."""
     options, style = styled(req.to_options(), req.instructions)
-    script = Script(options, headers=style_headers([style]))
+    script = Script(options, text=req.input, headers=style_headers([style]))
     if req.is_ssml:
 
         async def resolve(name: str) -> Voice:
@@ -170,7 +186,7 @@ async def dialogue_script(
                     turn=i,
                 )
             )
-    script = Script(base, parts, used, style_headers(styles))
+    script = Script(base, parts=parts, voices=used, headers=style_headers(styles))
     if unsupported:
         script.headers["X-SSML-Unsupported"] = header_value(dict.fromkeys(unsupported))
     return script

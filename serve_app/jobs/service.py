@@ -10,7 +10,7 @@ active jobs and room, before the body is read; the model and the length, ``jobs.
 then (``job_build.py``), off the event loop, the script is read (SSML, turns; each distinct voice
 resolved once for the caller and kept with the job), cut into chunks, each with its seed, and every
 chunk planned as the runner will plan it: the job reserves its planned audio
-(``storage/jobs/planning.py``), and answers 202 ``queued``.
+(``planning.py``), and answers 202 ``queued``.
 
 Every job belongs to the caller that made it (``Caller.owner``): another key's id answers 404
 exactly like a missing one, and an admin key sees every key's.
@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..callers import Caller
 from ..engine.audio import CONTENT_TYPES
 from ..engine.captions import CAPTION_TYPES
 from ..engine.config import SegmentConfig
@@ -44,20 +45,19 @@ from ..storage.jobs import (
     StoredJob,
     audio_file_name,
     captions_file_name,
-    chapter_first_chunks,
     check_room,
     job_limits,
     make_job_store,
     new_job_id,
 )
-from ..storage.jobs.planning import JobPlanner, reservation
 from ..storage.lexicons import LexiconBook
-from ..storage.voices import VoiceCatalog
-from .job_build import BuiltJob, JobBuilder
-from .job_request import read_job_request
-from .job_script import CollectorDeferred, emptied
-from .job_views import JOBS_PATH, file_response, job_view, not_found, store_call
-from .security import ANONYMOUS, Caller
+from ..storage.voices import ANONYMOUS, VoiceCatalog
+from .build import BuiltJob, JobBuilder
+from .cutting import chapter_first_chunks
+from .planning import JobPlanner, reservation
+from .request import read_job_request
+from .script import CollectorDeferred, emptied
+from .views import JOBS_PATH, file_response, job_view, not_found, store_call
 
 log = logging.getLogger("ray.serve")
 

@@ -1,23 +1,23 @@
-"""A job the runner holds (``deployments/job_runner.py``): its state, its chunks, what is left and what runs,
-and how much PCM its running chunks may still make (its reservation)."""
+"""A job the runner holds (``deployments/job_runner.py``, the actor): its state, its chunks, what is
+left and what runs, and how much PCM its running chunks may still make (its reservation)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from deployments.job_audio import SAMPLE_BYTES
-from serve_app.engine.types import ScriptPart, Voice
-from serve_app.storage.jobs import JobChunk, StoredJob
-from serve_app.storage.jobs.model import JobScript
-from serve_app.storage.jobs.planning import script_parts
+from ..engine.types import ScriptPart, Voice
+from ..storage.jobs import JobChunk, StoredJob
+from ..storage.jobs.model import JobScript
+from .audio import SAMPLE_BYTES
+from .planning import script_parts
 
 
 class ReservationExceeded(Exception):
     """The job's audio outgrew what it reserved of its owner's quota."""
 
 
-class _Job:
+class RunningJob:
     """A job the runner holds: its state, its chunks, what is left and what runs."""
 
     def __init__(self, job: StoredJob, script: JobScript, done: dict[int, int]):

@@ -1,28 +1,28 @@
-"""The synthesis pipeline as plain Python: plan segments, decode, vocode, encode.
+"""One stream's audio, assembled once for every door: ordered hidden-state chunks of a plan's
+segments in, encoded bytes, segment marks and a summary out.
 
-``Planner`` (``planner.py``: text front end + voices + pacing, no torch) turns one request into
-segment requests; ``AudioAssembler`` turns a request's ordered hidden-state chunks into encoded
-bytes; ``aordered_chunks`` reads a request's rows from an ``AcousticEngine`` segment by segment.
-The Ray Serve deployments use these pieces, one per stage; ``serve_app/pipeline/local.py``'s
-``LocalPipeline`` wires them together in one process (CLI, tests, tools).
+``AudioAssembler`` turns a request's ordered hidden-state chunks into encoded bytes (one
+sliding-window vocoder stream per segment, one encoder for the response, the plan's silences,
+gain and loudness). ``AudioLoop`` drives it for one stream: every torch call on the stage's torch
+thread, bytes merged into messages of at least ``MIN_YIELD_BYTES`` (the first at once), a
+``SegmentMark`` right after the bytes that complete its segment, and a ``StreamSummary`` at the
+end. The Vocoder deployment runs it over the Acoustic stage's chunks, ``LocalPipeline`` over an
+in-process engine's: the same loop, so the same tokens give the same bytes through every door.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, AudioEncoder, new_encoder
 from .config import VocoderConfig
-from .decode.streams import HiddenChunk, RowStream
-from .errors import EmptyInputError  # noqa: F401  (re-exported: callers catch it with the planner)
-from .planner import Planner, segment_seed  # noqa: F401  (re-exported)
-from .types import Plan, SegmentMark, SynthesisOptions  # noqa: F401  (re-exported)
-from .vocoder import Vocoder, VocoderStream
+from .types import Plan, SegmentMark, StreamSummary
+from .vocoder import VocoderEngine, VocoderStream
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class AudioAssembler:
 
     def __init__(
         self,
-        vocoder: Vocoder,
+        vocoder: VocoderEngine,
         fmt: str,
         vocoder_cfg: Optional[VocoderConfig] = None,
         pauses: Optional[list[float]] = None,
@@ -137,11 +137,91 @@ def _silence(seconds: float) -> np.ndarray:
     return np.zeros(int(round(seconds * SAMPLE_RATE)), dtype=np.float32)
 
 
-async def aordered_chunks(streams: list[RowStream]) -> AsyncIterator[tuple[int, HiddenChunk]]:
-    try:
-        for i, stream in enumerate(streams):
-            async for chunk in stream:
-                yield i, chunk
-    finally:
-        for stream in streams:
-            stream.cancel()
+# After the first bytes (sent at once: time to first audio), bytes are merged up to this size
+# before they leave: fewer, larger messages between processes.
+MIN_YIELD_BYTES = 2048
+
+AudioItem = Union[bytes, SegmentMark, StreamSummary]
+# A segment's chunk of hidden states: (segment index, (n, hidden) states, its last chunk).
+HiddenItem = tuple[int, Any, bool]
+# Runs a torch call on the stage's torch thread: ``await run(fn, *args)``.
+RunOnThread = Callable[..., Awaitable[Any]]
+
+
+def as_wire(hidden: Any) -> torch.Tensor:
+    """Hidden states as the vocoder gets them: through float16, as they cross between stages
+    (``WireChunk``), so a stream vocoded in the process that decoded it sounds the same."""
+    return torch.as_tensor(hidden).to(torch.float16).to(torch.float32)
+
+
+class AudioLoop:
+    """One stream: ``items(chunks)`` yields its audio. ``run``: the torch thread's call.
+    ``batch_rows`` and ``first_audio`` go into the summary (the caller sets them as chunks
+    arrive); ``first_window`` is what the first bytes cost (seconds: the feeds until then, and of
+    them the vocoder's and the encoder's), set when they leave."""
+
+    def __init__(
+        self,
+        vocoder: VocoderEngine,
+        plan: Plan,
+        response_format: str,
+        cfg: Optional[VocoderConfig],
+        run: RunOnThread,
+        min_yield_bytes: int = MIN_YIELD_BYTES,
+    ):
+        self.plan = plan
+        self.run = run
+        self.min_yield_bytes = min_yield_bytes
+        self.assembler = AudioAssembler(
+            vocoder,
+            response_format,
+            cfg,
+            pauses=plan.pauses,
+            gain_db=plan.gain_db,
+            lead_in=plan.lead_in,
+            loudness=plan.loudness,
+        )
+        self.batch_rows = 0
+        self.first_audio: dict = {}
+        self.first_window: Optional[dict[str, float]] = None
+        self.feed_seconds = 0.0
+        self.yielded_samples = 0  # the audio in the bytes yielded so far (what a listener's clock counts)
+
+    async def items(self, chunks: AsyncIterator[HiddenItem]) -> AsyncIterator[AudioItem]:
+        asm = self.assembler
+        pending = b""
+        async for segment, hidden, final in chunks:
+            t0 = time.perf_counter()
+            pending += await self.run(asm.feed, segment, as_wire(hidden), final)
+            self.feed_seconds += time.perf_counter() - t0
+            marks = asm.take_marks()
+            if pending and (marks or self.first_window is None or len(pending) >= self.min_yield_bytes):
+                if self.first_window is None:
+                    self.first_window = {
+                        "feed": self.feed_seconds,
+                        "vocode": asm.vocode_seconds,
+                        "encode": asm.encode_seconds,
+                    }
+                self.yielded_samples = asm.samples
+                yield pending
+                pending = b""
+            for mark in marks:  # after the bytes that complete its segment
+                yield mark
+        pending += await self.run(asm.close)
+        if pending:
+            self.yielded_samples = asm.samples
+            yield pending
+        for mark in asm.take_marks():
+            yield mark
+        yield self.summary()
+
+    def summary(self) -> StreamSummary:
+        asm = self.assembler
+        return StreamSummary(
+            asm.samples / SAMPLE_RATE,
+            len(self.plan.segments),
+            self.batch_rows,
+            asm.vocode_seconds,
+            asm.encode_seconds,
+            first_audio=self.first_audio or None,
+        )

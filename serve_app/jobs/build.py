@@ -1,4 +1,4 @@
-"""A job request read into what a job is made of (``http/jobs.py`` stores it): admitted (model,
+"""A job request read into what a job is made of (``service.py`` stores it): admitted (model,
 length, voice, lexicon), its script read (SSML, turns: each distinct voice resolved once for the
 caller), cut into chunks with their seeds, and every chunk planned as the runner will plan it to
 size the job's reservation. Everything proportional to the input's size runs off the event loop."""
@@ -14,14 +14,15 @@ from ..engine.errors import EmptyInputError, JobQuotaExceeded
 from ..engine.types import ScriptPart, Voice
 from ..engine.voices import effective_seed
 from ..pipeline.admission import Admission
+from ..pipeline.prepare import Preparation
 from ..protocol import JobRequest
 from ..settings import JobsConfig
-from ..storage.jobs import JobLimits, JobStore, check_room, cut_script, cut_text, split_chapters
-from ..storage.jobs.planning import JobPlanner, pieces, reservation
+from ..storage.jobs import JobLimits, JobStore, check_room
 from ..storage.voices import VoiceCatalog
-from .job_script import ThreadVoices, emptied, job_parts
-from .job_views import store_call
-from .script import dialogue_script, speech_script, style_headers, styled
+from .cutting import cut_script, cut_text, split_chapters
+from .planning import JobPlanner, pieces, reservation
+from .script import emptied, job_parts
+from .views import store_call
 
 
 @dataclasses.dataclass
@@ -58,44 +59,33 @@ class JobBuilder:
         self.voices = voices
         self.planner = planner
         self.admission = Admission(voices)
+        self.preparation = Preparation(self.admission, cfg.max_input_chars)
 
     async def build(self, req: JobRequest, caller: Caller) -> BuiltJob:
         """The request read into the job's chunks (and its voices), every piece of it checked."""
-        # Model, length, voice (the caller's own), lexicon (its entries go into the job's options:
-        # a later edit does not change it).
-        script_chars = await asyncio.to_thread(getattr, req, "script_chars")  # every turn's: off the loop
-        chars = (script_chars, self.cfg.max_input_chars, "turns" if req.turns is not None else "input")
-        admitted = await self.admission.admit(caller, req.model, req.voice, req.lexicon, chars=chars)
+        # Prepared as every door prepares a request: model, length, voice (the caller's own),
+        # lexicon (its entries go into the job's options: a later edit does not change it), then
+        # its script (instructions, SSML, turns: a malformed document is a 400 before anything is
+        # stored), read off the loop, each distinct voice resolved once. A job's priority is the
+        # service's (jobs.priority), not the request's.
+        prepared = await self.preparation.prepare(req, caller, priority=False, off_loop=True)
         used = await store_call(self.store.usage, caller.owner)
         check_room(used, self.limits, 1)  # again: the body took a while
-        voice = admitted.voice
+        script, voice = prepared.script, prepared.voice
+        options, headers, chapters = script.options, script.headers, None
+        seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
         script_voices: list[Voice] = []
-        if req.turns is not None or req.is_ssml:
-            # Parsed and every voice resolved now (a malformed document is a 400 before anything
-            # is stored), on a thread's loop; the chunks keep the script's parts, the job its voices.
-            catalog = ThreadVoices(self.voices, asyncio.get_running_loop())
-            cap = self.cfg.max_input_chars
-            script = await asyncio.to_thread(
-                asyncio.run,
-                dialogue_script(req, catalog, caller, cap)
-                if req.turns is not None
-                else speech_script(req, voice, catalog, caller, cap),
-            )
-            options, headers, chapters = script.options, script.headers, None
-            seed = effective_seed(voice, options.seed)
+        voice_name = voice.name
+        if script.parts is not None:
             silence = self.planner.limits.max_silence_seconds
-            script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts or [], seed, silence)
-            voice_name = voice.name
+            script_voices, chunks = await asyncio.to_thread(self._cut_script, script.parts, seed, silence)
             if req.turns is not None:
                 voice_name = await asyncio.to_thread(_turn_voices, req.turns)
             # The turns and parts are cut into the chunks now: freed off the loop, an item at a time.
-            await asyncio.to_thread(emptied, req.turns or [], script.parts or [])
+            await asyncio.to_thread(emptied, req.turns or [], script.parts)
         else:
-            options, style = styled(req.to_options(), req.instructions)
-            headers, voice_name = style_headers([style]), voice.name
-            seed = effective_seed(voice, options.seed)  # fixed now: every chunk's seed follows from it
             chunks, chapters = await asyncio.to_thread(self._cut, req, seed)
-        options = admitted.with_lexicon(options.model_copy(update={"seed": seed, "priority": self.cfg.priority}))
+        options = options.model_copy(update={"seed": seed, "priority": self.cfg.priority})
         if not chunks:
             raise EmptyInputError("input has nothing to speak (only punctuation, symbols or whitespace)")
         return BuiltJob(

@@ -1,17 +1,15 @@
-"""A job's script built off the event loop: the collector held off while it is made, voices
-resolved once on the Ingress's loop for a builder on a worker thread, and the parts as a job
-stores them (each distinct voice once).
+"""A job's script built off the event loop: the collector held off while it is made, and the
+parts as a job stores them (each distinct voice once). (The builder on a worker thread resolves
+voices through ``pipeline/script.py``'s ``ThreadVoices``.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
-from typing import Any, Optional
+from typing import Any
 
 from ..engine.types import ScriptPart, Voice
 from ..storage.jobs import JobPart
-from ..storage.voices import VoiceCatalog
 
 
 class CollectorDeferred:
@@ -61,25 +59,6 @@ def emptied(*lists: list) -> None:
     for items in lists:
         while items:
             items.pop()
-
-
-class ThreadVoices:
-    """The voice catalog as a script builder running on a worker thread's own loop sees it: each
-    distinct (name, owner) resolved once, on the Ingress's loop (where the voice store's clients
-    live), and the same ``Voice`` object handed back every time after (so a job keeps each voice
-    once, found by identity, never re-serialised per part)."""
-
-    def __init__(self, catalog: VoiceCatalog, loop: asyncio.AbstractEventLoop):
-        self.catalog = catalog
-        self.loop = loop
-        self.known: dict[tuple[str, str, bool], Voice] = {}
-
-    async def resolve(self, voice: Optional[str], owner: str, admin: bool = False) -> Voice:
-        key = (voice or "", owner, admin)
-        if key not in self.known:
-            fut = asyncio.run_coroutine_threadsafe(self.catalog.resolve(voice, owner, admin=admin), self.loop)
-            self.known[key] = await asyncio.wrap_future(fut)
-        return self.known[key]
 
 
 def job_parts(parts: list[ScriptPart]) -> tuple[list[Voice], list[JobPart]]:

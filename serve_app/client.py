@@ -2,7 +2,7 @@
 text streamed in over the WebSocket (``AsyncSpeechClient.stream_text`` / ``.session``) on
 websockets.
 
-    from serve_app.tools.client import SpeechClient
+    from serve_app.client import SpeechClient
     with SpeechClient("http://127.0.0.1:8000") as c:
         c.speak_to_file("你好", "hello.mp3", voice="alloy")
 """
@@ -18,7 +18,7 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator, Option
 
 import httpx
 
-from ..engine.wav import finish_file, with_true_length
+from .engine.wav import finish_file, with_true_length
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
 

@@ -1,6 +1,7 @@
-"""A job's text cut into chunks, each one synthesis: paragraphs (blank lines), then whole
-sentences up to ``chunk_chars``, a longer sentence at its clauses. The planner then cuts each
-chunk into its own segments (``segments.max_chars``, ``max_seconds``).
+"""A job's text cut into chunks, each one synthesis: paragraphs (blank lines), then the engine's
+one text cutter (``engine/text/segment.py``'s ``pack_text``: whole sentences up to
+``chunk_chars``, a longer sentence at its clauses). The planner then cuts each chunk into its own
+segments (``segments.max_chars``, ``max_seconds``).
 
 Plain Python on the text alone: it runs in the Ingress at submission, so the chunks (and each
 one's seed) are fixed before any work and a chunk done again gives the same audio.
@@ -9,14 +10,14 @@ one's seed) are fixed before any work and a chunk done again gives the same audi
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import Optional
 
-from ...engine.audio import SAMPLE_RATE
-from ...engine.pacing import expected_seconds, speed_tag_level
-from ...engine.text.chars import is_speakable
-from ...engine.text.segment import CLAUSE_PUNCT, CLOSERS, SENTENCE_PUNCT
-from ...engine.voices import MAX_SEED
-from .model import PCM_BYTES_PER_SAMPLE, JobChunk, JobPart
+from ..engine.audio import SAMPLE_RATE
+from ..engine.pacing import expected_seconds, speed_tag_level
+from ..engine.text.chars import is_speakable
+from ..engine.text.segment import pack_text
+from ..engine.voices import MAX_SEED
+from ..storage.jobs.model import PCM_BYTES_PER_SAMPLE, JobChunk, JobPart
 
 # A prime unlike the planner's per-segment step (7919): chunk k's segment i and chunk k+1's
 # segment j never share a seed for any segment counts a chunk can have.
@@ -25,73 +26,9 @@ CHUNK_SEED_STEP = 104729
 _PARAGRAPH_RE = re.compile(r"\n[ \t\u3000\r]*\n\s*")
 
 
-def _marks(chars: Iterable[str]) -> str:
-    """A regex character class of ``chars``."""
-    return "[" + "".join(re.escape(c) for c in chars) + "]"
-
-
-# The splitter's marks (engine/text/segment.py, their one home), in patterns that cut a whole
-# book linearly. A job also ends a sentence at a semicolon (a clause mark to the splitter), and a
-# "]" closes one as a quote does.
-_SEMICOLONS = "；;"
-_CLOSERS = _marks(CLOSERS + "]")
-# Where a sentence ends: its end marks and any closing quotes or brackets after them; a full stop
-# only before whitespace (not 3.5, e.g., www); a line break. Every branch is a maximal run matched
-# without look-ahead, so a scan is linear (a look-ahead after ``\.+`` retried the whole run from each
-# of its dots: quadratic on a run of full stops); ``_cut`` checks the full stop's whitespace itself.
-_SENTENCE_END_RE = re.compile(rf"{_marks(SENTENCE_PUNCT + _SEMICOLONS)}+{_CLOSERS}*|(\.+{_CLOSERS}*)|\n")
-_CLAUSE_END_RE = re.compile(rf"{_marks(c for c in CLAUSE_PUNCT if c not in _SEMICOLONS)}+|\s+")
-
-
 def chunk_seed(seed: int, index: int) -> int:
     """Chunk ``index``'s seed (chunk 0 decodes with the job's own seed, as a request would)."""
     return (seed + index * CHUNK_SEED_STEP) % (MAX_SEED + 1)
-
-
-def _cut(text: str, pattern: re.Pattern) -> list[str]:
-    """``text`` cut after each match; a match of the pattern's group 1 (a full stop) only where
-    whitespace follows it."""
-    out, start = [], 0
-    for m in pattern.finditer(text):
-        if m.lastindex == 1 and not text[m.end() : m.end() + 1].isspace():
-            continue
-        if m.end() > start:
-            out.append(text[start : m.end()])
-            start = m.end()
-    if start < len(text):
-        out.append(text[start:])
-    return out
-
-
-def _pieces(sentence: str, limit: int) -> list[str]:
-    """A sentence of at most ``limit`` characters as it is, a longer one at clause marks or
-    spaces, a run without either every ``limit`` characters."""
-    if len(sentence) <= limit:
-        return [sentence]
-    out: list[str] = []
-    for clause in _cut(sentence, _CLAUSE_END_RE):
-        while len(clause) > limit:
-            out.append(clause[:limit])
-            clause = clause[limit:]
-        if out and len(out[-1]) + len(clause) <= limit:
-            out[-1] += clause
-        else:
-            out.append(clause)
-    return out
-
-
-def _packed(paragraph: str, limit: int) -> list[str]:
-    chunks: list[str] = []
-    current = ""
-    for sentence in _cut(paragraph, _SENTENCE_END_RE):
-        for piece in _pieces(sentence, limit):
-            if current and len(current) + len(piece) > limit:
-                chunks.append(current)
-                current = ""
-            current += piece
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 # A chapter starts at a heading line: Markdown's ``#``; 第…章/回/节/卷/部/篇/集/幕 or a named
@@ -169,7 +106,7 @@ def cut_text(
     texts: list[tuple[str, float, int]] = []
     for index, (_, body) in enumerate(parts):
         for paragraph in _PARAGRAPH_RE.split(body):
-            pieces = [p.strip() for p in _packed(paragraph, chunk_chars)]
+            pieces = [p.strip() for p in pack_text(paragraph, chunk_chars)]
             pieces = [p for p in pieces if is_speakable(p)]
             texts += [(p, paragraph_pause_s if i == len(pieces) - 1 else 0.0, index) for i, p in enumerate(pieces)]
         if texts and texts[-1][2] == index:
@@ -200,7 +137,7 @@ def cut_script(
             pieces.append(part)
             continue
         at = 0
-        for n, text in enumerate(_packed(part.text, chunk_chars)):
+        for n, text in enumerate(pack_text(part.text, chunk_chars)):
             offset = None if part.offset is None else part.offset + at
             pieces.append(
                 part.model_copy(
