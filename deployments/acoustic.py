@@ -10,6 +10,7 @@ them, segment after segment. A disconnected caller cancels its rows at the next 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -21,6 +22,7 @@ from ray import serve
 
 from deployments.autoscaling import engine_stats
 from deployments.backends import install
+from deployments.routing import HEADROOM
 from serve_app import metrics
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import AcousticConfig, ModelConfig
@@ -35,6 +37,9 @@ from serve_app.pipeline.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticUserConfig
 
 log = logging.getLogger("ray.serve")
+
+# Streams refused for want of capacity count as demand this long (autoscaling reads them).
+REFUSALS_WINDOW_S = 10.0
 
 
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml), which must
@@ -51,6 +56,8 @@ class Acoustic:
         self._args = AcousticConfig.model_validate(acoustic or {})  # what a user_config is merged over
         self._admit_idle_at_once = AcousticUserConfig.model_fields["admit_idle_at_once"].default
         self._in_window = 0  # requests waiting in the admission window
+        self._realtime: Optional[tuple] = None  # (the engine's RealtimeStatus, refusals lately), each second
+        self._refusals: collections.deque = collections.deque()  # (when, streams refused)
         self._entering: list = []  # streams submitted here whose rows are not admitted yet
         self.engine = AcousticEngine(self.model, self._args)
         self.refiner = TextRefiner(self.model, self.engine.cfg)
@@ -170,15 +177,49 @@ class Acoustic:
         )
 
     async def _report_queue(self) -> None:
+        """Every second: the engine's queue and its real-time capacity and demand as gauges, the
+        streams it refused as a counter, and what autoscaling and routing read (``_realtime``)."""
+        refused = 0
         while True:
             metrics.set_gauge("tts_queue_rows", self.engine.waiting_rows)
             metrics.set_gauge("tts_running_rows", self.engine.running_rows)
+            rt = self.engine.realtime()
+            now = time.monotonic()
+            total = self.engine.stats.capacity_refusals
+            if total > refused:
+                metrics.inc("tts_capacity_refusals_total", total - refused, stage="acoustic")
+                self._refusals.append((now, total - refused))
+            refused = total
+            while self._refusals and now - self._refusals[0][0] > REFUSALS_WINDOW_S:
+                self._refusals.popleft()
+            self._realtime = (rt, sum(n for _, n in self._refusals))
+            if rt.capacity_streams is not None:
+                metrics.set_gauge("tts_realtime_capacity_streams", rt.capacity_streams, stage="acoustic")
+            metrics.set_gauge("tts_realtime_demand_streams", rt.demand_streams, stage="acoustic")
+            metrics.set_gauge("tts_realtime_waiting_streams", rt.waiting_streams)
+            metrics.set_gauge("tts_realtime_stalled_streams", rt.stalled_streams)
             await asyncio.sleep(1.0)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metrics: the engine's queue, read by the Acoustic policy
-        (deployments/autoscaling.py) in the controller."""
-        return engine_stats(self.engine.waiting_rows, self.engine.running_rows, self.engine.cfg.max_rows)
+        """Serve's custom autoscaling metrics, read by the Acoustic policy (deployments/autoscaling.py)
+        in the controller: the engine's queue, and its real-time streams wanted (carried, waiting,
+        refused within the last ``REFUSALS_WINDOW_S``) against its capacity in streams."""
+        rt, refused = self._realtime or (self.engine.realtime(), 0)
+        return engine_stats(
+            self.engine.waiting_rows,
+            self.engine.running_rows,
+            self.engine.cfg.max_rows,
+            streams_wanted=rt.demand_streams + refused,
+            streams_capacity=rt.capacity_streams,
+        )
+
+    def record_routing_stats(self) -> dict[str, float]:
+        """What the callers' router reads (deployments/routing.py): the real-time streams this
+        replica can still start at 1x (left out until it has measured its steps)."""
+        rt = self._realtime[0] if self._realtime else self.engine.realtime()
+        if rt.capacity_streams is None:
+            return {}
+        return {HEADROOM: float(rt.capacity_streams - rt.demand_streams)}
 
     async def refine(self, texts: list[str], seed: int) -> list[str]:
         """ChatTTS's refine_text pass (GPT in text mode), beside the decode loop: bounded input
@@ -194,6 +235,8 @@ class Acoustic:
             "running_rows": self.engine.running_rows,
             "waiting_rows": self.engine.waiting_rows,
             "parked_rows": self.engine.parked_rows,
+            "deadline_parked_rows": self.engine.deadline_parked_rows,
+            "realtime": _realtime_view(self.engine.realtime()),
             "admit_idle_at_once": self._admit_idle_at_once,
             "torch_threads": self.engine.torch_threads,
             "config": self.engine.cfg.model_dump(),
@@ -241,6 +284,11 @@ def _first_hops(st, t_in: float, t_admit: float) -> dict:
             out["first_chunk"] = st.first_chunk_at - st.admitted_at
             out["acoustic_handover"] = now - st.first_chunk_at
     return {k: round(v * 1000.0, 2) for k, v in out.items()}
+
+
+def _realtime_view(rt) -> dict:
+    """The engine's real-time status without its per-stream clocks (operators, tests, the bench)."""
+    return {k: getattr(rt, k) for k in rt.__dataclass_fields__ if k != "streams"}
 
 
 def _placement() -> dict:

@@ -45,7 +45,12 @@ def build_app(args: Optional[dict] = None) -> Application:
         model=model.model_dump(), acoustic=acoustic_heard_through(a.acoustic, a.vocoder).model_dump()
     )
     vocoder = Vocoder.bind(
-        acoustic, model=vocoder_model.model_dump(), vocoder=a.vocoder.model_dump(), flow=a.flow.model_dump()
+        acoustic,
+        model=vocoder_model.model_dump(),
+        vocoder=a.vocoder.model_dump(),
+        flow=a.flow.model_dump(),
+        capacity_headroom=a.acoustic.capacity_headroom,
+        capacity_wait_s=a.acoustic.capacity_wait_s,
     )
     normalizer = TextNormalizer.bind(limits=a.segments.model_dump())
     # The Ingress validates the whole of args once, with the weights source pinned here.

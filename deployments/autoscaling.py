@@ -10,10 +10,14 @@ the rows decoding and its ``max_rows``. Serve pushes them to the controller ever
 
     ceil((running + waiting + requests queued in handles) / (target_fill * max_rows))
 
-replicas (``desired_replicas``). That raw demand is what it returns: Serve wraps every policy,
-this one included, in ``autoscaling_policy._apply_autoscaling_config`` (upscaling/downscaling
-factors, ``upscale_delay_s`` / ``downscale_delay_s``) and the controller then clamps the result
-to ``min_replicas`` / ``max_replicas``, exactly as for its default policy, so those config keys
+replicas, or, where more, the real-time streams wanted (carried, waiting for room, or refused for
+want of it lately) over ``target_fill`` times a replica's measured capacity in streams (the
+engine's deadline scheduling: the streams it keeps at 1x) (``desired_replicas``): replicas are
+added as the streams a replica can keep smooth fill up, before its listeners hear it slow down.
+That raw demand is what it returns: Serve wraps every policy, this one included, in
+``autoscaling_policy._apply_autoscaling_config`` (upscaling/downscaling factors,
+``upscale_delay_s`` / ``downscale_delay_s``) and the controller then clamps the result to
+``min_replicas`` / ``max_replicas``, exactly as for its default policy, so those config keys
 keep their meaning.
 
 The policy runs in the Serve controller (head node), never in a replica. Serve pickles this
@@ -37,13 +41,30 @@ WAITING_ROWS = "waiting_rows"
 RUNNING_ROWS = "running_rows"
 MAX_ROWS = "max_rows"
 
+# Real-time streams (the engine's deadline scheduling): the streams a replica carries or was asked
+# to start (decoding, waiting, refused lately) and how many it can keep at 1x.
+STREAMS_WANTED = "rt_streams_wanted"
+STREAMS_CAPACITY = "rt_streams_capacity"
+
 DESIRED_METRIC = "tts_autoscale_desired_replicas"
 ROWS_METRIC = "tts_autoscale_rows"
 
 
-def engine_stats(waiting_rows: int, running_rows: int, max_rows: int) -> dict[str, float]:
-    """What ``Acoustic.record_autoscaling_stats`` returns (Serve wants a flat name -> number dict)."""
-    return {WAITING_ROWS: float(waiting_rows), RUNNING_ROWS: float(running_rows), MAX_ROWS: float(max_rows)}
+def engine_stats(
+    waiting_rows: int,
+    running_rows: int,
+    max_rows: int,
+    streams_wanted: float = 0.0,
+    streams_capacity: Optional[float] = None,
+) -> dict[str, float]:
+    """What ``Acoustic.record_autoscaling_stats`` returns (Serve wants a flat name -> number dict):
+    the engine's rows, and its real-time streams wanted against its capacity in streams (left out
+    until the replica has measured its steps)."""
+    out = {WAITING_ROWS: float(waiting_rows), RUNNING_ROWS: float(running_rows), MAX_ROWS: float(max_rows)}
+    out[STREAMS_WANTED] = float(streams_wanted)
+    if streams_capacity is not None:
+        out[STREAMS_CAPACITY] = float(streams_capacity)
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,8 @@ class Decision:
     queued_requests: float
     rows_per_replica: float  # target_fill * max_rows: the rows one replica should carry
     reporting: int  # replicas whose stats reached the controller
+    streams_wanted: float = 0.0  # real-time streams carried, waiting or refused lately, over the replicas
+    streams_per_replica: Optional[float] = None  # target_fill * a replica's capacity in streams (None: unmeasured)
 
 
 def _sum(per_replica: Optional[Mapping[Any, float]]) -> float:
@@ -79,7 +102,15 @@ def desired_replicas(ctx: Any, target_fill: float) -> Optional[Decision]:
     per_replica = max(1.0, target_fill * (_sum(max_rows) / len(max_rows)))
     # A tiny epsilon keeps a load of exactly N * per_replica from asking for N + 1 through float noise.
     replicas = math.ceil((running + waiting + queued) / per_replica - 1e-9)
-    return Decision(replicas, running, waiting, queued, per_replica, len(max_rows))
+    # Real-time demand: every stream wanted (carried, waiting for room, or refused for want of it)
+    # over what a replica keeps at 1x, measured, before any listener hears the batch slow down.
+    wanted = _sum(metrics.get(STREAMS_WANTED))
+    capacity = metrics.get(STREAMS_CAPACITY) or {}
+    streams_per_replica = None
+    if capacity and _sum(capacity) > 0:
+        streams_per_replica = max(1.0, target_fill * _sum(capacity) / len(capacity))
+        replicas = max(replicas, math.ceil(wanted / streams_per_replica - 1e-9))
+    return Decision(replicas, running, waiting, queued, per_replica, len(max_rows), wanted, streams_per_replica)
 
 
 class EngineQueuePolicy:
@@ -114,6 +145,8 @@ class EngineQueuePolicy:
             ("waiting", d.waiting_rows),
             ("handle_queued", d.queued_requests),
             ("target_per_replica", d.rows_per_replica),
+            ("realtime_streams_wanted", d.streams_wanted),
+            ("realtime_streams_per_replica", d.streams_per_replica or 0.0),
         ):
             rows.set(value, tags={**tags, "kind": kind})
         low, high = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
@@ -124,7 +157,8 @@ class EngineQueuePolicy:
             self._last_logged = key
             log.info(
                 "autoscale %s: rows running %.1f + waiting %.1f + handle-queued requests %.1f over %d reporting "
-                "replica(s), %.1f rows per replica (target_fill %.2f) -> desired %d (bounded %d, bounds [%d, %d]); "
+                "replica(s), %.1f rows per replica (target_fill %.2f); real-time streams wanted %.1f, %s per "
+                "replica -> desired %d (bounded %d, bounds [%d, %d]); "
                 "target %d, running %d; Serve applies upscale_delay_s %gs / downscale_delay_s %gs",
                 ctx.deployment_name,
                 d.running_rows,
@@ -133,6 +167,8 @@ class EngineQueuePolicy:
                 d.reporting,
                 d.rows_per_replica,
                 self.target_fill,
+                d.streams_wanted,
+                "unmeasured" if d.streams_per_replica is None else f"{d.streams_per_replica:.1f}",
                 d.replicas,
                 bounded,
                 low,

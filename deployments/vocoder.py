@@ -9,6 +9,7 @@ clip or a seed the DVAE encoder and the speaker statistics (``encode_clip``, ``s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import AsyncIterator, Optional, Union
@@ -18,6 +19,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.backends import install
+from deployments.routing import HEADROOM
 from deployments.stage_calls import stage_handle
 from serve_app import metrics
 from serve_app.engine.assembly import AudioLoop
@@ -25,6 +27,7 @@ from serve_app.engine.audio import SAMPLE_RATE
 from serve_app.engine.clips import ClipLimits, EncodedClip, load_voice_encoder
 from serve_app.engine.config import ModelConfig, VocoderConfig
 from serve_app.engine.playback import PREBUFFER_S, PlaybackClock
+from serve_app.engine.stream_gate import StreamGate
 from serve_app.engine.threads import TorchThread
 from serve_app.engine.types import Plan, SegmentMark, StreamSummary
 from serve_app.engine.vocoder import VocoderEngine
@@ -49,7 +52,12 @@ class Vocoder:
         vocoder: dict | None = None,
         flow: dict | None = None,
         prebuffer_s: float = PREBUFFER_S,
+        capacity_headroom: float = 0.15,
+        capacity_wait_s: Optional[float] = 0.75,
     ):
+        """``prebuffer_s``: the listener's, as its stalls are inferred; ``capacity_headroom``,
+        ``capacity_wait_s``: the Acoustic stage's (``args.acoustic``), for this stage's own
+        admission of real-time streams by its measured rate (``engine/stream_gate.py``)."""
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         t0 = time.perf_counter()
         self.flow = FlowConfig.model_validate(flow or {})
@@ -66,7 +74,30 @@ class Vocoder:
         # Voices from clips and seeds (engine/clips.py): the DVAE encoder and the speaker statistics.
         self.voice_encoder = self._torch_thread.call(load_voice_encoder, model_cfg)
         self._torch_thread.call(self.vocoder.decode, torch.zeros(8, 768))  # warm-up: first conv/ISTFT calls allocate
+        # Real-time streams by this replica's measured rate: a stream it cannot keep at 1x is refused.
+        self.gate = StreamGate(capacity_headroom, capacity_wait_s)
+        self.audio_s = 0.0  # audio made (what the gate's rate counts)
+        self._reports = asyncio.get_event_loop().create_task(self._report())
         log.info("Vocoder ready in %.1fs", time.perf_counter() - t0)
+
+    async def _report(self) -> None:
+        """Every second: the gate's rate from the torch thread's busy time, and the gauges."""
+        refused = 0
+        while True:
+            await asyncio.sleep(1.0)
+            gate = self.gate
+            gate.measure(self._torch_thread.busy_s, self.audio_s)
+            if gate.capacity_streams is not None:
+                metrics.set_gauge("tts_realtime_capacity_streams", gate.capacity_streams, stage="vocoder")
+            metrics.set_gauge("tts_realtime_demand_streams", gate.inside, stage="vocoder")
+            if gate.refused > refused:
+                metrics.inc("tts_capacity_refusals_total", gate.refused - refused, stage="vocoder")
+                refused = gate.refused
+
+    def record_routing_stats(self) -> dict[str, float]:
+        """Real-time streams this replica can still take at 1x (deployments/routing.py)."""
+        cap = self.gate.capacity_streams
+        return {} if cap is None else {HEADROOM: float(cap - self.gate.inside)}
 
     async def stream(
         self, plan: Plan, response_format: str, flow: Optional[FlowRef] = None
@@ -77,10 +108,23 @@ class Vocoder:
         ``flow`` this stream stays at most its window ahead of what the caller has taken
         (pipeline/flow.py)."""
         t0 = time.perf_counter()
-        loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, self._torch_thread.acall)
         # The listener's clock as this stream infers it: audio counted as each block leaves.
         listener = PlaybackClock(self.prebuffer_s)
         sent_samples = 0
+        run = self._torch_thread.acall
+        realtime = bool(plan.segments) and plan.segments[0].realtime
+        if realtime:
+            ahead = plan.segments[0].ahead_s
+            await self.gate.enter(continuing=ahead > 0)  # refused (503) when no room comes in time
+            opened = time.monotonic()
+
+            def run(fn, *args):
+                # Windows of the streams closest to silence first (before its first audio: minus
+                # the wait, or what its listener holds of the audio before it).
+                slack = listener.slack() if listener.started else ahead - (time.monotonic() - opened)
+                return self._torch_thread.acall_within(slack, fn, *args)
+
+        loop = AudioLoop(self.vocoder, plan, response_format, self.cfg, run)
         upstream = FlowRef.new(self.flow_board, self.flow.window) if self.flow.enabled else None
         chunks = AckedStream(self.acoustic.options(stream=True).stream.remote(plan.segments, upstream), upstream)
         credit = FlowCredit(flow)
@@ -99,6 +143,7 @@ class Vocoder:
                     t_credit = time.perf_counter()
                     await credit.ready()
                     listener.deliver((loop.yielded_samples - sent_samples) / SAMPLE_RATE)
+                    self.audio_s += (loop.yielded_samples - sent_samples) / SAMPLE_RATE
                     sent_samples = loop.yielded_samples
                     if "vocoder_total" not in loop.first_audio:
                         first = loop.first_window or {}
@@ -120,6 +165,8 @@ class Vocoder:
                     metrics.observe("tts_stage_seconds", item.encode_seconds, stage="encode")
                 yield item
         finally:
+            if realtime:
+                self.gate.leave()
             if done:
                 chunks.close()
             else:  # the caller went away or a stage failed: stop the decode too

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 from pydantic import ValidationError
 
 from .engine.errors import (
+    CapacityExhausted,
     ClientQueueFull,
     EmptyInputError,
     EngineOverloaded,
@@ -83,6 +84,7 @@ _ERRORS: tuple[tuple[type, int, str, Optional[str], Optional[str], dict[str, str
     (InvalidClipError, 400, "invalid_request_error", "invalid_audio", "audio", {}),
     (RequestTooLarge, 413, "invalid_request_error", "request_too_large", "input", {}),
     (ClientQueueFull, 429, "rate_limit_error", "too_many_queued_rows", None, {"Retry-After": "2"}),
+    (CapacityExhausted, 503, "server_error", "capacity_exhausted", None, {"Retry-After": "2"}),
     (RefineBusy, 503, "server_error", "refine_busy", None, {"Retry-After": "2"}),
     (EngineOverloaded, 503, "server_error", "overloaded", None, {"Retry-After": "1"}),
     (UnknownJobError, 404, "invalid_request_error", "job_not_found", "job_id", {}),

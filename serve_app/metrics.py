@@ -45,6 +45,22 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list | None]] = {
     "tts_rtf": ("histogram", "Real-time factor per request: processing seconds / audio seconds.", (), RTF_BUCKETS),
     "tts_cache_total": ("counter", "Cache lookups by result (hit, miss, bypass, error).", ("result",), None),
     "tts_stream_aborted_total": ("counter", "Streams that ended before their audio was complete.", ("reason",), None),
+    "tts_realtime_capacity_streams": (
+        "gauge",
+        "Real-time streams a replica can keep at 1x (measured: the Acoustic's decode steps, the Vocoder's rate), "
+        "with headroom.",
+        ("stage",),
+        None,
+    ),
+    "tts_realtime_demand_streams": ("gauge", "Real-time streams a replica carries or is starting.", ("stage",), None),
+    "tts_realtime_waiting_streams": ("gauge", "Real-time streams waiting for room to start (no audio yet).", (), None),
+    "tts_realtime_stalled_streams": ("gauge", "Real-time streams whose listener hears silence now.", (), None),
+    "tts_capacity_refusals_total": (
+        "counter",
+        "New real-time streams refused (503 capacity_exhausted): no room within acoustic.capacity_wait_s.",
+        ("stage",),
+        None,
+    ),
     "tts_stream_stall_seconds": (
         "histogram",
         "Per streamed answer: the silence a listener playing it at 1x after the prebuffer heard, as the server infers it.",

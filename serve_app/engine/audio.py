@@ -64,6 +64,19 @@ def format_sample_rate(fmt: str) -> int:
     raise ValueError(_unknown(fmt))
 
 
+def format_bytes_per_second(fmt: str) -> int | None:
+    """Bytes per second of audio for the constant-rate raw formats (pcm and wav's body: 48000,
+    ulaw/alaw: 8000, one byte a sample); None for the compressed ones (a stream's listener clock
+    then counts its audio when a segment's summary says it)."""
+    if fmt in TELEPHONY_FORMATS:
+        return TELEPHONY_RATE
+    if fmt in ("pcm", "wav"):
+        return 2 * SAMPLE_RATE
+    if fmt in AUDIO_FORMATS:
+        return None
+    raise ValueError(_unknown(fmt))
+
+
 def _unknown(fmt: str) -> str:
     return f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)}"
 

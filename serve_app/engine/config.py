@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from .playback import PREBUFFER_S
 from .strict import StrictModel
 
 WeightsSource = Literal["auto", "huggingface", "local", "random", "random-tiny", "random-deep"]
@@ -30,6 +31,9 @@ HOLD_BACK_TOKENS = 4
 MIN_WINDOW_TOKENS = 8
 # The vocoder's windows after the ramp from MIN_WINDOW_TOKENS: the chunk the Acoustic stage sends.
 WINDOW_TOKENS = 24
+# The listener's prebuffer the deadline rule counts on: what a listener holds (PREBUFFER_S, 0.5 s)
+# less what the engine's audio still has to go through (the hold-back, a window's vocode and send).
+SCHEDULING_PREBUFFER_S = round(PREBUFFER_S - 0.2, 3)
 
 
 def default_cache_dir() -> Path:
@@ -189,7 +193,78 @@ class AcousticConfig(StrictModel):
         "random-tiny weights beside a client with 200 segments queued: a polite first "
         "chunk ~1.5x its time alone with 2, ~1.7x with 4, ~3.2x uncapped (docs/architecture.md, 'The decode "
         "loop'). A contended client still decodes 2 segments at once, ahead of playback on a GPU; GPU "
-        "replicas, whose steps barely slow with more rows, can raise it for throughput.",
+        "replicas, whose steps barely slow with more rows, can raise it for throughput. With scheduling "
+        "deadline it caps rows without a listener only: real-time streams are scheduled by their deadlines.",
+    )
+    scheduling: Literal["deadline", "fair"] = Field(
+        default="deadline",
+        description="deadline: rows of real-time streams (SegmentRequest.realtime) run least slack first (the "
+        "stream closest to its listener hearing silence), rows far ahead of their listener are parked for more "
+        "urgent ones or for cheaper steps, new streams start while the replica's measured capacity allows, and "
+        "rows without a listener get what is left, shared fairly between clients, never starved "
+        "(background_rows, background_wait_s). fair: every row shares admission by client and priority, and a "
+        "running row is never parked for another (docs/architecture.md, 'The decode loop'). With continuous "
+        "false, fair.",
+    )
+    prebuffer_s: float = Field(
+        default=SCHEDULING_PREBUFFER_S,
+        ge=0,
+        le=10,
+        description="Audio a real-time listener is assumed to buffer before it starts playing, for the deadline "
+        "rule: a stream's slack is the audio sent minus the time since its first chunk, plus this. Listeners "
+        "buffer ~0.5 s (playback.PREBUFFER_S: a phone line's jitter buffer, the web page, the streams "
+        "benchmark's clients); the vocoder holds back hold_back_tokens (85 ms) and a window takes time to "
+        "vocode and send, so the engine counts on 0.2 s less (0.3 s) and errs towards urgency. Read when a "
+        "stream is submitted.",
+    )
+    park_ahead_s: float = Field(
+        default=4.0,
+        gt=0,
+        description="scheduling deadline: a running real-time row at least this far ahead of its listener may be "
+        "parked (its KV set aside) for a more urgent row when the batch is full, or to make steps cheaper when "
+        "the replica's real-time rows run below 1x. Above resume_ahead_s by a margin (hysteresis): a parked row "
+        "stays out until its slack falls below resume_ahead_s, so each park lasts at least the difference "
+        "(2 s by default) and costs two copies of the row's KV and one re-pack of the batch (measured in "
+        "docs/architecture.md).",
+    )
+    resume_ahead_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="scheduling deadline: a real-time row (waiting, or parked) with less slack than this is urgent "
+        "and takes a slot least slack first, parking a running row at least park_ahead_s ahead if it must; a "
+        "row with more waits for spare capacity. Covers its rejoining (a merge, a prefill) and its next chunk.",
+    )
+    capacity_headroom: float = Field(
+        default=0.15,
+        ge=0,
+        lt=1,
+        description="scheduling deadline: the replica can carry n real-time rows while its measured step time at n "
+        "rows is at most one token's audio (21.3 ms) times (1 - headroom) (decode/capacity.py). New streams "
+        "start, and work that is not urgent joins, within that; rows ahead of their listener or without one "
+        "are parked when the step at the batch's size is slower than one token's audio (no headroom: the band "
+        "between is the hysteresis).",
+    )
+    background_rows: int = Field(
+        default=1,
+        ge=1,
+        description="scheduling deadline: slots rows without a listener keep against real-time rows: a row that has "
+        "waited background_wait_s takes the next free slot (before any real-time row) while fewer than this "
+        "many such rows run, and keeps it to its end. So jobs and bulk are never starved, and real-time "
+        "streams lose at most this many slots to them.",
+    )
+    capacity_wait_s: Optional[float] = Field(
+        default=0.75,
+        ge=0,
+        description="scheduling deadline: how long a new real-time stream may wait for room within the replica's "
+        "measured capacity before it is refused (503 capacity_exhausted, Retry-After: the client's next try, or "
+        "another replica, rather than a stream every listener would hear stall). A stream that gets room "
+        "within it starts later and plays smoothly. None: wait as long as it takes.",
+    )
+    background_wait_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="scheduling deadline: how long a row without a listener waits (queued, or parked) before it is "
+        "owed one of background_rows slots.",
     )
     cuda_graphs: bool = Field(
         default=False,
@@ -220,6 +295,12 @@ class AcousticConfig(StrictModel):
         "eagerly. They take largest bucket x this x 2 x layers x hidden x dtype bytes of GPU memory "
         "(~61 KB per token and row for the full-size GPT in bfloat16), and attention reads all of them.",
     )
+
+    @model_validator(mode="after")
+    def _check_deadlines(self) -> "AcousticConfig":
+        if self.resume_ahead_s >= self.park_ahead_s:
+            raise ValueError("resume_ahead_s must be below park_ahead_s (the margin keeps rows from thrashing)")
+        return self
 
 
 class VocoderConfig(StrictModel):

@@ -22,6 +22,12 @@ class ClientQueueFull(EngineOverloaded):
     clients' requests, and this client's own queued ones, are not affected."""
 
 
+class CapacityExhausted(EngineOverloaded):
+    """A real-time stream could not start within ``AcousticConfig.capacity_wait_s``: the replica
+    decodes as many streams as its measured capacity keeps at 1x (a stream beyond it would make
+    every listener stall), and none ended in time. Retry shortly, or another replica."""
+
+
 class RefineBusy(EngineOverloaded):
     """refine_text could not start within ``AcousticConfig.refine_wait_s``: the refiner is busy
     with other requests' refines; try again later (or without refine_text)."""

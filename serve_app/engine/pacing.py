@@ -20,6 +20,7 @@ from .text.tags import BREAK_TAG_RE, CONTROL_TAG_RE
 
 SAMPLES_PER_TOKEN = 512  # one GPT token = 2 mel frames
 TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN
+TOKEN_SECONDS = 1.0 / TOKENS_PER_SECOND  # audio per token: 21.3 ms
 
 _PAUSE_CHARS = set("。，！？.,!?;:；：、…")
 

@@ -17,9 +17,13 @@ engine's decode thread, or a ``TorchThread``); set-up runs on a thread that exit
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import heapq
+import itertools
 import threading
-from typing import Any, Callable, Optional, TypeVar
+import time
+from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -57,39 +61,138 @@ def on_new_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return value
 
 
+# The order of a TorchThread's calls (``submit_within``): a call's deadline is when it was queued
+# plus its slack, floored at LATE_FLOOR_S (a stream long in silence is as late as one just late, so
+# a run of them cannot keep other calls waiting for ever). A call without a slack waits behind those
+# with one until it has waited UNTIMED_WAIT_S; then it is due since then.
+LATE_FLOOR_S = -1.0
+UNTIMED_WAIT_S = 1.0
+
+
 class TorchThread:
-    """One thread for a process's (or a component's) torch work: calls run one at a time, in
-    order. ``threads`` sets that thread's intra-op threads (None: the process's count); use 1
-    for side work next to a multi-threaded loop, so it adds no OpenMP team."""
+    """One thread for a process's (or a component's) torch work: calls run one at a time.
+    ``threads`` sets that thread's intra-op threads (None: the process's count); use 1 for side
+    work next to a multi-threaded loop, so it adds no OpenMP team.
 
-    def __init__(self, name: str = "torch", threads: Optional[int] = None):
+    Order: calls given a slack (``submit_within`` / ``acall_within``: seconds before the stream
+    they serve runs dry, e.g. its listener's ``playback.PlaybackClock.slack``) run earliest deadline
+    first (queued at + slack, floored at ``LATE_FLOOR_S``), equal deadlines in the order queued;
+    calls without one (``call``, ``submit``, ``acall``) come after those, in the order queued,
+    until one has waited ``UNTIMED_WAIT_S``: then it is due since then, so it goes before every
+    call due later, and nothing waits for ever. Without slacks, this is plain FIFO. ``clock``: the
+    time deadlines are measured on (tests inject one)."""
+
+    def __init__(self, name: str = "torch", threads: Optional[int] = None, clock: Callable[[], float] = time.monotonic):
+        self._name = name
+        self._threads = threads
+        self._clock = clock
         self._ident: Optional[int] = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=self._init, initargs=(threads,)
-        )
+        self._cv = threading.Condition()
+        self._timed: list[tuple[float, int, _Call]] = []  # heap: (deadline, seq, call)
+        self._untimed: collections.deque[tuple[float, int, _Call]] = collections.deque()  # (queued at, seq, call)
+        self._seq = itertools.count()
+        self._thread: Optional[threading.Thread] = None  # started by the first call
+        self._closed = False
+        self.busy_s = 0.0  # seconds spent in calls (wall time: what the thread got of the machine, too)
 
-    def _init(self, threads: Optional[int]) -> None:
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
         import torch
 
         self._ident = threading.get_ident()
         torch.set_grad_enabled(False)
-        if threads is not None:
-            apply_torch_threads(threads)
+        if self._threads is not None:
+            apply_torch_threads(self._threads)
+        while True:
+            with self._cv:
+                while not self._timed and not self._untimed and not self._closed:
+                    self._cv.wait()
+                if not self._timed and not self._untimed:
+                    return  # shut down
+                call = self._next()
+            if not call.future.set_running_or_notify_cancel():
+                continue  # cancelled while queued
+            t0 = time.perf_counter()
+            try:
+                result = call.fn(*call.args, **call.kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                call.future.set_exception(exc)
+            else:
+                call.future.set_result(result)
+            finally:
+                self.busy_s += time.perf_counter() - t0
+            del call
+
+    def _next(self) -> "_Call":
+        """The call to run now (under the lock; at least one is queued)."""
+        if self._untimed:
+            queued, seq, call = self._untimed[0]
+            due = queued + UNTIMED_WAIT_S
+            if not self._timed or (self._clock() >= due and (due, seq) < self._timed[0][:2]):
+                self._untimed.popleft()
+                return call
+        return heapq.heappop(self._timed)[2]
+
+    def _queue(
+        self, slack_s: Optional[float], fn: Callable[..., T], args: tuple, kwargs: dict
+    ) -> "concurrent.futures.Future[T]":
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        call = _Call(future, fn, args, kwargs)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            now = self._clock()
+            if slack_s is None:
+                self._untimed.append((now, next(self._seq), call))
+            else:
+                heapq.heappush(self._timed, (now + max(slack_s, LATE_FLOOR_S), next(self._seq), call))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"{self._name}_0", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return future
+
+    # ------------------------------------------------------------------ callers
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the torch thread and wait for it (inline when already on it)."""
         if threading.get_ident() == self._ident:
             return fn(*args, **kwargs)
-        return self._pool.submit(fn, *args, **kwargs).result()
+        return self._queue(None, fn, args, kwargs).result()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[T]":
         """Queue a call on the torch thread; its future (``cancel()`` drops it while still queued)."""
-        return self._pool.submit(fn, *args, **kwargs)
+        return self._queue(None, fn, args, kwargs)
+
+    def submit_within(
+        self, slack_s: Optional[float], fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> "concurrent.futures.Future[T]":
+        """Queue a call due within ``slack_s`` seconds (None: no deadline); see the class's order."""
+        return self._queue(slack_s, fn, args, kwargs)
 
     async def acall(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the torch thread without blocking the event loop."""
-        return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
+        return await asyncio.wrap_future(self._queue(None, fn, args, kwargs))
+
+    async def acall_within(self, slack_s: Optional[float], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``acall`` due within ``slack_s`` seconds (None: no deadline)."""
+        return await asyncio.wrap_future(self._queue(slack_s, fn, args, kwargs))
 
     def shutdown(self) -> None:
         """Finish the call in flight, drop queued ones; later calls raise RuntimeError."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._cv:
+            self._closed = True
+            dropped = [c for _, _, c in self._timed] + [c for _, _, c in self._untimed]
+            self._timed.clear()
+            self._untimed.clear()
+            self._cv.notify_all()
+        for call in dropped:
+            call.future.cancel()
+
+
+class _Call(NamedTuple):
+    future: concurrent.futures.Future
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict

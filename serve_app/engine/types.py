@@ -125,6 +125,17 @@ class SegmentRequest:
     # anonymous; ``INTERNAL_CLIENT``: the service's own work). The Acoustic stage shares its
     # queue and slots fairly between clients.
     client: str = ""
+    # A listener plays this request's audio at 1x as it arrives (a streamed answer: a voice agent,
+    # a phone line, the web page), so its rows are scheduled by their playback deadline
+    # (``AcousticConfig.scheduling``: least slack first). False (whole-file answers, jobs, bulk):
+    # no deadline, the batch's remaining capacity, shared fairly between clients. Every segment of
+    # one request carries the same value (the engine reads the first).
+    realtime: bool = False
+    # With ``realtime``: audio its listener already holds before this request's (a WebSocket
+    # session's next segment: what the session has sent and the listener has not played yet).
+    # The request continues a stream: its first audio is due when that runs out, it keeps the
+    # stream's claim on the replica's capacity and is never refused for it. 0: a new stream.
+    ahead_s: float = 0.0
 
 
 @dataclass(frozen=True)

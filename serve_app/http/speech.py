@@ -13,6 +13,7 @@ queue here, for the busy and skip-refine switches.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, AsyncIterator, Optional, Union
@@ -172,19 +173,22 @@ class SpeechService:
         return self.pipeline.audio(plan, response_format, self.flow_ref())
 
     async def _open(
-        self, req: SpeechRequest, prepared: Prepared, rec: RequestRecord
+        self, req: SpeechRequest, prepared: Prepared, rec: RequestRecord, listener: bool
     ) -> tuple[AudioStream, bytes, Plan]:
         """Plan and start a synthesis; return the stream, its first chunk and the plan. ``rec``:
         where the plan's and the first chunk's calls are timed (the call as seen here; the callee's
         own share comes back with the plan and the stream's summary). The stream slot is being
         taken meanwhile (its round trip overlaps the plan's); no stage streams before it is held
-        (a stream cut here, by an error or a cancel, stops its stages itself)."""
+        (a stream cut here, by an error or a cancel, stops its stages itself). ``listener``: its
+        segments are decoded by their playback deadline (the engine's real-time streams)."""
         try:
             t0 = time.perf_counter()
             plan = await prepared.plan(self.pipeline, self._refine(req, prepared.script))
             await prepared.admitted.held()
             t1 = time.perf_counter()
             plan.loudness = req.loudness  # the Vocoder keeps the whole audio and normalises it
+            if listener:
+                plan.segments = [dataclasses.replace(s, realtime=True) for s in plan.segments]
             gen = self.open_audio(plan, req.response_format)
             try:
                 first = await gen.__anext__()
@@ -234,7 +238,7 @@ class SpeechService:
             rec.hop("ingress_checks", rec.since_start())
             try:
                 gen, first, plan = await asyncio.wait_for(
-                    self._open(req, prepared, rec), self.settings.request_timeout_s
+                    self._open(req, prepared, rec, listener), self.settings.request_timeout_s
                 )
                 rec.hop("ingress_opened", rec.since_start())
             except asyncio.TimeoutError:

@@ -118,4 +118,5 @@ async def run_session(
             backend.prepared.admitted.release()
     rec.chars, rec.segments, rec.audio_s = stats.chars, stats.segments, round(stats.audio_seconds, 3)
     rec.ttfb_s = stats.first_audio_s  # from the session's start: it includes the client's writing
+    rec.stall_s, rec.min_slack_s = stats.stall_s, stats.min_slack_s
     rec.finish(stats.status)

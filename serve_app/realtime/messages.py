@@ -79,6 +79,9 @@ class SessionStats:
     cancelled_segments: int = 0
     audio_seconds: float = 0.0
     first_audio_s: Optional[float] = None  # from the session's start
+    # Its listener playing the session's audio at 1x (engine/playback.py), as the session infers it.
+    stall_s: Optional[float] = None
+    min_slack_s: Optional[float] = None
 
 
 # ------------------------------------------------------------------ messages

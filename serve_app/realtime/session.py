@@ -37,8 +37,10 @@ from typing import Callable, Optional
 
 from pydantic import BaseModel
 
+from ..engine.audio import format_bytes_per_second
 from ..engine.errors import EmptyInputError
 from ..engine.planner import segment_seed
+from ..engine.playback import PlaybackClock
 from ..engine.text import is_speakable, segment_fits, split_unfinished
 from ..engine.types import Plan, SegmentMark, StreamSummary, SynthesisOptions
 from ..engine.voices import effective_seed
@@ -148,6 +150,10 @@ class RealtimeSession:
         self._segment_added = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self._decoding = asyncio.Semaphore(limits.decoding_segments)
+        # The listener's clock over the whole session: raw formats' audio counted as it is sent,
+        # compressed ones' at each segment's end (its summary says how long it was).
+        self.listener = PlaybackClock()
+        self._bytes_per_s = format_bytes_per_second(self.format)
         self._outcome: asyncio.Future = asyncio.get_running_loop().create_future()
 
     # -------------------------------------------------------------- client messages
@@ -338,8 +344,17 @@ class RealtimeSession:
             # A segment behind audio still to be sent is needed later: it yields one priority
             # level (admission order only) to first audio, this session's or anyone's.
             priority = req.priority if not self._segments else max(MIN_PRIORITY, req.priority - 1)
+            # Its listener plays it as it comes: decoded by its playback deadline (a real-time
+            # stream), after the audio it holds already (then it continues the session's stream).
+            ahead = max(0.0, self.listener.slack()) if self.listener.started else 0.0
             one = Plan(
-                plan.voice, [dataclasses.replace(req, seed=segment_seed(seed, index), priority=priority)], [text]
+                plan.voice,
+                [
+                    dataclasses.replace(
+                        req, seed=segment_seed(seed, index), priority=priority, realtime=True, ahead_s=ahead
+                    )
+                ],
+                [text],
             )
             seg = _Segment(index, text, chars if i == last else 0, time.perf_counter(), asyncio.Queue())
             after = self._segments[-1].started if self._segments else None
@@ -414,7 +429,12 @@ class RealtimeSession:
                 if self._on_first_audio is not None:
                     self._on_first_audio()
             await self.transport.send_bytes(data)
+            if self._bytes_per_s:
+                self.listener.deliver(len(data) / self._bytes_per_s)
         self._joiner.end_segment()
+        if not self._bytes_per_s:
+            self.listener.deliver(seg.audio_seconds)
+        self.stats.stall_s, self.stats.min_slack_s = round(self.listener.stall_s, 3), self.listener.min_slack_s
         if not started:
             await send_event(self.transport, SegmentStart(index=seg.index, text=seg.text))
         start = self.stats.audio_seconds  # on the session's audio timeline: its segments back to back

@@ -89,8 +89,10 @@ def make_engine(tiny_model):
     """Factory of engines on the session model; stops their threads at teardown."""
     engines: list[AcousticEngine] = []
 
-    def make(**cfg) -> AcousticEngine:
-        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg))
+    def make(clock=None, **cfg) -> AcousticEngine:
+        """An engine with these decode settings (fixed chunk sizes unless given), on ``clock`` if
+        given (the time its scheduler and playback clocks read: tests advance it by hand)."""
+        engine = AcousticEngine(tiny_model, fixed_chunks(**cfg), **({"clock": clock} if clock else {}))
         engines.append(engine)
         return engine
 

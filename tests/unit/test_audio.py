@@ -21,6 +21,7 @@ from serve_app.engine.audio import (
     AudioEncoder,
     apply_gain,
     encode_file,
+    format_bytes_per_second,
     format_sample_rate,
     new_encoder,
     to_int16,
@@ -31,17 +32,6 @@ N = 2 * SR  # 2.0 s test signal
 FREQ = 440.0
 LOSSY = ("mp3", "opus", "aac")
 LOSSLESS = ("flac", "wav", "pcm")
-
-
-def format_bytes_per_second(fmt: str) -> int | None:
-    """Bytes per second of audio for the constant-rate raw formats (pcm and wav's body: 48000,
-    ulaw/alaw: 8000, one byte a sample); None for the compressed ones."""
-    if fmt in TELEPHONY_FORMATS:
-        return format_sample_rate(fmt)
-    if fmt in ("pcm", "wav"):
-        return 2 * format_sample_rate(fmt)
-    format_sample_rate(fmt)  # ValueError for an unknown one
-    return None
 
 
 def whole(pcm: np.ndarray, fmt: str, gain_db: float = 0.0) -> bytes:

@@ -24,11 +24,14 @@ from deployments.autoscaling import (
     DESIRED_METRIC,
     MAX_ROWS,
     RUNNING_ROWS,
+    STREAMS_CAPACITY,
+    STREAMS_WANTED,
     WAITING_ROWS,
     EngineQueuePolicy,
     desired_replicas,
     engine_stats,
 )
+from deployments.routing import rank_by_headroom
 
 POLICY = "deployments.autoscaling:EngineQueuePolicy"
 DEP = DeploymentID(name="Acoustic", app_name="chattts")
@@ -101,8 +104,10 @@ def policy(target_fill: float = 0.75) -> EngineQueuePolicy:
 
 def test_engine_stats_are_what_the_policy_reads():
     stats = engine_stats(waiting_rows=3, running_rows=16, max_rows=16)
-    assert stats == {WAITING_ROWS: 3.0, RUNNING_ROWS: 16.0, MAX_ROWS: 16.0}
-    assert all(isinstance(v, float) for v in stats.values())  # Serve accepts only numbers
+    assert stats == {WAITING_ROWS: 3.0, RUNNING_ROWS: 16.0, MAX_ROWS: 16.0, STREAMS_WANTED: 0.0}
+    measured = engine_stats(waiting_rows=0, running_rows=2, max_rows=16, streams_wanted=3, streams_capacity=4)
+    assert measured[STREAMS_WANTED] == 3.0 and measured[STREAMS_CAPACITY] == 4.0
+    assert all(isinstance(v, float) for v in {**stats, **measured}.values())  # Serve accepts only numbers
 
 
 @pytest.mark.parametrize(
@@ -259,3 +264,25 @@ def test_cpu_config_keeps_one_acoustic_replica_per_box():
     deps = deployments(load("cpu"))
     assert deps["Acoustic"]["autoscaling_config"]["max_replicas"] == 1
     assert deps["TextNormalizer"]["autoscaling_config"]["max_replicas"] > 1
+
+
+def test_real_time_streams_wanted_over_the_measured_capacity_add_replicas():
+    """Streams a replica keeps at 1x fill before its rows do: 9 streams wanted (carried, waiting,
+    refused lately) over 2 replicas that keep 4 each at 1x want ceil(9 / (0.75 * 4)) = 3; rows
+    alone would want 1. Unmeasured capacity adds nothing."""
+    rows = [(2, 0, 16), (2, 0, 16)]
+    ctx = context(rows, queued=0)
+    for i, wanted in enumerate((5.0, 4.0)):
+        ctx.aggregated_metrics.setdefault(STREAMS_WANTED, {})[f"r{i}"] = wanted
+        ctx.aggregated_metrics.setdefault(STREAMS_CAPACITY, {})[f"r{i}"] = 4.0
+    d = desired_replicas(ctx, 0.75)
+    assert d.replicas == 3 and d.streams_wanted == 9.0 and d.streams_per_replica == 3.0
+    del ctx.aggregated_metrics[STREAMS_CAPACITY]
+    assert desired_replicas(ctx, 0.75).replicas == 1
+
+
+def test_routing_offers_the_replicas_with_the_most_headroom_first():
+    stats = {"a": 0.0, "b": 3.0, "c": None, "d": 1.0}
+    groups = rank_by_headroom(list(stats), stats.get)
+    assert groups[0] == ["b", "d"] and sorted(groups[1]) == ["a", "c"]
+    assert sorted(rank_by_headroom(["x", "y"], lambda r: None)[0]) == ["x", "y"]  # nothing reported: both, either order

@@ -5,7 +5,8 @@ float32), on the deep test model (``random-deep``: ChatTTS's 20 GPT layers and h
 The schedules are searched, not sampled by hand (hypothesis, seeded and bounded): rows of
 different prompt lengths arriving at different steps, of different lengths (past the KV
 buffers' re-growth), cancelled mid-flight, with priorities and sampling parameters of their own.
-Parked rows (a reader that stops and resumes) have their own test. Why it holds (and what broke
+Parked rows (a reader that stops and resumes; the deadline rule setting a row aside for a more
+urgent one) have their own tests. Why it holds (and what broke
 it before): serve_app/engine/decode/batch.py, linear.py, sampling.py.
 """
 
@@ -159,6 +160,42 @@ def test_parked_rows_resume_exactly_where_they_left(deep_models, deep_speaker):
     assert eng.stats.rows_parked >= 1 and eng.stats.rows_resumed >= 1
     for g, e in zip(got, expected):
         assert torch.equal(g, e)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.timeout(300)
+def test_rows_the_deadline_rule_parks_and_resumes_decode_as_alone(deep_models, deep_speaker):
+    """The deadline rule (decode/deadline.py) on the shipped CPU precision: two real-time streams
+    share one slot beside a job (a row without a listener, owed its slot at once), on an injected
+    clock that runs slower than a running row's audio and faster than it for the one waiting: each
+    is parked (its KV set aside) whenever the other needs the slot and it is far enough ahead, and
+    resumed where it left off, several times. Every row streams its solo decode, bit for bit."""
+    model = deep_models["int8"]
+    reqs = [
+        seg(deep_speaker, 48, seed=41, text=TEXTS[1], realtime=True),
+        seg(deep_speaker, 48, seed=42, text=TEXTS[2], realtime=True, client="B"),
+        seg(deep_speaker, 100, seed=43, text=TEXTS[3], client="jobs"),  # beside them all along
+    ]
+    expected = [alone(model, r) for r in reqs]
+    clock = _Clock()
+    cfg = dict(max_rows=2, reserved_rows=0, first_chunk_tokens=4, chunk_tokens=4, prebuffer_s=0.0)
+    eng = AcousticEngine(
+        model, fixed_chunks(**cfg, park_ahead_s=0.15, resume_ahead_s=0.05, background_wait_s=0.0), clock=clock
+    )
+    streams = [eng.submit(r) for r in reqs]
+    while eng.step():
+        clock.t += 0.01  # a running row gains 11 ms of slack a step, a waiting one loses 10 ms
+    assert eng.stats.deadline_parked >= 4 and eng.stats.deadline_resumed == eng.stats.deadline_parked
+    assert eng.stats.max_rows == 2, eng.stats
+    for req, stream, want in zip(reqs, streams, expected):
+        assert torch.equal(drain(stream)[1], want), req.text
 
 
 @pytest.mark.timeout(300)

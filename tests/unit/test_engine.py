@@ -31,6 +31,7 @@ from support.engine import (
     synthesize,
     synthesize_sync,
 )
+from support.speakers import encode_speaker
 
 from serve_app.engine.acoustic import AcousticEngine
 from serve_app.engine.config import EngineConfig, ModelConfig, SegmentConfig, VocoderConfig
@@ -51,7 +52,6 @@ from serve_app.engine.voices import (
     VoiceError,
     VoiceResolver,
     decode_speaker,
-    encode_speaker,
     speaker_from_seed,
 )
 from serve_app.engine.wav import with_true_length

@@ -54,6 +54,91 @@ def test_torch_thread_runs_everything_on_one_thread_with_its_own_thread_count():
         torch.set_num_threads(before)
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _queued_order(worker: TorchThread, clock: FakeClock, calls: list) -> list[str]:
+    """Hold the thread with a first call, queue ``calls`` ((name, slack or None, time queued)),
+    release it at the clock's time then, and the names in the order they ran."""
+    ran: list[str] = []
+    gate = threading.Event()
+    started = threading.Event()
+    blocker = worker.submit(lambda: (started.set(), gate.wait(10)))
+    assert started.wait(10)
+    futures = []
+    for name, slack, at in calls:
+        clock.t = at
+        futures.append(worker.submit_within(slack, ran.append, name))
+    gate.set()
+    blocker.result(timeout=10)
+    for f in futures:
+        f.result(timeout=10)
+    return ran
+
+
+def test_torch_thread_runs_least_slack_first_then_calls_without_one_in_order():
+    """A Vocoder window of a stream about to run dry goes before one far ahead and before work
+    without a deadline (a voice encoding); equal deadlines keep the order they came in."""
+    clock = FakeClock()
+    worker = TorchThread("order", threads=1, clock=clock)
+    try:
+        order = _queued_order(
+            worker,
+            clock,
+            [
+                ("untimed-1", None, 100.0),
+                ("far", 5.0, 100.0),
+                ("late", -0.5, 100.0),
+                ("soon", 0.5, 100.0),
+                ("untimed-2", None, 100.0),
+                ("soon-again", 0.5, 100.0),
+                ("same-deadline", 0.25, 100.25),
+            ],
+        )
+        assert order == ["late", "soon", "soon-again", "same-deadline", "far", "untimed-1", "untimed-2"]
+        # Without slacks it is FIFO, as before.
+        assert _queued_order(worker, clock, [(str(i), None, 100.0) for i in range(5)]) == list("01234")
+    finally:
+        worker.shutdown()
+
+
+def test_a_call_without_a_deadline_is_not_starved_by_a_stream_of_late_ones():
+    """Once a call without a slack has waited UNTIMED_WAIT_S it is due since then: calls queued
+    later, however late their streams (a slack floored at LATE_FLOOR_S), run after it."""
+    from serve_app.engine.threads import LATE_FLOOR_S, UNTIMED_WAIT_S
+
+    clock = FakeClock()
+    worker = TorchThread("starve", threads=1, clock=clock)
+    try:
+        later = 100.0 + UNTIMED_WAIT_S - LATE_FLOOR_S + 0.1  # due after the untimed call, even at -1000 s
+        calls = [("untimed", None, 100.0), ("late-early", -1000.0, 100.0), ("late-later", -1000.0, later)]
+        # Released before the untimed call has waited its time: the late calls go first ...
+        assert _queued_order(worker, clock, [calls[0], calls[1]]) == ["late-early", "untimed"]
+        # ... and once it has (the clock at release is past its wait), it goes before any call due later.
+        assert _queued_order(worker, clock, calls) == ["late-early", "untimed", "late-later"]
+    finally:
+        worker.shutdown()
+
+
+def test_torch_thread_shutdown_drops_queued_calls_and_refuses_new_ones():
+    worker = TorchThread("stop", threads=1)
+    gate, started = threading.Event(), threading.Event()
+    running = worker.submit(lambda: (started.set(), gate.wait(10))[1])
+    assert started.wait(10)
+    queued = worker.submit_within(0.0, lambda: 1)
+    worker.shutdown()
+    gate.set()
+    assert running.result(timeout=10) is True
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError, match="shutdown"):
+        worker.submit(lambda: 1)
+
+
 # Run in a process of its own: two torch threads (the suite's processes use one, which makes no
 # team at all) and a thread count no other test has moved.
 _ENGINE_BUILT_HERE = """

@@ -1,5 +1,8 @@
 """Back-pressure inside the engine: rows whose consumers fall behind leave the batch, with their KV.
 
+(``ParkedRows`` also holds the rows the deadline rule sets aside, decode/deadline.py: the engine
+keeps one of each, since they come back by different rules.)
+
 A row whose consumer holds ``max_stream_chunks`` unread chunks (or whose request does, across its
 segments: ``StreamGroup``) is parked: what a stream buffers stays bounded, and its slot goes to
 rows someone reads. It rejoins once its consumer has read down to half the limit (and its group
@@ -48,10 +51,12 @@ class ParkedRows:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, parked: list[Prefilled], on_taken: Callable[[RowStream], None]) -> None:
-        """Keep rows that just left the batch; their consumers call ``on_taken`` on every chunk read."""
-        for p in parked:
-            p.row.stream.on_taken = on_taken
+    def add(self, parked: list[Prefilled], on_taken: Optional[Callable[[RowStream], None]] = None) -> None:
+        """Keep rows that just left the batch; their consumers call ``on_taken`` on every chunk read
+        (None: their hooks stay as they are)."""
+        if on_taken is not None:
+            for p in parked:
+                p.row.stream.on_taken = on_taken
         self._rows += parked
 
     def any_ready(self, limit: Optional[int]) -> bool:
@@ -76,6 +81,23 @@ class ParkedRows:
             if p.row.stream.group is None:  # a request's rows keep waking the loop for their group
                 p.row.stream.on_taken = None
         return back, cancelled
+
+    @property
+    def rows(self) -> list[Row]:
+        return [p.row for p in self._rows]
+
+    def take_rows(self, rows: list[Row]) -> list[Prefilled]:
+        """Take these rows out (with their KV), in the order given."""
+        by_id = {id(p.row): p for p in self._rows}
+        out = [by_id[id(r)] for r in rows if id(r) in by_id]
+        gone = {id(p.row) for p in out}
+        self._rows = [p for p in self._rows if id(p.row) not in gone]
+        return out
+
+    def drain_parked(self) -> list[Prefilled]:
+        """Every parked row with its KV, none kept."""
+        out, self._rows = self._rows, []
+        return out
 
     def drain(self) -> list[Row]:
         """Every parked row, none kept (the engine stopping)."""

@@ -8,11 +8,9 @@ from typing import Optional
 import torch
 
 from ..config import AcousticConfig
-from ..pacing import TOKENS_PER_SECOND
+from ..pacing import TOKEN_SECONDS
 from ..types import SegmentRequest
 from .streams import HiddenChunk, RowStream
-
-TOKEN_SECONDS = 1.0 / TOKENS_PER_SECOND  # audio per token (512 samples at 24 kHz)
 
 
 @dataclass
@@ -26,6 +24,7 @@ class Row:
     tokens_sent: int = 0
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | "error"
     after: Optional[RowStream] = None  # admitted only once this stream has started
+    parked_at: Optional[float] = None  # when the deadline rule last set it aside (decode/deadline.py)
 
     @property
     def budget(self) -> int:

@@ -1,5 +1,10 @@
 """The waiting queue and admission: which rows join the running batch, and when.
 
+This is the whole rule with ``AcousticConfig.scheduling: fair``. With ``deadline`` (the
+default), ``decode/deadline.py`` takes the real-time rows by their slack (``realtime_streams``,
+``take``) and shares what they leave between the rows without a listener through
+``pop_admissible(realtime=False, ...)``, by the rules below; the queue limits hold for both.
+
 Rows belong to clients (``SegmentRequest.client``: an API key's id, ``ip:<addr>``, or "" for
 anonymous). Admission shares the batch between clients:
 
@@ -39,7 +44,7 @@ import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from ..config import AcousticConfig
 from ..errors import ClientQueueFull, EngineOverloaded, RequestTooLarge
@@ -64,6 +69,17 @@ def prompt_len_estimate(req: SegmentRequest) -> int:
 def client_label(client: str) -> str:
     """A client as error messages name it ("" is anonymous)."""
     return client or "anonymous"
+
+
+def queue_key(req: SegmentRequest) -> tuple[bool, int]:
+    """Where a row waits within its client: real-time or not, then priority (the deadline rule
+    takes real-time rows by slack and leaves the others to this module's fair order)."""
+    return (req.realtime, req.priority)
+
+
+def stream_key(row: Row) -> object:
+    """The stream a row belongs to: its request's playback clock (or the row's own stream)."""
+    return row.stream.playback or row.stream
 
 
 @dataclass
@@ -91,7 +107,10 @@ class Scheduler:
     at the whole queue (it runs before every decode step)."""
 
     def __init__(self) -> None:
-        self._queues: dict[str, dict[int, list[_Waiting]]] = {}  # client -> priority -> rows, oldest first
+        # client -> (realtime, priority) -> rows, oldest first
+        self._queues: dict[str, dict[tuple[bool, int], list[_Waiting]]] = {}
+        # Real-time rows by stream, in segment order: what the deadline rule looks at (decode/deadline.py).
+        self._streams: dict[object, list[_Waiting]] = {}
         self._per_client: Counter[str] = Counter()  # waiting rows per client
         self._n = 0
         self._turns: dict[str, _Turn] = {}  # clients with rows waiting that have had a slot
@@ -142,11 +161,13 @@ class Scheduler:
             )
         for row, seq in rows:
             w = _Waiting(seq, row)
-            lst = self._queues.setdefault(row.req.client, {}).setdefault(row.req.priority, [])
+            lst = self._queues.setdefault(row.req.client, {}).setdefault(queue_key(row.req), [])
             if lst and lst[-1].order > w.order:
                 bisect.insort(lst, w, key=lambda x: x.order)  # pushed out of order (threads racing)
             else:
                 lst.append(w)
+            if row.req.realtime:
+                self._streams.setdefault(stream_key(row), []).append(w)
             self._per_client[row.req.client] += 1
             self._n += 1
 
@@ -157,15 +178,21 @@ class Scheduler:
         if not gone:
             return
         ids = {w.seq for w in gone}
-        for client, priority in {(w.row.req.client, w.row.req.priority) for w in gone}:
+        for client, key in {(w.row.req.client, queue_key(w.row.req)) for w in gone}:
             by_priority = self._queues[client]
-            rows = [w for w in by_priority[priority] if w.seq not in ids]
+            rows = [w for w in by_priority[key] if w.seq not in ids]
             if rows:
-                by_priority[priority] = rows
+                by_priority[key] = rows
             else:
-                del by_priority[priority]
+                del by_priority[key]
                 if not by_priority:
                     del self._queues[client]
+        for stream in {stream_key(w.row) for w in gone if w.row.req.realtime}:
+            rows = [w for w in self._streams[stream] if w.seq not in ids]
+            if rows:
+                self._streams[stream] = rows
+            else:
+                del self._streams[stream]
         for w in gone:
             client = w.row.req.client
             self._n -= 1
@@ -176,25 +203,90 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def pop_admissible(
-        self, running: Sequence[Row], cfg: AcousticConfig, now: float, hold_groups_at: Optional[int] = None
-    ) -> list[Row]:
-        """Remove and return the rows to admit now, in admission order. Every row cancelled while
-        waiting comes out too (first): the caller ends them without decoding. ``hold_groups_at``:
-        a later segment of a request holding that many unread chunks waits (StreamGroup.holds)."""
-        self._note_presence(running, now)
+    def pop_cancelled(self) -> list[Row]:
+        """Remove and return every row cancelled while waiting (the caller ends them)."""
         if not self._n:
             return []
         cancelled = [w for w in self._all() if w.row.stream.cancelled.is_set()]
         self._remove(cancelled)
-        out = [w.row for w in cancelled]
-        if not self._n or (not cfg.continuous and running):
+        return [w.row for w in cancelled]
+
+    def eligible(self, row: Row, cfg: AcousticConfig, hold_groups_at: Optional[int]) -> bool:
+        """May ``row`` join now? A later segment waits until its request's first segment has sent
+        audio, and while its request's reader is far behind (``StreamGroup.holds``)."""
+        group = row.stream.group
+        if hold_groups_at is not None and group is not None and group.holds(row.stream, hold_groups_at):
+            return False  # its request's reader is far behind: no slot for more of its audio yet
+        return not cfg.continuous or row.after is None or row.after.started
+
+    def realtime_streams(self) -> Iterator[list[Row]]:
+        """The waiting rows of each real-time stream, in segment order (read-only; the deadline
+        rule takes the ones it admits with ``take``)."""
+        for rows in self._streams.values():
+            yield [w.row for w in rows]
+
+    def take(self, rows: Sequence[Row]) -> None:
+        """Remove these waiting rows (the deadline rule admits them)."""
+        if not rows:
+            return
+        ids = {id(r) for r in rows}
+        self._remove([w for lst in self._streams.values() for w in lst if id(w.row) in ids])
+
+    def pop_unstarted(self, queued_before: float) -> list[Row]:
+        """Remove and return the first rows of the real-time streams queued before
+        ``queued_before`` whose first segment is still waiting for room (the caller refuses them;
+        their later segments end with their streams)."""
+        late = [
+            w
+            for rows in self._streams.values()
+            for w in rows[:1]
+            if w.row.req.realtime
+            and not w.row.req.ahead_s  # a stream's next request keeps its claim: never refused
+            and w.row.after is None
+            and w.row.stream.submitted_at < queued_before
+        ]
+        self._remove(late)
+        return [w.row for w in late]
+
+    def oldest(self, realtime: bool) -> Optional[float]:
+        """When the longest-waiting row of that kind was queued (None: none waits)."""
+        heads = [
+            rows[0].row.stream.submitted_at for q in self._queues.values() for k, rows in q.items() if k[0] == realtime
+        ]
+        return min(heads, default=None)
+
+    def pop_admissible(
+        self,
+        running: Sequence[Row],
+        cfg: AcousticConfig,
+        now: float,
+        hold_groups_at: Optional[int] = None,
+        realtime: Optional[bool] = None,
+        occupied: int = 0,
+        at_most: Optional[int] = None,
+        occupied_budget: int = 0,
+        cancelled_popped: bool = False,
+    ) -> list[Row]:
+        """Remove and return the rows to admit now, in admission order. Every row cancelled while
+        waiting comes out too (first): the caller ends them without decoding. ``hold_groups_at``:
+        a later segment of a request holding that many unread chunks waits (StreamGroup.holds).
+
+        The deadline rule (decode/deadline.py) shares out what real-time rows leave with
+        ``realtime=False``: only rows without a listener take part, ``running`` are those of them in
+        the batch (the client shares and caps count them), ``occupied`` the other rows in the batch
+        (they take slots and ``occupied_budget`` of the token budget), ``at_most`` the rows it may take,
+        ``cancelled_popped`` that it took the cancelled rows out just before (``pop_cancelled``)."""
+        self._note_presence(running, now, realtime)
+        out = [] if cancelled_popped else self.pop_cancelled()
+        if not self._n or (not cfg.continuous and (running or occupied)):
             return out  # window batching: the running batch finishes first
         slots = cfg.max_rows + cfg.reserved_rows
-        if len(running) >= slots:
+        if at_most is not None:
+            slots = min(slots, len(running) + occupied + at_most)
+        if len(running) + occupied >= slots:
             return out
         held: Counter[str] = Counter(r.req.client for r in running)
-        only_new = len(running) >= cfg.max_rows  # only reserved slots left: for clients with nothing running
+        only_new = len(running) + occupied >= cfg.max_rows  # only reserved slots left: for clients with nothing running
         present = [c for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS]
 
         def cap_of(client: str) -> Optional[int]:
@@ -203,31 +295,29 @@ class Scheduler:
             return None if alone else cfg.max_running_rows_per_client
 
         def eligible(w: _Waiting) -> bool:
-            group = w.row.stream.group
-            if hold_groups_at is not None and group is not None and group.holds(w.row.stream, hold_groups_at):
-                return False  # its request's reader is far behind: no slot for more of its audio yet
-            # A later segment waits until its request's first segment has sent audio.
-            return not cfg.continuous or w.row.after is None or w.row.after.started
+            return self.eligible(w.row, cfg, hold_groups_at)
 
-        # Per client and priority, where the next eligible row is (an index into the list).
-        cursor: dict[str, dict[int, int]] = {}
+        # Per client and queue (realtime, priority), where the next eligible row is (an index into the list).
+        cursor: dict[str, dict[tuple[bool, int], int]] = {}
         for client, by_priority in self._queues.items():
             mine = held.get(client, 0)
             cap = cap_of(client)
             if (only_new and mine) or (cap is not None and mine >= cap):
                 continue  # no slot this client may take now
             found = {}
-            for priority, rows in by_priority.items():
+            for key, rows in by_priority.items():
+                if realtime is not None and key[0] != realtime:
+                    continue
                 i = next((i for i, w in enumerate(rows) if eligible(w)), None)
                 if i is not None:
-                    found[priority] = i
+                    found[key] = i
             if found:
                 cursor[client] = found
         if not cursor:
             return out
         share = math.ceil(cfg.max_rows / len(set(held) | set(cursor)))
-        total = len(running)
-        used = sum(r.budget for r in running)
+        total = len(running) + occupied
+        used = sum(r.budget for r in running) + occupied_budget
         taken: list[_Waiting] = []
         while cursor and total < slots:
             heads = {c: self._head(c, found, now) for c, found in cursor.items()}
@@ -240,7 +330,7 @@ class Scheduler:
                 del cursor[client]  # no slot this client may take now; the others go on
                 continue
             need = prompt_len_estimate(w.row.req) + w.row.req.max_new_tokens
-            if used + need > cfg.token_budget and (running or taken):
+            if used + need > cfg.token_budget and (running or occupied or taken):
                 break  # keep order: do not let small rows overtake a big one forever
             used += need
             total += 1
@@ -248,27 +338,29 @@ class Scheduler:
             taken.append(w)
             self._served += 1
             self._turns[client] = _Turn(now, self._served)
-            # This client's next eligible row of that priority, after the one taken.
+            # This client's next eligible row of that queue, after the one taken.
             found = cursor[client]
-            rows = self._queues[client][w.row.req.priority]
-            i = next((i for i in range(found[w.row.req.priority] + 1, len(rows)) if eligible(rows[i])), None)
+            key = queue_key(w.row.req)
+            rows = self._queues[client][key]
+            i = next((i for i in range(found[key] + 1, len(rows)) if eligible(rows[i])), None)
             if i is None:
-                del found[w.row.req.priority]
+                del found[key]
                 if not found:
                     del cursor[client]
             else:
-                found[w.row.req.priority] = i
+                found[key] = i
         self._remove(taken)
         return out + [w.row for w in taken]
 
-    def _note_presence(self, running: Sequence[Row], now: float) -> None:
-        for client in {r.req.client for r in running} | set(self._queues):
+    def _note_presence(self, running: Sequence[Row], now: float, realtime: Optional[bool] = None) -> None:
+        waiting = {c for c, q in self._queues.items() if realtime is None or any(k[0] == realtime for k in q)}
+        for client in {r.req.client for r in running} | waiting:
             if client != INTERNAL_CLIENT:  # the service's own rows (warm-up) are nobody's
                 self._seen[client] = now
         if len(self._seen) > 64:  # forget clients gone for good
             self._seen = {c: t for c, t in self._seen.items() if now - t <= PRESENCE_SECONDS}
 
-    def _head(self, client: str, found: dict[int, int], now: float) -> _Waiting:
+    def _head(self, client: str, found: dict[tuple[bool, int], int], now: float) -> _Waiting:
         """The client's best eligible row: by aged priority, then arrival."""
         by_priority = self._queues[client]
         return min(
@@ -305,6 +397,7 @@ class Scheduler:
         """Remove and return every waiting row (the engine is stopping)."""
         waiting = sorted(self._all(), key=lambda w: w.seq)
         self._queues.clear()
+        self._streams.clear()
         self._per_client.clear()
         self._n = 0
         self._turns.clear()

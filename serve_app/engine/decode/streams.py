@@ -11,9 +11,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .playback import Playback
 
 
 @dataclass
@@ -105,6 +108,11 @@ class RowStream:
         self.taken_chunks = 0
         self.on_taken: Optional[Callable[["RowStream"], None]] = None  # the engine's wake-up while parked
         self.group: Optional[StreamGroup] = None  # the request's other segments, if any
+        # Its request's playback clock and its segment's place in it (the engine sets both): the
+        # slack the deadline scheduler orders rows by, and the stall seconds a caller can log
+        # (``playback.stall_s(now)``).
+        self.playback: Optional["Playback"] = None
+        self.segment = 0
 
     @property
     def backlog(self) -> int:
@@ -124,16 +132,20 @@ class RowStream:
 
     # ------------------------------------------------------------------ producer (engine thread)
 
-    def send(self, chunk: HiddenChunk) -> None:
-        """Deliver a chunk; a ``final`` one also ends the stream."""
+    def send(self, chunk: HiddenChunk, now: Optional[float] = None) -> None:
+        """Deliver a chunk (at ``now``, the engine's clock; default ``time.monotonic()``); a
+        ``final`` one also ends the stream."""
         if self.ended:
             return
+        now = time.monotonic() if now is None else now
         if self.first_chunk_at is None:
-            self.first_chunk_at = time.monotonic()
+            self.first_chunk_at = now
         self.sent_chunks += 1
+        if self.playback is not None:
+            self.playback.note_sent(self.segment, chunk.hidden.shape[0], chunk.final, now)
         self._put(chunk)
         if chunk.final:
-            self.finished_at = time.monotonic()
+            self.finished_at = now
             self._put(_END)
 
     def finish(self) -> None:
