@@ -56,6 +56,7 @@ class RequestRecord:
     # Sent as X-Request-Id (Serve keeps the caller's): joins the request with the server's log line.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     server_timing: Optional[str] = None  # the answer's Server-Timing (the proxy's share)
+    retry_after: Optional[str] = None  # an error answer's Retry-After: when the server asked to be asked again
 
     @property
     def ok(self) -> bool:
@@ -116,6 +117,7 @@ async def _exchange(client: httpx.AsyncClient, target: Target, rec: RequestRecor
         if r.status_code != 200:
             await r.aread()
             rec.error = f"http_{r.status_code}"
+            rec.retry_after = r.headers.get("retry-after")
             rec.t_end = clock()
             return
         header = b""

@@ -1,9 +1,14 @@
 """A load whose number of clients changes while it runs (the cluster tests' autoscaling and failover
-steps), on the bench's load generator (bench/lib/loadgen.py): one-row pcm streams of known length."""
+steps), on the bench's load generator (bench/lib/loadgen.py): one-row pcm streams of known length.
+
+A client told 503 with a Retry-After (no room for another real-time stream, while the cluster
+scales up) asks again after it, as the openai SDK's retries do; those answers are kept apart
+(``refused``) from the requests' final outcomes (``records``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any, Iterator, Optional
 
@@ -32,6 +37,7 @@ class StepLoad:
         self.clients = 0
         self.records: list[RequestRecord] = []
         self.error_bodies: list[tuple[int, bytes]] = []  # (status, body) of every error answer
+        self.refused: list[RequestRecord] = []  # answers 503 with a Retry-After, each asked again
         self.t0 = time.perf_counter()
         self._tasks: list[asyncio.Task] = []
         self._changed: Optional[asyncio.Event] = None
@@ -70,9 +76,16 @@ class StepLoad:
             if i >= self.clients:
                 await self._changed.wait()
                 continue
-            rec = RequestRecord(len(self.records), next(texts), seed=len(self.records) + 1)
-            self.records.append(rec)
-            await one_request(self._client, self.target, rec, self.clock)
+            text = next(texts)
+            while True:
+                rec = RequestRecord(len(self.records), text, seed=len(self.records) + 1)
+                self.records.append(rec)
+                await one_request(self._client, self.target, rec, self.clock)
+                if rec.status != 503 or rec.retry_after is None or self._stopping:
+                    break
+                self.records.remove(rec)
+                self.refused.append(rec)
+                await asyncio.sleep(float(rec.retry_after))
 
     def _texts(self, i: int) -> Iterator[str]:
         k = i
@@ -85,6 +98,10 @@ class StepLoad:
         self._stopping = True
         self.set_clients(0)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def refusals(self) -> list[str]:
+        """The error codes of the answers asked again (``capacity_exhausted`` is the only one meant)."""
+        return [json.loads(body)["error"]["code"] for status, body in self.error_bodies if status == 503]
 
     def in_flight(self) -> int:
         return sum(1 for r in self.records if r.t_end is None and r.error is None and not r.cut)

@@ -242,6 +242,9 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # Nothing lost: every request 200 with all its audio, and a removed replica drained open streams.
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and len(load.records) >= 10, bad
+    # Past one replica's real-time capacity a new stream is told to come back (503, Retry-After),
+    # never queued to stall; the refusals are the demand that scales the deployment.
+    assert set(load.refusals()) <= {"capacity_exhausted"} and len(load.refused) == len(load.refusals())
     drained = [
         f.name
         for f in (cluster.session_logs() / "serve").glob("replica_chattts_Acoustic_*.log")
@@ -251,7 +254,8 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # load's requests are short); when one did, the completeness check above covers its drain.
     report(
         "cluster: step load requests",
-        f"{len(load.records)}, all complete; replicas drained with open streams: {len(drained)}",
+        f"{len(load.records)}, all complete ({len(load.refused)} answers 503 capacity_exhausted asked again); "
+        f"replicas drained with open streams: {len(drained)}",
     )
 
 
@@ -472,6 +476,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     assert sum(1 for r in reps["Vocoder"] if not r.get("node_id")) >= 1, reps["Vocoder"]
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and load.records, bad
+    assert set(load.refusals()) <= {"capacity_exhausted"}, load.refusals()
     report(
         "cluster: CPU stages as shipped, Vocoder forced to 8: GPU nodes only / + a CPU node / 2 -> 4 Acoustic running",
         f"placed in {placed_s:.1f} s ({waiting} without a node) / {cpu_group_s:.1f} s ({left} without a node)"
