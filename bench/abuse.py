@@ -18,8 +18,11 @@ from typing import Optional
 
 import httpx
 
-from .abuse_attackers import ATTACKER_KEY, ATTACKERS, POLITE_KEY, Tally, apply_only, delete_jobs
+from . import abuse_wyoming
+from .abuse_attackers import ATTACKERS, JOB_ATTACKERS, SETUPS, apply_only, delete_jobs
 from .abuse_attackers import add_arguments as add_attacker_arguments
+from .abuse_surfaces import delete_lexicons
+from .lib.attack import ATTACKER_KEY, POLITE_KEY, Tally
 from .lib.harness import Harness
 from .lib.report import Col, Doc, Kind, failed, ms
 from .lib.serve import add_app_arguments
@@ -65,11 +68,8 @@ async def attacked(url: str, a: argparse.Namespace, seed0: int, tallies: dict[st
     """The polite client's requests while every attacker runs (after ``--ramp-s`` to get going);
     then the attacking key's jobs deleted."""
     stop = asyncio.Event()
-    attackers = [
-        asyncio.ensure_future(fn(url, a, stop, tallies[name]))
-        for name, (fn, dest, _, _) in ATTACKERS.items()
-        if getattr(a, dest)
-    ]
+    on = [name for name, (_, dest, _, _) in ATTACKERS.items() if getattr(a, dest)]
+    attackers = [asyncio.ensure_future(ATTACKERS[name][0](url, a, stop, tallies[name])) for name in on]
     try:
         await asyncio.sleep(a.ramp_s)
         return await polite_requests(url, a.requests, seed0)
@@ -77,9 +77,19 @@ async def attacked(url: str, a: argparse.Namespace, seed0: int, tallies: dict[st
         stop.set()
         for task in attackers:
             task.cancel()
-        await asyncio.gather(*attackers, return_exceptions=True)
-        if a.dot_jobs:
-            await delete_jobs(url, tallies["dot-jobs"])
+        for name, outcome in zip(on, await asyncio.gather(*attackers, return_exceptions=True)):
+            if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
+                tallies[name].add(f"attacker failed: {outcome.__class__.__name__}: {outcome}"[:200])
+        jobs = [name for name in JOB_ATTACKERS if name in tallies]
+        if jobs:
+            await delete_jobs(url, tallies[jobs[0]])
+
+
+async def set_up(url: str, a: argparse.Namespace, tallies: dict[str, Tally]) -> None:
+    """The attackers' set-ups (their lexicons), once, before the first phase."""
+    for name, setup in SETUPS.items():
+        if name in tallies:
+            await setup(url, a, tallies[name])
 
 
 def summarize(values: list[Optional[float]]) -> dict:
@@ -127,6 +137,9 @@ def to_doc(report: dict) -> Doc:
 
     attackers = [Col("attacker", 0), Col("what it got: count (slowest answer)", got)]
     doc.table(attackers, report.get("attackers", {}).items())
+    server = report.get("wyoming_server")
+    if server:
+        doc.add(f"The Wyoming server's log: {server['tracebacks']} tracebacks in {server['log_lines']} lines.", "")
     stall = report.get("ingress_loop_stall_ms")
     if stall:
         cols = [Col("Ingress event loop, longest stall ms", 1)] + [
@@ -198,17 +211,28 @@ def main(a: argparse.Namespace) -> int:
     peaks: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
     first: dict[str, list[Optional[float]]] = {"alone": [], "attacked": []}
     store = tempfile.TemporaryDirectory(prefix="bench-abuse-jobs-") if url is None else None
+    scratch = tempfile.TemporaryDirectory(prefix="bench-abuse-")  # the Wyoming server's log
+    wyoming = None
     with harness:
         try:
             if url is None:
                 os.environ["CHATTTS_API_KEYS"] = f"{POLITE_KEY},{ATTACKER_KEY}"  # the replicas inherit it
                 app = "applications.chattts.args"
-                overrides = {f"{app}.ingress.security.auth": "required", f"{app}.jobs.path": store.name}
+                overrides = {
+                    f"{app}.ingress.security.auth": "required",
+                    f"{app}.jobs.path": store.name,
+                    f"{app}.lexicons.path": str(Path(store.name) / "lexicons"),
+                }
                 runner = ServeRunner.from_args(a, overrides, front_guard=a.front_guard == "on")
                 harness.meta.update(front_guard=a.front_guard, overrides=a.set, serve_start_s=round(runner.start(), 1))
                 url = runner.base_url
             sampler = RssSampler(lambda: [os.getpid()], classify_serve).start() if runner else None
             asyncio.run(polite_requests(url, 3, 10**6))  # one-off costs of the first requests
+            asyncio.run(set_up(url, a, tallies))
+            a.wyoming_port = 0
+            if a.wyoming_floods:
+                wyoming, a.wyoming_port = abuse_wyoming.start_server(url, a.wyoming_idle_s, Path(scratch.name))
+                harness.meta.update(wyoming={"idle_timeout_s": a.wyoming_idle_s, "api_key": "the attacking key's"})
             for r in range(a.rounds):
                 for phase in PHASES:
                     if sampler:
@@ -241,6 +265,16 @@ def main(a: argparse.Namespace) -> int:
                 sampler.stop()
                 report["rss_peak_mib"] = peaks
         finally:
+            if wyoming is not None:
+                wyoming.stop()
+                log = wyoming.log_path.read_text(errors="replace")
+                report["wyoming_server"] = {"tracebacks": log.count("Traceback"), "log_lines": log.count("\n")}
+            if url is not None and {"alias-expansion", "lexicon-listing"} & set(tallies):
+                try:
+                    asyncio.run(delete_lexicons(url, tallies.get("lexicon-listing") or tallies["alias-expansion"]))
+                except Exception as exc:  # noqa: BLE001 - a run's store is temporary unless --url
+                    print(f"deleting the attacking key's lexicons failed: {exc}", file=sys.stderr)
+            scratch.cleanup()
             report["attackers"] = {name: dict(t.outcomes) for name, t in tallies.items()}
             report["attackers_slowest_s"] = {name: t.slowest_s for name, t in tallies.items() if t.slowest_s}
             walls = {ph: c["wall"] for ph, c in cpu.items() if c.get("wall")}

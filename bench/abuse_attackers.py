@@ -2,7 +2,9 @@
 
 Each is a coroutine ``(url, args, stop, tally)`` that attacks until ``stop`` is set and counts
 what it got back in its ``Tally`` (statuses, error codes, close codes; the slowest answer of
-each). ``ATTACKERS`` names them in the order of their flags; a count of 0 turns one off.
+each). ``ATTACKERS`` names them in the order of their flags; a count of 0 turns one off. The
+attackers of the newer surfaces live in ``abuse_surfaces.py`` (lexicons, abandoned job
+submissions) and ``abuse_wyoming.py`` (the Wyoming server), registered here.
 """
 
 from __future__ import annotations
@@ -12,67 +14,15 @@ import asyncio
 import json
 import secrets
 import time
-from collections import Counter
-from typing import Any, Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 import httpx
 
-POLITE_KEY = "polite-key-of-the-abuse-bench"
-ATTACKER_KEY = "attacker-key-of-the-abuse-bench"
-ATTACKER_HEADERS = {"Authorization": f"Bearer {ATTACKER_KEY}", "Cache-Control": "no-store"}
-Attempt = Callable[[httpx.AsyncClient, int, int], Awaitable[Any]]  # (client, which client, which attempt)
-
-
-def ws_url(url: str) -> str:
-    return url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/v1/audio/speech/stream"
-
-
-class Tally:
-    """What one attacker got back: outcomes by name, counted, and each one's slowest answer."""
-
-    def __init__(self) -> None:
-        self.outcomes: Counter = Counter()
-        self.slowest_s: dict[str, float] = {}
-
-    def add(self, outcome: Any, seconds: Optional[float] = None) -> None:
-        self.outcomes[str(outcome)] += 1
-        if seconds is not None:
-            self.slowest_s[str(outcome)] = round(max(seconds, self.slowest_s.get(str(outcome), 0.0)), 2)
-
-
-def _code(r: httpx.Response) -> str:
-    """``status code`` of an answer (the error's code when it has one: the guard's 429 is
-    ``too_many_refusals``, the service's are its own)."""
-    try:
-        err = r.json().get("error") if r.status_code >= 400 else None
-    except ValueError:
-        err = None
-    return f"{r.status_code} {err.get('code')}" if isinstance(err, dict) and err.get("code") else str(r.status_code)
-
-
-async def crowd(url: str, n: int, stop: asyncio.Event, tally: Tally, attempt: Attempt, pause_s: float) -> None:
-    """``n`` clients, each with an httpx client of its own on ``url``, making ``attempt(client, i, k)``
-    again and again, ``pause_s`` apart, until ``stop``; a transport error is counted by its name."""
-    import websockets
-
-    async def one(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=300, trust_env=False) as client:
-            k = 0
-            while not stop.is_set():
-                k += 1
-                try:
-                    await attempt(client, i, k)
-                except (httpx.HTTPError, OSError, asyncio.TimeoutError, websockets.WebSocketException) as exc:
-                    tally.add(exc.__class__.__name__)
-                if not stop.is_set():
-                    await asyncio.sleep(pause_s)
-
-    await asyncio.gather(*(one(i) for i in range(n)))
-
-
-def _closed(exc: Any) -> str:
-    return f"closed {exc.rcvd.code if exc.rcvd else 'no code'}"
-
+from . import abuse_surfaces as surfaces
+from . import abuse_wyoming as wyoming
+from .lib.attack import ATTACKER_HEADERS, ATTACKER_KEY, Tally, crowd, ws_url
+from .lib.attack import closed_code as _closed
+from .lib.attack import code_of as _code
 
 # ---------------------------------------------------------------------------------------- the first four
 
@@ -300,7 +250,33 @@ ATTACKERS: dict[str, tuple[Attacker, str, int, str]] = {
         20,
         "unkeyed bodies of a few KB, a byte a second",
     ),
+    "alias-expansion": (
+        surfaces.alias_expansion,
+        "alias_expansion",
+        2,
+        "speech and jobs of 的 through the attacking key's lexicon saying it as 12-digit numbers",
+    ),
+    "abandoned-submissions": (
+        surfaces.abandoned_submissions,
+        "abandoned_submissions",
+        2,
+        "large job submissions of the attacking key whose client hangs up after a second",
+    ),
+    "lexicon-listing": (
+        surfaces.lexicon_listing,
+        "lexicon_listing",
+        24,
+        "clients listing the attacking key's full lexicons and reading each",
+    ),
+    "wyoming-floods": (
+        wyoming.wyoming_floods,
+        "wyoming_floods",
+        32,
+        "Wyoming connections of one peer that only ping, and a deep event header from another",
+    ),
 }
+# Set-ups run once before the first phase (what they made stays in the attacker's Tally.prepared).
+SETUPS = surfaces.SETUPS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -310,7 +286,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flood-flushes", type=int, default=300)
     p.add_argument("--dot-job-chars", type=int, default=200_000, help="each dot job's text")
     p.add_argument("--unkeyed-body-bytes", type=int, default=4096, help="each unkeyed slow body's Content-Length")
+    surfaces.add_arguments(p)
+    wyoming.add_arguments(p)
     p.add_argument("--only", help="comma-separated attackers to run, the others off (" + ", ".join(ATTACKERS) + ")")
+
+
+JOB_ATTACKERS = ("dot-jobs", "alias-expansion", "abandoned-submissions")  # the key's jobs deleted after a phase
 
 
 def apply_only(a: argparse.Namespace) -> None:

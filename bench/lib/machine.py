@@ -105,6 +105,8 @@ def machine_part(p: psutil.Process, me: int) -> str:
     if group is not None:
         return group
     cmd = command_of(p)
+    if "bench.abuse_wyoming" in cmd:
+        return "Wyoming server"
     return "Ray (daemons, other actors)" if cmd.startswith("ray::") or "/ray/" in cmd else "other"
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from bench import abuse
 from bench import abuse_attackers as att
+from bench import abuse_surfaces as surfaces
+from bench import abuse_wyoming as wyo
 from bench.__main__ import RUNNERS, main
 from bench.gpu import SERVE_VARIANTS, GpuPlan, serve_config
 from bench.lib import first_audio
@@ -260,6 +262,100 @@ def test_a_tally_keeps_each_outcomes_slowest_answer_and_the_report_shows_it():
     md = abuse.KIND.markdown(json.loads(json.dumps(report)))
     assert "401: 2 (1.5 s)" in md and "429 too_many_refusals: 1," not in md
     assert "| late wake | 30.0 | 80.0 |" in md
+
+
+def test_the_new_attackers_have_their_flags_and_only_names_them():
+    a = _args("--only", "alias-expansion,wyoming-floods")
+    att.apply_only(a)
+    assert a.alias_expansion == 2 and a.wyoming_floods == 32
+    assert a.abandoned_submissions == a.lexicon_listing == a.dot_jobs == 0
+    assert set(att.SETUPS) <= set(att.ATTACKERS) and set(att.JOB_ATTACKERS) <= set(att.ATTACKERS)
+
+
+def test_the_attackers_lexicons_are_what_the_service_accepts_at_its_bounds():
+    from serve_app.engine.config import SegmentConfig
+    from serve_app.settings import LexiconStoreConfig
+    from serve_app.storage.lexicons import check_syllables, parse_create
+
+    cfg = LexiconStoreConfig()
+    a = _args()
+    alias = surfaces.alias_lexicon(a.alias_chars)
+    stored = parse_create(alias, cfg, owner="attacker")
+    reading = stored.entries[0].alias
+    assert stored.default and cfg.max_alias_chars - 13 < len(reading) <= cfg.max_alias_chars
+    assert all(len(w) == 12 and w.isdigit() for w in reading.split())
+    # 4096 characters of it read as ~128x: far past what a lexicon may add to one request.
+    assert a.alias_input_chars * (len(reading) - 1) > SegmentConfig().max_lexicon_growth_chars
+    assert a.listing_lexicons + 1 <= cfg.max_lexicons_per_key  # the alias lexicon and the listed ones
+    body = surfaces.pinyin_lexicon(3, a.listing_entries)
+    assert len(json.dumps(body).encode()) <= cfg.max_upload_bytes
+    listed = parse_create(body, cfg, owner="attacker")
+    check_syllables(listed)
+    assert len(listed.entries) == cfg.max_entries == a.listing_entries
+    assert surfaces.pinyin_lexicon(4, 500)["entries"] != body["entries"]
+
+
+def test_the_deep_header_fits_the_event_limit_and_the_servers_reader_refuses_it():
+    import asyncio
+
+    from serve_app.errors import APIError
+    from serve_app.wyoming.config import WyomingClientConfig
+    from serve_app.wyoming.events import read_event
+    from serve_app.wyoming.server import HEADER_LINE_LIMIT
+
+    line = wyo.deep_header()
+    assert len(line) < min(HEADER_LINE_LIMIT, WyomingClientConfig().max_event_bytes) == wyo.EVENT_LIMIT
+
+    async def read() -> None:
+        reader = asyncio.StreamReader(limit=HEADER_LINE_LIMIT)
+        reader.feed_data(line)
+        reader.feed_eof()
+        await read_event(reader, wyo.EVENT_LIMIT)
+
+    with pytest.raises(APIError) as exc:
+        asyncio.run(read())
+    assert exc.value.code == "invalid_json"
+
+
+def test_wyoming_floods_against_the_real_server_are_capped_per_peer_and_closed_idle_despite_pings():
+    """The attacker against ``WyomingServer`` in this process (no service behind it: pings,
+    refusals and the deep header need none): the peer's ninth connection refused, the pinging
+    ones closed after the idle timeout, the deep header an ``invalid_json`` error event."""
+    import asyncio
+
+    from serve_app.wyoming import WyomingConfig, WyomingServer
+
+    async def attack() -> att.Tally:
+        settings = WyomingConfig.from_env(
+            env={}, uri="tcp://127.0.0.1:0", base_url="http://127.0.0.1:9", idle_timeout_s=0.6
+        )
+        server = WyomingServer(settings)
+        port = (await server.start())[0][1]
+        tally, stop = att.Tally(), asyncio.Event()
+        a = SimpleNamespace(wyoming_port=port, wyoming_floods=10, wyoming_ping_s=0.1)
+        task = asyncio.ensure_future(wyo.wyoming_floods("http://unused", a, stop, tally))
+        await asyncio.sleep(2.5)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await server.stop()
+        return tally
+
+    tally = asyncio.run(attack())
+    got = tally.outcomes
+    assert got["error too_many_connections_from_peer"] >= 2, got
+    assert got["error idle_timeout"] >= 8 and tally.slowest_s["error idle_timeout"] >= 0.6, got
+    assert got["deep header: error invalid_json"] >= 1, got
+    assert not {k for k in got if "Error" in k or "describe: pong" in k}, got
+
+
+def test_the_report_counts_the_wyoming_servers_tracebacks():
+    report = {
+        "meta": {"started": "now", "command": "python -m bench abuse", "weights": "random-tiny"},
+        "attackers": {"wyoming-floods": {"error idle_timeout": 3}},
+        "wyoming_server": {"tracebacks": 0, "log_lines": 12},
+    }
+    md = abuse.KIND.markdown(report)
+    assert "error idle_timeout: 3" in md and "0 tracebacks in 12 lines" in md
 
 
 # ------------------------------------------------------------------ the first-audio breakdown
