@@ -24,7 +24,7 @@ from .abuse_attackers import add_arguments as add_attacker_arguments
 from .abuse_surfaces import delete_lexicons
 from .lib.attack import ATTACKER_KEY, POLITE_KEY, Tally
 from .lib.harness import Harness
-from .lib.report import Col, Doc, Kind, failed, ms
+from .lib.report import Col, Doc, Figure, Kind, Panel, Series, failed, ms, points
 from .lib.serve import add_app_arguments
 from .lib.stats import percentiles, ratio
 
@@ -167,7 +167,31 @@ def to_doc(report: dict) -> Doc:
     return doc
 
 
-KIND = Kind("abuse.json", to_doc, indent=1)
+def figure(report: dict) -> Optional[Figure]:
+    """Each polite request's first audio in the order sent, alone and under attack (failed ones
+    left out), with the target: 1.5x the p50 alone."""
+    each = report.get("first_audio_s")
+    if not each:
+        return None
+    panel = Panel("Polite client's first audio, request by request", "request (in order)", "ms")
+    for phase, label, style in (("alone", "alone", "o"), ("attacked", "under attack", "x")):
+        pts = [(i + 1, v * 1000) for i, v in enumerate(each.get(phase, [])) if v is not None]
+        panel.add(points(pts, label, style))
+    alone_p50 = report.get("alone", {}).get("p50")
+    if alone_p50:
+        panel.add(
+            Series(
+                "hline",
+                y=alone_p50 * 1000 * TARGET_RATIO,
+                label=f"target: {TARGET_RATIO}x p50 alone",
+                kw={"color": "gray", "ls": "--"},
+            )
+        )
+    panel.ylim = (0, None)
+    return Figure([panel], size=(8, 4), title=report.get("meta", {}).get("command"))
+
+
+KIND = Kind("abuse.json", to_doc, figure, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -182,7 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["on", "off"],
         help="the front guard in Serve's proxy (deployments/proxy/front_guard.py), with its default settings",
     )
-    p.add_argument("--out", help="write abuse.json and report.md here")
+    p.add_argument("--out", help="write abuse.json, report.md and report.png here")
 
 
 def ingress_stall(app: str, reset: bool = False) -> Optional[dict]:
@@ -259,6 +283,7 @@ def main(a: argparse.Namespace) -> int:
                     if runner and phase == "attacked":
                         runner.wait_idle(120)  # the attack's rows gone before the next phase
             report["alone"], report["attacked"] = summarize(first["alone"]), summarize(first["attacked"])
+            report["first_audio_s"] = {ph: [None if v is None else round(v, 4) for v in vs] for ph, vs in first.items()}
             report["ratio_p50"] = ratio(report["attacked"].get("p50"), report["alone"].get("p50"), 3)
             report["target_ratio"] = TARGET_RATIO
             if sampler:
