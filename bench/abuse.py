@@ -22,7 +22,7 @@ from . import abuse_wyoming
 from .abuse_attackers import ATTACKERS, JOB_ATTACKERS, SETUPS, apply_only, delete_jobs
 from .abuse_attackers import add_arguments as add_attacker_arguments
 from .abuse_surfaces import delete_lexicons
-from .lib.attack import ATTACKER_KEY, POLITE_KEY, Tally
+from .lib.attack import ATTACKER_KEY, POLITE_KEY, Tally, code_of
 from .lib.harness import Harness
 from .lib.report import Col, Doc, Figure, Kind, Panel, Series, failed, ms, points
 from .lib.serve import add_app_arguments
@@ -35,8 +35,9 @@ TARGET_RATIO = 1.5
 # ---------------------------------------------------------------------------------------- the polite client
 
 
-async def polite_requests(url: str, n: int, seed0: int) -> list[Optional[float]]:
-    """``n`` requests one after another; each one's seconds to its first audio byte (None: failed)."""
+async def polite_requests(url: str, n: int, seed0: int, failures: Optional[Tally] = None) -> list[Optional[float]]:
+    """``n`` requests one after another; each one's seconds to its first audio byte (None: failed,
+    counted in ``failures`` by its status and code, or its exception, with the seconds to it)."""
     out: list[Optional[float]] = []
     headers = {"Authorization": f"Bearer {POLITE_KEY}", "Cache-Control": "no-store"}
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
@@ -52,11 +53,18 @@ async def polite_requests(url: str, n: int, seed0: int) -> list[Optional[float]]
             first = None
             try:
                 async with client.stream("POST", "/v1/audio/speech", json=body, headers=headers) as r:
-                    async for chunk in r.aiter_raw():
-                        if chunk and first is None and r.status_code == 200:
-                            first = time.perf_counter() - t0
-            except httpx.HTTPError:
+                    if r.status_code != 200:
+                        await r.aread()
+                        if failures is not None:
+                            failures.add(code_of(r), time.perf_counter() - t0)
+                    else:
+                        async for chunk in r.aiter_raw():
+                            if chunk and first is None:
+                                first = time.perf_counter() - t0
+            except httpx.HTTPError as exc:
                 first = None
+                if failures is not None:
+                    failures.add(exc.__class__.__name__, time.perf_counter() - t0)
             out.append(first)
     return out
 
@@ -64,7 +72,9 @@ async def polite_requests(url: str, n: int, seed0: int) -> list[Optional[float]]
 # ---------------------------------------------------------------------------------------- one run
 
 
-async def attacked(url: str, a: argparse.Namespace, seed0: int, tallies: dict[str, Tally]) -> list[Optional[float]]:
+async def attacked(
+    url: str, a: argparse.Namespace, seed0: int, tallies: dict[str, Tally], failures: Tally
+) -> list[Optional[float]]:
     """The polite client's requests while every attacker runs (after ``--ramp-s`` to get going);
     then the attacking key's jobs deleted."""
     stop = asyncio.Event()
@@ -72,7 +82,7 @@ async def attacked(url: str, a: argparse.Namespace, seed0: int, tallies: dict[st
     attackers = [asyncio.ensure_future(ATTACKERS[name][0](url, a, stop, tallies[name])) for name in on]
     try:
         await asyncio.sleep(a.ramp_s)
-        return await polite_requests(url, a.requests, seed0)
+        return await polite_requests(url, a.requests, seed0, failures)
     finally:
         stop.set()
         for task in attackers:
@@ -128,6 +138,9 @@ def to_doc(report: dict) -> Doc:
             f"**p50 under attack / alone: {report['ratio_p50']}** (target <= {TARGET_RATIO}: "
             f"{'met' if met else 'missed'})",
         )
+    for phase, got_instead in report.get("polite_failures", {}).items():
+        if got_instead:
+            doc.add(f"The polite client's failures {phase}: " + ", ".join(f"{k}: {v}" for k, v in got_instead.items()))
     slowest = report.get("attackers_slowest_s", {})
 
     def got(item: tuple) -> str:
@@ -234,6 +247,7 @@ def main(a: argparse.Namespace) -> int:
     cpu: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}  # CPU seconds by part, and "wall"
     peaks: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
     first: dict[str, list[Optional[float]]] = {"alone": [], "attacked": []}
+    polite_failed = {"alone": Tally(), "attacked": Tally()}  # what the polite client got instead of audio
     store = tempfile.TemporaryDirectory(prefix="bench-abuse-jobs-") if url is None else None
     scratch = tempfile.TemporaryDirectory(prefix="bench-abuse-")  # the Wyoming server's log
     wyoming = None
@@ -266,9 +280,9 @@ def main(a: argparse.Namespace) -> int:
                     cpu0, t0 = machine_cpu(), time.perf_counter()
                     seed0 = random.Random(r).randrange(10**6) + (0 if phase == "alone" else 10**5)
                     polite = (
-                        polite_requests(url, a.requests, seed0)
+                        polite_requests(url, a.requests, seed0, polite_failed[phase])
                         if phase == "alone"
-                        else attacked(url, a, seed0, tallies)
+                        else attacked(url, a, seed0, tallies, polite_failed[phase])
                     )
                     first[phase] += asyncio.run(polite)
                     wall = time.perf_counter() - t0
@@ -282,14 +296,19 @@ def main(a: argparse.Namespace) -> int:
                     print(f"round {r + 1} {phase}: {summarize(first[phase])}", file=sys.stderr)
                     if runner and phase == "attacked":
                         runner.wait_idle(120)  # the attack's rows gone before the next phase
-            report["alone"], report["attacked"] = summarize(first["alone"]), summarize(first["attacked"])
-            report["first_audio_s"] = {ph: [None if v is None else round(v, 4) for v in vs] for ph, vs in first.items()}
-            report["ratio_p50"] = ratio(report["attacked"].get("p50"), report["alone"].get("p50"), 3)
-            report["target_ratio"] = TARGET_RATIO
             if sampler:
                 sampler.stop()
                 report["rss_peak_mib"] = peaks
         finally:
+            if first["alone"] and first["attacked"]:  # the phases done, also of a run cut short
+                report["alone"], report["attacked"] = summarize(first["alone"]), summarize(first["attacked"])
+                report["first_audio_s"] = {
+                    ph: [None if v is None else round(v, 4) for v in vs] for ph, vs in first.items()
+                }
+                report["ratio_p50"] = ratio(report["attacked"].get("p50"), report["alone"].get("p50"), 3)
+                report["target_ratio"] = TARGET_RATIO
+            if any(t.outcomes for t in polite_failed.values()):
+                report["polite_failures"] = {ph: dict(t.outcomes) for ph, t in polite_failed.items()}
             if wyoming is not None:
                 wyoming.stop()
                 log = wyoming.log_path.read_text(errors="replace")

@@ -348,14 +348,16 @@ def test_wyoming_floods_against_the_real_server_are_capped_per_peer_and_closed_i
     assert not {k for k in got if "Error" in k or "describe: pong" in k}, got
 
 
-def test_the_report_counts_the_wyoming_servers_tracebacks():
+def test_the_report_counts_the_wyoming_servers_tracebacks_and_the_polite_clients_failures():
     report = {
         "meta": {"started": "now", "command": "python -m bench abuse", "weights": "random-tiny"},
         "attackers": {"wyoming-floods": {"error idle_timeout": 3}},
         "wyoming_server": {"tracebacks": 0, "log_lines": 12},
+        "polite_failures": {"alone": {}, "attacked": {"503 capacity_exhausted": 2}},
     }
     md = abuse.KIND.markdown(report)
     assert "error idle_timeout: 3" in md and "0 tracebacks in 12 lines" in md
+    assert "failures attacked: 503 capacity_exhausted: 2" in md and "failures alone" not in md
 
 
 # ------------------------------------------------------------------ the first-audio breakdown
