@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -346,6 +347,39 @@ def test_wyoming_floods_against_the_real_server_are_capped_per_peer_and_closed_i
     assert got["error idle_timeout"] >= 8 and tally.slowest_s["error idle_timeout"] >= 0.6, got
     assert got["deep header: error invalid_json"] >= 1, got
     assert not {k for k in got if "Error" in k or "describe: pong" in k}, got
+
+
+def test_an_abandoned_submission_is_sent_whole_then_its_connection_closed_after_the_wait():
+    """Against a server that reads each request and never answers: every body arrives whole,
+    the client hangs up (``hung up``) about ``--abandon-after-s`` later, and the server sees it go."""
+    import asyncio
+
+    async def attack() -> tuple[att.Tally, list[tuple[int, float]]]:
+        seen: list[tuple[int, float]] = []  # (body bytes read, seconds until the client closed)
+
+        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            body = await reader.readexactly(length)
+            t0 = time.perf_counter()
+            await reader.read()  # b"" once the client closes
+            seen.append((len(body), time.perf_counter() - t0))
+            writer.close()
+
+        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        a = _args("--abandon-chars", "20000", "--abandon-after-s", "0.3", "--abandoned-submissions", "1")
+        tally, stop = att.Tally(), asyncio.Event()
+        task = asyncio.ensure_future(surfaces.abandoned_submissions(f"http://127.0.0.1:{port}", a, stop, tally))
+        await asyncio.sleep(1.2)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        server.close()
+        return tally, seen
+
+    tally, seen = asyncio.run(attack())
+    assert set(tally.outcomes) == {"hung up"} and tally.outcomes["hung up"] >= 2, tally.outcomes
+    assert seen and all(n > 20000 and s < 0.3 + 1.0 for n, s in seen), seen
 
 
 def test_the_report_counts_the_wyoming_servers_tracebacks_and_the_polite_clients_failures():
