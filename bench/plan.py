@@ -298,6 +298,74 @@ def provisioning(r: dict, admit_rows: int) -> list[dict]:
     return out
 
 
+def measure(out: Path) -> dict:
+    """The measured side of ``--validate``: the local cluster (head + 2 declared-GPU nodes, the cluster
+    test's config) under the step load ``VALIDATE_STEPS``; Acoustic replicas running each second, every
+    request's times. Starts Ray: run it under the bench's lock (bench/README.md). ~5 minutes."""
+    import asyncio
+    import time
+
+    from deployments.kuberay import GPU_POD
+
+    from .lib.cluster import HTTP_ERRORS, LocalCluster
+    from .lib.procs import free_port
+    from .lib.serve import wait_ready
+    from .lib.waiting import wait_until
+
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from support.configs import cluster_config
+    from support.step_load import StepLoad
+
+    cluster = LocalCluster(workers=2, head_cpus=2, worker_cpus=GPU_POD["cpu"], worker_gpus=GPU_POD["gpu"])
+    from .lib.harness import git_revision, now
+
+    report: dict = {"meta": {"started": now(), "command": "python -m bench plan --measure", "git": git_revision()}}
+    try:
+        report["meta"]["cluster_start_s"] = round(cluster.start(), 1)
+        port = free_port()
+        t0 = time.monotonic()
+        assert cluster.deploy(cluster_config(port=port), "plan").returncode == 0
+
+        def settled() -> bool:
+            app = (cluster.serve_details().get("applications") or {}).get("chattts") or {}
+            return app.get("status") == "RUNNING"
+
+        wait_until(settled, 300, 0.5, what="chattts RUNNING", retry_on=HTTP_ERRORS)
+        wait_ready(f"http://127.0.0.1:{port}", 300)
+        report["meta"]["deploy_to_ready_s"] = round(time.monotonic() - t0, 1)
+        report["config"] = {"steps": VALIDATE_STEPS}
+        timeline: list = []
+
+        async def run() -> list:
+            async with StepLoad(f"http://127.0.0.1:{port}") as load:
+                for (_, n), nxt in zip(VALIDATE_STEPS, [*VALIDATE_STEPS[1:], (VALIDATE_STEPS[-1][0] + 30, 0)]):
+                    load.set_clients(n)
+                    while load.clock() < nxt[0]:
+                        reps = await asyncio.to_thread(cluster.replicas, "Acoustic")
+                        timeline.append({"t": round(load.clock(), 2), "replicas": {"Acoustic": len(reps)}})
+                        await asyncio.sleep(max(0.0, 1.0 - (load.clock() % 1.0)))
+                await load.stop()
+            return [
+                {
+                    "t_send": r.t_send,
+                    "t_first": r.t_first,
+                    "t_end": r.t_end,
+                    "status": r.status,
+                    "audio_bytes": r.audio_bytes,
+                    "complete": r.ok,
+                }
+                for r in load.records
+            ] + [{"t_send": r.t_send, "status": r.status, "complete": False, "refused": True} for r in load.refused]
+
+        report["records"] = asyncio.run(run())
+        report["timeline"] = timeline
+    finally:
+        cluster.stop(grace_s=2)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
 # ------------------------------------------------------------------------------------ report
 
 SUMMARY = [
@@ -427,9 +495,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dt", type=float, default=2.0, help="the simulation's time slice (s) for the day scenarios")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write plan.json, report.md and report.png here")
+    p.add_argument("--measure", help="instead: run the local cluster's step load, write its report.json here")
 
 
 def main(a: argparse.Namespace) -> int:
+    if a.measure:
+        measure(Path(a.measure))
+        return 0
     harness = Harness(Path(a.out) if a.out else None, KIND.write, a.argv)
     report = harness.report
     with harness:
