@@ -109,9 +109,10 @@ def day_scenario(gpus: int, a: argparse.Namespace) -> dict:
     curve = GPU_ESTIMATE
     step_s, cap = step_table(curve, max_rows + 1)
     tokens = corpus_tokens()
-    # The peak is --peak of the fleet's streams at 1x; a stream holds its row for its decode.
+    # The peak is --peak of the streams the fleet carries at the policy's target fill; a stream
+    # holds its row for its decode.
     mean_hold_s = statistics.mean(tokens) * step_s[cap]
-    peak_rate = a.peak * auto["max_replicas"] * cap / mean_hold_s
+    peak_rate = a.peak * auto["max_replicas"] * fill(auto) * cap / mean_hold_s
     trough = a.trough
 
     def rate(t: float) -> float:  # lowest at 04:00, highest at 16:00
@@ -362,7 +363,7 @@ def measure(out: Path) -> dict:
     finally:
         cluster.stop(grace_s=2)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "measured.json").write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -484,7 +485,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate", action="store_true", help="also the local cluster's shape against a measured run")
     p.add_argument("--measured", default=MEASURED, help="the measured run under bench/results/ (--validate)")
     p.add_argument("--hours", type=float, default=24.0, help="simulated hours of the day scenarios")
-    p.add_argument("--peak", type=float, default=0.8, help="peak load: this share of the fleet's streams at 1x")
+    p.add_argument(
+        "--peak", type=float, default=0.8, help="peak load: this share of the streams the fleet carries at target_fill"
+    )
     p.add_argument("--trough", type=float, default=0.15, help="the night's load as a share of the peak")
     p.add_argument("--start-s", type=float, default=60.0, help="a GPU replica's start-up (estimate: loads the GPT)")
     p.add_argument("--target-fill", type=float, help="the policy's target_fill (default: the config's)")
@@ -495,7 +498,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dt", type=float, default=2.0, help="the simulation's time slice (s) for the day scenarios")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write plan.json, report.md and report.png here")
-    p.add_argument("--measure", help="instead: run the local cluster's step load, write its report.json here")
+    p.add_argument("--measure", help="instead: run the local cluster's step load, write its measured.json here")
 
 
 def main(a: argparse.Namespace) -> int:
@@ -516,7 +519,7 @@ def main(a: argparse.Namespace) -> int:
             f"first audio, fixed part: {fixed_first_audio_s():.3f} s (service share + first vocoder window, "
             f"bench/results/{FIRST_AUDIO}); GPU replica start-up {a.start_s:g} s (estimate)",
             f"cost per GPU-hour: {a.gpu_hour_cost:g}; load: a day, lowest at 04:00 ({a.trough:g} of the peak), peak "
-            f"at 16:00 = {a.peak:g} of the fleet's streams at 1x; Poisson arrivals",
+            f"at 16:00 = {a.peak:g} of the streams the fleet carries at the policy's target_fill; Poisson arrivals",
         ]
         report["scenarios"] = {}
         for g in [int(x) for x in a.gpus.split(",") if x.strip()]:

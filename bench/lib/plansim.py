@@ -160,6 +160,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
     classes = np.array([c.mean() for c in np.array_split(np.sort(lengths), LENGTH_CLASSES) if len(c)])
     p_class = np.full(len(classes), 1.0 / len(classes))
 
+    turns = max(1.0, dt / (lengths.mean() * step_s[admit_rows]))
     n_slots = int(cfg.max_replicas) + 64
     state = np.zeros(n_slots, dtype=np.int8)
     clock = np.zeros(n_slots)  # tokens each row of the replica has stepped since it started
@@ -288,11 +289,12 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
                 retry_at.remove(r)
                 queue.append([now, r[1], r[2]])
             # 3. Admission: within each running replica's capacity and the Vocoder's, oldest first.
-            room = np.where(state == RUNNING, np.maximum(admit_rows - stay, 0), 0).astype(np.int64)
+            # A slice longer than a stream's decode holds several streams one after the other per place.
+            room = np.where(state == RUNNING, np.maximum(admit_rows - stay, 0) * turns, 0).astype(np.int64)
             alive_gpus = float(((state == RUNNING) | (state == STARTING)).sum()) * shape.gpus_per_replica
             vocoders = shape.vocoders_fixed or math.ceil(alive_gpus * shape.vocoders_per_gpu)
             acoustic_free = int(room.sum())
-            free = min(acoustic_free, max(0, vocoders * voc_cap - int(stay.sum())))
+            free = min(acoustic_free, int(max(0, vocoders * voc_cap - stay.sum()) * turns))
             admitted_now = []
             for q in queue:
                 take = min(int(q[1]), free)
@@ -347,7 +349,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
                 out.t.append(round(now, 2))
                 s = out.series
                 s["load"].append(load.rate(now) if load.rate else load.clients(now))
-                s["streams"].append(float(c_n.sum()))
+                s["streams"].append(round(float(held.sum()), 1))
                 s["queued"].append(float(sum(q[1] for q in queue)))
                 s["running"].append(int((state == RUNNING).sum()))
                 s["starting"].append(int((state == STARTING).sum()))
