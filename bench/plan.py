@@ -269,8 +269,9 @@ def summarize(name: str, shape: Shape, sim, extra: dict, a: argparse.Namespace) 
 
 def provisioning(r: dict, admit_rows: int) -> list[dict]:
     """Per hour (per 10 s in a short run): streams carried against the capacity of the replicas
-    running, what the policy wanted, refusals and stalls; over (idle > 20 %) or under (refusals,
-    stalls) provisioned."""
+    running, refusals (503s, each asked again) and stalls; under-provisioned where more than 0.1 % of
+    the streams were told 503 or 1 % of stream-seconds stalled, over-provisioned where more than 20 %
+    of the capacity idled."""
     tl = r["timeline"]
     t = np.array(tl["t"])
     span = 3600.0 if t[-1] > 7200 else 10.0
@@ -284,13 +285,16 @@ def provisioning(r: dict, admit_rows: int) -> list[dict]:
         refused = float(np.sum(np.array(tl["refused"])[sel]))
         stalled = float(np.sum(np.array(tl["stalled"])[sel]))
         idle = 1 - streams / cap if cap else None
-        verdict = "under" if refused or stalled > 0.01 * streams * span else ("over" if idle and idle > 0.2 else "ok")
+        arrivals = float(np.sum(np.array(tl["arrivals"])[sel]))
+        under = refused > 0.001 * arrivals or stalled > 0.01 * streams * span
+        verdict = "under" if under else ("over" if idle and idle > 0.2 else "ok")
         out.append(
             {
                 "from_s": float(h0),
                 "streams": round(streams, 1),
                 "replicas": round(cap / admit_rows, 1),
                 "idle": None if idle is None else round(idle, 3),
+                "arrivals": arrivals,
                 "refused": refused,
                 "stalled_s": round(stalled, 1),
                 "verdict": verdict,
@@ -389,6 +393,7 @@ HOURS = [
     Col("streams", "streams", nd=1),
     Col("replicas", "replicas", nd=1),
     Col("idle", lambda x: _pct(x["idle"])),
+    Col("streams started", "arrivals", nd=0),
     Col("503s", "refused", nd=0),
     Col("stalled s", "stalled_s", nd=1),
     Col("verdict", "verdict"),
@@ -471,7 +476,7 @@ def notes(report: dict) -> list[str]:
         out.append(
             f"{r['scenario']}: stalled {_pct(r['stalled_share'])} of stream-seconds, idle {_pct(r['idle_share'])} of "
             f"the running replicas' stream capacity, {_pct(r['refused_share'])} of streams refused for good. "
-            f"Under-provisioned (503s or stalls) in hours {', '.join(under) or 'none'}; over-provisioned (> 20 % idle) "
+            f"Under-provisioned (> 0.1 % 503s or > 1 % stalled) in hours {', '.join(under) or 'none'}; over-provisioned (> 20 % idle) "
             f"in {', '.join(over) or 'none'}."
         )
     return out

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-LENGTH_CLASSES = 4
+LENGTH_CLASSES = 3
 FREE, STARTING, RUNNING, DRAINING = 0, 1, 2, 3
 TTFB_BINS = np.geomspace(1e-3, 600.0, 600)  # TTFB histogram edges (s): percentiles of millions of streams
 
@@ -182,9 +182,9 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
     tot.update(gpu_s=0.0, capacity_stream_s=0.0, vocoder_refusals=0.0)
     policy = {"target": int(state.sum() // RUNNING), "state": {}, "desired": None}
     out = Result(ttfb_hist=ttfb_hist)
-    names = ("load", "streams", "queued", "running", "starting", "target", "desired", "refused", "stalled")
+    names = ("load", "arrivals", "streams", "queued", "running", "starting", "target", "desired", "refused", "stalled")
     out.series = {k: [] for k in names}
-    sample = {"refused": 0.0, "stalled": 0.0}
+    sample = {"refused": 0.0, "stalled": 0.0, "arrivals": 0.0}
     env = simpy.Environment()
 
     def rows_per_replica() -> np.ndarray:
@@ -253,9 +253,10 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
             rows = rows_per_replica()
             step = step_s[np.minimum(rows, slots_per_replica).astype(int)]  # inf for an idle replica
             steps = dt / step
+            ran = steps[c_rep]
             left = c_end - clock[c_rep]
             clock[:] += steps
-            part = np.minimum(1.0, left / np.maximum(steps[c_rep], 1e-12))  # share of the slice each cohort ran
+            part = np.minimum(1.0, left / np.maximum(ran, 1e-12))  # share of the slice each cohort ran
             held = np.bincount(c_rep, weights=c_n * part, minlength=n_slots)
             last_held[:] = held
             slow = np.maximum(0.0, 1.0 - TOKEN_SECONDS / step)
@@ -267,7 +268,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
             done = part < 1.0
             tot["served"] += float(c_n[done].sum())
             keep = ~done
-            c_rep, c_n, c_end = c_rep[keep], c_n[keep], c_end[keep]
+            c_rep, c_n, c_end, left = c_rep[keep], c_n[keep], c_end[keep], (left - ran)[keep]
             rows = rows_per_replica()
             # A drained replica (or one past its graceful shutdown) goes.
             gone = (state == DRAINING) & ((rows == 0) | (now - draining_since >= shape.graceful_shutdown_s))
@@ -275,7 +276,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
             # Rows still decoding at the next slice's end (at this batch's pace): the room a stream
             # arriving during it finds is what they leave.
             nxt = dt / step_s[np.minimum(rows, slots_per_replica).astype(int)]
-            stay = np.bincount(c_rep, weights=c_n * (c_end - clock[c_rep] > nxt[c_rep]), minlength=n_slots)
+            stay = np.bincount(c_rep, weights=c_n * (left > nxt[c_rep]), minlength=n_slots)
             # 2. New streams of this slice, and refused ones asking again.
             if load.rate is not None:
                 new = float(rng.poisson(load.rate(now) * dt))
@@ -283,6 +284,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
                 in_system = c_n.sum() + sum(q[1] for q in queue) + sum(r[1] for r in retry_at)
                 new = float(max(0, load.clients(now) - in_system))
             tot["arrivals"] += new
+            sample["arrivals"] += new
             if new:
                 queue.append([now, new, 0])
             for r in [r for r in retry_at if r[0] <= now]:
@@ -356,8 +358,9 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
                 s["target"].append(policy["target"])
                 s["desired"].append(policy["desired"])
                 s["refused"].append(sample["refused"])
+                s["arrivals"].append(sample["arrivals"])
                 s["stalled"].append(round(sample["stalled"], 2))
-                sample.update(refused=0.0, stalled=0.0)
+                sample.update(refused=0.0, stalled=0.0, arrivals=0.0)
             yield env.timeout(dt)
 
     env.process(controller())
