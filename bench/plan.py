@@ -107,12 +107,12 @@ def day_scenario(gpus: int, a: argparse.Namespace) -> dict:
         auto["min_replicas"] = a.min_replicas
     max_rows = args["acoustic"]["max_rows"]
     curve = GPU_ESTIMATE
-    step_s, cap = step_table(curve, max_rows + 1)
+    step_s, cap = step_table(curve, max_rows)
     tokens = corpus_tokens()
-    # The peak is --peak of the streams the fleet carries at the policy's target fill; a stream
-    # holds its row for its decode.
+    # The peak is --peak of the streams the fleet carries at the config's target fill (the same load
+    # whatever --target-fill tries); a stream holds its row for its decode.
     mean_hold_s = statistics.mean(tokens) * step_s[cap]
-    peak_rate = a.peak * auto["max_replicas"] * fill(auto) * cap / mean_hold_s
+    peak_rate = a.peak * auto["max_replicas"] * fill(ac["autoscaling_config"]) * cap / mean_hold_s
     trough = a.trough
 
     def rate(t: float) -> float:  # lowest at 04:00, highest at 16:00
@@ -514,7 +514,7 @@ def main(a: argparse.Namespace) -> int:
     report = harness.report
     with harness:
         cpu = cpu_curve()
-        _, cpu_cap = step_table(cpu, gpu_config()[0]["acoustic"]["max_rows"] + 1)
+        _, cpu_cap = step_table(cpu, gpu_config()[0]["acoustic"]["max_rows"])
         report["inputs"] = [
             f"GPU step curve: {GPU_ESTIMATE.points} (rows, ms), **an estimate**: {GPU_ESTIMATE.source}",
             f"CPU step curve: {cpu.points} (rows, ms), measured: {cpu.source}; a CPU replica keeps {cpu_cap} "
@@ -524,7 +524,7 @@ def main(a: argparse.Namespace) -> int:
             f"first audio, fixed part: {fixed_first_audio_s():.3f} s (service share + first vocoder window, "
             f"bench/results/{FIRST_AUDIO}); GPU replica start-up {a.start_s:g} s (estimate)",
             f"cost per GPU-hour: {a.gpu_hour_cost:g}; load: a day, lowest at 04:00 ({a.trough:g} of the peak), peak "
-            f"at 16:00 = {a.peak:g} of the streams the fleet carries at the policy's target_fill; Poisson arrivals",
+            f"at 16:00 = {a.peak:g} of the streams the fleet carries at the config's target_fill; Poisson arrivals",
         ]
         report["scenarios"] = {}
         for g in [int(x) for x in a.gpus.split(",") if x.strip()]:

@@ -91,13 +91,15 @@ def project_rules():
     return acoustic, desired_replicas, REFUSALS_WINDOW_S, retry_after
 
 
-def step_table(curve: Curve, slots: int):
-    """``step_s[n]`` for n = 0..slots rows and the replica's real-time capacity in streams, both from
-    the engine's ``StepModel`` fed the curve (as the replica measures its own steps)."""
+def step_table(curve: Curve, max_rows: int):
+    """``step_s[n]`` for n = 0..slots rows (``max_rows`` + the engine's reserved rows) and the
+    replica's real-time capacity in streams, both from the engine's ``StepModel`` fed the curve (as
+    the replica measures its own steps)."""
     from serve_app.engine.decode.capacity import StepModel
     from serve_app.engine.pacing import TOKEN_SECONDS
 
     acoustic = project_rules()[0]
+    slots = max_rows + acoustic.reserved_rows
     model = StepModel()
     for _ in range(40):
         for rows, ms in curve.points:
@@ -150,7 +152,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
     target_fill = float(auto.get("policy", {}).get("policy_kwargs", {}).get("target_fill", 0.75))
     cfg = AutoscalingConfig(**{k: v for k, v in auto.items() if k != "policy"})
     slots_per_replica = shape.max_rows + acoustic.reserved_rows
-    step_s, capacity = step_table(shape.curve, slots_per_replica)
+    step_s, capacity = step_table(shape.curve, shape.max_rows)
     # Steps slower than real time even at one row: the rule holds nothing back (every slot, no refusal).
     admit_rows = capacity if capacity else slots_per_replica
     refuse = bool(capacity) and acoustic.capacity_wait_s is not None
