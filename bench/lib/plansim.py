@@ -144,6 +144,7 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
     from ray.serve.autoscaling_policy import _apply_delay_logic, _apply_scaling_factors
     from ray.serve.config import AutoscalingConfig
 
+    from deployments.autoscaling import MAX_ROWS, RUNNING_ROWS, STREAMS_CAPACITY, STREAMS_WANTED, WAITING_ROWS
     from serve_app.engine.pacing import TOKEN_SECONDS
 
     acoustic, desired_replicas, refusals_window_s, retry_after = project_rules()
@@ -227,12 +228,13 @@ def simulate(shape: Shape, load: Load, dt: float = 1.0, seed: int = 0, sample_s:
                 snapshots.pop(0)
             ids = np.flatnonzero(running)
             mean = [np.mean([s[i][ids] for s in snapshots], axis=0) for i in (1, 2, 3)]
+            # What each replica's engine_stats reports, by the names the policy reads.
             metrics = {
-                "running_rows": dict(zip(ids.tolist(), mean[0].tolist())),
-                "waiting_rows": dict(zip(ids.tolist(), mean[1].tolist())),
-                "rt_streams_wanted": dict(zip(ids.tolist(), mean[2].tolist())),
-                "max_rows": dict.fromkeys(ids.tolist(), float(shape.max_rows)),
-                "rt_streams_capacity": dict.fromkeys(ids.tolist(), float(capacity or 0)),
+                RUNNING_ROWS: dict(zip(ids.tolist(), mean[0].tolist())),
+                WAITING_ROWS: dict(zip(ids.tolist(), mean[1].tolist())),
+                STREAMS_WANTED: dict(zip(ids.tolist(), mean[2].tolist())),
+                MAX_ROWS: dict.fromkeys(ids.tolist(), float(shape.max_rows)),
+                STREAMS_CAPACITY: dict.fromkeys(ids.tolist(), float(capacity or 0)),
             }
             ctx = _Context(metrics, 0.0)
             decision = desired_replicas(ctx, target_fill)
