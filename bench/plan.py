@@ -429,7 +429,7 @@ def to_doc(report: dict) -> Doc:
     if "validate" in scen:
         v = scen["validate"]
         doc.table(VALIDATION, v["validation"], before=("", f"### Validation against {v['measured_source']}", ""))
-    doc.add("", "## Notes", "", *[f"- {x}" for x in report.get("notes", [])])
+    doc.add("", "## Notes", "", *[f"- {x}" for x in notes(report)])
     return doc
 
 
@@ -461,7 +461,7 @@ KIND = Kind("plan.json", to_doc, to_figure, indent=1)
 
 def notes(report: dict) -> list[str]:
     out = []
-    for key, r in report["scenarios"].items():
+    for key, r in report.get("scenarios", {}).items():
         if key == "validate":
             v = r["validation"]
             bad = [x["quantity"] for x in v if x["within_25pct"] is False]
@@ -470,14 +470,31 @@ def notes(report: dict) -> list[str]:
                 + (f"; off: {'; '.join(bad)}." if bad else ".")
             )
             continue
-        hours = r["provisioning"]
-        under = [f"{h['from_s'] / 3600:g}h" for h in hours if h["verdict"] == "under"]
-        over = [f"{h['from_s'] / 3600:g}h ({_pct(h['idle'])} idle)" for h in hours if h["verdict"] == "over"]
+        hours, t = r["provisioning"], r["totals"]
+        voc = t.get("vocoder_refusals")
+        verdicts = []
+        for kind, what in (
+            ("under", "under-provisioned (> 0.1 % told 503 or > 1 % stalled)"),
+            ("over", "over-provisioned (> 20 % idle)"),
+        ):
+            hs = [h for h in hours if h["verdict"] == kind]
+            idle = sorted(h["idle"] for h in hs if h["idle"] is not None)
+            span = f", {_pct(idle[0])}-{_pct(idle[-1])} idle" if idle else ""
+            verdicts.append(
+                f"{what} in {len(hs)} of {len(hours)} hours"
+                + (f" (from {hs[0]['from_s'] / 3600:g}h{span})" if hs else "")
+            )
         out.append(
             f"{r['scenario']}: stalled {_pct(r['stalled_share'])} of stream-seconds, idle {_pct(r['idle_share'])} of "
-            f"the running replicas' stream capacity, {_pct(r['refused_share'])} of streams refused for good. "
-            f"Under-provisioned (> 0.1 % 503s or > 1 % stalled) in hours {', '.join(under) or 'none'}; over-provisioned (> 20 % idle) "
-            f"in {', '.join(over) or 'none'}."
+            f"the running replicas' stream capacity, {_pct(r['refused_share'])} of streams refused for good"
+            + (
+                f" (the Vocoder's {_pct(voc / t['refusals'])} of the 503s: unseen by the Acoustic policy)"
+                if voc
+                else ""
+            )
+            + "; "
+            + "; ".join(verdicts)
+            + "."
         )
     return out
 
@@ -536,6 +553,5 @@ def main(a: argparse.Namespace) -> int:
             v["measured_source"] = measured["source"] + f" (git {measured['git']})"
             v["measured_replicas"] = measured["replicas"]
             report["scenarios"]["validate"] = v
-        report["notes"] = notes(report)
     print(KIND.markdown(report))
     return 1 if report.get("error") else 0
