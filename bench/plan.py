@@ -442,7 +442,7 @@ def to_figure(report: dict) -> Optional[Figure]:
         p = Panel(r["scenario"], "hour" if hours else "s", "Acoustic replicas")
         p.add(
             line(t, tl["running"], "running", "-"),
-            line(t, [d or 0 for d in tl["desired"]], "policy wants", "-", lw=0.6),
+            line(t, [math.nan if d is None else d for d in tl["desired"]], "policy wants", "-", lw=0.6),
         )
         if key == "validate":
             mt = [x[0] for x in r["measured_replicas"]]
