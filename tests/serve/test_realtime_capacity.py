@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from ray import serve
-from support.app import APP_NAME, SERVE_APP_ARGS, wait_ready
+from support.app import APP_NAME, READY_TIMEOUT_S, SERVE_APP_ARGS, wait_ready
 from support.report import report
 
 from serve_app.engine.playback import PlaybackClock
@@ -52,7 +52,7 @@ def slow_app(app_url):
     serve.run(app, name=NAME, route_prefix=f"/{NAME}", blocking=False)
     url = f"{app_url}/{NAME}"
     try:
-        wait_ready(url)
+        wait_ready(url, READY_TIMEOUT_S)
         yield url
     finally:
         serve.delete(NAME)

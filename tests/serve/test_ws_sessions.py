@@ -19,7 +19,7 @@ import time
 import pytest
 from support.audio import SR, decode_av
 from support.report import report
-from support.ws import Served, assert_same_audio, deltas, ogg_pages
+from support.ws import Served, assert_same_audio, deltas, engine_rows, ogg_pages
 
 from serve_app.engine.pacing import SAMPLES_PER_TOKEN
 from serve_app.engine.planner import segment_seed
@@ -138,7 +138,7 @@ async def test_cancel_stops_audio_and_frees_the_rows(ws):
         await s.send(type="text.append", text="".join(ws.long_sentences) + UNFINISHED)
         await s.first_frame()
         during = await ws.rows_at_least(2)  # the second joins once the first has audio; two at once
-        assert during["running_rows"] + during["waiting_rows"] == SessionLimits().decoding_segments
+        assert engine_rows(during) == SessionLimits().decoding_segments
         await s.send(type="cancel")
         t_cancel = time.perf_counter()
         ack = await s.until("cancelled")

@@ -296,7 +296,7 @@ class Backend:
             self.stats,
             60,
             self.poll_s,
-            until=lambda s: s["running_rows"] + s["waiting_rows"] >= n,
+            until=lambda s: engine_rows(s) >= n,
             what=f"{n} rows decoding",
         )
 
@@ -305,9 +305,15 @@ class Backend:
             self.stats,
             timeout_s,
             self.poll_s,
-            until=lambda s: s["running_rows"] + s["waiting_rows"] == 0,
+            until=lambda s: engine_rows(s) == 0,
             what="the engine idle",
         )
+
+
+def engine_rows(stats: dict) -> int:
+    """Rows the engine holds: running, waiting, and set aside (parked for a slow reader, or by the
+    deadline rule for a listener far behind them): each ends cancelled or finished."""
+    return sum(stats[k] for k in ("running_rows", "waiting_rows", "parked_rows", "deadline_parked_rows"))
 
 
 class InProcess(Backend):
@@ -367,6 +373,8 @@ class InProcess(Backend):
         return {
             "running_rows": e.running_rows,
             "waiting_rows": e.waiting_rows,
+            "parked_rows": e.parked_rows,
+            "deadline_parked_rows": e.deadline_parked_rows,
             "steps": e.stats.steps,
             "rows_cancelled": e.stats.rows_cancelled,
             "rows_finished": e.stats.rows_finished,
