@@ -85,3 +85,17 @@ def test_water_fill_gives_the_most_room_first(k):
     assert take.sum() == min(k, room.sum()) and np.all(take <= room)
     left = room - take
     assert left[take > 0].min(initial=99) >= left.max() - 1  # no replica left with more than one more free
+
+
+def test_the_runner_writes_its_report(tmp_path):
+    """``python -m bench plan`` end to end on a short day of a small fleet: its JSON, Markdown and plot."""
+    import json
+
+    from bench.__main__ import main
+
+    assert main(["plan", "--gpus", "4", "--hours", "0.05", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "plan.json").read_text())
+    day = report["scenarios"]["4"]
+    assert day["totals"]["arrivals"] > 0 and day["provisioning"] and day["gpu_hours"] > 0
+    assert "| 4 GPUs, a day |" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report.png").stat().st_size > 10000
