@@ -308,6 +308,7 @@ def measure(out: Path) -> dict:
     test's config) under the step load ``VALIDATE_STEPS``; Acoustic replicas running each second, every
     request's times. Starts Ray: run it under the bench's lock (bench/README.md). ~5 minutes."""
     import asyncio
+    import shutil
     import time
 
     from deployments.kuberay import GPU_POD
@@ -366,6 +367,7 @@ def measure(out: Path) -> dict:
         report["timeline"] = timeline
     finally:
         cluster.stop(grace_s=2)
+        shutil.rmtree(cluster.root, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "measured.json").write_text(json.dumps(report, indent=1))
     return report
