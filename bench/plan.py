@@ -458,7 +458,7 @@ def to_figure(report: dict) -> Optional[Figure]:
     return Figure(panels, (1, len(panels)), (5 * len(panels), 4)) if panels else None
 
 
-KIND = Kind("plan.json", to_doc, to_figure, indent=1)
+KIND = Kind("plan.json", to_doc, to_figure, indent=None)  # timelines: one line, not one per number
 
 
 def notes(report: dict) -> list[str]:
