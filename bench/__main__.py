@@ -26,6 +26,10 @@ RUNNERS = {
     "abuse": ("bench.abuse", "a polite client's first audio alone and under eight kinds of attacker"),
     "batch": ("bench.batch", "bulk synthesis (chattts-serve batch) against the service; 1 vs 2 speech actors"),
     "baseline": ("bench.baseline", "the 'before' server (one Chat.infer at a time), for `run` or by hand"),
+    "plan": (
+        "bench.plan",
+        "the cluster planned at scale by simulation: a day at --gpus N, --validate vs the local cluster",
+    ),
     "cache-hit": ("bench.cache_hit", "latency and throughput of the response cache against a running app"),
     "report": ("bench.report", "render reports again from their JSON, or compare `run` reports (--compare)"),
 }

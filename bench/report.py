@@ -19,7 +19,12 @@ from pathlib import Path
 from .lib.report import Col, Kind, Table, get
 
 # JSON file name -> the runner module whose KIND renders it; report.json: by a key only it holds.
-BY_FILE = {"realtime.json": "bench.realtime", "abuse.json": "bench.abuse", "batch.json": "bench.batch"}
+BY_FILE = {
+    "realtime.json": "bench.realtime",
+    "abuse.json": "bench.abuse",
+    "batch.json": "bench.batch",
+    "plan.json": "bench.plan",
+}
 BY_KEY = {"steps": "bench.gpu", "stagger": "bench.fidelity", "ratios": "bench.run_report"}
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import ray
 from ray import serve
 
-from deployments.autoscaling import engine_stats
+from deployments.autoscaling import REFUSALS_WINDOW_S, engine_stats
 from deployments.backends import install
 from deployments.routing import HEADROOM
 from serve_app import metrics
@@ -37,9 +37,6 @@ from serve_app.pipeline.flow import FlowCredit, FlowRef, board, board_name
 from serve_app.settings import LIVE_ACOUSTIC_FIELDS, AcousticUserConfig
 
 log = logging.getLogger("ray.serve")
-
-# Streams refused for want of capacity count as demand this long (autoscaling reads them).
-REFUSALS_WINDOW_S = 10.0
 
 
 # Replicas, resources and autoscaling come from the config file (config/serve.yaml), which must

@@ -45,6 +45,8 @@ MAX_ROWS = "max_rows"
 # to start (decoding, waiting, refused lately) and how many it can keep at 1x.
 STREAMS_WANTED = "rt_streams_wanted"
 STREAMS_CAPACITY = "rt_streams_capacity"
+# Streams a replica refused for want of capacity count as wanted this long (its ``streams_wanted``).
+REFUSALS_WINDOW_S = 10.0
 
 DESIRED_METRIC = "tts_autoscale_desired_replicas"
 ROWS_METRIC = "tts_autoscale_rows"
