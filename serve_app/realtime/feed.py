@@ -48,6 +48,7 @@ from ..engine.text import is_speakable, segment_fits, split_unfinished
 from ..engine.types import Plan, SegmentMark, SegmentRequest, StreamSummary, SynthesisOptions
 from ..engine.voices import effective_seed
 from ..errors import APIError
+from ..protocol import CLAUSE_SECONDS
 from .messages import SessionLimits, SessionStats, SpeechBackend
 from .ogg import OggOpusJoiner
 
@@ -156,18 +157,25 @@ class FeedSink(Protocol):
         """Closed and everything sent; ``tail``: the encoding's last bytes (Ogg's end page)."""
 
 
-def segment_sources(text: str, plan: Plan) -> list[str]:
-    """``text`` (a cut, as received) shared out among the plan's segments by where each came from
-    (``plan.spans``): each from its own start to the next one's, the first from 0, the last to the
-    end, so the pieces join back to ``text``. Without usable spans the last segment has it all."""
-    n = len(plan.segments)
-    starts = [span[0] if span is not None else None for span in (plan.span_of(i) for i in range(n))]
+def share_out(text: str, starts: list[Optional[int]]) -> list[str]:
+    """``text`` shared out among segments that start at ``starts`` in it: each from its own start
+    to the next one's, the first from 0, the last to the end, so the pieces join back to ``text``.
+    Without usable starts (one missing, out of order) the last segment has it all."""
+    n = len(starts)
     if n == 0:
         return []
     if any(s is None for s in starts) or starts != sorted(starts):  # type: ignore[type-var]
         return [""] * (n - 1) + [text]
-    cuts = [0] + starts[1:] + [len(text)]  # type: ignore[operator]
-    return [text[cuts[i] : cuts[i + 1]] for i in range(n)]
+    cuts = [0, *starts[1:], len(text)]
+    return [text[cuts[i] : cuts[i + 1]] for i in range(n)]  # type: ignore[misc]
+
+
+def segment_sources(text: str, plan: Plan) -> list[str]:
+    """``text`` (a cut, as received) shared out among the plan's segments by where each came from
+    (``plan.spans``)."""
+    return share_out(
+        text, [span[0] if span is not None else None for span in map(plan.span_of, range(len(plan.segments)))]
+    )
 
 
 class SpeechFeed:
@@ -182,7 +190,7 @@ class SpeechFeed:
         response_format: str,
         sink: FeedSink,
         limits: SessionLimits = SessionLimits(),
-        clause_seconds: float = 4.0,
+        clause_seconds: float = CLAUSE_SECONDS,
         on_first_audio: Optional[Callable[[], None]] = None,
     ):
         self.backend = backend
