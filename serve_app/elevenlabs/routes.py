@@ -15,6 +15,7 @@ from ..http.errors import error_response
 from ..http.middleware import caller_of
 from ..http.request_log import RequestRecord
 from ..http.state import state_of
+from ..pipeline.flow import ACKS_HEADER
 from ..protocol.elevenlabs import TextToSpeechParams, TextToSpeechRequest, speech_request
 from ..realtime.graph import handshake_identity
 from .graph import run_socket
@@ -78,6 +79,9 @@ async def _answer(voice_id: str, body: TextToSpeechRequest, params: TextToSpeech
     rec.since_arrival(getattr(request.state, "t_in", None))
     cache_control = request.headers.get("cache-control", "")
     try:
+        if how == "stream":
+            flow_acks = request.headers.get(ACKS_HEADER) == "1"
+            return await service.stream(req, rec, caller_of(request), cache_control, flow_acks=flow_acks)
         return await getattr(service, how)(req, rec, caller_of(request), cache_control)
     except APIError as exc:
         rec.finish(str(exc.status))

@@ -9,10 +9,13 @@ against the key's stream limit and each is a real-time stream. What the client s
 
 - its first message (``text`` " ", ``voice_settings``) opens it; ``text`` is appended as it comes
   (with ``auto_mode`` each message ends a phrase: nothing of it waits for more text);
-- ``flush``: speak what is buffered now; a flush with no text is the end of the context's input;
-- ``close_context`` right after that end of input: the context speaks the rest, then ``isFinal``;
-  at any other time (more text sent, or no end of input: a barge-in) it stops at once: its rows
-  are cancelled at the engine's next decode step, no audio of it follows, then ``isFinal``;
+- ``flush``: speak what is buffered now;
+- ``close_context`` right after a flush (nothing sent since: the end of a turn, as the plugins end
+  one) lets the context speak the rest, then ``isFinal``; at any other time (text sent since the
+  last flush: a barge-in mid-answer), or a second ``close_context`` while it speaks the rest (a
+  barge-in after the turn's text was all sent: Pipecat closes the context again), it stops at
+  once: its rows are cancelled at the engine's next decode step, no audio of it follows, then
+  ``isFinal``;
 - ``text`` "" is a keep-alive on multi-stream-input (it opens nothing), the end of input on
   stream-input (the rest is spoken, ``isFinal``, then the socket closes 1000);
 - ``close_socket``: every context closes as above, then the socket closes 1000.
@@ -93,7 +96,7 @@ class _Context:
         self.release = opened.release
         self.aligner = StreamAligner(socket.format)
         self.feed = SpeechFeed(opened.backend, opened.options, socket.format, self, socket.limits, clause_seconds)
-        self.input_ended = False  # a flush with no text, and no text since: close_context lets it finish
+        self.input_ended = False  # a flush, and no text since: close_context lets it finish
 
     def _message(self, data: bytes, placed: tuple[Placed, Placed]) -> AudioMessage:
         original, normalized = placed
@@ -223,6 +226,11 @@ class ElevenLabsSocket:
         if msg.close_context:
             if ctx is not None:
                 await self._close(ctx)
+            else:
+                ending = next((c for c in self._ending if c.id == cid), None)
+                if ending is not None:  # closed again while it speaks the rest: a barge-in after the turn's end
+                    await ending.feed.cancel()
+                    await self._end(ending)
             return
         text = msg.text or ""
         if not self.multi and msg.text == "" and not msg.flush:  # stream-input's end of input
@@ -242,8 +250,10 @@ class ElevenLabsSocket:
                 ctx.feed.flush()
         except Exception as exc:  # noqa: BLE001 - 413: too much text waiting to be spoken
             raise ContextError(ctx.id, exc) from None
-        if msg.flush or text.strip():
-            ctx.input_ended = msg.flush and not text.strip()
+        if msg.flush:  # everything sent so far is to be spoken: its input may end here
+            ctx.input_ended = True
+        elif text.strip():
+            ctx.input_ended = False
 
     # -------------------------------------------------------------- running
 

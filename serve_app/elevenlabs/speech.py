@@ -48,9 +48,15 @@ class ElevenLabsSpeech:
         return Response(data, media_type=req.content_type, headers=headers)
 
     async def stream(
-        self, req: ElevenLabsSpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str
+        self,
+        req: ElevenLabsSpeechRequest,
+        rec: RequestRecord,
+        caller: Caller,
+        cache_control: str,
+        flow_acks: bool = False,
     ) -> Response:
-        return await self.speech.respond(req, rec, caller, cache_control)
+        """``/v1/audio/speech``'s streamed answer (paced by what the client takes, as it is)."""
+        return await self.speech.respond(req, rec, caller, cache_control, flow_acks=flow_acks)
 
     async def with_timestamps(
         self, req: ElevenLabsSpeechRequest, rec: RequestRecord, caller: Caller, cache_control: str
