@@ -28,8 +28,9 @@ from ..protocol.elevenlabs import ElevenLabsSpeechRequest, TimestampedChunk
 from ..realtime.feed import segment_sources, share_out
 from .alignment import Placed, StreamAligner, expected_samples
 
-# A cached answer goes out in lines of this much audio (each line's base64 is small work).
-HIT_LINE_BYTES = 48 * 1024
+# A cached answer goes out in lines of this much audio: each line's base64 is small work, and
+# well under the line lengths clients read whole (aiohttp's readline refuses lines past 128 KiB).
+HIT_LINE_BYTES = 16 * 1024
 
 
 class ElevenLabsSpeech:
