@@ -241,6 +241,28 @@ async def test_tokens_of_a_context_give_one_requests_audio(inprocess_ws):
     (_,) = {m.get("contextId") for m in c.messages}  # every message names its context
 
 
+async def test_contexts_speak_side_by_side(inprocess_ws):
+    """Two contexts at once on one socket: each is a stream of its own (admitted, given back),
+    its audio what one request of its text gives, every message naming its context."""
+    texts = {"x": inprocess_ws.sentences[0].strip(), "y": inprocess_ws.sentences[1].strip()}
+    references = {cid: await inprocess_ws.reference(t, voice="nova") for cid, t in texts.items()}
+    async with client(inprocess_ws.backend) as c:
+        for cid, text in texts.items():
+            c.send(text=" ", context_id=cid)
+            c.send(text=text, context_id=cid)
+        for cid in texts:
+            c.send(context_id=cid, flush=True)
+            c.send(context_id=cid, close_context=True)
+        finals = set()
+        while len(finals) < 2:
+            m = await c.until(lambda m: m.get("isFinal"))
+            finals.add(m["contextId"])
+    assert finals == {"x", "y"} and len(c.opened) == 2 and c.released == 2
+    for cid, text in texts.items():
+        assert_same_audio(c.audio(cid), references[cid])
+        assert c.chars(cid) == " " + text
+
+
 async def test_close_context_mid_answer_stops_its_rows_within_a_step(inprocess_ws):
     """An interruption: close_context while the answer is being spoken cancels its rows at the
     engine's next step, no audio of it follows its isFinal, and another context goes on."""
