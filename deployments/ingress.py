@@ -21,6 +21,7 @@ from deployments.job_runner import job_runner
 from deployments.slots import SharedSlots
 from deployments.stage_calls import stage_handle
 from serve_app.callers import Caller
+from serve_app.elevenlabs import routes as elevenlabs
 from serve_app.http.app import make_app
 from serve_app.http.middleware import HttpPolicy
 from serve_app.http.request_log import RequestRecord
@@ -41,6 +42,7 @@ def ingress_app() -> FastAPI:
     app = make_app(HttpPolicy(IngressConfig().max_body_bytes))  # every guarded route 503 until build_state
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    app.include_router(elevenlabs.router)
     app.include_router(voices.router)
     app.include_router(lexicons.router)
     app.include_router(jobs.router)

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import APIError
-from serve_app.http.middleware import AUTH_HEADER, header, send_error
+from serve_app.http.middleware import AUTH_HEADER, credential, header, send_error
 from serve_app.settings import EDGE_HEADER, EdgeCacheConfig
 
 ENV = "CHATTTS_EDGE_CACHE"
@@ -99,7 +99,7 @@ class EdgeCache:
 def request_key(scope: Scope, body: bytes) -> str:
     """The exact request: path, credential and body (a hash: no key or text is kept)."""
     h = hashlib.sha256(scope.get("path", "").encode())
-    h.update(b"\0" + (header(scope, b"authorization") or "").encode("latin-1") + b"\0")
+    h.update(b"\0" + (credential(scope) or "").encode("latin-1") + b"\0")
     h.update(body)
     return h.hexdigest()
 
@@ -127,7 +127,7 @@ class EdgeCacheMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        if not header(scope, b"authorization") and not self.keys_off:
+        if not credential(scope) and not self.keys_off:
             await self.app(scope, receive, self._learning(send))  # unread: the Ingress answers it from its headers
             return
         try:

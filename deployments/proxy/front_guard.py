@@ -37,7 +37,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import error_body
-from serve_app.http.middleware import AUTH_HEADER, header
+from serve_app.http.middleware import AUTH_HEADER, credential
 from serve_app.settings import FrontGuardConfig
 
 log = logging.getLogger("ray.serve")
@@ -142,10 +142,11 @@ class Clients:
 
 
 def client_of(scope: Scope) -> tuple[str, str]:
-    """(address, credential fingerprint): a hash of the Authorization header, '' without one."""
+    """(address, credential fingerprint): a hash of the credential (Authorization, or xi-api-key
+    as its bearer token: the Ingress reads it so too), '' without one."""
     client = scope.get("client")
     address = client[0] if client else "unknown"
-    authorization = header(scope, b"authorization")
+    authorization = credential(scope)
     return address, hashlib.blake2b(authorization.encode("latin-1"), digest_size=8).hexdigest() if authorization else ""
 
 

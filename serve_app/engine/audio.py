@@ -47,6 +47,30 @@ CONTENT_TYPES: dict[str, str] = {
     "alaw": "audio/x-alaw-basic",
 }
 
+# Raw PCM at the other rates voice-agent frameworks ask for, by ElevenLabs' output_format names
+# (pcm_16000, ...): s16le mono resampled from SAMPLE_RATE in the encoder, as G.711 is. The doors
+# that take a rate use them (the ElevenLabs door's pcm_<rate>, its pcm_24000 being "pcm"); they
+# are not among the API's AUDIO_FORMATS (response_format), and new_encoder() makes each.
+PCM_RATES: tuple[int, ...] = (8000, 16000, 22050, 32000, 44100, 48000)
+RATE_FORMATS: dict[str, int] = {f"pcm_{rate}": rate for rate in PCM_RATES}
+ENCODER_FORMATS: tuple[str, ...] = AUDIO_FORMATS + tuple(RATE_FORMATS)
+
+
+def pcm_format(rate: int) -> str:
+    """The encoder format of raw s16le PCM at ``rate`` ("pcm" at SAMPLE_RATE)."""
+    if rate == SAMPLE_RATE:
+        return "pcm"
+    fmt = f"pcm_{rate}"
+    if fmt not in RATE_FORMATS:
+        raise ValueError(f"no pcm at {rate} Hz; rates: {', '.join(map(str, (SAMPLE_RATE, *PCM_RATES)))}")
+    return fmt
+
+
+def content_type(fmt: str) -> str:
+    """The Content-Type of ``fmt``'s bytes (every pcm rate is audio/pcm)."""
+    return CONTENT_TYPES["pcm"] if fmt in RATE_FORMATS else CONTENT_TYPES[fmt]
+
+
 # Volume gain accepted by apply_gain() and the encoders, in dB.
 GAIN_DB_RANGE = (-30.0, 20.0)
 
@@ -59,6 +83,8 @@ def format_sample_rate(fmt: str) -> int:
     """
     if fmt in TELEPHONY_FORMATS:
         return TELEPHONY_RATE
+    if fmt in RATE_FORMATS:
+        return RATE_FORMATS[fmt]
     if fmt in AUDIO_FORMATS:
         return SAMPLE_RATE
     raise ValueError(_unknown(fmt))
@@ -72,13 +98,26 @@ def format_bytes_per_second(fmt: str) -> int | None:
         return TELEPHONY_RATE
     if fmt in ("pcm", "wav"):
         return 2 * SAMPLE_RATE
+    if fmt in RATE_FORMATS:
+        return 2 * RATE_FORMATS[fmt]
     if fmt in AUDIO_FORMATS:
         return None
     raise ValueError(_unknown(fmt))
 
 
+def nominal_bytes_per_second(fmt: str) -> float | None:
+    """About how many bytes a second of ``fmt``'s audio takes: exact for the raw formats, the
+    codec's nominal bit rate for the constant-rate ones (mp3, aac; Opus' target), None for FLAC.
+    For estimates only (where in the audio a message's bytes lie: the ElevenLabs door's alignment)."""
+    exact = format_bytes_per_second(fmt)
+    if exact is not None:
+        return float(exact)
+    rate = _CODECS[fmt].bit_rate
+    return rate / 8 if rate else None
+
+
 def _unknown(fmt: str) -> str:
-    return f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)}"
+    return f"unknown audio format {fmt!r}; expected one of {', '.join(AUDIO_FORMATS)} (or pcm_<rate>)"
 
 
 def check_gain_db(db: float) -> float:
@@ -132,7 +171,7 @@ class AudioEncoder(ABC):
 
     def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
         self.format = fmt
-        self.content_type = CONTENT_TYPES[fmt]
+        self.content_type = content_type(fmt)
         self.sample_rate = sample_rate  # of the PCM written in
         self.output_rate = sample_rate  # of the encoded audio (G.711: 8000)
         self.gain_db = check_gain_db(gain_db)
@@ -309,15 +348,66 @@ class PyAVEncoder(AudioEncoder):
         return self._sink.take()
 
 
+class _Resampler:
+    """One libswresample resampler per stream (``av.AudioResampler``: a windowed-sinc low-pass
+    below the lower Nyquist frequency) from s16 mono at ``in_rate`` to ``out_rate``. It holds back
+    its filter's delay and ``flush()`` returns it, so a stream comes out as round(n * out_rate /
+    in_rate) samples (within one for very short ones), the same however the input was cut into
+    chunks: each chunk's pts continues the last, so it never pads or drops at a chunk's edge.
+    The one resampler of the encoders (G.711 and pcm at other rates)."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        import av  # imported here: the Ingress reads this module's tables without loading ffmpeg
+
+        self._frame_type = av.AudioFrame
+        self._in_rate = in_rate
+        self._time_base = Fraction(1, in_rate)
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
+        self._pts = 0
+
+    def push(self, samples: np.ndarray) -> list:
+        """s16 frames at ``out_rate`` made from ``samples`` (int16) so far."""
+        if not len(samples):
+            return []
+        frame = self._frame_type.from_ndarray(samples[None, :], format="s16", layout="mono")
+        frame.sample_rate = self._in_rate
+        frame.time_base = self._time_base
+        frame.pts = self._pts
+        self._pts += len(samples)
+        return self._resampler.resample(frame)
+
+    def flush(self) -> list:
+        """The filter's held-back samples."""
+        return self._resampler.resample(None)
+
+
+def _s16_bytes(frames: list) -> bytes:
+    return b"".join(f.to_ndarray().astype("<i2", copy=False).tobytes() for f in frames)
+
+
+class ResampledPcmEncoder(AudioEncoder):
+    """Headerless s16le mono at one of ``PCM_RATES`` (``pcm_<rate>``), resampled from the PCM
+    written in (``_Resampler``)."""
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> None:
+        super().__init__(fmt, sample_rate, gain_db)
+        self.output_rate = RATE_FORMATS[fmt]
+        self._resampler = _Resampler(sample_rate, self.output_rate)
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        return _s16_bytes(self._resampler.push(samples))
+
+    def _close(self) -> bytes:
+        return _s16_bytes(self._resampler.flush())
+
+
 class G711Encoder(AudioEncoder):
     """Raw G.711 (``ulaw``: pcm_mulaw, ``alaw``: pcm_alaw), 8 kHz mono, one byte a sample, no
     container: what telephony media streams carry.
 
-    The PCM goes through one libswresample resampler per stream (``av.AudioResampler``: a
-    windowed-sinc low-pass, flat to 3.4 kHz, aliases from 4.5 kHz up below -60 dB). It
-    holds back its filter's delay and ``close()`` flushes it, so a stream decodes to
-    round(n * 8000 / sample_rate) samples (within one for very short ones), the same bytes
-    however the input was cut into chunks.
+    The PCM goes through the encoders' resampler (``_Resampler``: flat to 3.4 kHz, aliases from
+    4.5 kHz up below -60 dB), so a stream decodes to round(n * 8000 / sample_rate) samples
+    (within one for very short ones), the same bytes however the input was cut into chunks.
     """
 
     _CODEC_NAMES = {"ulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
@@ -327,9 +417,7 @@ class G711Encoder(AudioEncoder):
 
         super().__init__(fmt, sample_rate, gain_db)
         self.output_rate = TELEPHONY_RATE
-        self._frame_type = av.AudioFrame
-        self._time_base = Fraction(1, sample_rate)
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=TELEPHONY_RATE)
+        self._resampler = _Resampler(sample_rate, TELEPHONY_RATE)
         ctx = av.CodecContext.create(self._CODEC_NAMES[fmt], "w")
         ctx.sample_rate = TELEPHONY_RATE
         ctx.layout = "mono"
@@ -337,28 +425,20 @@ class G711Encoder(AudioEncoder):
         ctx.time_base = Fraction(1, TELEPHONY_RATE)
         ctx.open()
         self._codec = ctx
-        self._pts = 0
 
     def _encode(self, frames: list) -> bytes:
         return b"".join(bytes(p) for f in frames for p in self._codec.encode(f))
 
     def _write(self, samples: np.ndarray) -> bytes:
-        if not len(samples):
-            return b""
-        frame = self._frame_type.from_ndarray(samples[None, :], format="s16", layout="mono")
-        frame.sample_rate = self.sample_rate
-        frame.time_base = self._time_base
-        frame.pts = self._pts  # continuous, so the resampler never pads or drops at a chunk edge
-        self._pts += len(samples)
-        return self._encode(self._resampler.resample(frame))
+        return self._encode(self._resampler.push(samples))
 
     def _close(self) -> bytes:
-        tail = self._encode(self._resampler.resample(None))  # the filter's held-back samples
+        tail = self._encode(self._resampler.flush())  # the filter's held-back samples
         return tail + b"".join(bytes(p) for p in self._codec.encode(None))
 
 
 def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) -> AudioEncoder:
-    """A fresh streaming encoder for ``fmt`` (one of AUDIO_FORMATS) of mono PCM at
+    """A fresh streaming encoder for ``fmt`` (one of ENCODER_FORMATS) of mono PCM at
     ``sample_rate``, each chunk scaled by ``gain_db`` (GAIN_DB_RANGE) before it is clipped."""
     if fmt == "pcm":
         return PcmEncoder(fmt, sample_rate, gain_db)
@@ -368,6 +448,8 @@ def new_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, gain_db: float = 0.0) 
         return PyAVEncoder(fmt, sample_rate, gain_db)
     if fmt in TELEPHONY_FORMATS:
         return G711Encoder(fmt, sample_rate, gain_db)
+    if fmt in RATE_FORMATS:
+        return ResampledPcmEncoder(fmt, sample_rate, gain_db)
     raise ValueError(_unknown(fmt))
 
 

@@ -77,6 +77,22 @@ def header(scope: Scope, name: bytes) -> Optional[str]:
     return None
 
 
+# ElevenLabs' clients (their SDK, the voice-agent frameworks' plugins) send their key as this
+# header: it is the same key as ``Authorization: Bearer <key>``, wherever a key is read.
+XI_API_KEY = b"xi-api-key"
+
+
+def credential(scope: Scope) -> Optional[str]:
+    """The request's credential as an Authorization value: its ``Authorization`` header, else its
+    ``xi-api-key`` as a bearer token; None without either."""
+    authorization = header(scope, b"authorization")
+    if authorization is None:
+        key = header(scope, XI_API_KEY)
+        if key is not None:
+            return f"Bearer {key}"
+    return authorization
+
+
 async def send_error(send: Send, exc: APIError) -> None:
     data = json.dumps(exc.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
@@ -87,7 +103,8 @@ async def send_error(send: Send, exc: APIError) -> None:
 
 class GuardMiddleware:
     """Before the app sees a request: the caller, from the headers alone (401 before any body byte
-    is read; the caller lands in ``request.state.caller``); then the body, read under its limits:
+    is read; the caller lands in ``request.state.caller``; ``credential``: Authorization, or
+    ElevenLabs' xi-api-key); then the body, read under its limits:
     a declared Content-Length over the limit is refused at once, a streamed body is cut at the
     limit (413), a body not complete within ``body_timeout_s`` of the request's start is 408, and
     a JSON body nesting deeper than ``max_json_depth`` is 400. A WebSocket handshake without an
@@ -132,7 +149,7 @@ class GuardMiddleware:
             raise APIError(
                 503, "the server is starting", type="server_error", code="starting", headers={"Retry-After": "2"}
             )
-        authorization = header(scope, b"authorization")
+        authorization = credential(scope)
         if scope["type"] == "websocket" and authorization is None:
             return None  # the session's first message may carry the key (the session checks it)
         if authorization is None and auth.enabled and scope.get("method") == "GET" and path in KEYLESS_GETS:
@@ -213,7 +230,7 @@ class DynamicCORS:
                 self.app,
                 allow_origins=list(origins),
                 allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-                allow_headers=["Authorization", "Content-Type", "X-Request-Id", "Cache-Control"],
+                allow_headers=["Authorization", "xi-api-key", "Content-Type", "X-Request-Id", "Cache-Control"],
                 expose_headers=["X-Request-Id", "X-Cache", "X-Weights"],
             )
         await self._cors(scope, receive, send)

@@ -258,6 +258,7 @@ class SpeechService:
             self._chain(first, gen, rec, key, plan, listener), prepared.admitted.hand_over(), gen, rec
         )
         stream.headers = script.headers
+        stream.plan = plan  # what its segments are (their texts, spans, expected lengths)
         return stream
 
     async def _chain(
@@ -352,7 +353,7 @@ class SpeechService:
             return False
         return req.lexicon == "none" or (req.lexicon is None and caller.owner == ANONYMOUS)
 
-    def _answer_headers(self, rec: RequestRecord) -> dict[str, str]:
+    def answer_headers(self, rec: RequestRecord) -> dict[str, str]:
         # X-Cache only where the cache is the caller's own: on a cache shared across keys a hit
         # would tell one key what another has asked for.
         out = {"X-Weights": self.weights_kind, "Cache-Control": "no-store"}
@@ -389,7 +390,7 @@ class SpeechService:
         """The answer without its audio, the audio as base64, the headers. A long answer is tens of
         megabytes: it is joined, encoded and captioned off the event loop, in pieces."""
         audio = await self.audio(req, rec, caller, cache_control, timed=True)
-        headers = {**self._answer_headers(rec), **audio.headers}
+        headers = {**self.answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             parts, segments, duration = [audio.audio], audio.segments or [], audio.duration
         else:
@@ -411,7 +412,7 @@ class SpeechService:
         ``flow_acks``: the flow middleware reports what the client's socket takes, so the stream
         stays at most a window ahead of the client (pipeline/flow.py)."""
         audio = await self.audio(body, rec, caller, cache_control, timed=body.timestamps, listener=True)
-        headers = {**self._answer_headers(rec), **audio.headers}
+        headers = {**self.answer_headers(rec), **audio.headers}
         if isinstance(audio, Hit):
             if body.stream_format != "sse":
                 # A hit goes out as one plain response: no streaming round trips through the proxy;

@@ -24,6 +24,7 @@ class SynthesisStream:
 
     def __init__(self, chain: AsyncIterator[bytes], slot: Slot, gen: Any, rec: RequestRecord):
         self.headers: dict[str, str] = {}  # what the answer says about the script (style, SSML)
+        self.plan: Any = None  # the plan it speaks (a Plan), set by the speech service
         self._chain = chain
         self._slot = slot
         self._gen = gen

@@ -1,7 +1,7 @@
 """The API contract: every request and response shape that crosses the API, used by the HTTP
 ingress, the handle API, the WebSocket sessions and the client alike, by feature: ``speech``
 (speech, dialogue, models, voices, the shared options), ``jobs``, ``realtime`` (the WebSocket
-session's messages). Errors: ``errors.py``.
+session's messages), ``elevenlabs`` (ElevenLabs' text-to-speech API, for its clients' plugins). Errors: ``errors.py``.
 """
 
 from .jobs import (
@@ -16,6 +16,7 @@ from .jobs import (
     JobStatus,
 )
 from .realtime import (
+    CLAUSE_SECONDS,
     CLIENT_MESSAGES,
     Cancel,
     Cancelled,
@@ -55,6 +56,7 @@ from .speech import (
 )
 
 __all__ = [
+    "CLAUSE_SECONDS",
     "CLIENT_MESSAGES",
     "ApiOptions",
     "AudioJob",

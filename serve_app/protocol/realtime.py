@@ -18,6 +18,10 @@ from .speech import ApiOptions, options_of
 
 RealtimeFormat = Literal["pcm", "opus", "mp3", "ulaw", "alaw"]
 
+# An unfinished sentence that would speak longer than this is spoken up to its last clause mark:
+# a session's default (``clause_seconds``), and every ElevenLabs context's.
+CLAUSE_SECONDS = 4.0
+
 
 class SessionStart(ApiOptions):
     """The first message: the session's options, validated like the HTTP body's
@@ -32,7 +36,7 @@ class SessionStart(ApiOptions):
         default=None, max_length=1024, repr=False, description="Instead of the Authorization header of the handshake."
     )
     clause_seconds: float = Field(
-        default=4.0,
+        default=CLAUSE_SECONDS,
         gt=0,
         le=60,
         description="An unfinished sentence that would speak "

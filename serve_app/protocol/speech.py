@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from ..engine.audio import CONTENT_TYPES, AudioFormat
+from ..engine.audio import AudioFormat, content_type
 from ..engine.captions import caption_text
 from ..engine.loudness import LOUDNESS_RANGE_LUFS
 from ..engine.strict import StrictModel
@@ -126,7 +126,7 @@ class SpeechRequest(ApiOptions):
 
     @property
     def content_type(self) -> str:
-        return "text/event-stream" if self.stream_format == "sse" else CONTENT_TYPES[self.response_format]
+        return "text/event-stream" if self.stream_format == "sse" else content_type(self.response_format)
 
 
 class TimedSpeechRequest(SpeechRequest):

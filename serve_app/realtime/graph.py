@@ -9,6 +9,7 @@ from ..callers import Caller
 from ..engine.audio import format_sample_rate
 from ..engine.types import Plan, SynthesisOptions
 from ..errors import as_api_error
+from ..http.middleware import caller_of
 from ..http.request_log import RequestRecord, voice_label
 from ..http.speech import SpeechService
 from ..http.state import UnstartedSockets
@@ -57,6 +58,23 @@ class PipelineBackend:
 
     def _failed(self, exc: Exception) -> Exception:
         return exc if self.errors is None else self.errors(exc)
+
+
+def handshake_identity(ws: Any) -> tuple[str, Callable[[Optional[str]], Caller]]:
+    """Who a socket's handshake says it is (its key's id from the guard, else ``ip:<address>``:
+    what the unstarted-socket cap counts), and how to identify its caller: from the handshake's
+    key if it had one, else from a key its first message carries (for clients that cannot set
+    the handshake's headers)."""
+    known = caller_of(ws)
+    address = ws.client.host if ws.client else "unknown"
+    client = known.id if known is not None else "ip:" + address
+
+    def identify(api_key: Optional[str]) -> Caller:
+        if known is not None:
+            return known
+        return ws.app.state.policy.auth.identify(f"Bearer {api_key}" if api_key else None, address)
+
+    return client, identify
 
 
 def session_limits(settings: IngressConfig) -> SessionLimits:

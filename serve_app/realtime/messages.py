@@ -94,7 +94,9 @@ async def receive_message(transport: Transport, limits: SessionLimits) -> Option
     return parse_message(message, limits)
 
 
-def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[BaseModel]:
+def json_object(message: dict[str, Any], limits: SessionLimits, what: str = "a JSON object") -> Optional[dict]:
+    """A client's text frame as a JSON object, bounded before it is parsed (its size, its
+    nesting); None once the client has gone. Every socket door reads its messages with this."""
     if message["type"] == "websocket.disconnect":
         return None
     text = message.get("text")
@@ -108,7 +110,14 @@ def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[Ba
     except ValueError:
         raise APIError(400, "message is not valid JSON", code="invalid_json") from None
     if not isinstance(obj, dict):
-        raise APIError(400, 'a message must be a JSON object with a "type"', code="invalid_message")
+        raise APIError(400, f"a message must be {what}", code="invalid_message")
+    return obj
+
+
+def parse_message(message: dict[str, Any], limits: SessionLimits) -> Optional[BaseModel]:
+    obj = json_object(message, limits, 'a JSON object with a "type"')
+    if obj is None:
+        return None
     model = CLIENT_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
     if model is None:
         raise APIError(

@@ -250,7 +250,9 @@ class EngineBackend:
         from support.engine import fixed_chunks
 
         self.planner = Planner(limits)
-        self.engine = AcousticEngine(model, fixed_chunks(max_rows=16))
+        # Streams wait for room rather than being refused past the measured real-time capacity,
+        # as in the session's Serve app (support/app.py): the box is shared, its pace varies.
+        self.engine = AcousticEngine(model, fixed_chunks(max_rows=16, capacity_wait_s=None))
         self.thread = TorchThread("vocoder", threads=1)
         self.engine.start()
         self.pipeline = LocalPipeline(self.planner, self.engine, VocoderEngine(model), self.thread)

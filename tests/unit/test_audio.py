@@ -15,15 +15,21 @@ from scipy.signal import resample_poly
 from serve_app.engine.audio import (
     AUDIO_FORMATS,
     CONTENT_TYPES,
+    ENCODER_FORMATS,
     GAIN_DB_RANGE,
+    PCM_RATES,
+    RATE_FORMATS,
     SAMPLE_RATE,
     TELEPHONY_FORMATS,
     AudioEncoder,
     apply_gain,
+    content_type,
     encode_file,
     format_bytes_per_second,
     format_sample_rate,
     new_encoder,
+    nominal_bytes_per_second,
+    pcm_format,
     to_int16,
 )
 
@@ -463,6 +469,57 @@ def test_g711_from_other_rates() -> None:
         data = enc.write(x) + enc.close()
         assert abs(len(data) - TEL) <= 1, rate
         assert abs(tone_level_db(g711_decode(data, "ulaw"), 440.0, 0.5)) < 0.3
+
+
+# --- pcm at other rates (pcm_<rate>: the ElevenLabs door's output formats) ---------------
+
+
+def test_rate_formats() -> None:
+    assert PCM_RATES == (8000, 16000, 22050, 32000, 44100, 48000)
+    assert ENCODER_FORMATS == AUDIO_FORMATS + tuple(f"pcm_{r}" for r in PCM_RATES)
+    assert not set(RATE_FORMATS) & set(AUDIO_FORMATS)  # not the API's response_format
+    assert pcm_format(SR) == "pcm" and pcm_format(16000) == "pcm_16000"
+    with pytest.raises(ValueError, match="no pcm at 11025"):
+        pcm_format(11025)
+    for fmt, rate in RATE_FORMATS.items():
+        assert format_sample_rate(fmt) == rate and format_bytes_per_second(fmt) == 2 * rate
+        assert content_type(fmt) == "audio/pcm" and new_encoder(fmt).content_type == "audio/pcm"
+    assert [content_type(f) for f in AUDIO_FORMATS] == [CONTENT_TYPES[f] for f in AUDIO_FORMATS]
+    # Estimates of where bytes lie in the audio: exact for raw formats, the nominal bit rate else.
+    assert nominal_bytes_per_second("pcm_16000") == 32000 and nominal_bytes_per_second("ulaw") == 8000
+    assert nominal_bytes_per_second("mp3") == 8000 and nominal_bytes_per_second("flac") is None
+
+
+def reference_at(x: np.ndarray, rate: int) -> np.ndarray:
+    """The input at ``rate`` through an independent anti-aliased resampler (scipy's polyphase)."""
+    from math import gcd
+
+    g = gcd(rate, SR)
+    return resample_poly(to_int16(x).astype(np.float64), rate // g, SR // g)
+
+
+@pytest.mark.parametrize("fmt", list(RATE_FORMATS))
+def test_pcm_at_other_rates(fmt: str) -> None:
+    """s16le at the format's rate: the input's length at that rate, the tone at its level, the
+    same bytes however the input was cut (the resampler's delay is carried across writes), and
+    close to an independent resampler (measured at 440 Hz: 59 dB at 8 kHz to 69 dB at 48 kHz)."""
+    rate = RATE_FORMATS[fmt]
+    x = sine(amp=0.5)
+    one_shot = whole(x, fmt)
+    y = np.frombuffer(one_shot, "<i2")
+    assert len(y) == round(N * rate / SR)
+    assert abs(tone_level_db(y, FREQ, 0.5, rate)) < 0.1
+    assert snr(y, reference_at(x, rate), edge=rate // 50) > 45.0
+    for schedule in (SCHEDULE, [1] * 50 + [2, 3, 5, 7, 11, 13], [4799] * 5):
+        data, _ = feed(new_encoder(fmt), x, schedule)
+        assert data == one_shot, schedule
+
+
+def test_pcm_at_lower_rates_is_anti_aliased() -> None:
+    """A tone above the new Nyquist frequency is filtered out, not folded back: 10 kHz at 16 kHz
+    would alias to 6 kHz at full level."""
+    y = np.frombuffer(whole(sine(freq=10000.0, amp=0.5), "pcm_16000"), "<i2")
+    assert tone_level_db(y, 6000.0, 0.5, 16000) < -50.0
 
 
 # --- volume gain ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 only from its own layer or the ones below it, and nothing below the Ray layer imports Ray.
 
     engine < errors, settings, protocol, callers, metrics, client < storage < pipeline
-      < http, jobs < realtime, wyoming < deployments (the Ray layer) < chattts_serve (the command line)
+      < http, jobs < realtime, wyoming, elevenlabs < deployments (the Ray layer) < chattts_serve (the command line)
 
 A module's layer is its longest prefix in ``LAYERS``. Imports are read with ``ast`` (also those
 inside functions: a lazy import is still a dependency).
@@ -30,6 +30,7 @@ LAYERS = {
     "serve_app.jobs": 4,
     "serve_app.realtime": 5,
     "serve_app.wyoming": 5,
+    "serve_app.elevenlabs": 5,
     "deployments": 6,
     "chattts_serve": 7,
 }
