@@ -7,7 +7,6 @@ more silence than the planner takes, and jobs need a key unless anonymous ones a
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from starlette.requests import Request
+from support.loop import STALL_LIMIT_S, Watched
 from support.speakers import encode_speaker
 
 from serve_app.engine.audio import SAMPLE_RATE
@@ -24,7 +24,6 @@ from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
 from serve_app.errors import APIError
-from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
 from serve_app.jobs.build import JobBuilder
 from serve_app.jobs.cutting import cut_text, estimated_pcm_bytes
@@ -38,7 +37,6 @@ from serve_app.storage.voices import VoiceCatalog, make_voice_store, stored_voic
 
 ALICE = "a1a1a1a1a1a1"
 SPEAKER = encode_speaker(np.linspace(-1, 1, 768, dtype=np.float32))
-STALL_LIMIT_S = 0.1
 
 
 class _Runner:
@@ -99,31 +97,6 @@ async def submit(svc: JobsService, body: dict | bytes, who: Caller | None = None
     except APIError as exc:
         return exc.status, {"error": {"code": exc.code, "message": exc.message}}
     return r.status_code, json.loads(r.body)
-
-
-class Watched:
-    """The loop's longest stall while the block runs, while this process itself ran
-    (``LoopWatch.longest_busy_s``: a host whose cores are taken wakes the ticker late too).
-
-    The test process's own heap is collected first: with torch, Ray and the earlier tests'
-    objects in it, one full collection walks it for ~190 ms with the GIL held, and one that
-    happened to fall due inside the block measured the test worker, not the submission."""
-
-    def __init__(self) -> None:
-        self.watch = LoopWatch("test", interval_s=0.005)
-
-    @property
-    def longest(self) -> float:
-        return self.watch.longest_busy_s
-
-    async def __aenter__(self) -> "Watched":
-        gc.collect()
-        self.watch.start()
-        await asyncio.sleep(0.02)
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.watch.stop()
 
 
 # ------------------------------------------------------------------ the event loop
