@@ -198,7 +198,9 @@ def _may_have_body(scope: Scope) -> bool:
     if scope.get("method") in ("POST", "PUT", "PATCH"):
         return True
     declared = header(scope, b"content-length")
-    return header(scope, b"transfer-encoding") is not None or (declared is not None and declared.strip() not in ("", "0"))
+    return header(scope, b"transfer-encoding") is not None or (
+        declared is not None and declared.strip() not in ("", "0")
+    )
 
 
 def _marking(send: Send, value: bytes) -> Send:
