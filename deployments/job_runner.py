@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from deployments.backends import install
 from serve_app.engine.audio import SAMPLE_RATE
@@ -45,6 +46,7 @@ from serve_app.jobs.audio import SAMPLE_BYTES, write_audio
 from serve_app.jobs.running import ReservationExceeded, RunningJob
 from serve_app.pipeline.handles import HandlesPipeline
 from serve_app.settings import JobsConfig
+from serve_app.storage.faults import passing_fault
 from serve_app.storage.jobs import JobGone, StoredJob, make_job_store, store_identity, store_location
 from serve_app.storage.jobs.model import JobScript
 from serve_app.storage.jobs.objects import clean_spool
@@ -53,6 +55,10 @@ log = logging.getLogger("ray.serve")
 
 NAMESPACE = "chattts_serve"
 MAX_BACKOFF_S = 10.0
+# Where a test may have the runner's process die at once, as if killed there (``arm_fault``): off
+# unless a test arms it. ``chunk_stored``: a chunk's PCM is stored, job.json does not say so yet.
+FAULT_POINTS = ("chunk_stored",)
+T = TypeVar("T")
 
 
 def runner_name(app_name: str) -> str:
@@ -101,6 +107,9 @@ class JobRunner:
         self.acoustic_replicas = 1  # running Acoustic replicas of the app, at the last scan
         self.chunks_done = 0  # this process's, for tests and the bench
         self.chunks_retried = 0
+        self.store_waits = 0  # store calls tried again after a passing fault (a full disk, Redis down)
+        self._waiting = 0  # store calls waiting out a fault now: no chunk starts meanwhile
+        self._fault: Optional[str] = None  # a test's armed fault point (arm_fault)
         self.resumed: dict[str, int] = {}  # job id -> chunks it had stored when this process took it up
         self.started_at = time.time()
         self._main = asyncio.get_event_loop().create_task(self._run())
@@ -174,10 +183,24 @@ class JobRunner:
             "running_chunks": len(self._running),
             "chunks_done": self.chunks_done,
             "chunks_retried": self.chunks_retried,
+            "store_waits": self.store_waits,
             "started_at": self.started_at,
             "resumed": dict(self.resumed),
             "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()},
         }
+
+    async def arm_fault(self, point: str) -> None:
+        """Tests only: this process exits at once the next time a job passes ``point`` (one of
+        ``FAULT_POINTS``), as a runner killed there would; Ray starts it again. Never armed
+        otherwise."""
+        if point not in FAULT_POINTS:
+            raise ValueError(f"no fault point {point!r}; one of {FAULT_POINTS}")
+        self._fault = point
+
+    def _fault_point(self, point: str) -> None:
+        if self._fault == point:
+            log.warning("jobs: the fault armed at %s: this runner exits now", point)
+            os._exit(70)
 
     # ------------------------------------------------------------------ the loop
 
@@ -216,7 +239,11 @@ class JobRunner:
         controller); kept as it was when Serve cannot say."""
         app = getattr(self.pipeline.vocoder, "app_name", None)
         try:
+            import ray
             from ray import serve
+
+            if not ray.is_initialized():  # a runner driven in-process (tests): never start a Ray here
+                return
 
             dep = serve.status().applications[app].deployments["Acoustic"]
             running = sum(
@@ -270,6 +297,8 @@ class JobRunner:
     def _fill(self) -> None:
         """Start chunks while fewer than ``parallel_chunks`` run: the owner with the fewest
         running chunks first, then the job with the fewest, then the oldest; its next chunk."""
+        if self._waiting:
+            return  # the store is failing: new audio would only wait in memory for it
         while sum(len(a.tasks) for a in self.jobs.values()) < self.parallel_chunks:
             ready = [a for a in self.jobs.values() if a.pending and not a.stopped]
             if not ready:
@@ -301,7 +330,20 @@ class JobRunner:
             tries = 0
             while True:
                 try:
-                    samples = await asyncio.wait_for(self._synthesise(active, k), self.settings.chunk_timeout_s)
+                    pcm, timing = await asyncio.wait_for(self._synthesise(active, k), self.settings.chunk_timeout_s)
+                    # Stored whole before the state says so; a store that fails for a while is
+                    # waited out with this audio in hand (``_durable``), never made again.
+                    await self._durable(
+                        active,
+                        f"chunk {k}",
+                        lambda: asyncio.to_thread(
+                            self.store.put_chunk,
+                            job,
+                            k,
+                            pcm,  # noqa: B023 - awaited in this iteration
+                            timing if job.captions else None,  # noqa: B023
+                        ),
+                    )
                     break
                 except (asyncio.CancelledError, JobGone):
                     raise
@@ -325,6 +367,8 @@ class JobRunner:
                     delay = min(MAX_BACKOFF_S, self.settings.retry_backoff_s * 2 ** max(0, tries - 1))
                     log.warning("jobs: %s chunk %d failed (%s); again in %.1f s", job.id, k, _reason(exc), delay)
                     await asyncio.sleep(delay)
+            self._fault_point("chunk_stored")
+            samples = len(pcm) // SAMPLE_BYTES
             active.streaming.pop(k, None)
             job.chunk_samples[k] = samples
             job.chars_done += len(active.chunks[k].text)
@@ -334,14 +378,18 @@ class JobRunner:
         except JobGone:
             self._stop(active)  # deleted: nothing of it is to be written
             return
+        except Exception:  # noqa: BLE001 - the store failed in a way no wait mends: start it over
+            log.exception("jobs: %s chunk %d: the store failed; the job is taken up again at the next scan", job.id, k)
+            self._stop(active)  # the next scan resumes it from its chunks stored whole
+            return
         finally:
             active.tasks.pop(k, None)
             active.streaming.pop(k, None)
         if active.complete and not active.finishing and not active.stopped:
             await self._finish(active)
 
-    async def _synthesise(self, active: RunningJob, k: int) -> int:
-        """Plan and speak chunk ``k`` as one request; store its PCM whole. Its samples."""
+    async def _synthesise(self, active: RunningJob, k: int) -> tuple[bytes, list[list]]:
+        """Plan and speak chunk ``k`` as one request: its PCM and where its segments lie in it."""
         job, chunk = active.job, active.chunks[k]
         options = active.options.model_copy(update={"seed": chunk.seed, "priority": self.settings.priority})
         script = active.script_parts(chunk) if chunk.parts is not None else chunk.text
@@ -366,45 +414,100 @@ class JobRunner:
                         parts.append(item)
                     elif isinstance(item, SegmentMark):
                         timing.append([item.start, item.end, plan.source_of(item.index), plan.speaker_of(item.index)])
-        pcm = b"".join(parts)
-        await asyncio.to_thread(self.store.put_chunk, job, k, pcm, timing if job.captions else None)
-        return len(pcm) // SAMPLE_BYTES
+        return b"".join(parts), timing
+
+    async def _durable(self, active: RunningJob, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` (a store call) until it is done: a fault that passes (no room on the disk,
+        Redis stopped or restarting, a network store's I/O error: ``passing_fault``) is waited out
+        and the same call made again, backing off up to ``MAX_BACKOFF_S``; no chunk starts
+        meanwhile. ``JobGone`` once the job is deleted or stopped; any other failure is raised."""
+        delay = self.settings.retry_backoff_s
+        since: Optional[float] = None
+        try:
+            while True:
+                if active.stopped:
+                    raise JobGone(active.job.id)
+                try:
+                    result = await attempt()
+                except JobGone:
+                    raise
+                except Exception as exc:
+                    if not passing_fault(exc):
+                        raise
+                    if since is None:
+                        since = time.monotonic()
+                        self._waiting += 1
+                        log.warning(
+                            "jobs: %s: %s could not be stored (%s); trying again until the store takes it",
+                            active.job.id,
+                            what,
+                            _reason(exc),
+                        )
+                    self.store_waits += 1
+                    await asyncio.sleep(delay)
+                    delay = min(MAX_BACKOFF_S, delay * 2)
+                    continue
+                if since is not None:
+                    log.warning("jobs: %s: %s stored after %.1f s", active.job.id, what, time.monotonic() - since)
+                return result
+        finally:
+            if since is not None:
+                self._waiting -= 1
+                self._wake.set()  # chunks may start again
 
     async def _save(self, active: RunningJob) -> None:
         async with active.save_lock:  # one write at a time, the newest state last
-            if active.stopped:
-                raise JobGone(active.job.id)
-            active.job.updated_at = time.time()
-            await asyncio.to_thread(self.store.save, active.job.model_copy(deep=True))
+
+            def attempt() -> Awaitable[None]:
+                active.job.updated_at = time.time()
+                return asyncio.to_thread(self.store.save, active.job.model_copy(deep=True))
+
+            await self._durable(active, "its state", attempt)
 
     # ------------------------------------------------------------------ the end of a job
 
     async def _finish(self, active: RunningJob) -> None:
-        """Every chunk is stored: encode the file once, mark the job succeeded, drop its chunks."""
+        """Every chunk is stored: encode the file once, mark the job succeeded, drop its chunks.
+        A store that fails for a while is waited out (the file written again whole); the chunks
+        stay until the job says it succeeded."""
         active.finishing = True
         job = active.job
         try:
-            size = await asyncio.to_thread(write_audio, self.store, job, active.chunks)
-            now = time.time()
-            job.status = "succeeded"
-            job.finished_at = now
-            job.expires_at = now + self.settings.ttl_s
-            job.bytes = job.input_bytes + size
-            await self._save(active)
-            await asyncio.to_thread(self.store.remove_chunks, job)
-            log.info(
-                "jobs: %s succeeded: %d chunks, %.1f s of audio",
-                job.id,
-                len(active.chunks),
-                job.audio_samples / SAMPLE_RATE,
+            size = await self._durable(
+                active, "its file", lambda: asyncio.to_thread(write_audio, self.store, job, active.chunks)
             )
         except JobGone:
-            pass
+            self.jobs.pop(job.id, None)
+            return
         except Exception as exc:  # noqa: BLE001
             log.exception("jobs: %s could not be encoded", job.id)
             await self._fail(active, "encode_failed", f"the audio could not be encoded: {_reason(exc)}")
             return
+        now = time.time()
+        job.status = "succeeded"
+        job.finished_at = now
+        job.expires_at = now + self.settings.ttl_s
+        job.bytes = job.input_bytes + size
+        try:
+            await self._save(active)
+        except JobGone:
+            self.jobs.pop(job.id, None)
+            return
+        await self._drop_chunks(job)
+        log.info(
+            "jobs: %s succeeded: %d chunks, %.1f s of audio",
+            job.id,
+            len(active.chunks),
+            job.audio_samples / SAMPLE_RATE,
+        )
         self.jobs.pop(job.id, None)
+
+    async def _drop_chunks(self, job: StoredJob) -> None:
+        """A finished job's chunks, gone; left to the sweep when the store fails now."""
+        try:
+            await asyncio.to_thread(self.store.remove_chunks, job)
+        except Exception as exc:  # noqa: BLE001 - the sweep removes a finished job's chunks
+            log.warning("jobs: %s: its chunks stay until the next sweep (%s)", job.id, _reason(exc))
 
     async def _fail(self, active: RunningJob, code: str, message: str) -> None:
         job = active.job
@@ -419,7 +522,7 @@ class JobRunner:
         job.expires_at = now + self.settings.ttl_s
         try:
             await self._save(active)
-            await asyncio.to_thread(self.store.remove_chunks, job)
+            await self._drop_chunks(job)
             job.bytes = job.input_bytes
         except JobGone:
             pass

@@ -18,6 +18,7 @@ from ..engine.errors import JobError, UnknownJobError
 from ..errors import APIError, as_api_error
 from ..http.ranged import RangedResponse
 from ..protocol import AudioJob, JobChapter, JobFailure, JobProgress
+from ..storage.faults import out_of_space
 from ..storage.jobs import JobStore, StoredJob
 
 log = logging.getLogger("ray.serve")
@@ -30,13 +31,21 @@ def not_found(job_id: str) -> UnknownJobError:
 
 
 async def store_call(fn: Any, *args: Any) -> Any:
-    """A store call, off the event loop; a disk or network failure is a 503, a refusal its own status."""
+    """A store call, off the event loop; a refusal keeps its own status, a write with no room is a
+    507 (nothing was stored: a creation's files are taken back), any other failure a 503."""
     try:
         return await asyncio.to_thread(fn, *args)
     except (APIError, JobError):
         raise
     except Exception as exc:  # noqa: BLE001
         log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
+        if out_of_space(exc):
+            raise APIError(
+                507,
+                "the job store is out of space; nothing was stored. Retry once an operator has made room",
+                type="server_error",
+                code="insufficient_storage",
+            ) from None
         raise APIError(
             503,
             "job store unavailable; retry shortly",

@@ -3,7 +3,6 @@ its backends keep it, and the errors it answers with; and the owners every kind 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import re
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ...errors import APIError
+from ..faults import out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +112,3 @@ class RecordKind:
             raise self.quota_reached(max_owned)
         if total >= max_total:
             raise self.store_full(max_total)
-
-
-# A write that found no room: the disk is full (ENOSPC), a disk quota (EDQUOT), a file size limit
-# (EFBIG); Redis past its maxmemory answers OOM (redis-py's OutOfMemoryError, known by its name so
-# that this module imports no client).
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-
-
-def out_of_space(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
-        return True
-    return any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__)
