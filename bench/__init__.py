@@ -1,16 +1,15 @@
-"""Benchmarks of chattts-serve: ``python -m bench <subcommand>`` (``python -m bench --help``;
-what each measures and the current results: bench/README.md).
+"""Benchmarks of chattts-serve: ``python -m bench <runner>`` (bench/README.md: what each measures,
+the current results).
 
-Layout:
-
-* ``lib/``: what the runners share. ``stats`` (percentiles, medians, ratios), ``procs``
-  (subprocesses, ports, process groups, waits, thread CPU time), ``sampler`` (the periodic
-  sampler thread: RSS, GPU), ``harness`` (a run's metadata, signals, partial reports, paths
-  relative to the output), ``serve`` (the Serve config and the app on a local Ray),
-  ``cluster`` (a multi-node Ray on this host), ``loadgen`` (HTTP load), ``corpus`` (request
-  texts and the audio they must give), ``pyspy`` (profiles), ``render`` (report helpers).
-* one module per subcommand: ``run`` (and ``run_report``), ``compare``, ``report``,
-  ``ceiling``, ``baseline``, ``cache_hit``, ``realtime``, ``autoscale``, ``gpu``.
-* ``studies/``: measurements behind a code choice, not runs of the service: ``numerics`` (int8
-  against float32), ``text_compare`` (our text rules against WeTextProcessing).
+* one module per runner, listed in ``__main__.RUNNERS`` (``add_arguments`` and ``main``): ``run``
+  (its report: ``run_report``), ``ceiling``, ``baseline``, ``realtime``, ``gpu``, ``fidelity``,
+  ``abuse`` (its attackers: ``abuse_attackers``), ``batch``, ``cache_hit``, ``report``;
+* ``lib/``, what the runners share (and the tests: processes, clusters, waits, running apps):
+  ``procs`` (subprocesses, ports, their environment), ``waiting``, ``machine`` (which process is
+  which part, CPU per process and thread), ``sampler`` (RSS, GPU), ``pinning``, ``cluster`` (a
+  multi-node Ray on this host), ``config`` (the Serve config and its overrides), ``serve`` (the
+  app on a local Ray, a running app's state), ``loadgen`` (HTTP load), ``corpus`` (texts and the
+  audio they give), ``reference`` (ChatTTS's own decode), ``first_audio`` (its hops), ``pyspy``
+  (profiles), ``stats``, ``harness`` (a run's metadata, signals, partial reports, paths) and
+  ``report`` (the one writer of every report's JSON, Markdown and plot).
 """

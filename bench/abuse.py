@@ -1,25 +1,7 @@
-"""A polite client's first audio alone and under a mix of attackers, in one run.
-
-The polite client (its own key) sends one short sentence at a time and times the first audio
-byte. In the attacked phases, at the same time, every attacker of ``bench/abuse_attackers.py``
-whose flag is not 0 (``--only`` names a few):
-
-- ``costly``: another key keeps more streams open than it may (``--costly-streams``), each the
-  longest legitimate input (``max_input_chars`` of Chinese at speed 1) or one that is too
-  costly (the same at speed 0.25);
-- ``idle``: WebSockets that never speak (``--idle-sockets``), reopened as the server closes them;
-- ``slow``: request bodies sent a byte a second (``--slow-bodies``), with and without a key;
-- ``flood``: WebSocket sessions of the attacking key sending hundreds of one-character flushes;
-- ``dot-jobs``: job submissions of the attacking key (``--dot-jobs`` at once) of 200,000 full
-  stops, of 12-digit numbers, and of both; its jobs are deleted when the phase ends;
-- ``silence-dialogues``: dialogues whose turns are full of 10 s SSML breaks;
-- ``public-page-keys``: made-up keys, each shown to ``/healthz`` first, then used on speech;
-- ``unkeyed-slow-bodies``: speech bodies of a few KB without a key, a byte a second.
-
-Alone and attacked phases alternate (``--rounds``), so both see the same machine. The report
-gives the polite client's first-audio p50 in each condition, their ratio (target <= 1.5), what
-each attacker got (statuses, error and close codes, the slowest answer of each), the Ingress's
-longest event-loop stall per phase and the replicas' peak RSS when the app is ours.
+"""``python -m bench abuse``: a polite client's first audio alone and under every attacker of
+bench/abuse_attackers.py at once (``--only`` names a few), in alternating phases (bench/README.md,
+"abuse"): the ratio of the p50s (target <= 1.5), what each attacker got, the Ingress's longest
+event-loop stall, the cores each part of the machine used, the replicas' peak RSS.
 """
 
 from __future__ import annotations
@@ -39,7 +21,8 @@ import httpx
 from .abuse_attackers import ATTACKER_KEY, ATTACKERS, POLITE_KEY, Tally, apply_only, delete_jobs
 from .abuse_attackers import add_arguments as add_attacker_arguments
 from .lib.harness import Harness
-from .lib.report import Col, Doc, Kind, ms
+from .lib.report import Col, Doc, Kind, failed, ms
+from .lib.serve import add_app_arguments
 from .lib.stats import percentiles, ratio
 
 POLITE_TEXT = "你好，欢迎使用语音合成服务。"
@@ -123,7 +106,7 @@ def to_doc(report: dict) -> Doc:
         "",
     )
     if "error" in report:
-        doc.add(f"**The run failed:** `{report['error']}`", "")
+        doc.add(failed(report), "")
     phases = [
         (name, s) for name, s in (("alone", report.get("alone", {})), ("under attack", report.get("attacked", {}))) if s
     ]
@@ -175,21 +158,11 @@ KIND = Kind("abuse.json", to_doc, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="a running app whose keys include the bench's two (default: start config/serve.yaml)")
-    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
-    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
-    p.add_argument("--ray-cpus", type=float)
+    add_app_arguments(p, url="a running app whose keys include the bench's two (default: start config/serve.yaml)")
     p.add_argument("--rounds", type=int, default=2, help="alone/attacked pairs")
     p.add_argument("--requests", type=int, default=12, help="polite requests per phase")
     p.add_argument("--ramp-s", type=float, default=8.0, help="attackers run this long before the polite client starts")
     add_attacker_arguments(p)
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="any config value by dotted path (as in `bench run`)",
-    )
     p.add_argument(
         "--front-guard",
         default="on",
@@ -210,88 +183,58 @@ def ingress_stall(app: str, reset: bool = False) -> Optional[dict]:
         return None
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far of each Serve process group, this process (the polite client and the
-    attackers share its loop and the machine's cores) and the rest of Ray (the job runner too)."""
-    import psutil
-
-    from .lib.procs import classify_serve, processes_by_group
-
-    def classify(p: psutil.Process) -> str:
-        return "bench (the clients)" if p.pid == os.getpid() else classify_serve(p) or "rest of Ray"
-
-    out: dict[str, float] = {}
-    for group, procs in processes_by_group([os.getpid()], classify).items():
-        for proc in procs:
-            try:
-                t = proc.cpu_times()
-                out[group] = out.get(group, 0.0) + t.user + t.system
-            except psutil.Error:
-                continue
-    return out
-
-
 def main(a: argparse.Namespace) -> int:
-    from .lib.procs import classify_serve, free_port
+    from .lib.machine import classify_serve, machine_cores, machine_cpu
     from .lib.sampler import RssSampler
-    from .lib.serve import ServeRunner, apply_overrides, load_config, parse_sets
+    from .lib.serve import ServeRunner
 
-    runner = None
-    url = a.url
-    harness = Harness(
-        Path(a.out) if a.out else None, KIND.write, a.argv, weights=a.weights if not a.url else "as served"
-    )
+    runner, url = None, a.url
+    harness = Harness(Path(a.out) if a.out else None, KIND.write, a.argv, weights=a.weights if not url else "as served")
     report = harness.report
     apply_only(a)
     tallies = {name: Tally() for name, (_, dest, _, _) in ATTACKERS.items() if getattr(a, dest)}
     stalls: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
-    cpu: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}  # CPU seconds by group, and "wall"
+    cpu: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}  # CPU seconds by part, and "wall"
+    peaks: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
+    first: dict[str, list[Optional[float]]] = {"alone": [], "attacked": []}
     store = tempfile.TemporaryDirectory(prefix="bench-abuse-jobs-") if url is None else None
     with harness:
         try:
             if url is None:
                 os.environ["CHATTTS_API_KEYS"] = f"{POLITE_KEY},{ATTACKER_KEY}"  # the replicas inherit it
-                overrides = {
-                    "applications.chattts.args.ingress.security.auth": "required",
-                    "applications.chattts.args.jobs.path": store.name,
-                    **parse_sets(a.set),
-                }
-                cfg = apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides)
-                runner = ServeRunner(cfg, a.ray_cpus, front_guard=a.front_guard == "on")
-                harness.meta["front_guard"] = a.front_guard
-                harness.meta["overrides"] = a.set
-                harness.meta["serve_start_s"] = round(runner.start(), 1)
+                app = "applications.chattts.args"
+                overrides = {f"{app}.ingress.security.auth": "required", f"{app}.jobs.path": store.name}
+                runner = ServeRunner.from_args(a, overrides, front_guard=a.front_guard == "on")
+                harness.meta.update(front_guard=a.front_guard, overrides=a.set, serve_start_s=round(runner.start(), 1))
                 url = runner.base_url
             sampler = RssSampler(lambda: [os.getpid()], classify_serve).start() if runner else None
             asyncio.run(polite_requests(url, 3, 10**6))  # one-off costs of the first requests
-            alone: list[Optional[float]] = []
-            under: list[Optional[float]] = []
-            peaks: dict[str, dict[str, float]] = {"alone": {}, "attacked": {}}
             for r in range(a.rounds):
-                for phase in ("alone", "attacked"):
+                for phase in PHASES:
                     if sampler:
                         sampler.window()
                     if runner:
                         ingress_stall(runner.app, reset=True)
-                    cpu0, t0 = cpu_seconds(), time.perf_counter()
+                    cpu0, t0 = machine_cpu(), time.perf_counter()
                     seed0 = random.Random(r).randrange(10**6) + (0 if phase == "alone" else 10**5)
-                    if phase == "alone":
-                        alone += asyncio.run(polite_requests(url, a.requests, seed0))
-                    else:
-                        under += asyncio.run(attacked(url, a, seed0, tallies))
-                    cpu[phase]["wall"] = cpu[phase].get("wall", 0.0) + time.perf_counter() - t0
-                    for group, seconds in cpu_seconds().items():
-                        cpu[phase][group] = cpu[phase].get(group, 0.0) + seconds - cpu0.get(group, 0.0)
-                    got = ingress_stall(runner.app) if runner else None
-                    for key, ms in (got or {}).items():
-                        stalls[phase][key] = max(stalls[phase].get(key, 0), ms)
-                    if sampler:
-                        for group, mib in sampler.window()["peak_by_process_mib"].items():
-                            peaks[phase][group] = max(peaks[phase].get(group, 0.0), mib)
-                    print(f"round {r + 1} {phase}: {summarize(alone if phase == 'alone' else under)}", file=sys.stderr)
+                    polite = (
+                        polite_requests(url, a.requests, seed0)
+                        if phase == "alone"
+                        else attacked(url, a, seed0, tallies)
+                    )
+                    first[phase] += asyncio.run(polite)
+                    wall = time.perf_counter() - t0
+                    cpu[phase]["wall"] = cpu[phase].get("wall", 0.0) + wall
+                    for part, cores in machine_cores(cpu0, machine_cpu(), wall)["cores"].items():
+                        cpu[phase][part] = cpu[phase].get(part, 0.0) + cores * wall
+                    for key, ms_ in ((ingress_stall(runner.app) if runner else None) or {}).items():
+                        stalls[phase][key] = max(stalls[phase].get(key, 0), ms_)
+                    for group, mib in (sampler.window()["peak_by_process_mib"] if sampler else {}).items():
+                        peaks[phase][group] = max(peaks[phase].get(group, 0.0), mib)
+                    print(f"round {r + 1} {phase}: {summarize(first[phase])}", file=sys.stderr)
                     if runner and phase == "attacked":
                         runner.wait_idle(120)  # the attack's rows gone before the next phase
-            report["alone"], report["attacked"] = summarize(alone), summarize(under)
+            report["alone"], report["attacked"] = summarize(first["alone"]), summarize(first["attacked"])
             report["ratio_p50"] = ratio(report["attacked"].get("p50"), report["alone"].get("p50"), 3)
             report["target_ratio"] = TARGET_RATIO
             if sampler:
@@ -300,13 +243,12 @@ def main(a: argparse.Namespace) -> int:
         finally:
             report["attackers"] = {name: dict(t.outcomes) for name, t in tallies.items()}
             report["attackers_slowest_s"] = {name: t.slowest_s for name, t in tallies.items() if t.slowest_s}
-            if cpu["attacked"].get("wall"):  # cores used: CPU seconds per second of the phases
+            walls = {ph: c["wall"] for ph, c in cpu.items() if c.get("wall")}
+            if "attacked" in walls:  # cores used: CPU seconds per second of the phases
                 report["cpu_cores"] = {
-                    ph: {g: round(v / c["wall"], 2) for g, v in sorted(c.items()) if g != "wall"}
-                    for ph, c in cpu.items()
-                    if c.get("wall")
+                    ph: {g: round(v / walls[ph], 2) for g, v in sorted(cpu[ph].items()) if g != "wall"} for ph in walls
                 }
-                report["phase_wall_s"] = {ph: round(c["wall"], 1) for ph, c in cpu.items() if c.get("wall")}
+                report["phase_wall_s"] = {ph: round(w, 1) for ph, w in walls.items()}
             if any(stalls.values()):
                 report["ingress_loop_stall_ms"] = stalls
             if runner:

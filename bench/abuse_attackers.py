@@ -20,6 +20,7 @@ import httpx
 POLITE_KEY = "polite-key-of-the-abuse-bench"
 ATTACKER_KEY = "attacker-key-of-the-abuse-bench"
 ATTACKER_HEADERS = {"Authorization": f"Bearer {ATTACKER_KEY}", "Cache-Control": "no-store"}
+Attempt = Callable[[httpx.AsyncClient, int, int], Awaitable[Any]]  # (client, which client, which attempt)
 
 
 def ws_url(url: str) -> str:
@@ -49,6 +50,30 @@ def _code(r: httpx.Response) -> str:
     return f"{r.status_code} {err.get('code')}" if isinstance(err, dict) and err.get("code") else str(r.status_code)
 
 
+async def crowd(url: str, n: int, stop: asyncio.Event, tally: Tally, attempt: Attempt, pause_s: float) -> None:
+    """``n`` clients, each with an httpx client of its own on ``url``, making ``attempt(client, i, k)``
+    again and again, ``pause_s`` apart, until ``stop``; a transport error is counted by its name."""
+    import websockets
+
+    async def one(i: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=300, trust_env=False) as client:
+            k = 0
+            while not stop.is_set():
+                k += 1
+                try:
+                    await attempt(client, i, k)
+                except (httpx.HTTPError, OSError, asyncio.TimeoutError, websockets.WebSocketException) as exc:
+                    tally.add(exc.__class__.__name__)
+                if not stop.is_set():
+                    await asyncio.sleep(pause_s)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def _closed(exc: Any) -> str:
+    return f"closed {exc.rcvd.code if exc.rcvd else 'no code'}"
+
+
 # ---------------------------------------------------------------------------------------- the first four
 
 
@@ -56,47 +81,34 @@ async def costly(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Ta
     """More streams than the key may hold, each the longest legitimate input or a too costly one."""
     long_text = ("语音合成服务需要在异常输入面前保持稳定。" * (a.costly_chars // 19 + 1))[: a.costly_chars]
 
-    async def one(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=300, trust_env=False) as client:
-            k = 0
-            while not stop.is_set():
-                k += 1
-                speed = 0.25 if k % 2 else 1.0  # too costly, then the longest legitimate input
-                body = {"input": long_text, "speed": speed, "seed": i * 100000 + k, "response_format": "pcm"}
-                try:
-                    async with client.stream("POST", "/v1/audio/speech", json=body, headers=ATTACKER_HEADERS) as r:
-                        tally.add(f"{r.status_code} speed {speed:g}")
-                        async for _ in r.aiter_raw():
-                            if stop.is_set():
-                                break
-                except httpx.HTTPError as exc:
-                    tally.add(exc.__class__.__name__)
-                if not stop.is_set():
-                    await asyncio.sleep(0.05)
+    async def stream(client: httpx.AsyncClient, i: int, k: int) -> None:
+        speed = 0.25 if k % 2 else 1.0  # too costly, then the longest legitimate input
+        body = {"input": long_text, "speed": speed, "seed": i * 100000 + k, "response_format": "pcm"}
+        async with client.stream("POST", "/v1/audio/speech", json=body, headers=ATTACKER_HEADERS) as r:
+            tally.add(f"{r.status_code} speed {speed:g}")
+            async for _ in r.aiter_raw():
+                if stop.is_set():
+                    break
 
-    await asyncio.gather(*(one(i) for i in range(a.costly_streams)))
+    await crowd(url, a.costly_streams, stop, tally, stream, 0.05)
 
 
 async def idle_sockets(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
     """WebSockets that never speak, reopened as the server closes them."""
     import websockets
 
-    async def one() -> None:
-        while not stop.is_set():
-            try:
-                async with websockets.connect(ws_url(url), open_timeout=30) as ws:
-                    tally.add("opened")
-                    try:
-                        await ws.recv()
-                    except websockets.ConnectionClosed as exc:
-                        tally.add(f"closed {exc.rcvd.code if exc.rcvd else 'no code'}")
-            except websockets.InvalidStatus as exc:
-                tally.add(f"refused {exc.response.status_code}")
-            except (OSError, asyncio.TimeoutError, websockets.WebSocketException) as exc:
-                tally.add(exc.__class__.__name__)
-            await asyncio.sleep(0.1)
+    async def idle(client: httpx.AsyncClient, i: int, k: int) -> None:
+        try:
+            async with websockets.connect(ws_url(url), open_timeout=30) as ws:
+                tally.add("opened")
+                try:
+                    await ws.recv()
+                except websockets.ConnectionClosed as exc:
+                    tally.add(_closed(exc))
+        except websockets.InvalidStatus as exc:
+            tally.add(f"refused {exc.response.status_code}")
 
-    await asyncio.gather(*(one() for _ in range(a.idle_sockets)))
+    await crowd(url, a.idle_sockets, stop, tally, idle, 0.1)
 
 
 async def _trickle(url: str, body: bytes, auth: Optional[str], stop: asyncio.Event) -> tuple[str, float]:
@@ -132,46 +144,35 @@ async def slow_bodies(url: str, a: argparse.Namespace, stop: asyncio.Event, tall
     """Bodies sent a byte a second, half with the attacker's key (read slowly), half without."""
     body = json.dumps({"input": "慢慢地发送请求体。" * 20}).encode()
 
-    async def one(i: int) -> None:
-        keyed = i % 2 == 0
-        while not stop.is_set():
-            try:
-                status, _ = await _trickle(url, body, ATTACKER_KEY if keyed else None, stop)
-                tally.add(f"{'key' if keyed else 'no key'} {status}")
-            except OSError as exc:
-                tally.add(exc.__class__.__name__)
-            await asyncio.sleep(0.1)
+    async def slow(client: httpx.AsyncClient, i: int, k: int) -> None:
+        status, _ = await _trickle(url, body, ATTACKER_KEY if i % 2 == 0 else None, stop)
+        tally.add(f"{'key' if i % 2 == 0 else 'no key'} {status}")
 
-    await asyncio.gather(*(one(i) for i in range(a.slow_bodies)))
+    await crowd(url, a.slow_bodies, stop, tally, slow, 0.1)
 
 
 async def flush_flood(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
     """WebSocket sessions of the attacking key sending hundreds of one-character flushes."""
     import websockets
 
-    async def one() -> None:
-        while not stop.is_set():
-            try:
-                async with websockets.connect(
-                    ws_url(url), open_timeout=30, additional_headers={"Authorization": f"Bearer {ATTACKER_KEY}"}
-                ) as ws:
-                    await ws.send(json.dumps({"type": "session.start", "response_format": "pcm"}))
-                    for _ in range(a.flood_flushes):
-                        await ws.send(json.dumps({"type": "text.append", "text": "啊"}))
-                        await ws.send(json.dumps({"type": "text.flush"}))
-                    await ws.send(json.dumps({"type": "close"}))
-                    async for message in ws:
-                        event = json.loads(message) if isinstance(message, str) else {}
-                        if event.get("type") in ("done", "error"):
-                            tally.add(event["error"]["code"] if event["type"] == "error" else "done")
-                            break
-            except websockets.ConnectionClosed as exc:
-                tally.add(f"closed {exc.rcvd.code if exc.rcvd else 'no code'}")
-            except (OSError, asyncio.TimeoutError, websockets.WebSocketException) as exc:
-                tally.add(exc.__class__.__name__)
-            await asyncio.sleep(0.2)
+    async def flood(client: httpx.AsyncClient, i: int, k: int) -> None:
+        key = {"Authorization": f"Bearer {ATTACKER_KEY}"}
+        try:
+            async with websockets.connect(ws_url(url), open_timeout=30, additional_headers=key) as ws:
+                await ws.send(json.dumps({"type": "session.start", "response_format": "pcm"}))
+                for _ in range(a.flood_flushes):
+                    await ws.send(json.dumps({"type": "text.append", "text": "啊"}))
+                    await ws.send(json.dumps({"type": "text.flush"}))
+                await ws.send(json.dumps({"type": "close"}))
+                async for message in ws:
+                    event = json.loads(message) if isinstance(message, str) else {}
+                    if event.get("type") in ("done", "error"):
+                        tally.add(event["error"]["code"] if event["type"] == "error" else "done")
+                        break
+        except websockets.ConnectionClosed as exc:
+            tally.add(_closed(exc))
 
-    await asyncio.gather(*(one() for _ in range(a.flood_sessions)))
+    await crowd(url, a.flood_sessions, stop, tally, flood, 0.2)
 
 
 # ---------------------------------------------------------------------------------------- costly to read
@@ -191,25 +192,17 @@ async def dot_jobs(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: 
     its slowest answer. ``delete_jobs`` removes the accepted ones when the phase ends."""
     texts = dot_job_texts(a.dot_job_chars)
 
-    async def one(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
-            k = i
-            while not stop.is_set():
-                shape = list(texts)[k % len(texts)]
-                k += 1
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post(
-                        "/v1/audio/jobs",
-                        headers=ATTACKER_HEADERS,
-                        json={"input": texts[shape], "voice": "alloy", "seed": k, "response_format": "pcm"},
-                    )
-                    tally.add(f"{shape} {_code(r)}", time.perf_counter() - t0)
-                except httpx.HTTPError as exc:
-                    tally.add(f"{shape} {exc.__class__.__name__}", time.perf_counter() - t0)
-                await asyncio.sleep(0.5)
+    async def submit(client: httpx.AsyncClient, i: int, k: int) -> None:
+        shape = list(texts)[(i + k - 1) % len(texts)]
+        t0 = time.perf_counter()
+        try:
+            body = {"input": texts[shape], "voice": "alloy", "seed": i + k, "response_format": "pcm"}
+            r = await client.post("/v1/audio/jobs", headers=ATTACKER_HEADERS, json=body)
+            tally.add(f"{shape} {_code(r)}", time.perf_counter() - t0)
+        except httpx.HTTPError as exc:
+            tally.add(f"{shape} {exc.__class__.__name__}", time.perf_counter() - t0)
 
-    await asyncio.gather(*(one(i) for i in range(a.dot_jobs)))
+    await crowd(url, a.dot_jobs, stop, tally, submit, 0.5)
 
 
 async def delete_jobs(url: str, tally: Tally, deadline_s: float = 60.0) -> None:
@@ -247,19 +240,16 @@ async def silence_dialogues(url: str, a: argparse.Namespace, stop: asyncio.Event
     is capped as a whole)."""
     body = {"turns": silence_turns(), "response_format": "pcm"}
 
-    async def one() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    async with client.stream("POST", "/v1/audio/dialogue", json=body, headers=ATTACKER_HEADERS) as r:
-                        await r.aread()  # a 200 would be audio: read whole, it is what is being tested
-                        tally.add(_code(r), time.perf_counter() - t0)
-                except httpx.HTTPError as exc:
-                    tally.add(exc.__class__.__name__, time.perf_counter() - t0)
-                await asyncio.sleep(0.1)
+    async def dialogue(client: httpx.AsyncClient, i: int, k: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            async with client.stream("POST", "/v1/audio/dialogue", json=body, headers=ATTACKER_HEADERS) as r:
+                await r.aread()  # a 200 would be audio: read whole, it is what is being tested
+                tally.add(_code(r), time.perf_counter() - t0)
+        except httpx.HTTPError as exc:
+            tally.add(exc.__class__.__name__, time.perf_counter() - t0)
 
-    await asyncio.gather(*(one() for _ in range(a.silence_dialogues)))
+    await crowd(url, a.silence_dialogues, stop, tally, dialogue, 0.1)
 
 
 # ---------------------------------------------------------------------------------------- credentials
@@ -271,22 +261,16 @@ async def public_page_keys(url: str, a: argparse.Namespace, stop: asyncio.Event,
     page never makes a made-up key one the service served)."""
     body = {"input": "你好。", "response_format": "pcm"}
 
-    async def one() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
-            while not stop.is_set():
-                headers = {"Authorization": f"Bearer made-up-{secrets.token_hex(12)}", "Cache-Control": "no-store"}
-                try:
-                    t0 = time.perf_counter()
-                    r = await client.get("/healthz", headers=headers)
-                    tally.add(f"healthz {_code(r)}", time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    r = await client.post("/v1/audio/speech", json=body, headers=headers)
-                    tally.add(f"speech {_code(r)}", time.perf_counter() - t0)
-                except httpx.HTTPError as exc:
-                    tally.add(exc.__class__.__name__)
-                await asyncio.sleep(0.05)
+    async def show_then_use(client: httpx.AsyncClient, i: int, k: int) -> None:
+        headers = {"Authorization": f"Bearer made-up-{secrets.token_hex(12)}", "Cache-Control": "no-store"}
+        t0 = time.perf_counter()
+        r = await client.get("/healthz", headers=headers)
+        tally.add(f"healthz {_code(r)}", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        r = await client.post("/v1/audio/speech", json=body, headers=headers)
+        tally.add(f"speech {_code(r)}", time.perf_counter() - t0)
 
-    await asyncio.gather(*(one() for _ in range(a.public_page_keys)))
+    await crowd(url, a.public_page_keys, stop, tally, show_then_use, 0.05)
 
 
 async def unkeyed_slow_bodies(url: str, a: argparse.Namespace, stop: asyncio.Event, tally: Tally) -> None:
@@ -294,16 +278,10 @@ async def unkeyed_slow_bodies(url: str, a: argparse.Namespace, stop: asyncio.Eve
     (401, or the guard's 429 after its tarpit), never held while the body trickles."""
     body = json.dumps({"input": "慢" * (a.unkeyed_body_bytes // 3)}).encode()[: a.unkeyed_body_bytes]
 
-    async def one() -> None:
-        while not stop.is_set():
-            try:
-                status, seconds = await _trickle(url, body, None, stop)
-                tally.add(status, seconds)
-            except OSError as exc:
-                tally.add(exc.__class__.__name__)
-            await asyncio.sleep(0.1)
+    async def slow(client: httpx.AsyncClient, i: int, k: int) -> None:
+        tally.add(*await _trickle(url, body, None, stop))
 
-    await asyncio.gather(*(one() for _ in range(a.unkeyed_slow_bodies)))
+    await crowd(url, a.unkeyed_slow_bodies, stop, tally, slow, 0.1)
 
 
 Attacker = Callable[[str, argparse.Namespace, asyncio.Event, Tally], Awaitable[None]]

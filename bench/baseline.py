@@ -1,20 +1,10 @@
-"""The "before" server of the ChatTTS serving write-ups, rebuilt as a yardstick (not a product).
+"""``python -m bench baseline --port N``: the "before" server of the ChatTTS serving write-ups,
+rebuilt as a yardstick (bench/README.md, "run", step 2; ``run`` starts it for its phase "baseline").
 
-FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the
-whole WAV in one response. It loads the same weights through ``serve_app.engine.weights.loading.load_model``
-(the same asset tree as the project) and plans each request with the project's own ``Planner``,
-so its segments, speaker, seeds and (for random weights) segment lengths are identical to what the
-project decodes: every segment is one ``Chat.infer`` call with ``max_new_token = min_new_token =``
-the segment's target tokens (``pacing.expected_tokens``), ``skip_refine_text=True`` and no text
-normalisation inside ChatTTS (the planner's text is already normalised).
-
-    python -m bench baseline --port 8100 [--weights random] [--threads N]
-
-``python -m bench run`` starts it as a subprocess for its phase "baseline".
-
-Endpoints: ``POST /v1/audio/speech`` (OpenAI-style JSON; answers ``audio/wav``), ``GET /healthz``
-(200 once the model is loaded and warmed up), ``GET /stats`` (busy, waiting, served, pid).
-A request whose client has gone away while it waited for the lock is skipped.
+FastAPI + uvicorn, one ``Chat.infer`` at a time behind a lock: no batching, no streaming, the whole
+WAV in one response. The same weights and the project's own ``Planner``, so its segments, speaker,
+seeds and (random weights) lengths are the project's. ``POST /v1/audio/speech``, ``GET /healthz``
+(200 once loaded and warm), ``GET /stats``. A request whose client went away is skipped or stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import struct
 import time
 from typing import Optional
 
@@ -33,28 +22,20 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from serve_app.engine.audio import to_int16
 from serve_app.engine.threads import TorchThread
+from serve_app.engine.wav import wav_header
 
 from .lib.corpus import SAMPLE_RATE
+from .lib.reference import chattts_infer
 
 log = logging.getLogger("bench.baseline")
 
 
-def wav_bytes(pcm: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+def wav_bytes(pcm: np.ndarray) -> bytes:
     """float32 mono PCM -> a complete 16-bit WAV file (sizes filled in)."""
-    data = np.rint(np.clip(np.nan_to_num(pcm.astype(np.float32)), -1, 1) * 32767).astype("<i2").tobytes()
-    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", 36 + len(data))
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", len(fmt))
-        + fmt
-        + b"data"
-        + struct.pack("<I", len(data))
-        + data
-    )
+    data = to_int16(pcm).astype("<i2").tobytes()
+    return wav_header(SAMPLE_RATE, len(data)) + data
 
 
 class BaselineSynth:
@@ -91,8 +72,6 @@ class BaselineSynth:
     def synthesize(
         self, text: str, voice: str = "alloy", seed: Optional[int] = None, speed: float = 1.0
     ) -> tuple[bytes, dict]:
-        from ChatTTS import Chat
-
         from serve_app.engine.types import SynthesisOptions
 
         plan = self.planner.plan(text, SynthesisOptions(voice=voice, seed=seed, speed=speed))
@@ -108,26 +87,7 @@ class BaselineSynth:
                 lo, hi = n, n
             else:  # real weights: stop at end-of-speech, never after the cap
                 lo, hi = 0, seg.max_new_tokens
-            params = Chat.InferCodeParams(
-                prompt=seg.prompt,
-                spk_emb=spk_emb,
-                temperature=seg.temperature,
-                top_P=seg.top_p,
-                top_K=seg.top_k,
-                repetition_penalty=seg.repetition_penalty,
-                max_new_token=hi,
-                min_new_token=lo,
-                manual_seed=seg.seed,
-                show_tqdm=False,
-            )
-            out = self.chat.infer(
-                [seg.text],
-                skip_refine_text=True,
-                do_text_normalization=False,
-                do_homophone_replacement=False,
-                split_text=False,
-                params_infer_code=params,
-            )
+            out = chattts_infer(self.chat, [seg], (lo, hi), spk_emb=spk_emb)
             wavs.append(np.asarray(out[0], dtype=np.float32).reshape(-1))
             tokens += hi
         pcm = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)

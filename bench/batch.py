@@ -1,40 +1,21 @@
-"""``python -m bench batch``: bulk synthesis (``chattts-serve batch``) against the online service,
-on the same corpus, in one run.
-
-Each phase runs alone on the machine, on a local Ray of its own (``--ray-cpus``, default all
-cores), with the same weights (``--weights``) on CPU:
-
-1. **Bulk, 1 speech actor** (1 Ray CPU, 2 torch threads: the service's Acoustic replica; its
-   vocoder thread beside them) and **bulk, 2 speech actors** (0.5 CPU and 1 thread each):
-   ``--rows`` rows of bench/corpus.txt (cycled, each row its own seed) through
-   ``deployments.bulk.run_batch``, as the command runs it, into a scratch directory. Throughput
-   in steady state: the audio of the calls after the first wave (one call per actor) over the
-   time from that wave's last row to the run's last row (start-up, model loading and the first
-   decode are before it, as the service's warm-up is before its measurement); the whole run's
-   figure beside it.
-2. **The service**: config/serve.yaml started as ``serve run`` does (bench/lib/serve.py), two
-   warm-up requests, then closed-loop clients at each of ``--levels`` (4, 8) for ``--serve-s``
-   seconds (bench/lib/loadgen.py: streamed wav, a seed per request, no cache), the same texts.
-
-Target: bulk (1 actor) / the service's best level >= 1.2.
-
-    python -m bench batch --quick --out bench/results/tmp-batch     # tiny weights, ~6 min on 2 cores
-    python -m bench batch --weights random --out bench/results/batch-<date>
-"""
+"""``python -m bench batch``: bulk synthesis (``chattts-serve batch``, 1 and 2 speech actors) and
+the online service under closed-loop load, on one corpus, each alone on a local Ray of its own
+(bench/README.md, "batch"). Target: bulk (1 actor) / the service's best level >= 1.2."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from .lib.harness import Harness, ints, logger
-from .lib.report import Col, Doc, Kind, failed, fmt
+from .lib.procs import isolate_environ
+from .lib.report import TARGETS, Col, Doc, Kind, failed, fmt, target
+from .lib.serve import add_app_arguments
 
 _log = logger("batch")
 TARGET = 1.2
@@ -113,10 +94,9 @@ def bulk_phase(a: argparse.Namespace, actors: int, rows: list[dict]) -> dict[str
 def serve_phase(a: argparse.Namespace) -> dict[str, Any]:
     from .lib import loadgen
     from .lib.corpus import expected_audio_s, plan_corpus, text_stream
-    from .lib.procs import free_port
-    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
+    from .lib.serve import ServeRunner, engine_delta
 
-    runner = ServeRunner(apply_overrides(load_config(a.config), weights=a.weights, port=free_port()), a.ray_cpus)
+    runner = ServeRunner.from_args(a)
     res: dict[str, Any] = {"levels": {}}
     try:
         res["start_s"] = round(runner.start(), 1)
@@ -131,20 +111,8 @@ def serve_phase(a: argparse.Namespace) -> dict[str, Any]:
             )
             s = loadgen.summarize(run)
             s["engine"] = engine_delta(before, runner.acoustic_stats())
-            res["levels"][str(c)] = {
-                k: s[k]
-                for k in (
-                    "concurrency",
-                    "duration_s",
-                    "completed",
-                    "errors",
-                    "cut",
-                    "audio_s_per_s",
-                    "ttfb_s",
-                    "latency_s",
-                    "engine",
-                )
-            }
+            kept = ("concurrency", "duration_s", "completed", "errors", "cut", "audio_s_per_s", "ttfb_s", "latency_s")
+            res["levels"][str(c)] = {k: s[k] for k in (*kept, "engine")}
             _log(
                 f"service at {c} clients: {s['audio_s_per_s']} audio s/s ({s['completed']} done, {s['errors']} errors, "
                 f"{s['engine'].get('mean_rows_per_step')} rows per step)"
@@ -161,8 +129,7 @@ def targets(report: dict) -> dict:
     best = max((lv["audio_s_per_s"] or 0 for lv in levels.values()), default=None)
     out: dict = {}
     if bulk and best:
-        ratio = round(bulk / best, 3)
-        out["bulk (1 actor) / service best"] = {"value": ratio, "target": f">= {TARGET}", "met": ratio >= TARGET}
+        out["bulk (1 actor) / service best"] = target(round(bulk / best, 3), ">=", TARGET)
     two = (report.get("bulk") or {}).get("2", {}).get("audio_s_per_s")
     if bulk and two:
         out["bulk 2 actors / 1 actor"] = {"value": round(two / bulk, 3), "target": "(measured)", "met": None}
@@ -202,11 +169,6 @@ SERVICE = [
     Col("errors", lambda x: x[1]["errors"]),
     Col("rows per step", lambda x: (x[1].get("engine") or {}).get("mean_rows_per_step")),
 ]
-TARGETS = [
-    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
-    Col("value", lambda x: str(x[1]["value"])),
-    Col("met", lambda x: "–" if x[1]["met"] is None else str(x[1]["met"])),
-]
 
 
 def to_doc(report: dict) -> Doc:
@@ -229,41 +191,25 @@ KIND = Kind("batch.json", to_doc)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
+    add_app_arguments(p)
     p.add_argument("--quick", action="store_true", help="96 rows in calls of 16, 30 s per service level")
     p.add_argument("--rows", type=int, default=None, help="corpus rows per bulk run (default 192; quick 96)")
-    p.add_argument(
-        "--rows-per-call",
-        type=int,
-        default=None,
-        help="bulk rows per actor call (default: the command's, 16 on "
-        "CPU; quick 16): the steady-state figure needs a few calls per actor",
-    )
+    calls = "bulk rows per actor call (default: the command's, 16 on CPU): the steady state needs a few per actor"
+    p.add_argument("--rows-per-call", type=int, default=None, help=calls)
     p.add_argument("--actors", type=ints, default=[1, 2], help="speech actors of each bulk run, comma list")
     p.add_argument("--levels", type=ints, default=[4, 8], help="the service's closed-loop clients, comma list")
     p.add_argument("--serve-s", type=float, default=None, help="seconds per service level (default 90; quick 30)")
-    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
-    p.add_argument("--ray-cpus", type=float, help="CPUs of each local Ray (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write batch.json and report.md here")
 
 
 def main(a: argparse.Namespace) -> int:
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    for var in ("CHATTTS_WEIGHTS", "CHATTTS_WEIGHTS_PATH", "RAY_ADDRESS"):
-        os.environ.pop(var, None)  # the weights are --weights; every Ray is this run's own
+    isolate_environ()  # the weights are --weights; every Ray is this run's own
     a.rows = a.rows or (96 if a.quick else 192)
     a.rows_per_call = a.rows_per_call or (16 if a.quick else None)
     a.serve_s = a.serve_s or (30.0 if a.quick else 90.0)
-    harness = Harness(
-        Path(a.out) if a.out else None,
-        KIND.write,
-        a.argv,
-        weights=a.weights,
-        rows=a.rows,
-        levels=a.levels,
-        serve_s=a.serve_s,
-    )
+    meta = dict(weights=a.weights, rows=a.rows, levels=a.levels, serve_s=a.serve_s)
+    harness = Harness(Path(a.out) if a.out else None, KIND.write, a.argv, **meta)
     report = harness.report
     with harness:
         rows = corpus_rows(a.rows, a.seed)

@@ -1,22 +1,16 @@
-"""Cache-hit path: latency and throughput of answering a repeated request from the result cache.
+"""``python -m bench cache-hit --url URL``: the response cache's hit latency and throughput against a
+running app (``run`` measures it at the end of its Serve phases: ``serve.cache_hit``).
 
-One ~10-second utterance (wav) is synthesised once (miss), then requested again and again: every
-answer must be ``X-Cache: hit`` and byte-identical. Reports p50/p95 latency of a hit through HTTP
-(sequential: after the first, answered by the edge cache in the proxy where the README's hook
-installs it), the same from the Ingress (a new credential each time), and hit throughput at a
-given concurrency.
-
-    python -m bench cache-hit --url http://127.0.0.1:8000 [--n 200] [--concurrency 8]
-
-``python -m bench run`` measures it at the end of its Serve phases (``serve.cache_hit``).
-p50 is the median of the sequential hits, p95 their nearest-rank 95th percentile.
+One ~10 s wav is synthesised once (miss), then asked again and again: every answer must be ``X-Cache:
+hit`` and byte-identical. p50 (median) and p95 (nearest rank) of sequential hits (after the first,
+the edge cache in the proxy answers), the same from the Ingress (a new credential each time), and
+the hit throughput at ``--concurrency``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 import httpx
@@ -24,6 +18,7 @@ import httpx
 from serve_app.engine.wav import with_true_length
 
 from .lib.corpus import BYTES_PER_AUDIO_SECOND
+from .lib.report import json_text
 from .lib.stats import median, nearest_rank
 
 # ~10 s of audio at the project's pacing (Chinese ~0.21 s per character + pauses).
@@ -102,5 +97,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    print(json.dumps(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
+    print(json_text(asyncio.run(measure(args.url, args.n, args.concurrency)), indent=1))
     return 0

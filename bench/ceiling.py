@@ -1,31 +1,14 @@
-"""The model's own ceiling on this box: raw in-process decoding, no serving at all.
+"""``python -m bench ceiling``: the model alone in-process, no serving: audio s/s by batch size and
+the first chunk's time (bench/README.md, "run", step 1).
 
-For each batch size N, N segments from the corpus (those whose target length is closest to the
-corpus mean, so the texts are the traffic's) are decoded together, every row for the same number
-of tokens L, then vocoded (ChatTTS Decoder + Vocos) to PCM. Two ways, both timed wall-clock:
-
-* ``chat_infer``: ChatTTS's own ``Chat.infer(texts, skip_refine_text=True, split_text=False)``
-  with ``max_new_token = min_new_token = L`` (what a batching server built on ChatTTS would do);
-* ``engine``: the project's ``AcousticEngine`` fed the N rows at once and run to the end on the
-  calling thread, then one-shot vocoding of each row.
-
-Throughput = seconds of audio produced / wall seconds. The ceiling of a batch size is the best of
-both ways and of the repetitions ("the most this model can do on this box").
-
-``first_chunk``: the raw time to first audio of one request alone: the engine at batch 1 until
-its first chunk (``first_chunk_tokens``) is vocoded by the same sliding-window vocoder the project
-streams with, and ``Chat.infer`` of just ``first_chunk_tokens`` tokens; ``raw_s`` is the smaller.
-
-``--quantize``: also int8 against float32 (``model.quantize``, bench/studies/numerics.py): the engine at
-each batch size with the GPT's linear layers swapped between float32, float32 dual layout and
-int8, interleaved (decode step time, audio s/s), and the numerics table (near-greedy token
-agreement, teacher-forced hidden-state cosine). ``--quantize-only`` runs just that.
-
-    python -m bench ceiling --out ceiling.json [--batches 1,4,8,16] [--reps 2]
-    python -m bench ceiling --out int8.json --quantize-only --batches 1,8,16 --reps 3
-
-``python -m bench run`` runs it as a subprocess (its phase "ceiling"); the GPU check's ceiling
-step (bench/gpu_steps.py) drives the same ``Ceiling`` on cuda.
+Per batch size N, the N corpus segments nearest the corpus mean length, every row decoded for the
+same L tokens and vocoded to PCM, two ways: ``chat_infer`` (ChatTTS's own ``Chat.infer``,
+bench/lib/reference.py) and ``engine`` (the project's ``AcousticEngine`` run to the end on this
+thread, then one-shot vocoding; with its step time, and on a GPU its peak memory). The ceiling of a
+batch size is the best of the ways and repetitions. ``first_chunk``: one request alone until its
+first chunk is audio (the engine with the streaming vocoder, and ``Chat.infer`` of just that many
+tokens); ``raw_s`` is the smaller. The JSON is written after every measurement, so a run stopped
+early (the GPU check's deadline) keeps what it measured. ``run`` and ``gpu`` run it as a subprocess.
 """
 
 from __future__ import annotations
@@ -33,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -41,6 +23,8 @@ from typing import Callable, Optional
 
 from .lib.corpus import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from .lib.harness import ints, logger
+from .lib.reference import chattts_infer
+from .lib.report import write_json
 from .lib.stats import mean, median
 
 _log = logger("ceiling")
@@ -51,205 +35,132 @@ class Ceiling:
         self,
         weights: str = "random",
         threads: Optional[int] = None,
-        segments: Optional[dict] = None,
-        first_chunk_tokens: int = 12,
-        chunk_tokens: int = 24,
-        vocoder: Optional[dict] = None,
+        args: Optional[dict] = None,
         device: str = "cpu",
         dtype: str = "float32",
-        quantize: str = "auto",
     ):
+        """``args``: the deployed Serve config's args (segments, acoustic chunk sizes, vocoder), so
+        the ceiling cuts and vocodes as the project does."""
         import torch
 
-        from serve_app.engine.config import ModelConfig, SegmentConfig, VocoderConfig, WeightsConfig
+        from serve_app.engine.config import ModelConfig, WeightsConfig
         from serve_app.engine.planner import Planner
         from serve_app.engine.types import SynthesisOptions
         from serve_app.engine.vocoder import VocoderEngine
         from serve_app.engine.voices import SpeakerSampler
         from serve_app.engine.weights.loading import load_model
+        from serve_app.settings import AppConfig
 
         from .lib.corpus import load_corpus
 
+        app = AppConfig.model_validate(args or {})
         t0 = time.perf_counter()
-        self.model = load_model(
-            ModelConfig(
-                weights=WeightsConfig(source=weights),
-                device=device,
-                dtype=dtype,
-                torch_threads=threads,
-                quantize=quantize,
-            )
-        )
+        cfg = ModelConfig(weights=WeightsConfig(source=weights), device=device, dtype=dtype, torch_threads=threads)
+        self.model = load_model(cfg)
+        self.load_s = time.perf_counter() - t0
         self.threads = torch.get_num_threads()
-        _log(
-            f"loaded {self.model.weights.kind} weights in {time.perf_counter() - t0:.1f}s, torch threads {self.threads}"
-        )
+        self.cuda = self.model.device.type == "cuda"
+        _log(f"loaded {self.model.weights.kind} weights in {self.load_s:.1f}s, torch threads {self.threads}")
         self.chat = self.model.chat
-        self.first_chunk_tokens = first_chunk_tokens
-        self.chunk_tokens = chunk_tokens
-        self.vocoder_cfg = VocoderConfig.model_validate(vocoder or {})
+        self.first_chunk_tokens, self.chunk_tokens = app.acoustic.first_chunk_tokens, app.acoustic.chunk_tokens
+        self.vocoder_cfg = app.vocoder
         self.vocoder = VocoderEngine(self.model, self.vocoder_cfg)
-        planner = Planner(SegmentConfig.model_validate(segments or {}))
+        planner = Planner(app.segments)
         planner.warmup()
         speakers = SpeakerSampler(self.chat.speaker)  # Chat.infer needs the speaker string itself
-        segs = []
+        self.segments = []
         for text in load_corpus():
             plan = planner.plan(text, SynthesisOptions())
-            segs += [dataclasses.replace(s, spk_emb=speakers.embedding(plan.voice)) for s in plan.segments]
-        self.segments = segs
-        self.mean_tokens = round(mean(s.target_tokens for s in segs))
+            self.segments += [dataclasses.replace(s, spk_emb=speakers.embedding(plan.voice)) for s in plan.segments]
+        self.mean_tokens = round(mean(s.target_tokens for s in self.segments))
 
     def pick(self, n: int, tokens: int) -> list:
         """The n segments whose target is closest to ``tokens`` (stable order)."""
         ranked = sorted(range(len(self.segments)), key=lambda i: (abs(self.segments[i].target_tokens - tokens), i))
         return [self.segments[i] for i in ranked[:n]]
 
+    def engine(self, max_rows: int = 16):
+        from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
+
+        cfg = AcousticConfig(
+            max_rows=max_rows,
+            token_budget=1 << 20,
+            first_chunk_tokens=self.first_chunk_tokens,
+            chunk_tokens=self.chunk_tokens,
+        )
+        return AcousticEngine(self.model, cfg)
+
     # ---------------------------------------------------------------- throughput
 
     def run_engine(self, n: int, tokens: int) -> dict:
-        import dataclasses
-
         import torch
 
-        from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
-
-        eng = AcousticEngine(
-            self.model,
-            AcousticConfig(
-                max_rows=max(16, n),
-                token_budget=1 << 20,
-                first_chunk_tokens=self.first_chunk_tokens,
-                chunk_tokens=self.chunk_tokens,
-            ),
-        )
+        eng = self.engine(max(16, n))
         reqs = [
             dataclasses.replace(s, max_new_tokens=tokens, target_tokens=tokens, seed=1000 + i)
             for i, s in enumerate(self.pick(n, tokens))
         ]
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         streams = [eng.submit(r) for r in reqs]
         eng.run_until_idle()
-        t_decode = time.perf_counter() - t0
-        samples = 0
-        for s in streams:
-            hidden = torch.cat([c.hidden for c in s])
-            samples += len(self.vocoder.decode(hidden))
-        wall = time.perf_counter() - t0
+        decode_s = time.perf_counter() - t0
+        samples = sum(len(self.vocoder.decode(torch.cat([c.hidden for c in s]))) for s in streams)
+        steps = eng.stats.steps
         return {
-            "wall_s": wall,
-            "decode_s": t_decode,
+            "wall_s": time.perf_counter() - t0,
+            "decode_s": decode_s,
             "audio_s": samples / SAMPLE_RATE,
-            "steps": eng.stats.steps,
-            "mean_rows": eng.stats.mean_rows,
-            "prefill_s": eng.stats.prefill_seconds,
+            "steps": steps,
+            "step_ms": round(1000 * decode_s / steps, 3) if steps else None,
+            "mean_rows": round(eng.stats.mean_rows, 2),
+            "prefill_s": round(eng.stats.prefill_seconds, 3),
+            "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if self.cuda else None,
         }
 
     def run_chat_infer(self, n: int, tokens: int) -> dict:
-        from ChatTTS import Chat
-
-        segs = self.pick(n, tokens)
-        params = Chat.InferCodeParams(
-            prompt=segs[0].prompt,
-            spk_emb=segs[0].spk_emb,
-            temperature=segs[0].temperature,
-            top_P=segs[0].top_p,
-            top_K=segs[0].top_k,
-            max_new_token=tokens,
-            min_new_token=tokens,
-            manual_seed=1000,
-            show_tqdm=False,
-        )
         t0 = time.perf_counter()
-        wavs = self.chat.infer(
-            [s.text for s in segs],
-            skip_refine_text=True,
-            do_text_normalization=False,
-            do_homophone_replacement=False,
-            split_text=False,
-            params_infer_code=params,
-        )
-        wall = time.perf_counter() - t0
-        return {"wall_s": wall, "audio_s": sum(len(w.reshape(-1)) for w in wavs) / SAMPLE_RATE}
+        wavs = chattts_infer(self.chat, self.pick(n, tokens), (tokens, tokens), seed=1000)
+        return {"wall_s": time.perf_counter() - t0, "audio_s": sum(len(w.reshape(-1)) for w in wavs) / SAMPLE_RATE}
 
-    @staticmethod
-    def best_of(fn: Callable[[int, int], dict], n: int, tokens: int, reps: int, label: str) -> tuple[dict, list[dict]]:
-        """``reps`` runs of ``fn(n, tokens)``, each with its ``audio_s_per_s``; the fastest, and all."""
+    def batch(self, method: str, n: int, tokens: int, reps: int) -> dict:
+        """``reps`` runs of one way at batch ``n``: the fastest run's figures, and every run's speed."""
+        fn: Callable[[int, int], dict] = {"engine": self.run_engine, "chat_infer": self.run_chat_infer}[method]
         runs = []
         for r in range(reps):
             res = fn(n, tokens)
             res["audio_s_per_s"] = res["audio_s"] / res["wall_s"]
             runs.append(res)
-            _log(
-                f"{label} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s = {res['audio_s_per_s']:.3f} audio s/s"
-            )
-        return max(runs, key=lambda x: x["audio_s_per_s"]), runs
-
-    def throughput(self, method: str, batches: list[int], tokens: int, reps: int) -> dict:
-        fn = {"engine": self.run_engine, "chat_infer": self.run_chat_infer}[method]
-        fn(2, 8)  # warm-up (first calls allocate)
-        out = {}
-        for n in batches:
-            best, runs = self.best_of(fn, n, tokens, reps, method)
-            out[str(n)] = {
-                "batch": n,
-                "tokens_per_row": tokens,
-                "audio_s_per_s": round(best["audio_s_per_s"], 4),
-                # The decode alone (no vocoding): the most a replica whose Vocoder runs elsewhere can give.
-                **(
-                    {"decode_audio_s_per_s": round(best["audio_s"] / best["decode_s"], 4)}
-                    if best.get("decode_s")
-                    else {}
-                ),
-                "audio_s_per_s_runs": [round(x["audio_s_per_s"], 4) for x in runs],
-                "wall_s_runs": [round(x["wall_s"], 3) for x in runs],
-                "audio_s": round(best["audio_s"], 3),
-                "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / SAMPLES_PER_TOKEN, 2),
-            }
-        return out
-
-    def quantize(
-        self, batches: list[int], tokens: int, reps: int, numerics_segments: int, tf_tokens: int, agree_tokens: int
-    ) -> dict:
-        """int8 vs float32 on this model (bench/studies/numerics.py); the GPT is left as loaded."""
-        from .studies.numerics import GptRecorder, LinearVariants, compare_numerics, compare_throughput
-
-        if self.model.device.type != "cpu":
-            raise ValueError("model.quantize int8 is CPU only")
-        gpt = self.chat.gpt.gpt
-        variants = LinearVariants(gpt)
-        recorder = GptRecorder(gpt, variants)
-        loaded = [child for _parent, _name, child in variants.slots]
-        try:
-            out = compare_throughput(self.run_engine, variants, recorder, batches, tokens, reps)
-            if numerics_segments > 0:
-                segs = self.pick(numerics_segments, tokens)
-                out["numerics"] = compare_numerics(self.model, variants, recorder, segs, tf_tokens, agree_tokens)
-        finally:
-            recorder.close()
-            for (parent, name, _child), module in zip(variants.slots, loaded):
-                setattr(parent, name, module)
-        return out
+            _log(f"{method} batch {n} rep {r + 1}: {res['audio_s']:.1f}s audio in {res['wall_s']:.1f}s")
+        best = max(runs, key=lambda x: x["audio_s_per_s"])
+        return {
+            **{k: v for k, v in best.items() if k not in ("audio_s_per_s", "wall_s", "decode_s", "audio_s")},
+            "batch": n,
+            "tokens_per_row": tokens,
+            "audio_s_per_s": round(best["audio_s_per_s"], 4),
+            # The decode alone (no vocoding): the most a replica whose Vocoder runs elsewhere can give.
+            **({"decode_audio_s_per_s": round(best["audio_s"] / best["decode_s"], 4)} if best.get("decode_s") else {}),
+            "audio_s_per_s_runs": [round(x["audio_s_per_s"], 4) for x in runs],
+            "wall_s_runs": [round(x["wall_s"], 3) for x in runs],
+            "audio_s": round(best["audio_s"], 3),
+            "tokens_per_s": round(best["audio_s_per_s"] * SAMPLE_RATE / SAMPLES_PER_TOKEN, 2),
+        }
 
     # ---------------------------------------------------------------- first chunk
 
     def first_chunk(self, reps: int) -> dict:
-        import dataclasses
-
-        from ChatTTS import Chat
-
-        from serve_app.engine.acoustic import AcousticConfig, AcousticEngine
-
         f = self.first_chunk_tokens
         seg = self.pick(1, self.mean_tokens)[0]
-        eng = AcousticEngine(self.model, AcousticConfig(first_chunk_tokens=f, chunk_tokens=self.chunk_tokens))
+        eng = self.engine()
         engine_times = []
         # Driven on this thread, like Chat.infer below: a decode thread here would be a second
         # OpenMP team next to this one's and run throttled (serve_app/engine/threads.py).
         for r in range(reps + 1):  # the first is a warm-up
-            req = dataclasses.replace(seg, seed=2000 + r)
             vs = self.vocoder.stream(self.vocoder_cfg)
             t0 = time.perf_counter()
-            stream = eng.submit(req)
+            stream = eng.submit(dataclasses.replace(seg, seed=2000 + r))
             dt = None
             while dt is None and not stream.ended:
                 eng.step()
@@ -266,31 +177,11 @@ class Ceiling:
                 engine_times.append(dt)
         infer_times = []
         for r in range(reps + 1):
-            params = Chat.InferCodeParams(
-                prompt=seg.prompt,
-                spk_emb=seg.spk_emb,
-                temperature=seg.temperature,
-                top_P=seg.top_p,
-                top_K=seg.top_k,
-                max_new_token=f,
-                min_new_token=f,
-                manual_seed=3000 + r,
-                show_tqdm=False,
-            )
             t0 = time.perf_counter()
-            self.chat.infer(
-                [seg.text],
-                skip_refine_text=True,
-                do_text_normalization=False,
-                do_homophone_replacement=False,
-                split_text=False,
-                params_infer_code=params,
-            )
+            chattts_infer(self.chat, [seg], (f, f), seed=3000 + r)
             if r:
                 infer_times.append(time.perf_counter() - t0)
-        e = median(engine_times)
-        c = median(infer_times)
-        raw = min(x for x in (e, c) if x is not None)
+        e, c = median(engine_times), median(infer_times)
         _log(f"first chunk ({f} tokens): engine {e and round(e, 3)}s, Chat.infer {c:.3f}s")
         return {
             "tokens": f,
@@ -299,75 +190,63 @@ class Ceiling:
             "engine_s_runs": [round(x, 4) for x in engine_times],
             "chat_infer_s": round(c, 4),
             "chat_infer_s_runs": [round(x, 4) for x in infer_times],
-            "raw_s": round(raw, 4),
+            "raw_s": round(min(x for x in (e, c) if x is not None), 4),
         }
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the JSON file")
     ap.add_argument("--weights", default="random")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--batches", type=ints, default=[1, 4, 8, 16])
     ap.add_argument("--methods", default="engine,chat_infer")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=0, help="tokens per row (0: the corpus mean segment length)")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: one per CPU of --cpus, else torch's)"
-    )
+    ap.add_argument("--threads", type=int, help="torch threads (default: one per CPU of --cpus, else torch's)")
     ap.add_argument("--cpus", default="", help="run on these CPUs only, e.g. 0 (bench/lib/pinning.py)")
-    ap.add_argument("--segments", default="{}", help="the project's args.segments (SegmentConfig) as JSON")
-    ap.add_argument("--first-chunk-tokens", type=int, default=12)
-    ap.add_argument("--chunk-tokens", type=int, default=24)
+    ap.add_argument("--args", default="{}", help="the Serve config's args as JSON (segments, acoustic, vocoder)")
     ap.add_argument("--first-chunk-reps", type=int, default=5)
-    ap.add_argument("--vocoder", default="{}", help="VocoderConfig as JSON")
-    ap.add_argument("--quantize", action="store_true", help="also int8 vs float32 (bench/studies/numerics.py)")
-    ap.add_argument("--quantize-only", action="store_true", help="only int8 vs float32 (no methods, no first chunk)")
-    ap.add_argument("--numerics-segments", type=int, default=3, help="segments of the int8 numerics table")
-    ap.add_argument("--tf-tokens", type=int, default=200, help="teacher-forced positions per segment")
-    ap.add_argument("--agree-tokens", type=int, default=100, help="near-greedy tokens compared per segment")
 
 
-def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    if args.cpus:
+def main(a: argparse.Namespace) -> int:
+    import torch
+
+    if a.cpus:
         from .lib.pinning import cpu_set, pin_threads
 
-        cpus = cpu_set(args.cpus, leave_rest=False)
+        cpus = cpu_set(a.cpus, leave_rest=False)
         pin_threads(os.getpid(), cpus)  # before torch starts its threads: they inherit it
-        args.threads = args.threads or len(cpus)
-
+        a.threads = a.threads or len(cpus)
     t_start = time.perf_counter()
-    # The int8 study swaps float layers for int8 ones in place: it loads them float.
-    quantize = "none" if args.quantize or args.quantize_only else "auto"
-    c = Ceiling(
-        args.weights,
-        args.threads,
-        json.loads(args.segments),
-        args.first_chunk_tokens,
-        args.chunk_tokens,
-        json.loads(args.vocoder),
-        quantize=quantize,
-    )
-    tokens = args.tokens or c.mean_tokens
-    batches = args.batches
+    c = Ceiling(a.weights, a.threads, json.loads(a.args), a.device, a.dtype)
+    tokens = a.tokens or c.mean_tokens
+    out = Path(a.out)
     result: dict = {
+        "device": str(c.model.device),
+        "dtype": a.dtype,
+        "weights": c.model.weights.kind,
         "torch_threads": c.threads,
         "tokens_per_row": tokens,
-        "weights": c.model.weights.kind,
+        "load_s": round(c.load_s, 1),
+        "gpu_name": torch.cuda.get_device_name() if c.cuda else None,
+        "weights_gpu_mib": round(torch.cuda.memory_allocated() / 2**20, 1) if c.cuda else None,
         "methods": {},
     }
-    if args.first_chunk_reps > 0 and not args.quantize_only:
-        result["first_chunk"] = c.first_chunk(args.first_chunk_reps)
-    for m in [] if args.quantize_only else [x for x in args.methods.split(",") if x]:
-        result["methods"][m] = c.throughput(m, batches, tokens, args.reps)
+    write_json(result, out)
+    if a.first_chunk_reps > 0:
+        result["first_chunk"] = c.first_chunk(a.first_chunk_reps)
+        write_json(result, out)
+    for m in [x for x in a.methods.split(",") if x]:
+        {"engine": c.run_engine, "chat_infer": c.run_chat_infer}[m](2, 8)  # warm-up (first calls allocate)
+        result["methods"][m] = {}
+        for n in a.batches:
+            result["methods"][m][str(n)] = c.batch(m, n, tokens, a.reps)
+            write_json(result, out)
     if result["methods"]:
-        result["ceiling"] = {
-            str(n): max(result["methods"][m][str(n)]["audio_s_per_s"] for m in result["methods"]) for n in batches
-        }
-    if args.quantize or args.quantize_only:
-        result["quantize"] = c.quantize(
-            batches, tokens, args.reps, args.numerics_segments, args.tf_tokens, args.agree_tokens
-        )
+        by_method = result["methods"].values()
+        result["ceiling"] = {str(n): max(m[str(n)]["audio_s_per_s"] for m in by_method) for n in a.batches}
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
-    Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    write_json(result, out)
     _log(f"done in {result['wall_s']}s: ceiling {result.get('ceiling')}")
     return 0

@@ -1,27 +1,17 @@
-"""Batch invariance: does a row decode the same speech alone, in a batch, and as ChatTTS does?
+"""``python -m bench fidelity``: batch invariance (bench/README.md, "fidelity"). Does a row decode
+the same speech alone, in a batch, and as ChatTTS does?
 
-For each weights size (``random-deep``: ChatTTS's real depths at narrow widths, what CI runs;
-``random``: full size) and CPU precision (``int8``, the default, and ``none``: float32), in this
-process, under near-greedy sampling (temperature 1e-5, fixed seeds):
-
-* **alone vs batched**: ``--rows`` rows of different prompt lengths, arriving ``--stagger`` steps
-  apart (each joins a running batch), each also decoded alone on a fresh engine: rows whose
-  tokens are equal, rows whose hidden states are bit-identical, the smallest frame cosine;
-* **ChatTTS alone / batched**: each row's tokens against ChatTTS's own ``Chat._infer_code`` for
-  it on the same loaded model (the same int8 layers), and the smallest frame cosine of their
-  hidden states;
-* **step cost** (``--cost-against REV``): the decode step at batch 1/8/16, full size, float32 and
-  int8, of this revision and of ``REV`` (``python -m bench step``'s measurement, in subprocesses),
-  the ratio being what invariance costs when ``REV`` is the revision before it.
-
-    python -m bench fidelity --out bench/results/fidelity-DATE [--sizes random-deep,random] [--cost-against REV]
+Per weights size and precision, in this process, near-greedy (temperature 1e-5, fixed seeds):
+``--rows`` rows of different prompt lengths join a running batch ``--stagger`` steps apart, each
+also decoded alone on a fresh engine and by ChatTTS's own ``Chat._infer_code`` on the same model
+(bench/lib/reference.py): rows whose tokens are equal, whose hidden states are bit-identical, the
+smallest frame cosine. Exit 1 unless every row's tokens are equal everywhere and alone vs batched
+is bit-identical. (A committed report's ``step_cost`` was measured by the ``step`` study.)
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -145,32 +135,6 @@ def measure(
     return out
 
 
-def step_cost(against: str, batches: list[int], tokens: int, pairs: int) -> dict:
-    """bench step's measurement (full size, fp32 and int8) of ``against`` and of this revision, in
-    ``pairs`` alternating pairs of subprocesses (so both see the machine's load alike): the
-    median step time of each."""
-    from .lib.stats import median
-    from .studies import step
-
-    args = argparse.Namespace(batches=batches, tokens=tokens, reps=1)
-    worktree = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), against], check=True, cwd=REPO_ROOT)
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
-    try:
-        for i in range(pairs):
-            _log(f"step cost, pair {i + 1}/{pairs}: revision {against}, then this revision")
-            runs["before"].append(step.run_tree(worktree, "random", args, "fp32,int8"))
-            runs["after"].append(step.run_tree(None, "random", args, "fp32,int8"))
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO_ROOT)
-    rows = []
-    for b in map(str, batches):
-        for v in ("int8", "fp32"):
-            old, new = (median([r["batches"][b][v]["step_ms"] for r in runs[k]]) for k in ("before", "after"))
-            rows.append({"batch": int(b), "variant": v, "before_ms": old, "after_ms": new, "cost": new / old - 1})
-    return {"against": against, "pairs": pairs, "rows": rows, "runs": runs}
-
-
 # ---------------------------------------------------------------------------------- report
 
 
@@ -238,8 +202,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokens", type=int, default=40, help="tokens of the first row (each next one 7 more)")
     ap.add_argument("--stagger", type=int, default=3, help="steps between two rows' arrivals")
     ap.add_argument("--no-chattts", action="store_true", help="skip the comparison with ChatTTS's own decode")
-    ap.add_argument("--cost-against", default=None, help="a git revision: the step cost against it (full size)")
-    ap.add_argument("--cost-pairs", type=int, default=3, help="alternating before/after runs of the step cost")
 
 
 def main(a: argparse.Namespace) -> int:
@@ -257,8 +219,6 @@ def main(a: argparse.Namespace) -> int:
     for size in [s for s in a.sizes.split(",") if s]:
         for p in [p for p in a.precisions.split(",") if p]:
             report["results"] += measure(size, p, a.rows, a.tokens, a.stagger, not a.no_chattts, a.device)
-    if a.cost_against:
-        report["step_cost"] = step_cost(a.cost_against, [1, 8, 16], 60, a.cost_pairs)
     report["passed"] = all(x["tokens_equal"] == x["rows"] for x in report["results"]) and all(
         x["bit_identical"] == x["rows"] for x in report["results"] if x["path"] == "alone vs batched"
     )

@@ -1,25 +1,11 @@
-"""``python -m bench realtime``: speaking while an LLM is still writing, over the WebSocket.
+"""``python -m bench realtime``: speaking while an LLM is still writing, over the WebSocket
+(bench/README.md, "realtime").
 
-Each session replays an assistant's reply as an LLM streams it: tokens (a word or word piece; one
-or two Chinese characters) sent at ``--tokens-per-s`` (30) over ``WS /v1/audio/speech/stream``,
-then ``close``; pcm audio comes back. At each concurrency level (``--levels``, default 1 and 8)
-the rounds alternate between the two ways a client could speak the reply's first sentence:
-
-* **WebSocket**: time from sending the token that ends the first sentence to the first audio
-  frame. (A final "." is only known to end a sentence once the next token comes, 1/30 s later:
-  that wait is part of the number.)
-* **HTTP**: the first sentence alone as one ``POST /v1/audio/speech`` (pcm, streamed, no cache)
-  at the same concurrency: its time to the first audio byte.
-
-Target: WebSocket / HTTP (medians) <= 1.2. And the **playback gaps** of each session: a player
-that starts with the first frame and plays in real time runs dry whenever the next frame comes
-after the audio it has ends; the sum of those waits per session. Target: 0 at 1 session. Also
-the start-up buffer a player would need to play the session without any gap, and, as a control,
-the gaps of the whole reply sent as one HTTP request (all its text known at once): gaps the
-decode speed causes whatever the protocol.
-
-    python -m bench realtime --weights random-tiny --out bench/results/realtime-<date>   # starts the app
-    python -m bench realtime --url http://127.0.0.1:8000                                 # a running app
+Each session replays an assistant's reply as an LLM streams it (``--tokens-per-s`` tokens: a word
+or word piece, one or two Chinese characters) into ``WS /v1/audio/speech/stream``. Per level, rounds
+alternate: the replies' first sentences alone over HTTP (their TTFB), the sessions (first audio
+after the sentence's last token, target <= 1.2x that TTFB; playback gaps, target 0 at 1 session),
+and the whole replies over HTTP (the control: gaps the decode speed causes whatever the protocol).
 """
 
 from __future__ import annotations
@@ -36,7 +22,8 @@ import httpx
 
 from .lib.corpus import BYTES_PER_AUDIO_SECOND, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from .lib.harness import Harness, ints
-from .lib.report import Col, Doc, Kind, failed
+from .lib.report import TARGETS, Col, Doc, Kind, failed, target
+from .lib.serve import add_app_arguments
 from .lib.stats import median, nearest_rank
 
 TOKENS_PER_S = 30.0
@@ -234,16 +221,9 @@ async def measure_level(url: str, sessions: int, rounds: int, tokens_per_s: floa
 
 
 def targets(levels: dict[str, dict]) -> dict[str, dict]:
-    out = {}
-    for n, lv in levels.items():
-        out[f"ws_first_audio/http_ttfb c{n}"] = {
-            "value": lv["ratio_p50"],
-            "target": f"<= {TARGET_RATIO}",
-            "met": lv["ratio_p50"] <= TARGET_RATIO,
-        }
+    out = {f"ws_first_audio/http_ttfb c{n}": target(lv["ratio_p50"], "<=", TARGET_RATIO) for n, lv in levels.items()}
     if "1" in levels:
-        gap = levels["1"]["gap_s"]["total"]
-        out["playback gaps c1 (s)"] = {"value": gap, "target": "0", "met": gap == 0}
+        out["playback gaps c1 (s)"] = target(levels["1"]["gap_s"]["total"], "<=", 0)
     return out
 
 
@@ -271,11 +251,6 @@ COLUMNS = [
     ),
     Col("mean rows per step", lambda x: str(x[1].get("engine", {}).get("mean_rows_per_step", "–"))),
 ]
-TARGETS = [
-    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
-    Col("value", lambda x: str(x[1]["value"])),
-    Col("met", lambda x: str(x[1]["met"])),
-]
 
 
 def to_doc(report: dict) -> Doc:
@@ -299,40 +274,25 @@ KIND = Kind("realtime.json", to_doc, indent=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="a running app (default: start config/serve.yaml locally with --weights)")
-    p.add_argument("--weights", default="random-tiny", choices=["random", "random-tiny"])
-    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
-    p.add_argument("--ray-cpus", type=float)
+    add_app_arguments(p, url="a running app (default: start config/serve.yaml locally with --weights)")
     p.add_argument("--levels", type=ints, default=[1, 8], help="concurrent sessions, comma list")
-    p.add_argument(
-        "--rounds",
-        type=ints,
-        default=[3],
-        help="rounds per level (each: HTTP first sentences, WebSocket, HTTP "
-        "whole replies); one number, or one per level (e.g. 12,3: single sessions are cheap and noisy)",
-    )
+    rounds = "rounds per level (HTTP first sentences, WebSocket, HTTP whole replies); one, or one per level"
+    p.add_argument("--rounds", type=ints, default=[3], help=rounds + " (e.g. 12,3: single sessions are noisy)")
     p.add_argument("--tokens-per-s", type=float, default=TOKENS_PER_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write realtime.json and report.md here")
 
 
 def main(a: argparse.Namespace) -> int:
-    from .lib.procs import free_port
-    from .lib.serve import ServeRunner, apply_overrides, engine_delta, load_config
+    from .lib.serve import ServeRunner, engine_delta
 
     levels = a.levels
     rounds = a.rounds * len(levels) if len(a.rounds) == 1 else a.rounds
     if len(rounds) != len(levels):
         raise SystemExit("--rounds: one number, or one per level")
-    runner = None
-    url = a.url
-    harness = Harness(
-        Path(a.out) if a.out else None,
-        KIND.write,
-        a.argv,
-        weights=a.weights if not a.url else "as served",
-        tokens_per_s=a.tokens_per_s,
-    )
+    runner, url = None, a.url
+    weights = a.weights if not url else "as served"
+    harness = Harness(Path(a.out) if a.out else None, KIND.write, a.argv, weights=weights, tokens_per_s=a.tokens_per_s)
     report = harness.report
     with harness:
         report["levels"] = {}
@@ -341,10 +301,7 @@ def main(a: argparse.Namespace) -> int:
                 # The bench is one client opening every session at once: let it hold as many
                 # sockets before session.start as the largest level (the shipped limit is 4).
                 unstarted = {"applications.chattts.args.ingress.websocket.max_unstarted_per_client": max(4, *levels)}
-                runner = ServeRunner(
-                    apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=unstarted),
-                    a.ray_cpus,
-                )
+                runner = ServeRunner.from_args(a, unstarted)
                 harness.meta["serve_start_s"] = round(runner.start(), 1)
                 url = runner.base_url
             # One unmeasured round first: the first socket, session and request of each kind after

@@ -1,12 +1,26 @@
 """The report of ``python -m bench run``: report.json (everything), report.md (tables) and
-report.png (plots); the ratios against the targets. Also used by ``compare`` and ``report``."""
+report.png (plots); the ratios against the targets. Also used by ``report`` (and its ``--compare``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from .lib import first_audio
-from .lib.report import Col, Doc, Figure, Kind, Panel, Series, by_clients, failed, line, points, seconds_panel
+from .lib.report import (
+    Col,
+    Doc,
+    Figure,
+    Kind,
+    Panel,
+    Series,
+    by_clients,
+    failed,
+    line,
+    load_columns,
+    points,
+    seconds_panel,
+    target,
+)
 from .lib.report import fmt as _f
 from .lib.report import get as _get
 from .lib.stats import ratio as _ratio
@@ -20,13 +34,10 @@ TARGETS = {
     "continuous_vs_window_mean_latency_70": (">=", 1.5, "mean latency at 70% load, window / continuous batching"),
 }
 # First audio's figures (ms), checked where a run measured them (earlier reports have none).
-FIRST_AUDIO_TARGETS = {
-    "first_audio_service_ms_c1": (
-        "<=",
-        60.0,
-        "the service's own share of first audio at 1 client, ms p50: TTFB - the model's hops of the same request",
-    ),
-}
+SERVICE_SHARE = (
+    "the service's own share of first audio at 1 client, ms p50: TTFB - the model's hops of the same request"
+)
+FIRST_AUDIO_TARGETS = {"first_audio_service_ms_c1": ("<=", 60.0, SERVICE_SHARE)}
 
 
 def load_key(load: float) -> str:
@@ -93,31 +104,14 @@ def _minus_ms(a: object, b: object) -> object:
 def check_targets(ratios: dict) -> dict:
     out = {}
     checked = {**TARGETS, **{k: t for k, t in FIRST_AUDIO_TARGETS.items() if k in ratios}}
-    for name, (op, thr, what) in checked.items():
-        v = ratios.get(name)
-        met = None if v is None else (v >= thr if op == ">=" else v <= thr)
-        out[name] = {"value": v, "target": f"{op} {thr}", "met": met, "what": what}
+    for name, (op, threshold, what) in checked.items():
+        out[name] = {**target(ratios.get(name), op, threshold), "what": what}
     return out
 
 
 # ------------------------------------------------------------------ markdown
 
-CLOSED = [
-    Col("system", 0),
-    Col("clients", 1),
-    Col("audio s/s", (2, "audio_s_per_s"), nd=3),
-    Col("req/s", (2, "requests_per_s"), nd=3),
-    Col("TTFB p50", (2, "ttfb_s", "p50")),
-    Col("TTFB p95", (2, "ttfb_s", "p95")),
-    Col("lat p50", (2, "latency_s", "p50")),
-    Col("lat p95", (2, "latency_s", "p95")),
-    Col("lat p99", (2, "latency_s", "p99")),
-    Col("done", lambda x: str(x[2].get("completed"))),
-    Col("errors", lambda x: str(x[2].get("errors"))),
-    Col("cut", lambda x: str(x[2].get("cut"))),
-    Col("mean batch", lambda x: (x[2].get("engine") or {}).get("mean_rows_per_step")),
-    Col("peak RSS MiB", (2, "rss", "peak_total_mib"), nd=0),
-]
+CLOSED = [Col("system", 0), *load_columns(), Col("peak RSS MiB", (2, "rss", "peak_total_mib"), nd=0)]
 OPEN = [
     Col("batching", 0),
     Col("load", lambda x: f"{int(float(x[1]) * 100)}%"),
@@ -194,9 +188,6 @@ def to_doc(report: dict) -> Doc:
                 f"First chunk alone ({fc.get('tokens')} tokens to audio): engine {_f(fc.get('engine_s'), 3)} s, "
                 f"Chat.infer {_f(fc.get('chat_infer_s'), 3)} s → raw {_f(fc.get('raw_s'), 3)} s",
             )
-        from .studies.numerics import quantize_markdown
-
-        doc.add(*quantize_markdown(ceil.get("quantize")))
 
     closed = _levels("baseline", _get(report, "baseline", "closed") or {})
     closed += _levels("serve", _get(report, "serve", "closed") or {})

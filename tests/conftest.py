@@ -41,11 +41,9 @@ _EARLY_STARTED = pytest.StashKey[bool]()
 
 
 def _level(item: pytest.Item) -> str:
-    """unit, serve or system, from the test's directory (the bench's own tests are unit tests)."""
+    """unit, serve or system, from the test's directory."""
     path = Path(str(item.path))
-    if not path.is_relative_to(_TESTS):
-        return "unit"
-    level = path.relative_to(_TESTS).parts[0]
+    level = path.relative_to(_TESTS).parts[0] if path.is_relative_to(_TESTS) else None
     if level not in LEVELS:
         raise pytest.UsageError(f"{path}: a test module belongs in tests/unit, tests/serve or tests/system")
     return level

@@ -1,10 +1,6 @@
-"""The request texts (bench/corpus.txt: Chinese and English of mixed lengths; the autoscale
-load's one-segment texts) and the audio they must produce.
-
-With random weights a segment decodes exactly its planned tokens (``pacing.expected_tokens``),
-and ``n`` tokens are ``512 * n - 256`` samples at 24 kHz (docs/architecture.md): so every
-request's audio length is known before it is sent.
-"""
+"""The request texts (bench/corpus.txt: Chinese and English of mixed lengths; one-segment texts) and
+the audio they must produce: with random weights a segment decodes exactly its planned tokens, and
+``n`` tokens are ``512 * n - 256`` samples at 24 kHz (docs/architecture.md)."""
 
 from __future__ import annotations
 

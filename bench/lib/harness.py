@@ -1,18 +1,14 @@
 """What every runner does around its measurements: the report's ``meta``, SIGTERM handled like
-Ctrl-C, the report written at the end whatever happened (a partial report, with the error, when
-a phase failed or the run was stopped), an optional deadline watchdog, and paths recorded
-relative to the output directory.
+Ctrl-C, the report written at the end whatever happened (a partial one, with the error, when a
+phase failed or the run was stopped), an optional deadline watchdog, and paths recorded relative
+to the output directory: a file the run wrote there from there (``profile/acoustic_c8.txt``), a
+file of this repository from its root, anything else by its last component only (no absolute path
+of the machine that ran it ends up in a report).
 
     with Harness(out, render, argv, quick=True) as h:
         h.report["ceiling"] = ...
         h.write()            # any time: a partial report
     # on exit: meta.finished, wall_s, loadavg_end; report["error"] if it raised; written once more
-
-Paths in a report are relative to its output directory (``--out``): a file the run wrote there
-is named from there (``profile/acoustic_c8.txt``), the output directory itself is ``.``, a file
-of this repository is named from the repository root (``config/serve.yaml``), anything else by
-its last component only (the Ray session: ``session_2026-12-01_01-58-40_074115_24040``, in
-Ray's temp directory). No absolute path of the machine that ran it ends up in a report.
 """
 
 from __future__ import annotations

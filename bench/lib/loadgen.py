@@ -1,20 +1,7 @@
-"""Async httpx load generator: closed loop (N clients back to back), open loop (Poisson) and a
-step load (a number of closed-loop clients that changes while it runs, for autoscaling).
-
-Every request records its send time, the arrival time and size of every piece of audio it
-receives (WAV header skipped), its end, status and error. All traffic goes to 127.0.0.1.
-
-Measures (``summarize``):
-* throughput: seconds of audio received per wall second (bytes / 48000: 16-bit mono 24 kHz).
-  Streaming server: audio bytes that arrived between the first audio byte of the phase and the
-  stop time, over that span (the pipeline's start-up lag is not a throughput cost). Non-streaming
-  server: audio of the requests completed between the phase start and the last completion before
-  the stop time, over that span (a one-at-a-time server's work is exactly its finished requests).
-* requests/s: requests completed in the same span, over it.
-* TTFB (first audio byte after the header) and total latency of completed requests.
-* errors: non-200 answers, timeouts and transport errors. Requests still running at a closed
-  loop's stop time are cut (cancelled, their connection closed) and counted as ``cut``, not as
-  errors; an open loop waits ``drain_s`` for them first.
+"""Async httpx load generator: closed loop (N clients back to back) and open loop (Poisson), on
+127.0.0.1 only. Every request records its send time, each piece of audio's arrival and size (the
+WAV header skipped), its end, status and error; ``summarize`` gives a phase's throughput, TTFB,
+latency, errors and cut requests as bench/README.md, "What each figure means", defines them.
 """
 
 from __future__ import annotations
@@ -25,11 +12,11 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import httpx
 
-from .corpus import BYTES_PER_AUDIO_SECOND, ONE_ROW_TEXTS
+from .corpus import BYTES_PER_AUDIO_SECOND
 from .stats import percentiles
 
 ERROR_BACKOFF_S = 0.5
@@ -69,6 +56,7 @@ class RequestRecord:
     # Sent as X-Request-Id (Serve keeps the caller's): joins the request with the server's log line.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     server_timing: Optional[str] = None  # the answer's Server-Timing (the proxy's share)
+    retry_after: Optional[str] = None  # an error answer's Retry-After: when the server asked to be asked again
 
     @property
     def ok(self) -> bool:
@@ -129,6 +117,7 @@ async def _exchange(client: httpx.AsyncClient, target: Target, rec: RequestRecor
         if r.status_code != 200:
             await r.aread()
             rec.error = f"http_{r.status_code}"
+            rec.retry_after = r.headers.get("retry-after")
             rec.t_end = clock()
             return
         header = b""
@@ -224,15 +213,8 @@ async def closed_loop(
         for t in done:
             if t.exception() is not None:
                 raise t.exception()
-    return PhaseRun(
-        "closed",
-        target.name,
-        target.streaming,
-        t0,
-        stop_at,
-        records,
-        {"concurrency": concurrency, "duration_s": duration_s},
-    )
+    params = {"concurrency": concurrency, "duration_s": duration_s}
+    return PhaseRun("closed", target.name, target.streaming, t0, stop_at, records, params)
 
 
 def poisson_schedule(rate_rps: float, duration_s: float, seed: int, max_requests: int = 100000) -> list[float]:
@@ -288,15 +270,14 @@ async def open_loop(
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-    return PhaseRun(
-        "open",
-        target.name,
-        target.streaming,
-        t0,
-        t_stop,
-        records,
-        {"rate_rps": rate_rps, "duration_s": duration_s, "arrivals": len(schedule), "seed": seed, "drain_s": drain_s},
-    )
+    params = {
+        "rate_rps": rate_rps,
+        "duration_s": duration_s,
+        "arrivals": len(schedule),
+        "seed": seed,
+        "drain_s": drain_s,
+    }
+    return PhaseRun("open", target.name, target.streaming, t0, t_stop, records, params)
 
 
 def summarize(run: PhaseRun) -> dict:
@@ -342,83 +323,3 @@ def summarize(run: PhaseRun) -> dict:
         "audio_s_expected_total": round(sum(expected), 3) if len(expected) == len(ok) else None,
         "mean_audio_s_per_request": round(sum(audio) / len(audio), 3) if audio else None,
     }
-
-
-# ---------------------------------------------------------------------- step load (autoscaling)
-
-
-def complete(rec: RequestRecord, expected: dict[str, int]) -> bool:
-    """Answered 200 and every byte of the planned audio arrived (``expected``: text -> pcm bytes,
-    ``corpus.expected_pcm_bytes``)."""
-    return rec.ok and rec.audio_bytes == expected.get(rec.text, -1)
-
-
-class StepLoad:
-    """Closed-loop clients whose number can change while it runs (``set_clients``).
-
-    Client ``i`` sends requests back to back while ``i < clients``; above the level it finishes
-    the request it is in and waits, so stepping down never cuts a request.
-    """
-
-    def __init__(self, base_url: str, texts: tuple[str, ...] = ONE_ROW_TEXTS, timeout_s: float = 120.0):
-        self.target = Target(base_url, "project", streaming=True, response_format="pcm", timeout_s=timeout_s)
-        self.texts = texts
-        self.clients = 0
-        self.records: list[RequestRecord] = []
-        self.error_bodies: list[tuple[int, bytes]] = []  # (status, body) of every error answer
-        self.t0 = time.perf_counter()
-        self._tasks: list[asyncio.Task] = []
-        self._changed: Optional[asyncio.Event] = None
-        self._stopping = False
-        self._client: Optional[httpx.AsyncClient] = None
-        self.steps: list[tuple[float, int]] = []
-
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
-
-    async def __aenter__(self) -> "StepLoad":
-        self._client = self.target.client(256)
-        self._client.event_hooks = {"response": [self._keep_error_body]}
-        self._changed = asyncio.Event()
-        return self
-
-    async def _keep_error_body(self, response: httpx.Response) -> None:
-        if response.status_code >= 400:
-            self.error_bodies.append((response.status_code, (await response.aread())[:2000]))
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-        await self._client.aclose()
-
-    def set_clients(self, n: int) -> None:
-        self.clients = n
-        self.steps.append((self.clock(), n))
-        while len(self._tasks) < n:
-            self._tasks.append(asyncio.create_task(self._client_loop(len(self._tasks))))
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _client_loop(self, i: int) -> None:
-        texts = self._texts(i)
-        while not self._stopping:
-            if i >= self.clients:
-                await self._changed.wait()
-                continue
-            rec = RequestRecord(len(self.records), next(texts), seed=len(self.records) + 1)
-            self.records.append(rec)
-            await one_request(self._client, self.target, rec, self.clock)
-
-    def _texts(self, i: int) -> Iterator[str]:
-        k = i
-        while True:
-            yield self.texts[k % len(self.texts)]
-            k += 1
-
-    async def stop(self) -> None:
-        """Let every request in flight finish, then end the clients."""
-        self._stopping = True
-        self.set_clients(0)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def in_flight(self) -> int:
-        return sum(1 for r in self.records if r.t_end is None and r.error is None and not r.cut)

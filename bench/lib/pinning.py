@@ -1,14 +1,7 @@
-"""Give the decode cores of its own: the Acoustic replicas' threads on some CPUs, every other
-process of the run (Vocoder, Ingress, proxy, Ray's daemons, the load generator) on the rest.
-
-On a box with cores to spare the Vocoder and the rest of the graph would run beside the GPT, not
-on its cores; on this 2-core box they share both. Pinning one core to the Acoustic replica (one
-torch thread) and the other to everything else, with the ceiling measured on that same one core,
-shows what the graph makes of the model when nothing else runs on its cores
-(``python -m bench run --pin-acoustic 0``; bench/README.md).
-
-Linux only (``sched_setaffinity`` per thread); threads and processes started later inherit the
-set of the one that starts them.
+"""The decode on cores of its own (``python -m bench run --pin-acoustic 0``, bench/README.md): the
+Acoustic replicas' threads on some CPUs, every other process of the run (Vocoder, Ingress, proxy,
+Ray's daemons, the load generator) on the rest, the ceiling measured on the same CPUs. Linux only
+(``sched_setaffinity`` per thread); threads and processes started later inherit their starter's set.
 """
 
 from __future__ import annotations

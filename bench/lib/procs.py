@@ -1,11 +1,12 @@
-"""Processes the bench starts and watches: free ports, subprocesses that always get stopped,
-process groups by title, waits, per-thread CPU time.
+"""The processes the bench and the tests start: free ports, their environment, and
+``ManagedProcess``, the one class for every subprocess (the ceiling, the baseline server, the GPU
+check's steps, py-spy, the nodes of a local cluster; in the tests ``serve run``, redis, S3, the
+early-started runs).
 
-``ManagedProcess`` is the one class for every process the bench starts (the ceiling, the
-baseline server, the GPU check's pytest and ceiling, py-spy, the nodes of a local cluster): its
-own process group, its output in a log file, ``stop()`` that escalates SIGINT, SIGTERM, SIGKILL
-and then ends whatever is left in the group, and, with a ``marker``, every process it started
-anywhere (found by that variable in their environment: Ray's processes leave the group).
+A ``ManagedProcess`` has its own process group and its output in a log file; ``stop()`` escalates
+SIGINT, SIGTERM, SIGKILL and then ends whatever is left in the group and, with a ``marker``, every
+process it started anywhere (found by that variable in their environment: Ray's processes leave
+the group).
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import psutil
 
+from .waiting import holds_within
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MARKER_ENV = "CHATTTS_LOCAL_CLUSTER"  # name kept: the cluster tests and Ray's processes carry it
+WEIGHTS_ENV = ("CHATTTS_WEIGHTS", "CHATTTS_WEIGHTS_PATH")  # overrides of the weights: callers choose theirs
 
 # Ports handed out are drawn from 20000-32767: below Linux's ephemeral range (32768-60999), from
 # which the OS picks the local port of every outgoing connection and every bind to port 0, and
@@ -51,20 +54,31 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
-def bench_env(**extra: str) -> dict[str, str]:
-    """Environment of everything the benchmark starts: no auth prompt, no weights override."""
-    env = dict(os.environ)
-    env["RAY_AUTH_MODE"] = "disabled"
-    env.pop("CHATTTS_WEIGHTS", None)  # the bench chooses the weights explicitly
-    env.pop("CHATTTS_WEIGHTS_PATH", None)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+def child_env(own_ray: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of a process the bench or a test starts: this one's without the weights
+    overrides and without ``RAY_ADDRESS`` (every Ray is the caller's own, never one it would
+    attach to), Ray's auth prompt off, output unbuffered (its log is read while it runs), then
+    ``extra``. ``own_ray``: no ``RAY_*`` variable at all (a process that starts a Ray of its own
+    inherits none of this one's Ray settings)."""
+    env = {k: v for k, v in os.environ.items() if not (own_ray and k.startswith("RAY_"))}
+    for key in (*WEIGHTS_ENV, "RAY_ADDRESS"):
+        env.pop(key, None)
+    env.update(RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 
 
-def bench_command(subcommand: str, *args: str) -> list[str]:
-    """``python -m bench SUBCOMMAND ARGS...`` with this interpreter (run from ``REPO_ROOT``)."""
-    return [sys.executable, "-m", "bench", subcommand, *args]
+def isolate_environ() -> None:
+    """``child_env``'s rules for a Ray this process starts in-process (``ray.init``: its raylet and
+    workers inherit this environment)."""
+    for key in (*WEIGHTS_ENV, "RAY_ADDRESS"):
+        os.environ.pop(key, None)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+
+
+def bench_command(runner: str, *args: str) -> list[str]:
+    """``python -m bench RUNNER ARGS...`` with this interpreter (run from ``REPO_ROOT``)."""
+    return [sys.executable, "-m", "bench", runner, *args]
 
 
 @contextlib.contextmanager
@@ -99,7 +113,7 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = log_path
         self.marker = marker
-        env = dict(env or bench_env())
+        env = dict(env or child_env())
         if marker:
             env[MARKER_ENV] = marker
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +142,15 @@ class ManagedProcess:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def finish(self, timeout_s: float, grace_s: float = 0.0, lines: int = 30) -> tuple[Optional[int], str]:
+        """Wait for the end, at most ``timeout_s`` (then it is stopped), and stop whatever it left:
+        its exit status (None: timed out) and the tail of its log."""
+        try:
+            rc = self.wait(timeout_s)
+        finally:  # also when the wait is interrupted (Ctrl-C, SIGTERM)
+            self.stop(grace_s=grace_s)
+        return rc, self.log_tail(lines)
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -166,7 +189,7 @@ class ManagedProcess:
                 forced.append(f"{self.name} {self.pid} ignored {signal.Signals(sig).name} for {wait:g} s")
         if self.marker:
             if grace_s > 0:
-                wait_until(lambda: not marked(self.marker), grace_s, interval=0.2)
+                holds_within(lambda: not marked(self.marker), grace_s, 0.2)
             forced += [f"{p.pid}: {command_of(p)}" for p in marked(self.marker)]
         self.signal(signal.SIGKILL)  # anything left in its process group (children) goes too
         if self.marker:
@@ -183,23 +206,10 @@ def run_to_end(
 ) -> tuple[Optional[int], str]:
     """Run ``argv`` as a ``ManagedProcess`` until it exits or ``timeout_s`` passes (then it is
     stopped); its exit status (None: timed out) and the tail of its log."""
-    proc = ManagedProcess(name, argv, log_path, env=env)
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    finally:
-        proc.stop()
-    return rc, proc.log_tail()
+    return ManagedProcess(name, argv, log_path, env=env).finish(timeout_s)
 
 
-# ------------------------------------------------------------------ processes by title or marker
-
-
-def _title(p: psutil.Process) -> str:
-    try:
-        cmd = p.cmdline()
-        return cmd[0] if cmd else p.name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return "?"
+# ------------------------------------------------------------------ processes by marker or parent
 
 
 def command_of(p: psutil.Process) -> str:
@@ -208,77 +218,6 @@ def command_of(p: psutil.Process) -> str:
         return " ".join(p.cmdline())[:120]
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
-
-
-def serve_process_group(title: str) -> Optional[str]:
-    """Ray worker titles -> the Serve part they belong to (None: not a Serve process)."""
-    if title.startswith("ray::ServeReplica:"):
-        # ray::ServeReplica:<app>:<Deployment>[.<method being run>]
-        return title.split(":")[-1].split(".")[0]
-    if title.startswith("ray::ServeController"):  # (a method suffix may follow)
-        return "ServeController"
-    if title.startswith("ray::ProxyActor"):
-        return "ProxyActor"
-    return None
-
-
-def classify_serve(p: psutil.Process) -> Optional[str]:
-    return serve_process_group(_title(p))
-
-
-def classify_all(p: psutil.Process) -> Optional[str]:
-    return "process"
-
-
-def processes_by_group(
-    roots: Iterable[int], classify: Callable[[psutil.Process], Optional[str]]
-) -> dict[str, list[psutil.Process]]:
-    """The roots and all their descendants, each once, by ``classify`` (None: left out)."""
-    out: dict[str, list[psutil.Process]] = {}
-    seen: set[int] = set()
-    for root in roots:
-        try:
-            rp = psutil.Process(root)
-            procs = [rp] + rp.children(recursive=True)
-        except psutil.NoSuchProcess:
-            continue
-        for p in procs:
-            if p.pid in seen:
-                continue
-            seen.add(p.pid)
-            try:
-                group = classify(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            if group is not None:
-                out.setdefault(group, []).append(p)
-    return out
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def kill_descendants(pid: int, grace: float = 5.0) -> list[str]:
-    """Terminate what is still running below ``pid`` (the benchmark's own children), by pid."""
-    procs = descendants(pid)
-    names = []
-    for p in procs:
-        try:
-            names.append(f"{p.pid}:{_title(p)}")
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return names
 
 
 def marked(*markers: str) -> list[psutil.Process]:
@@ -311,7 +250,26 @@ def kill_marked(*markers: str) -> int:
     return len(procs)
 
 
-# ------------------------------------------------------------------ the machine, waiting
+def kill_descendants(pid: int, grace: float = 5.0) -> list[str]:
+    """Terminate what is still running below ``pid`` (the benchmark's own children), by pid."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    names = []
+    for p in procs:
+        try:
+            names.append(f"{p.pid}:{command_of(p)[:60]}")
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return names
 
 
 def load_average() -> list[float]:
@@ -319,122 +277,3 @@ def load_average() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
-
-
-def wait_for(probe: Callable[[], Any], timeout_s: float, interval_s: float = 1.0, what: str = "condition") -> Any:
-    """Call ``probe`` every ``interval_s`` until it returns something true, and return that; an
-    HTTP, value or key error counts as not yet. TimeoutError after ``timeout_s``."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while True:
-        try:
-            last = probe()
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
-        time.sleep(interval_s)
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
-    """``wait_for`` as a yes or no: whether ``pred`` came true within ``timeout``."""
-    try:
-        wait_for(pred, timeout, interval)
-        return True
-    except TimeoutError:
-        return False
-
-
-def thread_cpu(pid: int) -> dict[int, tuple[float, Optional[float]]]:
-    """Per thread of a process: (seconds on a CPU, seconds runnable but waiting for one).
-
-    From ``/proc/PID/task/TID/schedstat``; the gap between wall time and the two is time asleep
-    (a lock such as the GIL, an OpenMP barrier, I/O). Falls back to psutil CPU times (wait None)."""
-    out: dict[int, tuple[float, Optional[float]]] = {}
-    try:
-        tids = [t.id for t in psutil.Process(pid).threads()]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return out
-    for tid in tids:
-        try:
-            run_ns, wait_ns = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
-            out[tid] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
-        except (OSError, ValueError):
-            continue
-    if not out:
-        try:
-            out = {t.id: (t.user_time + t.system_time, None) for t in psutil.Process(pid).threads()}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
-
-
-def machine_part(p: psutil.Process, me: int) -> str:
-    """Which part of a benchmark's machine a process is: a Serve replica's deployment, the proxy,
-    the Serve controller, the load generator (``me``), the rest of Ray (its daemons, other
-    actors), or anything else."""
-    if p.pid == me:
-        return "load generator"
-    group = serve_process_group(_title(p))
-    if group == "ProxyActor":
-        return "proxy"
-    if group == "ServeController":
-        return "Serve controller"
-    if group is not None:
-        return group
-    cmd = command_of(p)
-    return "Ray (daemons, other actors)" if cmd.startswith("ray::") or "/ray/" in cmd else "other"
-
-
-def machine_cpu() -> dict[int, tuple[str, float]]:
-    """Every process on the machine now: pid -> (its ``machine_part``, CPU seconds so far)."""
-    out: dict[int, tuple[str, float]] = {}
-    me = os.getpid()
-    for p in psutil.process_iter():
-        try:
-            t = p.cpu_times()
-            out[p.pid] = (machine_part(p, me), t.user + t.system)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def machine_cores(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float) -> dict:
-    """Cores each part of the machine used between two ``machine_cpu`` samples (a process that
-    exited between them is missing: a phase's processes live through it), and the cores left idle."""
-    if wall_s <= 0:
-        return {}
-    parts: dict[str, float] = {}
-    for pid, (part, cpu) in after.items():
-        prev = before.get(pid)
-        parts[part] = parts.get(part, 0.0) + (cpu - (prev[1] if prev and prev[0] == part else 0.0)) / wall_s
-    used = {k: round(v, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.0005}
-    return {"cores": used, "idle": round(max(0.0, (psutil.cpu_count() or 1) - sum(used.values())), 3)}
-
-
-def busy_threads(before: dict[int, tuple], after: dict[int, tuple], wall_s: float) -> dict:
-    """Which threads did the work between two ``thread_cpu`` samples: how many were busy
-    (> 25% of one core), the busiest ones' share of the wall time on a CPU and waiting for one
-    (runnable, preempted by another process). On-CPU + waiting < 1 for a thread that should
-    never rest means it slept: a lock or a barrier, not CPU contention."""
-    if wall_s <= 0:
-        return {"cpu_cores_used": 0.0, "threads_over_25pct": 0, "top_thread_shares": [], "top_thread_runqueue": []}
-
-    def delta(t: int) -> tuple[float, Optional[float]]:
-        run0, wait0 = before.get(t, (0.0, 0.0))
-        run1, wait1 = after[t]
-        wait = None if wait0 is None or wait1 is None else (wait1 - wait0) / wall_s
-        return (run1 - run0) / wall_s, wait
-
-    shares = sorted((delta(t) for t in after), key=lambda x: x[0], reverse=True)
-    return {
-        "cpu_cores_used": round(sum(x for x, _ in shares), 3),
-        "threads_over_25pct": sum(1 for x, _ in shares if x > 0.25),
-        "top_thread_shares": [round(x, 3) for x, _ in shares[:4]],
-        "top_thread_runqueue": [None if w is None else round(w, 3) for _, w in shares[:4]],
-    }

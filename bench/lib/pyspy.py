@@ -1,12 +1,6 @@
-"""Sampling profiles of Serve replicas during a phase (py-spy), summarised per function.
-
-``python -m bench run --profile`` records the Acoustic and Vocoder replicas (and the Ingress)
-during the closed-loop phase at ``--profile-level`` clients (default 8) with
-``py-spy record --nonblocking --format raw`` (collapsed stacks; the replica is not paused), then
-reports where the busy samples went: by leaf function (self time) and by a few stages of the
-decode loop (inclusive). Raw stacks stay in DIR/profile/ for flame graphs
-(e.g. ``inferno-flamegraph`` or speedscope).
-"""
+"""py-spy profiles of Serve replicas during a phase (``run --profile``): ``py-spy record --nonblocking
+--format raw`` (the replica is not paused), summarised by leaf function (self time) and by a few
+stages of the decode loop (inclusive); the raw stacks stay in DIR/profile/ for flame graphs."""
 
 from __future__ import annotations
 
@@ -53,21 +47,8 @@ class Recorder:
             return False
         self.out_dir.mkdir(parents=True, exist_ok=True)
         out = self.out_dir / f"{name}.txt"
-        argv = [
-            exe,
-            "record",
-            "--pid",
-            str(pid),
-            "--duration",
-            str(max(1, int(duration_s))),
-            "--rate",
-            str(rate),
-            "--format",
-            "raw",
-            "--nonblocking",
-            "--output",
-            str(out),
-        ]
+        argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(duration_s))), "--rate", str(rate)]
+        argv += ["--format", "raw", "--nonblocking", "--output", str(out)]
         self.procs.append((name, out, ManagedProcess(f"py-spy {name}", argv, self.out_dir / f"{name}.log")))
         return True
 

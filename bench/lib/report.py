@@ -1,11 +1,9 @@
-"""The one report writer of the bench: every subcommand describes its report, this module writes it.
+"""The one report writer of the bench: every runner describes its report, this module writes it.
 
-A subcommand's report is its JSON (everything it measured) plus two views built from that JSON
-alone: the Markdown (``Doc``: a heading, its command, lines of text and ``Table``s, a table being
-rows and the ``Col``s to show of each) and, where it has one, the plot (``Figure``: panels of
-``Series``, drawn by matplotlib). ``Kind`` names the files (``report.json`` / ``abuse.json``...,
-``report.md``, ``report.png`` / ``timeline.png``...) and ``write`` / ``render`` write them, so
-``python -m bench report`` renders any committed run again with the code that wrote it.
+A report is its JSON (everything measured) and two views built from the JSON alone: the Markdown
+(``Doc``: a title, the command, lines and ``Table``s of ``Col``s) and, where there is one, the plot
+(``Figure``: ``Panel``s of ``Series``, drawn by matplotlib). ``Kind`` names the files and writes
+them, so ``python -m bench report`` renders a committed run again.
 """
 
 from __future__ import annotations
@@ -47,8 +45,12 @@ def by_clients(closed: dict, *keys: Any) -> list[tuple[int, Any]]:
     return [p for p in pts if p[1] is not None]
 
 
+def json_text(obj: Any, indent: Optional[int] = 2) -> str:
+    return json.dumps(obj, indent=indent, ensure_ascii=False, default=str)
+
+
 def write_json(obj: Any, path: Path, indent: Optional[int] = 2) -> None:
-    path.write_text(json.dumps(obj, indent=indent, ensure_ascii=False, default=str))
+    path.write_text(json_text(obj, indent))
 
 
 # ---------------------------------------------------------------------------------- Markdown
@@ -92,6 +94,24 @@ class Table:
         return out
 
 
+def load_columns(ttfb: Sequence[str] = ("p50", "p95"), latency: Sequence[str] = ("p50", "p95", "p99")) -> list[Col]:
+    """The columns of a load phase (``loadgen.summarize``) in a row ``(name, clients, summary)``,
+    after the row's name: its throughput, the chosen TTFB and latency percentiles, the requests
+    done / failed / cut and the mean batch."""
+    return [
+        Col("clients", 1),
+        Col("audio s/s", (2, "audio_s_per_s"), nd=3),
+        Col("req/s", (2, "requests_per_s"), nd=3),
+        *[Col(f"TTFB {q}", (2, "ttfb_s", q)) for q in ttfb],
+        *[Col(f"lat {q}", (2, "latency_s", q)) for q in latency],
+        *[
+            Col(h, lambda x, k=k: str(x[2].get(k)))
+            for h, k in (("done", "completed"), ("errors", "errors"), ("cut", "cut"))
+        ],
+        Col("mean batch", (2, "engine", "mean_rows_per_step")),
+    ]
+
+
 Block = Union[str, Table, None]
 
 
@@ -126,6 +146,21 @@ class Doc:
         return "\n".join(lines) + self.end
 
 
+def target(value: Any, op: str, threshold: float) -> dict:
+    """A figure against its target (``op`` ``>=`` or ``<=``): its value, the target and whether
+    it is met (None: not measured)."""
+    met = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
+    return {"value": value, "target": f"{op} {threshold}", "met": met}
+
+
+# The targets' table of a runner whose report keeps them as ``{name: target(...)}``.
+TARGETS = [
+    Col("target", lambda x: f"{x[0]} {x[1]['target']}"),
+    Col("value", lambda x: str(x[1]["value"])),
+    Col("met", lambda x: "–" if x[1]["met"] is None else str(x[1]["met"])),
+]
+
+
 def failed(report: dict, note: str = "") -> Optional[str]:
     """The line that says a run failed (a report written on an error keeps what it measured)."""
     return f"**The run failed:** `{report['error']}`{note}" if report.get("error") else None
@@ -136,9 +171,8 @@ def failed(report: dict, note: str = "") -> Optional[str]:
 
 @dataclass
 class Series:
-    """One thing drawn on a panel: a line (``style`` is matplotlib's fmt string), a step line, bars
-    (``offset`` shifts them, ``bottom`` stacks them), a horizontal or vertical rule at ``y`` / ``x``,
-    or a text at (x, y). ``kw`` goes to matplotlib as it is (color, alpha, lw, width...)."""
+    """One thing drawn on a panel: a line (``style`` is matplotlib's fmt string), bars, or a
+    horizontal rule at ``y``. ``kw`` goes to matplotlib as it is (color, alpha, lw, width...)."""
 
     kind: str
     x: Any = None
@@ -161,15 +195,6 @@ def bars(x: Sequence, y: Sequence, label: Optional[str] = None, **kw: Any) -> Se
     return Series("bar", list(x), list(y), label, "", kw)
 
 
-def grouped_bars(rows: Sequence[dict], columns: Sequence[tuple[str, str]], width: float) -> list[Series]:
-    """Side-by-side bars, one group per row, one bar per (key, label) of ``columns`` (0 for None)."""
-    n = len(columns)
-    return [
-        bars([i + (k - (n - 1) / 2) * width for i in range(len(rows))], [r[key] or 0 for r in rows], label, width=width)
-        for k, (key, label) in enumerate(columns)
-    ]
-
-
 @dataclass
 class Panel:
     title: str = ""
@@ -180,11 +205,9 @@ class Panel:
     logy: bool = False
     ylim: Optional[tuple] = None  # (bottom, top); either may be None
     xlim: Optional[tuple] = None
-    grid: Optional[str] = "both"  # "both", "y", or None
-    grid_which: str = "major"
+    grid: Optional[str] = "both"  # "both", or None
     legend: Optional[dict] = field(default_factory=lambda: {"fontsize": 8})  # None: no legend
     not_measured: bool = True  # an empty panel says so
-    xticks: Optional[tuple] = None  # (positions, labels)
     tick_size: Optional[int] = None
     twin: Optional["Panel"] = None  # a second y axis on the right
 
@@ -201,8 +224,7 @@ def log2_panel(title: str, xlabel: str, ylabel: str, series: Sequence[Optional[S
 
 def seconds_panel(title: str, series: Sequence[Optional[Series]]) -> Panel:
     """Log-log seconds vs concurrent clients (the latency and TTFB panels)."""
-    p = Panel(title, "concurrent clients", "seconds", log2x=True, logy=True, grid_which="both")
-    return p.add(*series)
+    return Panel(title, "concurrent clients", "seconds", log2x=True, logy=True).add(*series)
 
 
 @dataclass
@@ -211,8 +233,6 @@ class Figure:
     shape: tuple[int, int] = (1, 1)
     size: tuple[float, float] = (8, 4)
     title: Optional[str] = None
-    title_size: int = 10
-    sharex: bool = False
 
 
 def pyplot():
@@ -240,16 +260,10 @@ def _series(ax, s: Series) -> None:
     label = {"label": s.label} if s.label is not None else {}
     if s.kind == "line":
         ax.plot(s.x, s.y, *([s.style] if s.style else []), **label, **s.kw)
-    elif s.kind == "step":
-        ax.step(s.x, s.y, where="post", **label, **s.kw)
     elif s.kind == "bar":
         ax.bar(s.x, s.y, **label, **s.kw)
     elif s.kind == "hline":
         ax.axhline(s.y, **label, **s.kw)
-    elif s.kind == "vline":
-        ax.axvline(s.x, **label, **s.kw)
-    elif s.kind == "text":
-        ax.text(s.x, s.y, s.label, **s.kw)
     else:
         raise ValueError(f"unknown series kind {s.kind!r}")
 
@@ -267,8 +281,6 @@ def _panel(ax, p: Panel) -> None:
         ax.set_yscale("log")
     if p.log2x:
         _plain_log_axis(ax, y=p.logy)
-    if p.xticks is not None:
-        ax.set_xticks(*p.xticks)
     if p.tick_size:
         ax.tick_params(axis="x", labelsize=p.tick_size)
     if p.ylim is not None:
@@ -276,7 +288,7 @@ def _panel(ax, p: Panel) -> None:
     if p.xlim is not None:
         ax.set_xlim(*p.xlim)
     if p.grid is not None:
-        ax.grid(True, alpha=0.3, which=p.grid_which, **({"axis": "y"} if p.grid == "y" else {}))
+        ax.grid(True, alpha=0.3, which="both" if p.logy else "major")
     if p.legend is not None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(**p.legend)
@@ -287,11 +299,11 @@ def _panel(ax, p: Panel) -> None:
 def draw(fig_spec: Figure, path: Path) -> None:
     plt = pyplot()
     rows, cols = fig_spec.shape
-    fig, axes = plt.subplots(rows, cols, figsize=fig_spec.size, squeeze=False, sharex=fig_spec.sharex)
+    fig, axes = plt.subplots(rows, cols, figsize=fig_spec.size, squeeze=False)
     for ax, p in zip([a for row in axes for a in row], fig_spec.panels):
         _panel(ax, p)
     if fig_spec.title:
-        fig.suptitle(fig_spec.title, fontsize=fig_spec.title_size)
+        fig.suptitle(fig_spec.title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -302,13 +314,12 @@ def draw(fig_spec: Figure, path: Path) -> None:
 
 @dataclass(frozen=True)
 class Kind:
-    """What a subcommand's report is made of: its JSON file's name, its Markdown and its plot (each
-    a function of the report, or None), the plot's file name and the JSON's indent."""
+    """What a runner's report is made of: its JSON file's name, its Markdown and its plot (each a
+    function of the report; no plot: None) and the JSON's indent. The plot is report.png."""
 
     json_name: str
-    doc: Optional[Callable[[dict], Doc]]
+    doc: Callable[[dict], Doc]
     figure: Optional[Callable[[dict], Optional[Figure]]] = None
-    png: str = "report.png"
     indent: Optional[int] = 2
 
     def markdown(self, report: dict) -> str:
@@ -322,12 +333,11 @@ class Kind:
             try:
                 spec = self.figure(report)
                 if spec is not None:
-                    draw(spec, out / self.png)
+                    draw(spec, out / "report.png")
             except Exception as exc:  # noqa: BLE001
-                report.setdefault("warnings", []).append(f"{self.png} failed: {exc!r}")
+                report.setdefault("warnings", []).append(f"report.png failed: {exc!r}")
                 failed_plot = True
-        if self.doc is not None:
-            (out / "report.md").write_text(self.markdown(report))
+        (out / "report.md").write_text(self.markdown(report))
         return failed_plot
 
     def write(self, report: dict, out: Path) -> None:

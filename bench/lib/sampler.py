@@ -1,12 +1,7 @@
-"""The one periodic thread of the bench, and what samples with it.
-
-``Periodic`` calls ``tick()`` every ``interval_s`` seconds on a daemon thread, from ``start()``
-until ``stop()`` (the interval runs from the start of one tick to the start of the next). A tick
-that raises is counted in ``missed`` and the thread goes on. Subclasses: ``RssSampler`` (RSS of
-groups of processes, peaks per window), ``GpuSampler`` (``nvidia-smi``: peak memory and mean
-utilisation per window), the autoscale timeline's cluster sampler (bench/autoscale.py) and the
-run's progress bar (bench/run.py).
-"""
+"""The one periodic thread of the bench: ``Periodic`` calls ``tick()`` every ``interval_s`` seconds
+on a daemon thread until ``stop()`` (a tick that raises counts in ``missed``); ``RssSampler`` (RSS
+of groups of processes, peaks per window), ``GpuSampler`` (``nvidia-smi``: peak memory, mean
+utilisation per window) and ``run``'s progress bar tick with it."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from typing import Callable, Optional
 
 import psutil
 
-from .procs import processes_by_group
+from .machine import processes_by_group
 
 
 class Periodic:

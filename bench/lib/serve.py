@@ -1,8 +1,5 @@
-"""The project on Ray Serve, started and stopped by the bench: its config and ``ServeRunner``.
-
-The deployment is the project's own config file (``config/serve.yaml`` by default) with the
-benchmark's overrides applied (weights, loopback port, resources, batching knobs), deployed the
-way ``serve run config.yaml`` does it: ``ray.init`` of a local cluster in this process, Serve
+"""The project on Ray Serve: ``ServeRunner`` deploys a config (bench/lib/config.py) the way
+``serve run config.yaml`` does it: ``ray.init`` of a local cluster in this process, Serve
 started with the config's HTTP options, then the controller applies the whole config (so
 ``deployments:`` overrides, ``user_config`` and autoscaling behave exactly as in production).
 Switching continuous/window batching re-applies the config with a changed Acoustic
@@ -15,118 +12,16 @@ import copy
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-import yaml
 
-from .procs import REPO_ROOT, classify_serve, processes_by_group
-
-DEFAULT_CONFIG = REPO_ROOT / "config" / "serve.yaml"
-GPU_CONFIG = REPO_ROOT / "config" / "serve.gpu.yaml"
+from .config import app_name, deployment_path, get_path, set_path
+from .machine import classify_serve, processes_by_group
+from .procs import isolate_environ
+from .waiting import NotMet, wait_until
 
 log = logging.getLogger("bench.serve")
-
-
-# ------------------------------------------------------------------ config editing
-
-
-def load_config(path: Optional[str | Path] = None) -> dict:
-    """A Serve config file (default config/serve.yaml); a relative path that is not found from
-    the current directory is read from the repository root."""
-    path = Path(path or DEFAULT_CONFIG)
-    if not path.is_absolute() and not path.exists():
-        path = REPO_ROOT / path
-    with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
-
-
-def _step(node: Any, key: str, create: bool) -> Any:
-    if isinstance(node, list):
-        for item in node:
-            if isinstance(item, dict) and item.get("name") == key:
-                return item
-        if key.isdigit() and int(key) < len(node):
-            return node[int(key)]
-        if create:
-            item = {"name": key}
-            node.append(item)
-            return item
-        raise KeyError(key)
-    if key not in node or node[key] is None:
-        if not create:
-            raise KeyError(key)
-        node[key] = {}
-    return node[key]
-
-
-def set_path(cfg: dict, dotted: str, value: Any) -> None:
-    """``applications.chattts.deployments.Acoustic.user_config.max_batch_size`` = value.
-
-    List items are found by their ``name`` (or an index); missing dicts/items are created.
-    """
-    parts = dotted.split(".")
-    node: Any = cfg
-    for p in parts[:-1]:
-        node = _step(node, p, create=True)
-    node[parts[-1]] = value
-
-
-def get_path(cfg: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    try:
-        for p in dotted.split("."):
-            node = _step(node, p, create=False)
-        return node
-    except (KeyError, TypeError):
-        return default
-
-
-def app_name(cfg: dict) -> str:
-    return cfg["applications"][0]["name"]
-
-
-def deployment_path(cfg: dict, deployment: str) -> str:
-    return f"applications.{app_name(cfg)}.deployments.{deployment}"
-
-
-def args_path(cfg: dict) -> str:
-    return f"applications.{app_name(cfg)}.args"
-
-
-def apply_overrides(cfg: dict, *, weights: str = "random", port: int, overrides: Optional[dict] = None) -> dict:
-    """A copy of ``cfg`` for the benchmark: loopback port, chosen weights on CPU, overrides.
-
-    ``overrides`` maps dotted paths (see ``set_path``) to values; a ``{deployment}.replicas``
-    style convenience is handled by the caller (``bench.run``).
-    """
-    cfg = copy.deepcopy(cfg)
-    cfg["http_options"] = {**(cfg.get("http_options") or {}), "host": "127.0.0.1", "port": port}
-    cfg["http_options"].setdefault("request_timeout_s", 600)
-    cfg["proxy_location"] = "HeadOnly"
-    args = args_path(cfg)
-    set_path(cfg, f"{args}.model.weights.source", weights)
-    set_path(cfg, f"{args}.model.device", "cpu")
-    # Loopback only, and the load generator sends no key: the GPU config's auth: required would
-    # keep the Ingress from starting.
-    set_path(cfg, f"{args}.ingress.security.auth", "optional")
-    # The response cache stays as configured: the load generator sends Cache-Control: no-store
-    # (and a distinct seed per request), and the cache-hit phase needs the cache.
-    for key, value in (overrides or {}).items():
-        set_path(cfg, key, value)
-    return cfg
-
-
-def parse_sets(items: list[str]) -> dict:
-    """``--set PATH=VALUE`` arguments (VALUE is YAML) -> overrides for ``apply_overrides``."""
-    out: dict = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs PATH=VALUE, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 # Serve's Python HTTP proxy (default), or Ray's bundled HAProxy in front of HTTP servers inside the
@@ -135,25 +30,15 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "
 FRONT_DOORS = {"proxy": {}, "haproxy": HAPROXY_ENV}
 
 
-def set_replicas(cfg: dict, deployment: str, n: int) -> None:
-    """Fixed replica count for a deployment: autoscaling bounds min = max = n. (``num_replicas``
-    alone does not do it: the deployments' decorators set an autoscaling_config, which Serve
-    keeps when the config file leaves it out, and then starts min_replicas.)"""
-    path = deployment_path(cfg, deployment)
-    d = get_path(cfg, path)
-    if d is not None:
-        d.pop("num_replicas", None)
-    set_path(cfg, f"{path}.autoscaling_config", {"min_replicas": n, "max_replicas": n, "initial_replicas": n})
-
-
-def set_threads(cfg: dict, deployment: str, n: int) -> None:
-    """torch/OpenMP threads of one deployment's replicas (env of the actor, read by torch at import)."""
-    base = f"{deployment_path(cfg, deployment)}.ray_actor_options.runtime_env.env_vars"
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        set_path(cfg, f"{base}.{var}", str(n))
-
-
-# ------------------------------------------------------------------ the running app
+def add_app_arguments(p: Any, url: Optional[str] = None, weights: str = "random-tiny") -> None:
+    """The options of a runner that starts the app (``ServeRunner.from_args``) or, with ``url`` (its
+    help), measures a running one."""
+    if url:
+        p.add_argument("--url", help=url)
+    p.add_argument("--weights", default=weights, choices=["random", "random-tiny"])
+    p.add_argument("--config", help="Serve config file (default config/serve.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="a config value (as in `run`)")
+    p.add_argument("--ray-cpus", type=float, help="CPUs Ray may schedule (default: all)")
 
 
 class ServeRunner:
@@ -181,6 +66,19 @@ class ServeRunner:
         self._client = None
         self._started = False
 
+    @classmethod
+    def from_args(cls, a: Any, overrides: Optional[dict] = None, **kw: Any) -> "ServeRunner":
+        """The app of ``add_app_arguments``'s options (``--set`` over ``overrides``) on a free loopback port."""
+        from .config import apply_overrides, load_config, parse_sets
+        from .procs import free_port
+
+        overrides = {**(overrides or {}), **parse_sets(a.set)}
+        return cls(
+            apply_overrides(load_config(a.config), weights=a.weights, port=free_port(), overrides=overrides),
+            a.ray_cpus,
+            **kw,
+        )
+
     # -------------------------------------------------------------- lifecycle
 
     def start(self, progress=None) -> float:
@@ -188,10 +86,8 @@ class ServeRunner:
         from ray.serve._private import api as serve_api
         from ray.serve.schema import ServeDeploySchema
 
-        os.environ["RAY_AUTH_MODE"] = "disabled"
+        isolate_environ()
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # keep the progress bar readable
-        os.environ.pop("CHATTTS_WEIGHTS", None)
-        os.environ.pop("CHATTTS_WEIGHTS_PATH", None)
         # Read by the controller and the replicas that ray.init starts (docs/operations.md, "Fast front door").
         for key in HAPROXY_ENV:
             os.environ.pop(key, None)
@@ -223,48 +119,25 @@ class ServeRunner:
         )
         self._client.deploy_apps(schema)
         self._wait_running()
-        self._wait_ready()
+        wait_ready(self.base_url, self.ready_timeout_s, failed_is_final=True)
         return time.perf_counter() - t0
 
     def _wait_running(self) -> None:
         from ray import serve
 
-        deadline = time.monotonic() + self.ready_timeout_s
-        status = None
-        while time.monotonic() < deadline:
-            apps = serve.status().applications
-            app = apps.get(self.app)
-            status = app.status if app else None
-            if status == "RUNNING":
-                return
-            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RuntimeError(f"Serve app {self.app} {status}: {app.message}")
-            time.sleep(1.0)
-        raise TimeoutError(f"Serve app {self.app} not RUNNING after {self.ready_timeout_s}s (last: {status})")
+        def status() -> Optional[str]:
+            app = serve.status().applications.get(self.app)
+            if app is not None and app.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"Serve app {self.app} {app.status}: {app.message}")
+            return app and app.status
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        last = None
-        with httpx.Client(base_url=self.base_url, timeout=10, trust_env=False) as c:
-            while time.monotonic() < deadline:
-                try:
-                    r = c.get("/readyz")
-                    if r.status_code == 200:
-                        return
-                    last = r.text
-                    try:
-                        body = r.json()
-                    except ValueError:
-                        body = {}
-                    if isinstance(body, dict) and body.get("status") == "failed":
-                        raise RuntimeError(f"the app's warm-up failed: {body.get('error')}")
-                except httpx.HTTPError as exc:
-                    last = repr(exc)
-                time.sleep(1.0)
-        raise TimeoutError(f"/readyz not ready after {self.ready_timeout_s}s: {last}")
+        wait_until(
+            status, self.ready_timeout_s, 1.0, until=lambda x: x == "RUNNING", what=f"Serve app {self.app} RUNNING"
+        )
 
     def reconfigure_acoustic(self, **user_config: Any) -> None:
-        """Re-apply the config with changed Acoustic ``user_config`` keys (no replica restart)."""
+        """Re-apply the config with changed Acoustic ``user_config`` keys (no replica restart), and
+        wait until the replica reports them (in its engine config, or its own stats)."""
         from ray.serve.schema import ServeDeploySchema
 
         cfg = copy.deepcopy(self.cfg)
@@ -275,19 +148,13 @@ class ServeRunner:
         self.cfg = cfg
         time.sleep(2.0)  # let the controller see the new version before polling its status
         self._wait_running()
-        # If the replica reports its engine config, wait until it shows the change.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def applied() -> bool:
             s = self.acoustic_stats() or {}
-            applied = s.get("config") if isinstance(s.get("config"), dict) else s
-            if all(
-                applied.get(k, v) == v
-                for k, v in user_config.items()
-                if k in ("continuous", "max_rows", "first_chunk_tokens", "chunk_tokens")
-            ):
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"Acoustic did not apply user_config {user_config} within 30 s")
+            engine = s.get("config") or {}
+            return all(engine.get(k, s.get(k, v)) == v for k, v in user_config.items())
+
+        wait_until(applied, 30, 0.3, what=f"Acoustic applying user_config {user_config}")
 
     def stop(self) -> None:
         if not self._started:
@@ -310,24 +177,23 @@ class ServeRunner:
     # -------------------------------------------------------------- observation
 
     def acoustic_stats(self) -> Optional[dict]:
-        from ray import serve
-
         try:
-            h = serve.get_deployment_handle("Acoustic", app_name=self.app)
-            return h.stats.remote().result(timeout_s=30)
+            return acoustic_stats(self.app)
         except Exception as exc:  # noqa: BLE001 - stats are a bonus, not a failure
             log.warning("Acoustic.stats() failed: %s", exc)
             return None
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
-        """Until the Acoustic engine has no running or waiting rows (after cut requests)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            s = self.acoustic_stats()
-            if s is None or (s.get("running_rows", 0) == 0 and s.get("waiting_rows", 0) == 0):
-                return True
-            time.sleep(0.5)
-        return False
+        """Until the Acoustic engine has no running or waiting rows (after cut requests); False if
+        it still had after ``timeout_s`` (stats that cannot be read count as idle)."""
+        try:
+            wait_idle(self.app, timeout_s, 0.5)
+            return True
+        except NotMet:
+            return False
+        except Exception as exc:  # noqa: BLE001 - stats are a bonus, not a failure
+            log.warning("Acoustic.stats() failed: %s", exc)
+            return True
 
     def replica_pids(self) -> dict[str, list[int]]:
         """pids of the Serve processes (replicas by deployment, ServeController, ProxyActor)."""
@@ -353,43 +219,76 @@ class ServeRunner:
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 omp = env.get("OMP_NUM_THREADS")
-                out.setdefault(group, []).append(
-                    {
-                        "pid": pid,
-                        "num_cpus": cpus,
-                        "OMP_NUM_THREADS_env": omp,
-                        "omp_threads_effective": int(omp) if omp else max(math.floor(cpus), 1),
-                    }
-                )
+                effective = int(omp) if omp else max(math.floor(cpus), 1)
+                entry = {"pid": pid, "num_cpus": cpus, "OMP_NUM_THREADS_env": omp, "omp_threads_effective": effective}
+                out.setdefault(group, []).append(entry)
         return out
+
+
+# ------------------------------------------------------------------ any running app (the bench's, the tests')
+
+
+def wait_ready(url: str, timeout_s: float, proc: Any = None, failed_is_final: bool = False) -> float:
+    """Poll ``GET /readyz`` until 200; the seconds it took. ``NotMet`` after ``timeout_s``;
+    RuntimeError at once if ``proc`` (a subprocess serving it) exits first, or, with
+    ``failed_is_final`` (an app of one Ingress replica), when it says its warm-up failed."""
+    t0 = time.monotonic()
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+
+        def readyz() -> str:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server process exited with {proc.returncode} before ready")
+            try:
+                r = client.get(url + "/readyz")
+            except httpx.HTTPError as exc:
+                return f"{exc.__class__.__name__}: {exc}"
+            if r.status_code == 200:
+                return "200"
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            if failed_is_final and isinstance(body, dict) and body.get("status") == "failed":
+                raise RuntimeError(f"the app's warm-up failed: {body.get('error')}")
+            return f"{r.status_code} {r.text[:200]}"
+
+        wait_until(readyz, timeout_s, 0.5, until=lambda answer: answer == "200", what=f"{url}/readyz 200")
+    return time.monotonic() - t0
+
+
+def acoustic_stats(app: str) -> dict:
+    """Counters of an Acoustic replica of ``app``: ``EngineStats`` plus running/waiting rows."""
+    from ray import serve
+
+    return serve.get_deployment_handle("Acoustic", app_name=app).stats.remote().result(timeout_s=30)
+
+
+def wait_idle(app: str, timeout_s: float, interval_s: float = 0.05) -> dict:
+    """The Acoustic counters once no row runs or waits (``NotMet`` after ``timeout_s``)."""
+    idle = lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0  # noqa: E731
+    return wait_until(lambda: acoustic_stats(app), timeout_s, interval_s, until=idle, what="no rows left to decode")
+
+
+ENGINE_COUNTERS = (
+    "steps",
+    "row_steps",
+    "admissions",
+    "rows_admitted",
+    "rows_finished",
+    "rows_cancelled",
+    "rows_failed",
+)
 
 
 def engine_delta(before: Optional[dict], after: Optional[dict]) -> dict:
     """Batching actually formed during a phase, from the engine's counters."""
     if not before or not after:
         return {}
-    d = {
-        k: after.get(k, 0) - before.get(k, 0)
-        for k in (
-            "steps",
-            "row_steps",
-            "admissions",
-            "rows_admitted",
-            "rows_finished",
-            "rows_cancelled",
-            "rows_failed",
-            "prefill_seconds",
-            "decode_seconds",
-        )
-    }
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in (*ENGINE_COUNTERS, "prefill_seconds", "decode_seconds")}
     return {
         "mean_rows_per_step": round(d["row_steps"] / d["steps"], 3) if d["steps"] else None,
         "mean_rows_per_admission": round(d["rows_admitted"] / d["admissions"], 3) if d["admissions"] else None,
-        "steps": d["steps"],
-        "rows_admitted": d["rows_admitted"],
-        "rows_finished": d["rows_finished"],
-        "rows_cancelled": d["rows_cancelled"],
-        "rows_failed": d["rows_failed"],
+        **{k: d[k] for k in ENGINE_COUNTERS if k not in ("row_steps", "admissions")},
         "prefill_s": round(d["prefill_seconds"], 3),
         "decode_s": round(d["decode_seconds"], 3),
         "max_rows_ever": after.get("max_rows"),

@@ -1,12 +1,7 @@
-"""The statistics every report uses, each defined once.
-
-Two percentile definitions are in use, and each figure keeps the one it was always measured with:
-
-* ``percentiles`` (numpy's default, linear interpolation between the closest ranks): request
-  TTFB and latency of the load generator, and the autoscale timeline;
-* ``nearest_rank`` (the value at rank ``round(q * (n - 1))`` of the sorted values, no
-  interpolation): the realtime study's p90s and the cache-hit p95.
-"""
+"""The statistics every report uses, each defined once. Two percentiles, each figure keeping the one
+it was always measured with: ``percentiles`` (numpy's, linear between ranks: the load generator's
+TTFB and latency) and ``nearest_rank`` (the sorted value at rank ``round(q * (n - 1))``: realtime's
+p90s, the cache hit's p95)."""
 
 from __future__ import annotations
 

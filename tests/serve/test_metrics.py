@@ -31,9 +31,10 @@ def _scrape(url: str) -> dict[str, list[tuple[str, float]]]:
     return _parse(httpx.get(url, timeout=10).text)
 
 
-# Absent here, allowed: rare counters until their event happens (aborted streams); the autoscaling
-# policy's gauges exist only where Acoustic autoscales (tests/system/test_cluster.py checks those).
-ABSENT_HERE = ("ray_tts_stream_aborted", "ray_tts_autoscale_")
+# Absent here, allowed: rare counters until their event happens (aborted streams; capacity
+# refusals, which the session app never makes: tests/serve/test_realtime_capacity.py checks those);
+# the autoscaling policy's gauges exist only where Acoustic autoscales (tests/system/test_cluster.py).
+ABSENT_HERE = ("ray_tts_stream_aborted", "ray_tts_capacity_refusals", "ray_tts_autoscale_")
 # The stages each in a process of its own (TextNormalizer, Acoustic, Vocoder), exporting on its own timer.
 STAGES = ("normalise", "queue", "decode", "vocode", "encode")
 

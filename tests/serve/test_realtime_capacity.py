@@ -75,7 +75,7 @@ async def listen(client: httpx.AsyncClient, url: str, text: str) -> dict:
     return out
 
 
-async def test_past_capacity_every_listener_plays_smoothly_or_is_told_at_once(slow_app):
+async def test_past_capacity_every_listener_plays_smoothly_or_is_told_at_once(slow_app, ray_session):
     async with httpx.AsyncClient(timeout=120) as client:
         first = await listen(client, slow_app, "你好，先让声码器量一下自己的速度。")  # the gate measures its rate
         assert first["status"] == 200
@@ -92,3 +92,16 @@ async def test_past_capacity_every_listener_plays_smoothly_or_is_told_at_once(sl
     for r in served:
         assert r["stall_s"] <= SMOOTH_S, r
     assert refused, "four streams through a vocoder that keeps about two at 1x: some must be told"
+    # Operators see each refusal: the Vocoder's counter (exported within its report loop's second
+    # and the metrics agent's export period).
+    deadline = time.monotonic() + 30
+    while True:
+        counted = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(ray_session["metrics_url"], timeout=10).text.splitlines()
+            if line.startswith("ray_tts_capacity_refusals_total{") and 'stage="vocoder"' in line
+        )
+        if counted >= len(refused) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1)
+    assert counted >= len(refused), (counted, len(refused))

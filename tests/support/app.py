@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import pytest
 
+from bench.lib import serve as running
 from bench.lib.procs import free_port
+from bench.lib.serve import wait_ready
 from serve_app.settings import merged
 from support.configs import chattts_app, load
 from support.report import report
-from support.waiting import wait_until
 
 APP_NAME = "chattts"
 READY_TIMEOUT_S = 180.0
@@ -78,26 +78,6 @@ def _deployment_options() -> dict[str, dict[str, Any]]:
             opts["user_config"] = {**opts.get("user_config", {}), **_TEST_USER_CONFIG[dep["name"]]}
         out[dep["name"]] = opts
     return out
-
-
-def wait_ready(base_url: str, timeout_s: float = READY_TIMEOUT_S, proc=None) -> float:
-    """Poll ``GET /readyz`` until 200; return the seconds it took. Fails on timeout or if ``proc``
-    (a subprocess serving it) exits first."""
-    t0 = time.monotonic()
-    with httpx.Client(timeout=5.0) as client:
-
-        def readyz() -> str:
-            """What /readyz answers: "200", another status and body, or the connection error."""
-            if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"server process exited with {proc.returncode} before ready")
-            try:
-                r = client.get(base_url + "/readyz")
-            except httpx.HTTPError as exc:
-                return f"{exc.__class__.__name__}: {exc}"
-            return "200" if r.status_code == 200 else f"{r.status_code} {r.text[:200]}"
-
-        wait_until(readyz, timeout_s, 0.5, until=lambda answer: answer == "200", what=f"{base_url}/readyz 200")
-    return time.monotonic() - t0
 
 
 def walk_graph(app) -> list:
@@ -268,21 +248,12 @@ def chattts_handle(app_url: str):
 
 def acoustic_stats() -> dict[str, Any]:
     """Counters of the (one) Acoustic replica: ``EngineStats`` plus running/waiting rows."""
-    from ray import serve
-
-    h = serve.get_deployment_handle("Acoustic", app_name=APP_NAME)
-    return h.stats.remote().result(timeout_s=30)
+    return running.acoustic_stats(APP_NAME)
 
 
 def wait_idle(timeout_s: float = 30) -> dict[str, Any]:
     """The Acoustic counters once no row runs or waits (polled every 50 ms)."""
-    return wait_until(
-        acoustic_stats,
-        timeout_s,
-        0.05,
-        until=lambda s: s["running_rows"] == 0 and s["waiting_rows"] == 0,
-        what="no rows left in the decode loop",
-    )
+    return running.wait_idle(APP_NAME, timeout_s)
 
 
 def _deployment(name: str):

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import ClassVar, Optional, Sequence
 
-from bench.lib.procs import ManagedProcess, bench_env
+from bench.lib.procs import ManagedProcess
 
 
 class EarlyRun:
@@ -43,8 +43,7 @@ class EarlyRun:
             self.root = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
             self.started_at = time.monotonic()
             argv = [a.replace("{out}", str(self.out)) for a in self.argv]
-            env = bench_env(PYTHONUNBUFFERED="1")
-            self.proc = ManagedProcess(self.name, argv, self.root / "log.txt", env=env, marker=uuid.uuid4().hex)
+            self.proc = ManagedProcess(self.name, argv, self.root / "log.txt", marker=uuid.uuid4().hex)
         return self
 
     def finish(self) -> tuple[Optional[int], str]:
@@ -52,9 +51,7 @@ class EarlyRun:
         status (None: timed out) and the tail of its output."""
         self.start()
         left = self.timeout_s - (time.monotonic() - self.started_at)
-        rc = self.proc.wait(max(1.0, left))
-        self.proc.stop(grace_s=5)  # whatever it left running (marked) goes too
-        return rc, self.proc.log_tail(80)
+        return self.proc.finish(max(1.0, left), grace_s=5, lines=80)  # what it left (marked) goes too
 
     @classmethod
     def stop_all(cls) -> None:

@@ -5,7 +5,6 @@ the bench and the tests."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -18,8 +17,9 @@ from typing import Iterator, Optional
 import pytest
 import yaml
 
-from bench.lib.procs import REPO_ROOT, ManagedProcess, command_of, marked
-from support.app import wait_ready
+from bench.lib.procs import REPO_ROOT, ManagedProcess, child_env, command_of, marked
+from bench.lib.serve import wait_ready
+from bench.lib.waiting import NotMet
 
 READY_TIMEOUT_S = 240.0
 
@@ -44,14 +44,11 @@ class ServeRun:
         self.log_path = self.tmp / "serve_run.log"
         self.marker = f"serve-run-{uuid.uuid4().hex}"
         self.ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must fit
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        self.env.pop("CHATTTS_WEIGHTS_PATH", None)
-        self.env.update(
-            RAY_AUTH_MODE="disabled",
+        self.env = child_env(
+            own_ray=True,
             RAY_TMPDIR=self.ray_tmp,
             CHATTTS_WEIGHTS="random-tiny",
             CHATTTS_SERVE_CACHE=str(weights_cache),
-            PYTHONUNBUFFERED="1",
             **(env or {}),
         )
         self.process: Optional[ManagedProcess] = None
@@ -60,7 +57,7 @@ class ServeRun:
         self.killed: list[str] = []
         self.remaining: list[str] = []
         self._ready: Optional[threading.Thread] = None
-        self._not_ready: Optional[AssertionError] = None
+        self._not_ready: Optional[Exception] = None
         self._stopping: Optional[threading.Thread] = None
 
     def log_tail(self, lines: int = 60) -> str:
@@ -82,7 +79,7 @@ class ServeRun:
             try:
                 wait_ready(self.url, READY_TIMEOUT_S, proc=self.process.proc)
                 self.startup_s = time.monotonic() - t0
-            except AssertionError as exc:
+            except (NotMet, RuntimeError) as exc:
                 self._not_ready = exc
 
         self._ready = threading.Thread(target=watch, name="serve-run-ready", daemon=True)

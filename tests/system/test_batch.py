@@ -29,7 +29,7 @@ from support.cli import cli_command
 from support.engine import expected_samples
 from support.waiting import wait_until
 
-from bench.lib.procs import MARKER_ENV, kill_marked
+from bench.lib.procs import MARKER_ENV, child_env, kill_marked
 from deployments.bulk.config import BatchRow
 from deployments.bulk.output import OutputDir
 from deployments.bulk.rows import audio_stem, check_row, csv_options, raw_rows
@@ -76,13 +76,8 @@ COMMON = ("--num-cpus", "2", "--rows-per-call", "4")
 
 
 def batch_env(marker: str) -> dict[str, str]:
-    env = dict(os.environ)  # CHATTTS_SERVE_CACHE: the session's weights (support.engine)
-    env.update(
-        {"CHATTTS_WEIGHTS": "random-tiny", "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", MARKER_ENV: marker}
-    )
-    env.pop("CHATTTS_WEIGHTS_PATH", None)
-    env.pop("RAY_ADDRESS", None)  # a local Ray of its own, never another one
-    return env
+    """A local Ray of its own (never another one), the session's weights (CHATTTS_SERVE_CACHE: support.engine)."""
+    return child_env(CHATTTS_WEIGHTS="random-tiny", OMP_NUM_THREADS="1", **{MARKER_ENV: marker})
 
 
 def run_batch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -109,7 +104,7 @@ def expected(row: dict) -> dict:
     opts = BatchRow.model_validate(
         {**{k: v for k, v in row.items() if k in BatchRow.model_fields}, "id": str(row["id"])}
     )
-    plan = Planner().plan(opts.text, opts.options())
+    plan = Planner().plan(opts.text, opts.request().to_options())
     fmt = opts.response_format
     return {
         "id": opts.id,

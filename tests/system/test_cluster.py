@@ -1,5 +1,5 @@
 """The app on a multi-node Ray cluster on this host: a head (2 CPUs) and two worker nodes that each
-declare the GPU node shape config/serve.gpu.yaml is sized for, 8 CPUs and one GPU (bench/cluster.py),
+declare the GPU node shape config/serve.gpu.yaml is sized for, 8 CPUs and one GPU (bench/lib/cluster.py),
 the Serve config derived from config/serve.gpu.yaml (tiny random weights on the CPU, small bounds,
 delays of seconds), deployed with ``serve deploy``.
 
@@ -26,17 +26,19 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import yaml
+from support import configs
 from support.audio import snr_db
+from support.configs import cluster_config
 from support.report import report
+from support.step_load import StepLoad, complete
 from support.waiting import wait_until, wait_until_async
 
-from bench.lib.cluster import LocalCluster, cluster_config, write_config
+from bench.lib.cluster import HTTP_ERRORS, LocalCluster
+from bench.lib.config import get_path, set_path
 from bench.lib.corpus import ONE_ROW_TEXTS, expected_pcm_bytes
-from bench.lib.loadgen import StepLoad, complete
 from bench.lib.procs import REPO_ROOT as REPO
-from bench.lib.procs import free_port, wait_for
-from bench.lib.serve import GPU_CONFIG, get_path, set_path
+from bench.lib.procs import free_port
+from bench.lib.serve import wait_ready
 from deployments.kuberay import GPU_POD, cpu_pod
 from serve_app.engine.wav import with_true_length
 
@@ -72,7 +74,7 @@ class App:
     def deploy(self, cfg: dict, name: str) -> float:
         """``serve deploy`` the config; wait until both apps run with healthy deployments."""
         t0 = time.monotonic()
-        out = self.cluster.serve("deploy", str(write_config(cfg, self.root / f"{name}.yaml")))
+        out = self.cluster.deploy(cfg, name)
         assert out.returncode == 0, out.stderr[-3000:]
 
         def settled() -> bool:
@@ -82,7 +84,9 @@ class App:
                 for a in apps.values()
             )
 
-        wait_for(settled, 300, 0.5, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY")
+        wait_until(
+            settled, 300, 0.5, what=f"serve deploy {name}: apps RUNNING, deployments HEALTHY", retry_on=HTTP_ERRORS
+        )
         return time.monotonic() - t0
 
     def acoustic(self, states=("RUNNING",)) -> list[dict]:
@@ -108,7 +112,7 @@ def app(request, chattts_cache_dir) -> App:
         port = free_port()
         a = App(cluster, port, str(chattts_cache_dir), cluster.root)
         ready_s = a.deploy(a.config(), "base")
-        wait_for(lambda: httpx.get(a.url + "/readyz", timeout=5).status_code == 200, 300, 0.5, what="/readyz 200")
+        wait_ready(a.url, 300)
         report("cluster: head + 2 GPU nodes started", f"{start_s:.1f} s")
         report("cluster: serve deploy to apps running", f"{ready_s:.1f} s")
         yield a
@@ -158,7 +162,7 @@ def _wait_acoustic(app: App, n: int, timeout_s: float, what: str) -> list[dict]:
         coming = [r for r in live if r["state"] not in ("RUNNING", "STOPPING")]
         return running if len(running) == n and not coming else []
 
-    return wait_for(probe, timeout_s, 0.5, what=what)
+    return wait_until(probe, timeout_s, 0.5, what=what, retry_on=HTTP_ERRORS)
 
 
 async def _acoustic_target(cluster: LocalCluster) -> int:
@@ -238,6 +242,9 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # Nothing lost: every request 200 with all its audio, and a removed replica drained open streams.
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and len(load.records) >= 10, bad
+    # Past one replica's real-time capacity a new stream is told to come back (503, Retry-After),
+    # never queued to stall; the refusals are the demand that scales the deployment.
+    assert set(load.refusals()) <= {"capacity_exhausted"} and len(load.refused) == len(load.refusals())
     drained = [
         f.name
         for f in (cluster.session_logs() / "serve").glob("replica_chattts_Acoustic_*.log")
@@ -247,7 +254,8 @@ async def test_step_load_scales_acoustic_across_gpu_nodes_and_back(app):
     # load's requests are short); when one did, the completeness check above covers its drain.
     report(
         "cluster: step load requests",
-        f"{len(load.records)}, all complete; replicas drained with open streams: {len(drained)}",
+        f"{len(load.records)}, all complete ({len(load.refused)} answers 503 capacity_exhausted asked again); "
+        f"replicas drained with open streams: {len(drained)}",
     )
 
 
@@ -367,7 +375,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     # The shipped downscale delay: on this busy box the rows in the decode dip for seconds while
     # the streams wait on the other stages, and the module's 6 s would stop the new replicas while
     # they start (a starting replica told to stop keeps its GPU share until its shutdown times out).
-    shipped = yaml.safe_load(GPU_CONFIG.read_text())
+    shipped = configs.load("gpu")
     auto = get_path(shipped, f"{ACOUSTIC}.autoscaling_config")
     cfg = app.config(acoustic_bounds=(2, 4), pin_cpu_stages=False, downscale_delay_s=auto["downscale_delay_s"])
     forced = 8
@@ -376,7 +384,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     opts = {d["name"]: d for d in deps}
     per_node = {n: opts[n]["max_replicas_per_node"] for n in CPU_STAGES}
     old = {r["replica_id"] for n in CPU_STAGES for r in cluster.replicas(n, states=None)}
-    out = await asyncio.to_thread(cluster.serve, "deploy", str(write_config(cfg, app.root / "cpu-stages.yaml")))
+    out = await asyncio.to_thread(cluster.deploy, cfg, "cpu-stages")
     assert out.returncode == 0, out.stderr[-3000:]
 
     def running_per_node() -> dict[str, collections.Counter]:
@@ -425,9 +433,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     left = await asyncio.to_thread(unplaced)
     assert left == waiting - per_node["Vocoder"] and left >= 1, (waiting, left)  # still asks for more
     await asyncio.to_thread(_wait_acoustic, app, 2, 240, "2 Acoustic replicas (min_replicas)")
-    await asyncio.to_thread(
-        wait_for, lambda: httpx.get(app.url + "/readyz", timeout=5).status_code == 200, 240, 0.5, "/readyz 200"
-    )
+    await asyncio.to_thread(wait_ready, app.url, 240)
     cpu_group_s = time.monotonic() - t0 - placed_s
 
     expected = expected_pcm_bytes(ONE_ROW_TEXTS, get_path(cfg, SEGMENTS))
@@ -470,6 +476,7 @@ async def test_cpu_stages_never_take_the_cpus_of_new_acoustic_replicas(app):
     assert sum(1 for r in reps["Vocoder"] if not r.get("node_id")) >= 1, reps["Vocoder"]
     bad = [(r.status, r.error, r.audio_bytes, expected[r.text]) for r in load.records if not complete(r, expected)]
     assert not bad and load.records, bad
+    assert set(load.refusals()) <= {"capacity_exhausted"}, load.refusals()
     report(
         "cluster: CPU stages as shipped, Vocoder forced to 8: GPU nodes only / + a CPU node / 2 -> 4 Acoustic running",
         f"placed in {placed_s:.1f} s ({waiting} without a node) / {cpu_group_s:.1f} s ({left} without a node)"

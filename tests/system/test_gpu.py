@@ -278,7 +278,7 @@ DRY_RUN = EarlyRun(
 def test_gpu_check_dry_run():
     """``python -m bench gpu --dry-run``: the GPU check's steps on CPU with tiny sizes (the script
     is tested before a GPU is there). Its Serve step once, with two Acoustic replicas: the other
-    variant is the same code with another config (bench/test_gpu_plan.py). Starts Ray (a system test)."""
+    variant is the same code with another config (tests/unit/test_bench.py). Starts Ray (a system test)."""
     rc, tail = DRY_RUN.finish()
     assert rc == 0, tail
     out = DRY_RUN.out
@@ -304,8 +304,8 @@ def test_gpu_check_dry_run():
     }
     assert "## Batch invariance" in (out / "report.md").read_text()
     ceiling = report["ceiling"]
-    assert set(ceiling["batches"]) == {"1", "2"}
-    assert all(b["audio_s_per_s"] > 0 and b["step_ms"] > 0 for b in ceiling["batches"].values())
+    assert set(ceiling["methods"]["engine"]) == {"1", "2"}
+    assert all(b["audio_s_per_s"] > 0 and b["step_ms"] > 0 for b in ceiling["methods"]["engine"].values())
     assert ceiling["first_chunk"]["raw_s"] > 0
     for name in ("serve_2x0.5",):
         serve = report["serve"][name]

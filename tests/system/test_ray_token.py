@@ -18,7 +18,8 @@ import httpx
 import pytest
 from support import waiting
 
-from bench.lib.procs import MARKER_ENV, free_port, kill_marked, marked, wait_until
+from bench.lib.procs import MARKER_ENV, ManagedProcess, child_env, free_port, marked
+from bench.lib.waiting import holds_within
 
 
 @pytest.mark.timeout(300)
@@ -33,8 +34,7 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    base.update(HOME=str(home), RAY_TMPDIR=ray_tmp, **{MARKER_ENV: marker})
+    base = child_env(own_ray=True, HOME=str(home), RAY_TMPDIR=ray_tmp, **{MARKER_ENV: marker})
     gcs, dash = free_port(), free_port()
     ray = str(Path(sys.executable).with_name("ray"))
     start = [
@@ -56,16 +56,12 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
 
     token = os.urandom(32).hex()
     env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    log = tmp_path / "head.log"
-    with open(log, "wb") as out:
-        head = subprocess.Popen(
-            [*start, "--block"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    head = ManagedProcess("ray head", [*start, "--block"], tmp_path / "head.log", env=env, marker=marker)
     url = f"http://127.0.0.1:{dash}"
     try:
 
         def healthz() -> int:
-            assert head.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert head.alive(), head.log_tail(60)
             try:
                 return httpx.get(url + "/api/gcs_healthz", timeout=5).status_code
             except httpx.HTTPError:
@@ -77,7 +73,7 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
             180,
             0.25,
             until=lambda status: status == 200,
-            what=lambda: "dashboard healthz: " + log.read_text(errors="replace")[-3000:],
+            what=lambda: "dashboard healthz: " + head.log_tail(60),
         )
         bearer = {"Authorization": f"Bearer {token}"}
         assert httpx.post(url + "/api/jobs/", json={"entrypoint": "echo pwned"}, timeout=10).status_code == 401
@@ -120,14 +116,10 @@ def test_ray_token_auth_as_the_manifest_sets_it(tmp_path):
     finally:
         # SIGTERM, then SIGKILL after a moment: its raylet would drain for ~30 s, and nothing here
         # needs that (bench/lib/cluster.py stops its nodes the same way).
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-        kill_marked(marker)  # exactly what this test started
-        head.wait(timeout=30)
-        wait_until(lambda: not marked(marker), 15)
+        head.signal(signal.SIGTERM)
+        head.wait(2)
+        head.kill()  # the group and exactly what this test started (marked)
+        holds_within(lambda: not marked(marker), 15)
         remaining = [p.pid for p in marked(marker)]
         if not remaining:
             shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ from support.engine import decode_alone, drain, seg
 
 from serve_app.engine.config import AcousticConfig
 from serve_app.engine.decode.capacity import EWMA_ALPHA, StepModel
-from serve_app.engine.decode.deadline import Capacity, committing, decide, is_new, slack_of
+from serve_app.engine.decode.deadline import LOOKAHEAD_S, Capacity, committing, decide, is_new, slack_of
 from serve_app.engine.decode.playback import Playback
 from serve_app.engine.decode.row import Row
 from serve_app.engine.decode.scheduler import Scheduler
@@ -630,16 +630,18 @@ def test_a_sessions_next_segment_continues_its_stream_and_is_never_refused(make_
     assert drain(first)[1].shape[0] == 200 and drain(nxt)[1].shape[0] == 30 and eng.stats.capacity_refusals == 0
 
 
-def test_later_segments_far_ahead_of_their_listener_wait_in_the_queue():
-    """A long answer's later segments come in as its listener nears them, not all at once: with
-    every slot free, the next segment (2 s of audio away) joins, the ones ``park_ahead_s`` and more
-    ahead wait, without a row's KV, for a reader who may have stopped reading."""
+def test_later_segments_far_beyond_their_reader_wait_in_the_queue():
+    """A long answer's later segments take free places only while their audio starts within
+    ``LOOKAHEAD_S`` of what its reader has taken: a reader who stopped does not get every segment
+    decoded and set aside with its KV; one who reads on (1x, or a download) moves the horizon."""
     now = 10.0
-    rows = stream_rows(6, tokens=94, at=now - 1.0, prebuffer=0.0)  # six segments of ~2 s each
-    send(rows[0], 47, at=now - 0.5)  # the first plays from 9.5: ~0.5 s of slack
-    cfg = CFG.model_copy(update={"max_rows": 8})
+    rows = stream_rows(40, tokens=94, at=now - 1.0, prebuffer=0.0)  # forty segments of ~2 s each
+    send(rows[0], 47, at=now - 0.5)
+    cfg = CFG.model_copy(update={"max_rows": 64, "token_budget": 10**9})
     s = queue(*rows[1:])
-    d = decide([rows[0]], [], s, cfg, now)
-    admitted = {rows.index(r) for r in d.admit}
-    assert 1 in admitted and not admitted & {3, 4, 5}, admitted
-    assert all(slack_of(rows[i], now) < cfg.park_ahead_s for i in admitted)
+    admitted = {rows.index(r) for r in decide([rows[0]], [], s, cfg, now).admit}
+    beyond = {i for i in range(1, 40) if rows[0].stream.playback.beyond_reader_s(i) > LOOKAHEAD_S}
+    assert beyond and not admitted & beyond and admitted == set(range(1, 40)) - beyond, (admitted, beyond)
+    rows[0].stream.taken_tokens = 47 * 20  # the reader took ~20 s: the horizon moves with it
+    later = {rows.index(r) for r in decide([rows[0]], [], s, cfg, now).admit}
+    assert later and min(later) > max(admitted)

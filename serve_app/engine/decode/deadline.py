@@ -28,9 +28,9 @@ sent its first audio yet. Rows without a listener have none. Before every decode
    streams, a client holding its share of the capacity in real-time streams goes after the
    others (one key's streams are not capped while capacity is free).
 3. **What is left**, into free places only: real-time rows that are not urgent (least slack
-   first, but none already ``park_ahead_s`` ahead: it would be parkable at once, and a stream's
-   later segments would be decoded ever further ahead of its reader), then rows without a
-   listener (parked ones first, then the queue's fair order between clients:
+   first, but no later segment whose audio starts more than ``LOOKAHEAD_S`` beyond what its
+   request's reader has taken: a stopped reader's long answer is not decoded and set aside
+   segment after segment), then rows without a listener (parked ones first, then the queue's fair order between clients:
    ``Scheduler.pop_admissible``). Within the capacity while real-time rows that must
    keep 1x run, every slot otherwise.
 4. **Cheaper steps.** While such rows run and the batch is above ``Capacity.park_rows`` (its
@@ -54,6 +54,10 @@ from ..config import AcousticConfig
 from .playback import Playback
 from .row import Row
 from .scheduler import Scheduler, prompt_len_estimate, stream_key
+
+# A real-time request's later segments join free places only while their audio starts within this
+# of what its reader has taken (step 3): a reader that keeps up (1x, or a download) never meets it.
+LOOKAHEAD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -286,16 +290,22 @@ def decide(
         rt_demand += 1
 
     # 3. What is left, into free places: real-time rows not urgent, then rows without a listener.
-    # Not a row already far ahead of its listener (park_ahead_s): it would be parkable at once, and
-    # a stream's rows would be decoded ever further ahead of a reader who may have stopped (each
-    # set aside with its KV) instead of when its listener nears them.
-    while heap and room() > 0 and heap[0][0] < cfg.park_ahead_s:
-        need = _need(heap[0][2], heap[0][3] is None)
+    # Not a later segment whose audio starts more than LOOKAHEAD_S beyond what its request's reader
+    # has taken: a reader who stopped (a client gone quiet, its sockets full) would otherwise have
+    # every segment of a long answer decoded and set aside with its KV; a reader who takes it
+    # faster than 1x (a download) moves the horizon as fast.
+    while heap and room() > 0:
+        entry = heapq.heappop(heap)
+        row, rows = entry[2], entry[3]
+        pb = row.stream.playback
+        if rows is not None and pb is not None and pb.beyond_reader_s(row.stream.segment) > LOOKAHEAD_S:
+            continue  # it stays queued; the stream's later rows are further still
+        need = _need(row, rows is None)
         if used + need > cfg.token_budget and total:
             break
         total += 1
         used += need
-        take(heapq.heappop(heap))
+        take(entry)
     while held_nonrt and room() > 0 and (used + held_nonrt[0].budget <= cfg.token_budget or not total):
         row = held_nonrt.pop(0)
         total += 1

@@ -105,6 +105,14 @@ class Playback:
             starts.append(starts[-1] + length)
         return starts[index]
 
+    def read_tokens(self) -> int:
+        """Tokens its reader has taken, in order (the segments are read one after the other)."""
+        return sum(s.taken_tokens for s in self.streams)
+
+    def beyond_reader_s(self, index: int) -> float:
+        """How far segment ``index``'s audio starts beyond what the request's reader has taken (s)."""
+        return (self.start_tokens(index) - self.read_tokens()) * TOKEN_SECONDS
+
     def slack(self, now: float) -> float:
         """Seconds before its listener hears silence (negative: for how long it has; before the first
         audio: minus the time waited for it)."""

@@ -106,6 +106,7 @@ class RowStream:
         # engine and its consumer, which parks the row when it grows (AcousticConfig.max_stream_chunks).
         self.sent_chunks = 0
         self.taken_chunks = 0
+        self.taken_tokens = 0  # the tokens of the chunks taken: how far its reader has read
         self.on_taken: Optional[Callable[["RowStream"], None]] = None  # the engine's wake-up while parked
         self.group: Optional[StreamGroup] = None  # the request's other segments, if any
         # Its request's playback clock and its segment's place in it (the engine sets both): the
@@ -119,8 +120,9 @@ class RowStream:
         """Chunks sent that the consumer has not taken yet."""
         return self.sent_chunks - self.taken_chunks
 
-    def _took(self) -> None:
+    def _took(self, chunk: "HiddenChunk") -> None:
         self.taken_chunks += 1
+        self.taken_tokens += chunk.hidden.shape[0]
         hook = self.on_taken
         if hook is not None:
             hook(self)
@@ -186,7 +188,7 @@ class RowStream:
             if isinstance(item, BaseException):
                 raise item
             if item is not _END:
-                self._took()
+                self._took(item)
                 out.append(item)
         return out
 
@@ -199,7 +201,7 @@ class RowStream:
                 return
             if isinstance(item, BaseException):
                 raise item
-            self._took()
+            self._took(item)
             yield item
 
     async def __aiter__(self) -> AsyncIterator[HiddenChunk]:
@@ -212,7 +214,7 @@ class RowStream:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                self._took()
+                self._took(item)
                 yield item
         finally:
             # The consumer stopped early (finished, error or cancelled): free the row.

@@ -1,4 +1,5 @@
-"""Unit tests of the bench's shared library (no model, no Ray): ``pytest bench/test_lib.py``."""
+"""The bench's shared library, bench/lib/ (no model, no Ray): load generation and its summary,
+config editing, processes, waits, the harness's partial reports and paths, pinning, statistics."""
 
 from __future__ import annotations
 
@@ -12,23 +13,15 @@ import pytest
 
 from bench.baseline import wav_bytes
 from bench.lib import loadgen
+from bench.lib.config import apply_overrides, get_path, set_path, set_replicas, set_threads
 from bench.lib.corpus import expected_audio_s, planned_samples
 from bench.lib.harness import Harness, command_line, relative_path
-from bench.lib.procs import (
-    REPO_ROOT,
-    ManagedProcess,
-    busy_threads,
-    free_port,
-    machine_cores,
-    machine_cpu,
-    thread_cpu,
-    wait_for,
-    wait_until,
-)
+from bench.lib.machine import busy_threads, machine_cores, machine_cpu, thread_cpu
+from bench.lib.procs import REPO_ROOT, ManagedProcess, child_env, free_port
 from bench.lib.pyspy import summarize_raw
 from bench.lib.sampler import Periodic
-from bench.lib.serve import apply_overrides, get_path, set_path, set_replicas, set_threads
 from bench.lib.stats import median, nearest_rank, percentiles, ratio
+from bench.lib.waiting import NotMet, holds_within, wait_until
 
 
 def test_wav_header_len_finds_data_after_other_chunks():
@@ -197,20 +190,52 @@ def test_managed_process_stops_its_group_and_keeps_its_log(tmp_path):
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
     )
     p = ManagedProcess("sleeper", [sys.executable, "-c", code], log)
-    assert wait_until(lambda: "up" in log.read_text(), 20, 0.05)
+    wait_until(lambda: "up" in log.read_text(), 20, 0.05)
     children = psutil.Process(p.pid).children()
-    p.stop(timeout=2)
-    assert not p.alive() and "up" in p.log_tail()
+    rc, tail = p.finish(timeout_s=0.1)  # still running: stopped
+    assert rc is None and not p.alive() and "up" in tail
     _, alive = psutil.wait_procs(children, timeout=5)  # the group went too
     assert len(children) == 1 and not alive
 
 
-def test_wait_for_returns_the_value_or_times_out():
+def test_a_process_that_ends_gives_its_status_and_log(tmp_path):
+    p = ManagedProcess("quick", [sys.executable, "-c", "print('done'); raise SystemExit(3)"], tmp_path / "q.log")
+    assert p.finish(timeout_s=60) == (3, "done")
+
+
+def test_children_never_inherit_weights_overrides_nor_another_ray(monkeypatch):
+    monkeypatch.setenv("CHATTTS_WEIGHTS", "random")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp/r")
+    env = child_env(CHATTTS_SERVE_CACHE="/c")
+    assert "CHATTTS_WEIGHTS" not in env and "RAY_ADDRESS" not in env and env["RAY_TMPDIR"] == "/tmp/r"
+    assert env["RAY_AUTH_MODE"] == "disabled" and env["CHATTTS_SERVE_CACHE"] == "/c"
+    own = child_env(own_ray=True, RAY_TMPDIR="/tmp/mine")
+    assert (
+        not {k for k in own if k.startswith("RAY_")} - {"RAY_AUTH_MODE", "RAY_TMPDIR"}
+        and own["RAY_TMPDIR"] == "/tmp/mine"
+    )
+
+
+def test_wait_until_returns_the_value_or_fails_as_an_assertion_and_a_timeout():
     calls = []
-    assert wait_for(lambda: calls.append(1) or (len(calls) >= 3 and "ok"), 5, 0.01) == "ok"
-    with pytest.raises(TimeoutError, match="never"):
-        wait_for(lambda: False, 0.05, 0.01, what="never")
-    assert wait_until(lambda: False, 0.05, 0.01) is False
+    assert wait_until(lambda: calls.append(1) or (len(calls) >= 3 and "ok"), 5, 0.01) == "ok"
+    for kind in (AssertionError, TimeoutError):  # a test's failure, the bench's timeout
+        with pytest.raises(kind, match="never: not met within"):
+            wait_until(lambda: False, 0.05, 0.01, what="never")
+    assert holds_within(lambda: False, 0.05, 0.01) is False
+    errors = iter([ValueError("starting"), ValueError("starting"), 7])
+
+    def probe():
+        x = next(errors)
+        if isinstance(x, Exception):
+            raise x
+        return x
+
+    assert wait_until(probe, 5, 0.01, retry_on=(ValueError,)) == 7
+    with pytest.raises(KeyError):  # not retried
+        wait_until(lambda: {}["x"], 1, 0.01, retry_on=(ValueError,))
+    assert issubclass(NotMet, AssertionError) and issubclass(NotMet, TimeoutError)
 
 
 def test_periodic_ticks_until_stopped_and_counts_failures():
@@ -223,7 +248,7 @@ def test_periodic_ticks_until_stopped_and_counts_failures():
                 raise RuntimeError("one bad sample")
 
     t = Ticker(0.01, "ticker").start()
-    assert wait_until(lambda: t.n >= 5, 10, 0.01)
+    wait_until(lambda: t.n >= 5, 10, 0.01)
     t.stop()
     n = t.n
     time.sleep(0.05)  # no tick after stop: an absence, so a fixed look

@@ -1,1 +1,0 @@
-"""Studies: measurements behind a code choice (``python -m bench numerics``, ``text-compare``)."""
