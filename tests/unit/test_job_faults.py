@@ -1,26 +1,31 @@
-"""Jobs when their store fails under them, and nothing lost: the job runner (``deployments/job_runner.py``)
-driven in this process over the real speech pipeline (``LocalPipeline``: the planner, the decode
-loop and the vocoder on random-tiny weights), the jobs service making the jobs. No Ray.
+"""Jobs when their store fails under them or their runner is killed, and nothing lost: the job
+runner (``serve_app/jobs/runner.py``) driven in this process over the real speech pipeline
+(``LocalPipeline``: the planner, the decode loop and the vocoder on random-tiny weights), the jobs
+service making the jobs. No Ray. Every job's file is compared with the bytes of an uninterrupted
+run of the same job.
 
 - A full disk (a small tmpfs; root only, else skipped saying why) while a chunk's PCM is written,
   and while the final file is: the runner waits it out with the audio in hand (the job stays
   ``running``, its stored chunks whole, no half-written file listed or served, its audio 409
-  until it has succeeded), and once there is room the job completes with the bytes of an
-  uninterrupted run. A submission on the full disk is 507 ``insufficient_storage``, nothing stored.
+  until it has succeeded), and once there is room the job completes. A submission on the full
+  disk is 507 ``insufficient_storage``, nothing stored.
 - Redis (``jobs.redis_url``) killed and started again mid-job: the jobs API answers 503
   ``job_store_unavailable`` meanwhile (the documented degradation) and nothing else, every job it
-  acknowledged is there after, and the running job completes with the uninterrupted run's bytes.
+  acknowledged is there after, and the running job completes.
+- The runner killed between a chunk's PCM stored and the job's state saying so: the runner that
+  takes the job up counts the chunk done from the store, and neither makes nor writes it again.
 
-Chunks run one at a time (``chunks_per_acoustic_replica: 1``), so each is decoded alone in both
-runs. The runner killed between a chunk's audio and its journal entry is a Ray test
-(tests/serve/test_jobs.py).
+Chunks run one at a time (``chunks_per_acoustic_replica: 1``), so each is decoded alone in every
+run. The store's writes are counted as they happen (``Writes``: the real store's calls, wrapped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,9 +35,9 @@ from support.disk import PAGE, Filler, small_disk
 from support.redis_server import REDIS_SERVER, RedisServer
 
 from bench.lib.procs import free_port
-from deployments.job_runner import JobRunner
 from serve_app.errors import APIError
 from serve_app.http.security import Caller
+from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.service import JobsService
 from serve_app.settings import JobsConfig, VoiceStoreConfig
 from serve_app.storage.jobs import Place, StoredJob
@@ -120,17 +125,56 @@ def speech(tiny_model) -> Iterator[Any]:
     thread.shutdown()
 
 
-class Running:
-    """A job runner over ``cfg``'s store, speaking through ``speech``, its own loop scanning."""
+class Writes:
+    """The store's writes as the runner makes them, counted (by call, and chunk for ``put_chunk``)
+    as done or failed; the real store's calls, unchanged. ``after``: called in the writing thread
+    once a write is done, with its key."""
 
-    def __init__(self, cfg: JobsConfig, speech: Any):
-        self.runner = JobRunner(cfg.model_dump(), None, None)
-        self.runner.pipeline = speech
+    def __init__(self, store: Any, after: Any = None):
+        self.done: Counter = Counter()
+        self.failed: Counter = Counter()
+        self._lock = threading.Lock()
+        self._after = after
+        for name in ("put_chunk", "save", "put_audio"):
+            setattr(store, name, self._counted(name, getattr(store, name)))
+
+    def _counted(self, name: str, call: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            key = (name, args[1]) if name == "put_chunk" else name
+            try:
+                result = call(*args, **kwargs)
+            except Exception:
+                with self._lock:
+                    self.failed[key] += 1
+                raise
+            with self._lock:
+                self.done[key] += 1
+            if self._after is not None:
+                self._after(key)
+            return result
+
+        return counted
+
+
+class Running:
+    """A job runner over ``cfg``'s store, speaking through ``speech``, its own loop scanning; its
+    store's writes counted (``writes``)."""
+
+    def __init__(self, cfg: JobsConfig, speech: Any, after_write: Any = None):
+        self.runner = JobRunner(cfg, speech)
+        self.writes = Writes(self.runner.store, after_write)
+
+    def kill(self) -> None:
+        """Stop the runner where it is, as a kill would: its loop and every task it runs cancelled
+        at once, so that it writes nothing more."""
+        self.runner._main.cancel()
+        for task in list(self.runner._running):
+            task.cancel()
 
     async def close(self) -> None:
         self.runner._main.cancel()
         tasks = [t for a in list(self.runner.jobs.values()) for t in self.runner._stop(a)]
-        await asyncio.gather(self.runner._main, *tasks, return_exceptions=True)
+        await asyncio.gather(self.runner._main, *tasks, *self.runner._running, return_exceptions=True)
 
 
 async def until(test, what: str, timeout_s: float = 60.0) -> Any:
@@ -209,10 +253,10 @@ async def _not_ready(svc: JobsService, job_id: str) -> None:
 async def test_a_full_disk_mid_chunk_is_waited_out_and_the_job_completes_as_if_nothing_failed(
     tmp_path: Path, speech, reference
 ):
-    """Room for the first chunk and half the second: the second's write fails half-way. Before:
-    the chunk was synthesised again and again, then the job failed, and its failure could not be
-    written either (job.json needs room too): the job stayed 'running' with a chunk no task would
-    ever make, and never finished, room or not."""
+    """Room for the first chunk and half the second: the second's write fails half-way, again and
+    again, until the disk has room. Before: the chunk was synthesised again for every failed write,
+    then the job failed, and its failure could not be written either (job.json needs room too):
+    the job stayed 'running' with a chunk no task would ever make, and never finished, room or not."""
     with small_disk(tmp_path / "disk", DISK) as disk:
         cfg = settings(disk / "jobs")
         svc = service(cfg)
@@ -224,7 +268,11 @@ async def test_a_full_disk_mid_chunk_is_waited_out_and_the_job_completes_as_if_n
         try:
             place = disk / "jobs" / Place.of(state(svc, job_id)).key()
             await until(lambda: (place / "chunks" / "0.pcm").exists(), "chunk 0 stored")
-            await asyncio.sleep(3.0)  # chunk 1 is made and meets the full disk, again and again
+            tries = cfg.max_chunk_retries + 2  # more than a chunk is ever made again
+            await until(
+                lambda: running.writes.failed["put_chunk", 1] >= tries or state(svc, job_id).status != "running",
+                f"chunk 1's write failed {tries} times",
+            )
             job = state(svc, job_id)
             assert job.status == "running" and job.chunks_done == 1, (job.status, job.chunks_done, job.error)
             stored = sorted(p.name for p in (place / "chunks").iterdir() if not p.name.startswith(".tmp-"))
@@ -235,7 +283,8 @@ async def test_a_full_disk_mid_chunk_is_waited_out_and_the_job_completes_as_if_n
         finally:
             await running.close()
         assert await audio(svc, job_id) == reference["audio"]
-        assert running.runner.store_waits > 0 and running.runner.chunks_done == len(reference["chunk_bytes"])
+        assert running.runner.chunks_done == len(reference["chunk_bytes"])  # each chunk made once
+        assert running.writes.done["put_chunk", 1] == 1 and running.runner.store_waits >= tries
         assert not _temporaries(disk / "jobs") and not (place / "chunks").exists()
 
 
@@ -255,7 +304,10 @@ async def test_a_full_disk_at_the_final_file_keeps_the_chunks_and_finishes_once_
         try:
             place = disk / "jobs" / Place.of(state(svc, job_id)).key()
             await until(lambda: state(svc, job_id).chunks_done == len(chunks), "every chunk stored")
-            await asyncio.sleep(2.0)  # the final file meets the full disk, again and again
+            await until(
+                lambda: running.writes.failed["put_audio"] >= 3 or state(svc, job_id).status != "running",
+                "the final file's write failed 3 times",
+            )
             job = state(svc, job_id)
             assert job.status == "running" and job.error is None, (job.status, job.error)
             sizes = {p.name: p.stat().st_size for p in (place / "chunks").iterdir() if not p.name.startswith(".tmp-")}
@@ -267,6 +319,7 @@ async def test_a_full_disk_at_the_final_file_keeps_the_chunks_and_finishes_once_
         finally:
             await running.close()
         assert await audio(svc, job_id) == reference["audio"]
+        assert running.runner.chunks_done == len(chunks) and running.writes.done["put_audio"] == 1
         assert not _temporaries(disk / "jobs") and not (place / "chunks").exists()
 
 
@@ -295,8 +348,9 @@ async def test_redis_killed_and_restarted_mid_job_loses_nothing_and_the_job_comp
     tmp_path: Path, speech, reference
 ):
     """The job state in Redis (persistent, as docs/operations.md asks): killed after the job's
-    first chunk, started again a few seconds later. Before: the runner's journal write after a
-    chunk failed out of the chunk's task, and the job stayed 'running' with that chunk never done."""
+    first chunk, started again once the runner's state writes have failed. Before: the first
+    failed state write after a chunk ended the chunk's task, and the job stayed 'running' with that
+    chunk never done, Redis back or not."""
     server = RedisServer(free_port(), tmp_path, persistent=True)
     server.start()
     try:
@@ -319,7 +373,8 @@ async def test_redis_killed_and_restarted_mid_job_loses_nothing_and_the_job_comp
                     await call()
                 answers.append((refused.value.status, refused.value.code, refused.value.headers.get("Retry-After")))
             assert set(answers) == {(503, "job_store_unavailable", "2")}, answers
-            await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - t_down)))  # a chunk or two meet the outage
+            await until(lambda: running.writes.failed["save"] >= 2, "the runner's state writes failing")
+            await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - t_down)))
             server.start()  # the same port and files
             jobs = [await finished(svc, job_id) for job_id in acknowledged]
         finally:
@@ -327,6 +382,49 @@ async def test_redis_killed_and_restarted_mid_job_loses_nothing_and_the_job_comp
         assert [j.id for j in sorted(svc.store.list(OWNER), key=lambda j: j.created_at)] == acknowledged
         for job in jobs:
             assert await audio(svc, job.id) == reference["audio"]
-        assert running.runner.store_waits > 0
+        assert running.runner.store_waits >= 2 and running.runner.chunks_done == 2 * len(reference["chunk_bytes"])
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ the runner killed
+
+
+async def test_a_runner_killed_between_a_chunks_audio_and_its_state_neither_loses_nor_remakes_the_chunk(
+    tmp_path: Path, speech, reference
+):
+    """Killed as chunk 1's PCM is stored whole, before job.json says so: the next runner finds
+    the chunk in the store (``done_chunks``), makes the chunks after it only, and the job's file is
+    the uninterrupted run's."""
+    cfg = settings(tmp_path / "jobs")
+    svc = service(cfg)
+    job_id = await submit(svc)
+    loop = asyncio.get_running_loop()
+    first: Running
+
+    def after(key: Any) -> None:  # in the writing thread, the write done: the kill comes first
+        if key == ("put_chunk", 1):
+            loop.call_soon_threadsafe(first.kill)
+
+    first = Running(cfg, speech, after_write=after)
+    try:
+        await until(lambda: first.runner._main.done(), "the runner killed")
+        await asyncio.gather(*first.runner._running, return_exceptions=True)
+    finally:
+        await first.close()
+    place = tmp_path / "jobs" / Place.of(state(svc, job_id)).key()
+    job = state(svc, job_id)
+    assert (job.status, job.chunks_done) == ("running", 1), (job.status, job.chunk_samples)
+    assert (place / "chunks" / "1.pcm").stat().st_size == reference["chunk_bytes"][1]  # stored whole
+    assert first.writes.done["put_chunk", 1] == 1 and first.writes.done["put_chunk", 2] == 0
+
+    second = Running(cfg, speech)
+    try:
+        job = await finished(svc, job_id)
+    finally:
+        await second.close()
+    total = len(reference["chunk_bytes"])
+    assert second.runner.resumed == {job_id: 2}  # chunk 1 counted done from the store
+    assert second.runner.chunks_done == total - 2 and second.writes.done["put_chunk", 1] == 0
+    assert [2 * n for n in job.chunk_samples] == reference["chunk_bytes"]
+    assert await audio(svc, job_id) == reference["audio"]

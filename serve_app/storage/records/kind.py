@@ -14,9 +14,6 @@ from ..faults import out_of_space
 
 log = logging.getLogger(__name__)
 
-# The owner of records made without API keys, and of documents stored before records had owners
-# (the same string as ``http.security.ANONYMOUS``; storage does not import the HTTP layer).
-ANONYMOUS = "anonymous"
 MAX_OWNER_CHARS = 128
 
 
