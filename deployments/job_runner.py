@@ -18,12 +18,10 @@ inside the actor.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Optional
 
 from deployments.backends import install
 from serve_app.jobs import runner
-from serve_app.jobs.runner import FAULT_POINTS
 from serve_app.pipeline.handles import HandlesPipeline
 from serve_app.settings import JobsConfig
 
@@ -61,7 +59,6 @@ class JobRunner(runner.JobRunner):
     def __init__(self, settings: dict, normalizer: Any, vocoder: Any):
         install()  # this process records metrics and reaches boards through Ray (backends.py: why here)
         super().__init__(JobsConfig.model_validate(settings), HandlesPipeline(normalizer, vocoder))
-        self._fault: Optional[str] = None  # a test's armed fault point (arm_fault)
 
     async def configure(self, settings: dict, normalizer: Any = None, vocoder: Any = None) -> None:
         """The settings and stages of the Ingress that calls (each replica calls every few seconds:
@@ -71,19 +68,6 @@ class JobRunner(runner.JobRunner):
         if vocoder is not None:
             self.pipeline.vocoder = vocoder
         self.reconfigure(JobsConfig.model_validate(settings))
-
-    async def arm_fault(self, point: str) -> None:
-        """Tests only: this process exits at once the next time a job passes ``point`` (one of
-        ``FAULT_POINTS``), as a runner killed there would; Ray starts it again. Never armed
-        otherwise."""
-        if point not in FAULT_POINTS:
-            raise ValueError(f"no fault point {point!r}; one of {FAULT_POINTS}")
-        self._fault = point
-
-    def _passed(self, point: str) -> None:
-        if self._fault == point:
-            log.warning("jobs: the fault armed at %s: this runner exits now", point)
-            os._exit(70)
 
     def _count_replicas(self) -> Optional[int]:
         """Running Acoustic replicas of the Vocoder's application (Serve's status, from its

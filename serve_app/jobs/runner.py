@@ -47,14 +47,11 @@ from ..storage.jobs.objects import clean_spool
 from .audio import SAMPLE_BYTES, write_audio
 from .running import ReservationExceeded, RunningJob
 
-__all__ = ["FAULT_POINTS", "MAX_BACKOFF_S", "JobRunner", "parallel_chunks"]
+__all__ = ["MAX_BACKOFF_S", "JobRunner", "parallel_chunks"]
 
 log = logging.getLogger("ray.serve")
 
 MAX_BACKOFF_S = 10.0
-# Where a kill leaves the store in a state of its own (``JobRunner._passed``).
-# ``chunk_stored``: a chunk's PCM is stored whole, job.json does not say so yet.
-FAULT_POINTS = ("chunk_stored",)
 T = TypeVar("T")
 
 
@@ -158,11 +155,6 @@ class JobRunner:
             "resumed": dict(self.resumed),
             "jobs": {i: {"pending": len(a.pending), "running": sorted(a.tasks)} for i, a in self.jobs.items()},
         }
-
-    def _passed(self, point: str) -> None:
-        """A point of a chunk's run (one of ``FAULT_POINTS``) where a kill leaves the store in a
-        state of its own; nothing happens here. The actor exits at one a test armed (``arm_fault``),
-        an in-process test stops the runner there."""
 
     # ------------------------------------------------------------------ the loop
 
@@ -316,7 +308,6 @@ class JobRunner:
                     delay = min(MAX_BACKOFF_S, self.settings.retry_backoff_s * 2 ** max(0, tries - 1))
                     log.warning("jobs: %s chunk %d failed (%s); again in %.1f s", job.id, k, _reason(exc), delay)
                     await asyncio.sleep(delay)
-            self._passed("chunk_stored")
             samples = len(pcm) // SAMPLE_BYTES
             active.streaming.pop(k, None)
             job.chunk_samples[k] = samples
