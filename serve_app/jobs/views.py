@@ -18,7 +18,7 @@ from ..engine.errors import JobError, UnknownJobError
 from ..errors import APIError, as_api_error
 from ..http.ranged import RangedResponse
 from ..protocol import AudioJob, JobChapter, JobFailure, JobProgress
-from ..storage.faults import out_of_space
+from ..storage.faults import failure
 from ..storage.jobs import JobStore, StoredJob
 
 log = logging.getLogger("ray.serve")
@@ -39,20 +39,7 @@ async def store_call(fn: Any, *args: Any) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001
         log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
-        if out_of_space(exc):
-            raise APIError(
-                507,
-                "the job store is out of space; nothing was stored. Retry once an operator has made room",
-                type="server_error",
-                code="insufficient_storage",
-            ) from None
-        raise APIError(
-            503,
-            "job store unavailable; retry shortly",
-            type="server_error",
-            code="job_store_unavailable",
-            headers={"Retry-After": "2"},
-        ) from None
+        raise failure("job", exc) from None
 
 
 async def file_response(store: JobStore, job: StoredJob, name: str, media_type: str, filename: str) -> Response:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ...errors import APIError
-from ..faults import out_of_space
+from ..faults import failure
 
 log = logging.getLogger(__name__)
 
@@ -64,27 +64,6 @@ class RecordKind:
             raise ValueError(f"not a {self.noun} id: {record_id[:64]!r}")
         return record_id
 
-    def unavailable(self, exc: BaseException) -> APIError:
-        log.warning("%s store failed: %s: %s", self.noun, exc.__class__.__name__, exc)
-        return APIError(
-            503,
-            f"{self.noun} store unavailable; retry shortly",
-            type="server_error",
-            code=f"{self.noun}_store_unavailable",
-            headers={"Retry-After": "2"},
-        )
-
-    def out_of_space(self, exc: BaseException) -> APIError:
-        """507: the backend had no room for a write (a full disk, a quota, Redis at its
-        ``maxmemory``). Nothing was stored; the same request works once there is room again."""
-        log.warning("%s store out of space: %s: %s", self.noun, exc.__class__.__name__, exc)
-        return APIError(
-            507,
-            f"the {self.noun} store is out of space; nothing was stored. Retry once an operator has made room",
-            type="server_error",
-            code="insufficient_storage",
-        )
-
     def quota_reached(self, limit: int) -> APIError:
         return APIError(
             409,
@@ -101,7 +80,8 @@ class RecordKind:
 
     def failed(self, exc: BaseException) -> APIError:
         """What a backend failure answers: 507 out of space, else 503 (retry shortly)."""
-        return self.out_of_space(exc) if out_of_space(exc) else self.unavailable(exc)
+        log.warning("%s store failed: %s: %s", self.noun, exc.__class__.__name__, exc)
+        return failure(self.noun, exc)
 
     def check_room(self, owned: int, total: int, max_owned: int, max_total: int) -> None:
         """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
