@@ -17,6 +17,10 @@ RUNNERS = {
     "run": ("bench.run", "ceiling, baseline and the project under load; writes report.json/.md/.png"),
     "ceiling": ("bench.ceiling", "the model alone, in-process: audio s/s by batch size, the first chunk's time"),
     "realtime": ("bench.realtime", "WebSocket sessions fed like an LLM writes: first audio vs HTTP TTFB, gaps"),
+    "streams": (
+        "bench.streams",
+        "listeners playing streamed answers at 1x past capacity: stalls, refusals, fair vs deadline",
+    ),
     "gpu": ("bench.gpu", "the one-command GPU check: gpu tests, fidelity, ceiling, Serve 2x0.5 vs 1x1 GPU (~8 min)"),
     "fidelity": ("bench.fidelity", "batch invariance: rows alone vs batched vs ChatTTS's own decode"),
     "abuse": ("bench.abuse", "a polite client's first audio alone and under eight kinds of attacker"),

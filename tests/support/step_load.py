@@ -14,14 +14,24 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
-from bench.lib.corpus import ONE_ROW_TEXTS
+from bench.lib.corpus import BYTES_PER_AUDIO_SECOND, ONE_ROW_TEXTS
 from bench.lib.loadgen import RequestRecord, Target, one_request
+from serve_app.engine.playback import PREBUFFER_S, PlaybackClock
 
 
 def complete(rec: RequestRecord, expected: dict[str, int]) -> bool:
     """Answered 200 and every byte of the planned audio arrived (``expected``: text -> pcm bytes,
     ``corpus.expected_pcm_bytes``)."""
     return rec.ok and rec.audio_bytes == expected.get(rec.text, -1)
+
+
+def stall_s(rec: RequestRecord, prebuffer_s: float = PREBUFFER_S) -> float:
+    """The silence a listener playing the answer at 1x from ``prebuffer_s`` after its first bytes
+    heard (its chunks as they arrived; they end with the stream, so no silence after the end)."""
+    clock = PlaybackClock(prebuffer_s)
+    for t, n in rec.chunks:
+        clock.deliver(n / BYTES_PER_AUDIO_SECOND, t)
+    return clock.stall_s
 
 
 class StepLoad:

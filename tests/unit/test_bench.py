@@ -317,3 +317,47 @@ def test_a_line_without_the_stages_part_is_left_out(tmp_path):
     assert first_audio.proxy_ms("cache;dur=1, proxy;dur=2.5") == 2.5 and first_audio.proxy_ms(None) is None
     report = {"serve": {"closed": {"1": {"first_audio": b}}}}
     assert any(line.startswith("| service | 72.0 |") for line in first_audio.markdown(report))
+
+
+def test_streams_counts_what_listeners_heard_and_holds_the_deadline_to_its_targets():
+    from bench import streams
+
+    def served(stall: float, start: float, audio: float = 4.0) -> dict:
+        return {
+            "status": 200,
+            "first_audio_s": 0.3,
+            "audio_s": audio,
+            "stall_s": stall,
+            "started": start,
+            "playing": (start + 0.8, start + 0.8 + audio + stall),
+            "download_s": 1.0,
+        }
+
+    refused = {"status": 503, "code": "capacity_exhausted", "answered_s": 0.8, "retry_after": "2"}
+    failed = {"status": 500, "code": "synthesis_failed", "answered_s": 0.1, "retry_after": None}
+    lv = streams.summarise([served(0.0, 0.0), served(0.2, 1.0), served(3.0, 2.0), refused, failed], 4, 0.0, 10.0)
+    assert (lv["streams"], lv["smooth"], lv["refused"], lv["other_errors"], lv["server_errors"]) == (3, 2, 1, 1, 1)
+    assert lv["stall_s"] == {"total": 3.2, "worst": 3.0}
+    assert lv["smooth_at_once"] == pytest.approx(0.82)  # (4 + 4.2) s of smooth playing in 10 s
+    assert lv["goodput"] == pytest.approx(0.8)  # only smooth streams' audio
+    fair = {**lv, "smooth": 1}
+    report = {
+        "capacity_audio_s_per_s": 2.5,
+        "schedulings": {"fair": {"loads": {"1.5": fair}}, "deadline": {"loads": {"0.5": lv, "1.5": lv}}},
+    }
+    t = streams.targets(report)
+    assert t["deadline 0.5x: streams smooth (of 3)"]["met"] is False  # one stream stalled 3 s
+    assert t["1.5x: smooth streams deadline / fair"]["met"] is True  # 2 against 1
+    assert t["deadline 1.5x: 5xx other than capacity_exhausted"]["met"] is False
+    report["meta"] = {
+        "started": "now",
+        "command": "python -m bench streams",
+        "weights": "random-tiny",
+        "prebuffer_s": 0.5,
+        "duration_s": 10,
+        "probe_clients": 4,
+        "loadavg_start": 0.1,
+    }
+    report["targets"] = t
+    md = streams.KIND.markdown(report)
+    assert "deadline 1.5x" in md and "2 / 3" in md

@@ -120,10 +120,6 @@ class Scheduler:
     def __len__(self) -> int:
         return self._n
 
-    def waiting_for(self, client: str) -> int:
-        """Rows of ``client`` waiting for a slot."""
-        return self._per_client.get(client, 0)
-
     def _all(self):
         for by_priority in self._queues.values():
             for rows in by_priority.values():

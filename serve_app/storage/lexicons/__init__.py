@@ -25,7 +25,6 @@ from typing import Optional
 
 from ...engine.text.lexicon import Pronunciations
 from ...engine.text.pinyin import syllable_table
-from ...engine.types import SynthesisOptions
 from ...errors import APIError
 from ...settings import LexiconStoreConfig
 from ..factory import open_store
@@ -86,8 +85,3 @@ class LexiconBook:
             if found is None:
                 raise lexicon_not_found(ref, status=400)
         return found.pronunciations() if found is not None and found.entries else None
-
-    async def apply(self, options: SynthesisOptions, owner: str, admin: bool = False) -> SynthesisOptions:
-        """``options`` with the entries of their lexicon (or the owner's default)."""
-        found = await self.pronunciations(options.lexicon, owner, admin)
-        return options.model_copy(update={"pronunciations": found}) if found != options.pronunciations else options
