@@ -15,11 +15,15 @@ from typing import Optional, Protocol
 
 from .errors import APIError
 
+# The owner of what is made without API keys (a caller's ``owner``, a record's), and of records
+# stored before they had owners.
+ANONYMOUS = "anonymous"
+
 
 @dataclass(frozen=True)
 class Caller:
     id: str  # key id, or "ip:<address>" without keys: what limits and fair admission count
-    owner: str  # whose custom voices: the key id, or "anonymous" without keys
+    owner: str  # whose custom voices: the key id, or ANONYMOUS without keys
     max_priority: int
     max_streams: int  # 0 = unlimited
     max_voices: Optional[int]  # None: the voice store's per-key default

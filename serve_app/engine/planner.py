@@ -55,15 +55,16 @@ def plan_seconds(plan: Plan) -> float:
 class PlanCost:
     """One plan's cost as it is made: its segments, their expected speech and the silence asked
     for, ``RequestTooLarge`` at the first limit crossed (the figures in the message are what was
-    counted by then); and what a lexicon may still add to its text (``lexicon``)."""
+    counted by then); and what a lexicon may still add to its text (``lexicon``), charged to
+    ``growth`` as well where the plan is one of several counted together (a job's chunks)."""
 
-    def __init__(self, limits: SegmentConfig, opts: SynthesisOptions):
+    def __init__(self, limits: SegmentConfig, opts: SynthesisOptions, growth: Optional[LexiconBudget] = None):
         self.limits = limits
         self.speed = opts.speed
         self.segments = 0
         self.tokens = 0
         self.silence = 0.0
-        self.lexicon = LexiconBudget(limits.max_lexicon_growth_chars)
+        self.lexicon = LexiconBudget(limits.max_lexicon_growth_chars, outer=growth)
 
     def add_silence(self, seconds: float) -> None:
         self.silence += seconds
@@ -113,21 +114,36 @@ class Planner:
     def warmup(self) -> None:
         self.frontend.warmup()
 
-    def plan(self, text: str, opts: SynthesisOptions, voice: Optional[Voice] = None, client: str = "") -> Plan:
+    def plan(
+        self,
+        text: str,
+        opts: SynthesisOptions,
+        voice: Optional[Voice] = None,
+        client: str = "",
+        growth: Optional[LexiconBudget] = None,
+    ) -> Plan:
         """``voice``: already resolved (a stored custom voice the Ingress looked up); else
-        ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment)."""
-        segments = self._segments(text, opts, PlanCost(self.limits, opts), speed_tag_level(opts.speed))
+        ``opts.voice`` is resolved here. ``client``: who asked (stamped on every segment).
+        ``growth``: a lexicon budget the plan's growth is charged to as well (``PlanCost``)."""
+        segments = self._segments(text, opts, PlanCost(self.limits, opts, growth), speed_tag_level(opts.speed))
         plan = self.plan_texts([s.text for s in segments], opts, voice, client, spans=[s.span for s in segments])
         plan.sources = source_texts(text, plan.texts, plan.spans)
         return plan
 
-    def plan_script(self, parts: list[ScriptPart], opts: SynthesisOptions, client: str = "") -> Plan:
+    def plan_script(
+        self,
+        parts: list[ScriptPart],
+        opts: SynthesisOptions,
+        client: str = "",
+        growth: Optional[LexiconBudget] = None,
+    ) -> Plan:
         """One plan of several parts (voices, speeds, prompts, pauses between them): each part
         cut and normalised as ``plan`` cuts a text, its segments seeded by their place in the
-        whole script (the same seeds whatever the parts), all of them decoding together."""
+        whole script (the same seeds whatever the parts), all of them decoding together.
+        ``growth``: as ``plan``'s."""
         reqs: list[SegmentRequest] = []
         plan = Plan(parts[0].voice if parts else self.voices.resolve(opts.voice), reqs, [], gain_db=opts.volume)
-        cost = PlanCost(self.limits, opts)
+        cost = PlanCost(self.limits, opts, growth)
         # Every pause lands somewhere (the lead-in, after a segment, the end): the script's whole
         # silence, refused before any text is normalised.
         cost.add_silence(sum(part.pause_before for part in parts))

@@ -20,15 +20,29 @@ from ..errors import APIError
 from .jsonlimits import MAX_JSON_DEPTH, JsonDepthGuard
 from .security import APIKeyAuth
 
-# Routes anyone may call: health (``/health`` too, which monitors and wyoming-openai probe), the
-# web page (it asks for a key itself), the API's schema, the speech model ids (Open WebUI asks for
-# ``{base}/audio/models`` without a key).
-PUBLIC_PATHS = ("/healthz", "/readyz", "/health", "/openapi.json", "/v1/audio/models")
-PUBLIC_PREFIXES = ("/ui/",)
+# Routes anyone may call, each with why (``tests/unit/test_route_rules.py`` holds every route to a
+# decision: public here, or keyed by the guard below; docs/operations.md lists them).
+PUBLIC_PATHS: Mapping[str, str] = MappingProxyType(
+    {
+        "/": "a redirect to the web page",
+        "/healthz": "liveness for load balancers and probes",
+        "/health": "the same for monitors and wyoming-openai, which probe /health",
+        "/readyz": "readiness for load balancers and probes",
+        "/openapi.json": "the API's schema, no data",
+        "/v1/audio/models": "the speech model ids: Open WebUI asks for {base}/audio/models without a key",
+    }
+)
+PUBLIC_PREFIXES: Mapping[str, str] = MappingProxyType(
+    {"/ui/": "the web page's static files; the page asks for a key itself"}
+)
 # GET routes a request without an ``Authorization`` header may call where keys are on: the route
-# sees no caller and answers what needs none (the voice listings: the built-in voices; Open
-# WebUI lists voices without a key). A request that sends a key is checked as everywhere.
-KEYLESS_GETS = ("/v1/audio/voices", "/v1/voices")
+# sees no caller and answers what needs none. A request that sends a key is checked as everywhere.
+KEYLESS_GETS: Mapping[str, str] = MappingProxyType(
+    {
+        "/v1/audio/voices": "the built-in voices alone (Open WebUI lists voices without a key)",
+        "/v1/voices": "the built-in voices alone, as GET /v1/audio/voices",
+    }
+)
 # Set on the answer to a request the guard below identified: "key" when it authenticated an API
 # key, "open" when keys are off (the caller is its address). The front guard (Serve's proxy)
 # trusts a credential only on "key" and takes the header off; the edge cache learns from it
@@ -42,7 +56,9 @@ class HttpPolicy:
 
     max_bytes: int
     body_timeout_s: float = 30.0
-    route_max_bytes: Mapping[str, int] = field(default_factory=dict)  # exact paths with their own limit (uploads)
+    # (method, exact path) of the routes with a limit of their own (uploads): a GET of the same path
+    # keeps ``max_bytes``.
+    route_max_bytes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     cors_origins: tuple[str, ...] = ()
     max_json_depth: int = MAX_JSON_DEPTH
     auth: Optional[APIKeyAuth] = None  # None: the Ingress has not configured it yet (all 503)
@@ -56,12 +72,12 @@ class HttpPolicy:
         path, root = scope.get("path", ""), scope.get("root_path", "")
         return path[len(root) :] if root and path.startswith(root) else path
 
-    def limit_for(self, path: str) -> int:
-        return self.route_max_bytes.get(path, self.max_bytes)
+    def limit_for(self, method: str, path: str) -> int:
+        return self.route_max_bytes.get((method, path), self.max_bytes)
 
     @staticmethod
     def is_public(path: str) -> bool:
-        return path == "/" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+        return path in PUBLIC_PATHS or path.startswith(tuple(PUBLIC_PREFIXES))
 
 
 def install_policy(app: Any, policy: HttpPolicy) -> None:
@@ -132,10 +148,10 @@ class GuardMiddleware:
                 return
             if mark is not None:
                 send = _marking(send, mark)
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or not _may_have_body(scope):
             await self.app(scope, receive, send)
             return
-        limit = policy.limit_for(path)
+        limit = policy.limit_for(scope.get("method", ""), path)
         declared = header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
             await send_error(send, _too_large(limit))
@@ -190,6 +206,18 @@ class GuardMiddleware:
             return message
 
         return bounded_receive
+
+
+def _may_have_body(scope: Scope) -> bool:
+    """Every method's body is bounded, not only POST's: a route that reads none is never offered
+    more than the limit, and one added later that reads one, whatever its method, is bounded
+    already. A GET or DELETE declaring no body (no Content-Length, no Transfer-Encoding) has none."""
+    if scope.get("method") in ("POST", "PUT", "PATCH"):
+        return True
+    declared = header(scope, b"content-length")
+    return header(scope, b"transfer-encoding") is not None or (
+        declared is not None and declared.strip() not in ("", "0")
+    )
 
 
 def _marking(send: Send, value: bytes) -> Send:

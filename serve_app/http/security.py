@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 # Caller and the stream slots live in callers.py (deployments/slots.py counts them too); importers here keep working.
-from ..callers import (  # noqa: F401
+from ..callers import (  # noqa: F401 - the HTTP layer's names for them
+    ANONYMOUS,
     Caller,
     LocalSlots,
     Slot,
@@ -35,8 +36,6 @@ from ..errors import APIError
 from ..settings import KeyConfig, SecurityConfig
 
 log = logging.getLogger("ray.serve")
-
-ANONYMOUS = "anonymous"
 
 
 def key_id(key: str) -> str:

@@ -70,19 +70,27 @@ class IngressState:
         request in flight keeps the one it started with)."""
         auth = APIKeyAuth(settings.security)
         self.speech.apply(settings)
-        upload_limits = {
-            VOICES_PATH: self.config.voices.max_upload_bytes,
-            JOBS_PATH: self.config.jobs.max_upload_bytes,
-            LEXICONS_PATH: self.lexicons.cfg.max_upload_bytes,
-        }
-        policy = HttpPolicy(
-            max_bytes=settings.max_body_bytes,
-            body_timeout_s=settings.body_timeout_s,
-            route_max_bytes=upload_limits,
-            cors_origins=settings.security.cors_origins,
-            auth=auth,
-        )
-        install_policy(app, policy)
+        install_policy(app, http_policy(self.config, settings, auth))
+
+
+def route_body_limits(config: AppConfig) -> dict[tuple[str, str], int]:
+    """The routes whose body has a limit of its own (uploads), over ``ingress.max_body_bytes``."""
+    return {
+        ("POST", VOICES_PATH): config.voices.max_upload_bytes,
+        ("POST", JOBS_PATH): config.jobs.max_upload_bytes,
+        ("POST", LEXICONS_PATH): config.lexicons.max_upload_bytes,
+    }
+
+
+def http_policy(config: AppConfig, settings: IngressConfig, auth: APIKeyAuth) -> HttpPolicy:
+    """What the guard middleware enforces under ``settings`` (the live ``args.ingress``)."""
+    return HttpPolicy(
+        max_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        route_max_bytes=route_body_limits(config),
+        cors_origins=settings.security.cors_origins,
+        auth=auth,
+    )
 
 
 def build_state(

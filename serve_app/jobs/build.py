@@ -19,7 +19,7 @@ from ..settings import JobsConfig
 from ..storage.jobs import JobLimits, JobStore, check_room
 from ..storage.voices import VoiceCatalog
 from .cutting import cut_script, cut_text, split_chapters
-from .planning import JobPlanner, pieces, reservation
+from .planning import JobCost, JobPlanner, pieces, reservation
 from .script import emptied, job_parts
 from .views import store_call
 from .work import SubmissionWork
@@ -118,26 +118,26 @@ class JobBuilder:
         room: int,
         work: SubmissionWork,
     ) -> float:
-        """The job's planned audio (``JobPlanner``), a piece of chunks per thread call; a chunk the
-        runner's planner would refuse is a 413 now, and planning stops with a 409 as soon as the
-        reservation passes the owner's room."""
-        seen: dict[str, float] = {}
-        total = 0.0
+        """The job's planned audio (``JobPlanner``), a piece of chunks per thread call, charged as
+        a whole (``JobCost``): a chunk the runner's planner would refuse is a 413 now, so is a
+        lexicon that grows the whole job past ``jobs.max_input_chars``; planning stops with a 409 as
+        soon as the reservation passes the owner's room; a job with nothing to say is a 400."""
+        cost = JobCost(self.cfg.max_input_chars)
         for start, end in pieces(chunks):
-            total += sum(
-                await work.run(
-                    self.planner.seconds, chunks, start, end, options, voice, script_voices, owner, seen, work.check
-                )
+            await work.run(
+                self.planner.count, chunks, start, end, options, voice, script_voices, owner, cost, work.check
             )
-            needed = reservation(total, chapters, self.cfg.reservation_headroom)[1]
+            needed = reservation(cost.seconds, chapters, self.cfg.reservation_headroom)[1]
             if needed > room:
                 raise JobQuotaExceeded(
                     f"this job needs {'at least ' if end < len(chunks) else ''}{needed} bytes (its normalised plan: "
-                    f"{total:.0f} s of audio so far{', twice with chapters' if chapters else ''}, with "
+                    f"{cost.seconds:.0f} s of audio so far{', twice with chapters' if chapters else ''}, with "
                     f"jobs.reservation_headroom); your jobs have {max(0, room)} bytes of room "
                     "(jobs.max_bytes_per_key): delete finished ones or send less text"
                 )
-        return total
+        if not cost.spoken:
+            raise EmptyInputError("input has nothing to speak: every chunk of it plans to silence or nothing")
+        return cost.seconds
 
     def _cut(self, req: JobRequest, seed: int) -> tuple[list, Optional[list]]:
         """The job's chunks, and its chapters when asked for (``split_chapters``)."""

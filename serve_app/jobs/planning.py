@@ -4,8 +4,12 @@ text never stands in for the audio (12-digit numbers read out are ~10x longer in
 chunk the planner would refuse mid-job (``RequestTooLarge``: segments, speech or silence past the
 per-request caps) is refused before the job is stored.
 
-Plain Python, no torch; blocking: the Ingress calls ``JobPlanner.seconds`` in a thread, a
-bounded piece of chunks at a time (``pieces``).
+A job is charged as a whole (``JobCost``): what a lexicon adds to its text, across all its chunks,
+is bounded by ``jobs.max_input_chars`` (each chunk's by the request's budget as well), and a job
+none of whose chunks says anything is refused.
+
+Plain Python, no torch; blocking: the Ingress calls ``JobPlanner.count`` in a thread, a bounded
+piece of chunks at a time (``pieces``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ..engine.audio import SAMPLE_RATE
 from ..engine.config import SegmentConfig
 from ..engine.errors import EmptyInputError, RequestTooLarge
 from ..engine.planner import Planner, plan_seconds
+from ..engine.text.lexicon import LexiconBudget
 from ..engine.types import ScriptPart, SynthesisOptions, Voice
 from ..storage.jobs.model import PCM_BYTES_PER_SAMPLE, JobChunk
 
@@ -62,6 +67,22 @@ def reservation(seconds: float, chapters: bool, headroom: float) -> tuple[int, i
     return pcm, pcm * (2 if chapters else 1)
 
 
+class JobCost:
+    """A job's plan counted across its chunks, a piece at a time: its audio (``seconds``), the
+    chunks that say something (``spoken``: none, and the job is refused before it is stored), and
+    what a lexicon adds to all of them together (``lexicon``): at most ``growth_chars``, the job's
+    own input limit, so a job read through a lexicon plans at most twice its largest text, as a
+    request does (each chunk's growth is also bounded as a request's, as the runner plans it)."""
+
+    def __init__(self, growth_chars: int):
+        self.seconds = 0.0
+        self.spoken = 0
+        self.lexicon = LexiconBudget(growth_chars, setting="jobs.max_input_chars", what="the job's text")
+        # A plain chunk's text -> (its seconds, what the lexicon added to it, whether it speaks):
+        # a run of one character is many equal chunks, planned once and counted each time.
+        self.seen: dict[str, tuple[float, int, bool]] = {}
+
+
 class JobPlanner:
     """The engine's planner with the TextNormalizer's limits: one per thread (the text front end
     keeps state), made on its first use there (its rule tables load once per thread), so the
@@ -79,7 +100,7 @@ class JobPlanner:
             self._local.planner = planner
         return planner
 
-    def seconds(
+    def count(
         self,
         chunks: list[JobChunk],
         start: int,
@@ -88,19 +109,17 @@ class JobPlanner:
         voice: Optional[Voice],
         voices: list[Voice],
         client: str,
-        seen: Optional[dict[str, float]] = None,
+        cost: JobCost,
         check: Callable[[], None] = lambda: None,
-    ) -> list[float]:
-        """Chunks [start, end)'s planned audio (speech, the plan's silence and the pause after
-        each), seconds; ``RequestTooLarge`` naming the first chunk the planner refuses. ``seen``:
-        a plain chunk's text -> its seconds (a run of one character is many equal chunks).
+    ) -> None:
+        """Count chunks [start, end) into ``cost``: their planned audio (speech, the plan's silence
+        and the pause after each) and their lexicon growth; ``RequestTooLarge`` naming the first
+        chunk the planner refuses, ``InputTooLong`` once the job's growth passes its budget.
         ``check``: called before each chunk (it raises to stop: the submission was cancelled)."""
         planner = self._planner()
-        out = []
         for k in range(start, end):
             check()
-            out.append(self._one(planner, k, chunks[k], options, voice, voices, client, seen))
-        return out
+            self._one(planner, k, chunks[k], options, voice, voices, client, cost)
 
     def _one(
         self,
@@ -111,23 +130,32 @@ class JobPlanner:
         voice: Optional[Voice],
         voices: list[Voice],
         client: str,
-        seen: Optional[dict[str, float]],
-    ) -> float:
-        if chunk.parts is None and seen is not None and chunk.text in seen:
-            return seen[chunk.text] + chunk.pause_after
-        opts = options.model_copy(update={"seed": chunk.seed})
-        try:
-            if chunk.parts is not None:
-                plan = planner.plan_script(script_parts(chunk, voices), opts, client=client)
-            else:
-                plan = planner.plan(chunk.text, opts, voice, client=client)
-            own = plan_seconds(plan)
-        except EmptyInputError:
-            own = 0.0  # the runner makes it an empty chunk
-        except RequestTooLarge as exc:
-            raise RequestTooLarge(
-                f"chunk {k} of the job (from {chunk.text[:40]!r}) is too large for one synthesis: {exc}"
-            ) from None
-        if chunk.parts is None and seen is not None:
-            seen[chunk.text] = own
-        return own + chunk.pause_after
+        cost: JobCost,
+    ) -> None:
+        known = cost.seen.get(chunk.text) if chunk.parts is None else None
+        if known is not None:
+            own, grown, speaks = known
+            cost.lexicon.charge(grown)
+        else:
+            opts = options.model_copy(update={"seed": chunk.seed})
+            before = cost.lexicon.left
+            speaks = True
+            try:
+                if chunk.parts is not None:
+                    plan = planner.plan_script(script_parts(chunk, voices), opts, client=client, growth=cost.lexicon)
+                else:
+                    plan = planner.plan(chunk.text, opts, voice, client=client, growth=cost.lexicon)
+                own = plan_seconds(plan)
+            except EmptyInputError:
+                own, speaks = 0.0, False  # the runner makes it an empty chunk
+            except RequestTooLarge as exc:
+                if cost.lexicon.exhausted:
+                    raise  # the job's own budget, not this chunk's
+                raise type(exc)(
+                    f"chunk {k} of the job (from {chunk.text[:40]!r}) is too large for one synthesis: {exc}"
+                ) from None
+            grown = before - cost.lexicon.left
+            if chunk.parts is None:
+                cost.seen[chunk.text] = (own, grown, speaks)
+        cost.seconds += own + chunk.pause_after
+        cost.spoken += speaks

@@ -1,4 +1,4 @@
-"""A job the runner holds (``deployments/job_runner.py``, the actor): its state, its chunks, what is
+"""A job the runner holds (``runner.py``): its state, its chunks, what is
 left and what runs, and how much PCM its running chunks may still make (its reservation)."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from ..engine.errors import JobError, UnknownJobError
 from ..errors import APIError, as_api_error
 from ..http.ranged import RangedResponse
 from ..protocol import AudioJob, JobChapter, JobFailure, JobProgress
+from ..storage.faults import failure
 from ..storage.jobs import JobStore, StoredJob
 
 log = logging.getLogger("ray.serve")
@@ -30,20 +31,15 @@ def not_found(job_id: str) -> UnknownJobError:
 
 
 async def store_call(fn: Any, *args: Any) -> Any:
-    """A store call, off the event loop; a disk or network failure is a 503, a refusal its own status."""
+    """A store call, off the event loop; a refusal keeps its own status, a write with no room is a
+    507 (nothing was stored: a creation's files are taken back), any other failure a 503."""
     try:
         return await asyncio.to_thread(fn, *args)
     except (APIError, JobError):
         raise
     except Exception as exc:  # noqa: BLE001
         log.warning("jobs: store failed: %s: %s", exc.__class__.__name__, exc)
-        raise APIError(
-            503,
-            "job store unavailable; retry shortly",
-            type="server_error",
-            code="job_store_unavailable",
-            headers={"Retry-After": "2"},
-        ) from None
+        raise failure("job", exc) from None
 
 
 async def file_response(store: JobStore, job: StoredJob, name: str, media_type: str, filename: str) -> Response:

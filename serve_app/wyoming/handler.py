@@ -228,36 +228,45 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ events
 
     async def handle_event(self, event: Event) -> bool:
-        if Describe.is_type(event.type):
-            await self.write_event(info_event(await self.service.voices(), self.version))
-        elif Ping.is_type(event.type):
-            await self.write_event(Pong(text=Ping.from_event(event).text).event())
-        elif Synthesize.is_type(event.type):
-            if self._stream is None:  # during a stream it repeats the chunks' text for older servers
-                data = parse(SynthesizeData, event)
-                text = check_text(data.text, self.limits.max_text_chars)
-                options = speech_options(data, self.settings.voice)
-                self._enqueue(lambda: self._synthesize(text, options))
-        elif SynthesizeStart.is_type(event.type):
-            if self._stream is not None:
-                raise APIError(400, "synthesize-start while a stream is open", code="invalid_event")
-            options = speech_options(parse(SynthesizeStartData, event), self.settings.voice)
-            options.session_fields()  # refused now, not once the stream's turn comes
-            stream = TextStream(self.limits.max_text_chars)
-            self._enqueue(lambda: self._synthesize_stream(stream, options))
-            self._stream = stream
-        elif SynthesizeChunk.is_type(event.type):
-            if self._stream is None:
-                raise APIError(400, "synthesize-chunk outside a stream (synthesize-start first)", code="invalid_event")
-            text = parse(SynthesizeChunkData, event).text
-            self._stream.put(check_text(text, self.limits.max_text_chars))
-        elif SynthesizeStop.is_type(event.type):
-            if self._stream is None:
-                raise APIError(400, "synthesize-stop outside a stream", code="invalid_event")
-            self._stream.end()
-            self._stream = None
-        # Anything else is not for a TTS server: ignored, as Wyoming servers do.
+        handler = EVENTS.get(event.type)
+        if handler is not None:  # anything else is not for a TTS server: ignored, as Wyoming servers do
+            await handler(self, event)
         return True
+
+    async def _on_describe(self, event: Event) -> None:
+        await self.write_event(info_event(await self.service.voices(), self.version))
+
+    async def _on_ping(self, event: Event) -> None:
+        await self.write_event(Pong(text=Ping.from_event(event).text).event())
+
+    async def _on_synthesize(self, event: Event) -> None:
+        if self._stream is not None:  # during a stream it repeats the chunks' text for older servers
+            return
+        data = parse(SynthesizeData, event)
+        text = check_text(data.text, self.limits.max_text_chars)
+        options = speech_options(data, self.settings.voice)
+        self._enqueue(lambda: self._synthesize(text, options))
+
+    async def _on_synthesize_start(self, event: Event) -> None:
+        if self._stream is not None:
+            raise APIError(400, "synthesize-start while a stream is open", code="invalid_event")
+        options = speech_options(parse(SynthesizeStartData, event), self.settings.voice)
+        options.session_fields()  # refused now, not once the stream's turn comes
+        stream = TextStream(self.limits.max_text_chars)
+        self._enqueue(lambda: self._synthesize_stream(stream, options))
+        self._stream = stream
+
+    async def _on_synthesize_chunk(self, event: Event) -> None:
+        if self._stream is None:
+            raise APIError(400, "synthesize-chunk outside a stream (synthesize-start first)", code="invalid_event")
+        text = parse(SynthesizeChunkData, event).text
+        self._stream.put(check_text(text, self.limits.max_text_chars))
+
+    async def _on_synthesize_stop(self, event: Event) -> None:
+        if self._stream is None:
+            raise APIError(400, "synthesize-stop outside a stream", code="invalid_event")
+        self._stream.end()
+        self._stream = None
 
     # ------------------------------------------------------------------ syntheses
 
@@ -335,3 +344,16 @@ class WyomingHandler(AsyncEventHandler):
             f"{first:.3f}" if first is not None else "-",
             time.perf_counter() - t0,
         )
+
+
+# The events this server acts on, by type: what ``handle_event`` dispatches, and what
+# docs/operations.md's table of routes and messages lists (tests/unit/test_route_rules.py holds
+# the two together). Every event, these and the ignored ones, is read bounded (``read_event``).
+EVENTS: dict[str, Callable[[WyomingHandler, Event], Awaitable[None]]] = {
+    Describe().event().type: WyomingHandler._on_describe,
+    Ping().event().type: WyomingHandler._on_ping,
+    Synthesize(text="").event().type: WyomingHandler._on_synthesize,
+    SynthesizeStart().event().type: WyomingHandler._on_synthesize_start,
+    SynthesizeChunk(text="").event().type: WyomingHandler._on_synthesize_chunk,
+    SynthesizeStop().event().type: WyomingHandler._on_synthesize_stop,
+}

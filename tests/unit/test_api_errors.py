@@ -61,3 +61,33 @@ def test_a_blank_job_input_names_input(body):
         JobRequest.model_validate({"turns": []})
     assert invalid_value(exc.value.errors()).param == "turns"
     assert JobRequest.model_validate({"turns": [{"voice": "alloy", "input": "Hi"}]}).input == ""
+
+
+def _documented_errors() -> dict[str, tuple[str, str]]:
+    """docs/architecture.md's "Errors by type": error type -> (status cell, code cell)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    section = text.split("## Errors by type", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].split("`")[1]] = (cells[1], cells[2])
+    return rows
+
+
+def test_every_error_of_the_table_is_documented_with_its_status_and_code():
+    """errors._ERRORS (what a client gets) and the docs' table say the same, row for row."""
+    from serve_app.errors import _ERRORS
+
+    documented = _documented_errors()
+    for kind, status, _type, code, param, headers in _ERRORS:
+        assert kind.__name__ in documented, f"{kind.__name__} has no row in docs/architecture.md's 'Errors by type'"
+        said_status, said_code = documented[kind.__name__]
+        expected = f"{status}" + "".join(f" + `{k}: {v}`" for k, v in headers.items())
+        assert said_status.startswith(expected), (kind.__name__, said_status, expected)
+        assert said_code.startswith(f"`{code}`"), (kind.__name__, said_code, code)
+        assert param is None or f"param `{param}`" in said_code, (kind.__name__, said_code, param)
+    stale = set(documented) - {k.__name__ for k, *_ in _ERRORS} - {"EngineError"}
+    assert not stale, f"rows for errors the table does not hold: {stale}"

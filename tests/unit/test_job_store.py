@@ -24,7 +24,6 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from deployments.job_runner import parallel_chunks
 from serve_app.engine.audio import to_int16
 from serve_app.engine.errors import JobQuotaExceeded, TooManyJobs
 from serve_app.engine.planner import segment_seed
@@ -40,6 +39,7 @@ from serve_app.jobs.cutting import (
     heading_title,
     split_chapters,
 )
+from serve_app.jobs.runner import parallel_chunks
 from serve_app.jobs.running import RunningJob
 from serve_app.jobs.views import file_response
 from serve_app.settings import JobsConfig

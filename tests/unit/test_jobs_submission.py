@@ -7,7 +7,6 @@ more silence than the planner takes, and jobs need a key unless anonymous ones a
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from starlette.requests import Request
+from support.loop import STALL_LIMIT_S, Watched
 from support.speakers import encode_speaker
 
 from serve_app.engine.audio import SAMPLE_RATE
@@ -24,21 +24,20 @@ from serve_app.engine.config import SegmentConfig
 from serve_app.engine.planner import Planner, plan_seconds
 from serve_app.engine.types import SynthesisOptions
 from serve_app.errors import APIError
-from serve_app.http.loop_watch import LoopWatch
 from serve_app.http.security import ANONYMOUS, Caller
 from serve_app.jobs.build import JobBuilder
 from serve_app.jobs.cutting import cut_text, estimated_pcm_bytes
 from serve_app.jobs.planning import JobPlanner
 from serve_app.jobs.request import loads_object
 from serve_app.jobs.service import JobsService
-from serve_app.settings import JobsConfig, VoiceStoreConfig
+from serve_app.settings import JobsConfig, LexiconStoreConfig, VoiceStoreConfig
 from serve_app.storage.jobs import Place
 from serve_app.storage.jobs.model import CHUNKS_FILE, STATE_FILE
+from serve_app.storage.lexicons import LexiconBook, make_lexicon_store, parse_create
 from serve_app.storage.voices import VoiceCatalog, make_voice_store, stored_voice
 
 ALICE = "a1a1a1a1a1a1"
 SPEAKER = encode_speaker(np.linspace(-1, 1, 768, dtype=np.float32))
-STALL_LIMIT_S = 0.1
 
 
 class _Runner:
@@ -99,31 +98,6 @@ async def submit(svc: JobsService, body: dict | bytes, who: Caller | None = None
     except APIError as exc:
         return exc.status, {"error": {"code": exc.code, "message": exc.message}}
     return r.status_code, json.loads(r.body)
-
-
-class Watched:
-    """The loop's longest stall while the block runs, while this process itself ran
-    (``LoopWatch.longest_busy_s``: a host whose cores are taken wakes the ticker late too).
-
-    The test process's own heap is collected first: with torch, Ray and the earlier tests'
-    objects in it, one full collection walks it for ~190 ms with the GIL held, and one that
-    happened to fall due inside the block measured the test worker, not the submission."""
-
-    def __init__(self) -> None:
-        self.watch = LoopWatch("test", interval_s=0.005)
-
-    @property
-    def longest(self) -> float:
-        return self.watch.longest_busy_s
-
-    async def __aenter__(self) -> "Watched":
-        gc.collect()
-        self.watch.start()
-        await asyncio.sleep(0.02)
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.watch.stop()
 
 
 # ------------------------------------------------------------------ the event loop
@@ -270,6 +244,64 @@ async def test_a_chunk_the_planner_would_refuse_is_refused_at_submission(tmp_pat
     status, err = await submit(svc, {"input": NUMBERS})
     assert (status, err["error"]["code"]) == (413, "request_too_large"), err
     assert "chunk 0" in err["error"]["message"] and "segments.max_segments" in err["error"]["message"]
+    assert svc.store.list(ALICE) == []
+
+
+ALIAS = "spelled out " * 10 + "in full"  # 127 characters for the two written: ~60x the text
+
+
+async def _with_lexicon(svc: JobsService) -> str:
+    """The caller's lexicon that says ``zq`` as ``ALIAS``; its id."""
+    cfg = LexiconStoreConfig(backend="memory")
+    store = make_lexicon_store(cfg)
+    svc.lexicons = LexiconBook(store)
+    made = await store.create(parse_create({"name": "grow", "entries": [{"text": "zq", "alias": ALIAS}]}, cfg, ALICE))
+    return made.id
+
+
+# One chunk of 600 characters grows by ~1,500 through the lexicon: well inside a request's 4,096
+# (segments.max_lexicon_growth_chars), every chunk alike (a repeated paragraph).
+GROWING = ("zq is what this sentence is about, again and again and again. " * 10 + "\n\n") * 10
+
+
+async def test_a_lexicon_grows_a_whole_job_by_its_input_limit_at_most(tmp_path: Path):
+    """The finding: each chunk had a request's growth budget of its own, so a job read through a
+    growing lexicon planned up to ~8x its text at submission (a million characters: eight
+    million planned). The job is charged as a whole: what the lexicon adds to all its chunks
+    together is at most ``jobs.max_input_chars``, refused before anything is stored."""
+    svc = await service(tmp_path, max_input_chars=len(GROWING))
+    lexicon = await _with_lexicon(svc)
+    chunks = cut_text(GROWING, 1, svc.cfg.chunk_chars, 0.5)
+    grown = GROWING.count("zq") * (len(ALIAS) - 2)
+    assert len(chunks) >= 10 and grown > 2 * len(GROWING)  # the whole job grows past its limit ...
+    assert (
+        max(c.text.count("zq") for c in chunks) * len(ALIAS) < SegmentConfig().max_lexicon_growth_chars
+    )  # ... no chunk
+    status, err = await submit(svc, {"input": GROWING, "lexicon": lexicon})
+    assert status == 413 and err["error"]["code"] == "input_too_long", err
+    assert "jobs.max_input_chars" in err["error"]["message"], err
+    assert svc.store.list(ALICE) == []
+    # The same text without the lexicon, and a job whose growth fits, are made.
+    assert (await submit(svc, {"input": GROWING, "lexicon": "none"}))[0] == 202
+    fits = GROWING[: len(GROWING) // 4]
+    assert (await submit(svc, {"input": fits, "lexicon": lexicon}))[0] == 202
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": '<speak><break time="2s"/>。</speak>'},
+        {"input": '<speak><sub alias="。">hello</sub></speak>'},
+        {"turns": [{"voice": "alloy", "input": "……"}, {"voice": "echo", "input": "。。"}]},
+    ],
+    ids=["a break and a mark", "an alias of a mark", "turns of marks"],
+)
+async def test_a_job_that_plans_to_nothing_speakable_is_refused_before_it_is_stored(tmp_path: Path, body: dict):
+    """The finding: a script whose every chunk planned empty was stored and queued (202), with a
+    reservation of 0 bytes (no limit at all in the runner) and nothing to speak."""
+    svc = await service(tmp_path)
+    status, err = await submit(svc, body)
+    assert status == 400 and err["error"]["code"] == "empty_input", err
     assert svc.store.list(ALICE) == []
 
 

@@ -26,7 +26,6 @@ from support.speakers import encode_speaker
 from bench.lib.procs import free_port
 from serve_app.engine.errors import UnknownVoiceError
 from serve_app.errors import APIError
-from serve_app.http import security
 from serve_app.http.security import Caller
 from serve_app.http.voices import VOICES_PATH, VoicesAPI
 from serve_app.protocol import VoiceList
@@ -60,10 +59,6 @@ def cfg(request, tmp_path) -> VoiceStoreConfig:
 
 def code_of(exc_info) -> tuple[int, str]:
     return exc_info.value.status, exc_info.value.code
-
-
-def test_the_store_and_security_agree_on_the_anonymous_owner():
-    assert ANONYMOUS == security.ANONYMOUS
 
 
 # ------------------------------------------------------------------ the store

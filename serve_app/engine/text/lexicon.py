@@ -152,16 +152,46 @@ class LexiconBudget:
     """How many characters a lexicon may still add to one plan's text, every piece of it together
     (``SegmentConfig.max_lexicon_growth_chars``). An alias may be far longer than what it replaces
     (one character said as 128), so the text is bounded as it grows, before it is normalised:
-    ``InputTooLong`` the moment it passes, never after the work."""
+    ``InputTooLong`` the moment it passes, never after the work. ``outer``: a budget this one's
+    growth is charged to as well (a job's, across all its chunks); what is left is the lesser."""
 
-    def __init__(self, chars: int):
+    def __init__(
+        self,
+        chars: int,
+        outer: Optional["LexiconBudget"] = None,
+        setting: str = "segments.max_lexicon_growth_chars",
+        what: str = "the input",
+    ):
         self.limit = chars
-        self.left = chars
+        self.outer = outer
+        self.setting = setting
+        self.what = what
+        self._left = chars
+        self.exhausted = False  # refused (by itself, not by an outer budget) at least once
+
+    @property
+    def left(self) -> int:
+        return self._left if self.outer is None else min(self._left, self.outer.left)
+
+    def spend(self, chars: int) -> None:
+        """Charge ``chars`` (negative: an alias shorter than its text gives some back)."""
+        self._left -= chars
+        if self.outer is not None:
+            self.outer.spend(chars)
+
+    def charge(self, chars: int) -> None:
+        """``spend``, refused (nothing spent) when it passes what is left."""
+        if chars > self.left:
+            raise self.refused()
+        self.spend(chars)
 
     def refused(self) -> InputTooLong:
+        if self.outer is not None and self.outer.left < self._left:
+            return self.outer.refused()  # the outer budget is the one that ran out
+        self.exhausted = True
         return InputTooLong(
-            f"the lexicon's aliases make the input more than {self.limit} characters longer than sent "
-            "(segments.max_lexicon_growth_chars): send less text or use shorter aliases"
+            f"the lexicon's aliases make {self.what} more than {self.limit} characters longer than sent "
+            f"({self.setting}): send less text or use shorter aliases"
         )
 
 
@@ -229,7 +259,7 @@ class CompiledLexicon:
             i = last = j
         out.append(text[last:])
         if budget is not None:
-            budget.left -= grown
+            budget.spend(grown)
         return "".join(out)
 
 

@@ -15,8 +15,9 @@ A kind subclasses ``OwnedStore`` with its rules; its backends are that class and
 together (``class RedisVoiceStore(VoiceStore, RedisRecords)``).
 """
 
+from ...callers import ANONYMOUS
 from .directory import DirectoryRecords
-from .kind import ANONYMOUS, MAX_OWNER_CHARS, Index, RecordKind, owner_tag
+from .kind import MAX_OWNER_CHARS, Index, RecordKind, owner_tag
 from .redis_store import GET_OWNED_LUA, RedisRecords
 from .store import MemoryRecords, OwnedStore
 

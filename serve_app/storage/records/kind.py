@@ -3,7 +3,6 @@ its backends keep it, and the errors it answers with; and the owners every kind 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import re
@@ -11,12 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ...errors import APIError
+from ..faults import failure
 
 log = logging.getLogger(__name__)
 
-# The owner of records made without API keys, and of documents stored before records had owners
-# (the same string as ``http.security.ANONYMOUS``; storage does not import the HTTP layer).
-ANONYMOUS = "anonymous"
 MAX_OWNER_CHARS = 128
 
 
@@ -67,27 +64,6 @@ class RecordKind:
             raise ValueError(f"not a {self.noun} id: {record_id[:64]!r}")
         return record_id
 
-    def unavailable(self, exc: BaseException) -> APIError:
-        log.warning("%s store failed: %s: %s", self.noun, exc.__class__.__name__, exc)
-        return APIError(
-            503,
-            f"{self.noun} store unavailable; retry shortly",
-            type="server_error",
-            code=f"{self.noun}_store_unavailable",
-            headers={"Retry-After": "2"},
-        )
-
-    def out_of_space(self, exc: BaseException) -> APIError:
-        """507: the backend had no room for a write (a full disk, a quota, Redis at its
-        ``maxmemory``). Nothing was stored; the same request works once there is room again."""
-        log.warning("%s store out of space: %s: %s", self.noun, exc.__class__.__name__, exc)
-        return APIError(
-            507,
-            f"the {self.noun} store is out of space; nothing was stored. Retry once an operator has made room",
-            type="server_error",
-            code="insufficient_storage",
-        )
-
     def quota_reached(self, limit: int) -> APIError:
         return APIError(
             409,
@@ -104,7 +80,8 @@ class RecordKind:
 
     def failed(self, exc: BaseException) -> APIError:
         """What a backend failure answers: 507 out of space, else 503 (retry shortly)."""
-        return self.out_of_space(exc) if out_of_space(exc) else self.unavailable(exc)
+        log.warning("%s store failed: %s: %s", self.noun, exc.__class__.__name__, exc)
+        return failure(self.noun, exc)
 
     def check_room(self, owned: int, total: int, max_owned: int, max_total: int) -> None:
         """409 unless the owner (holding ``owned``) and the store (``total``) have room for one more."""
@@ -112,15 +89,3 @@ class RecordKind:
             raise self.quota_reached(max_owned)
         if total >= max_total:
             raise self.store_full(max_total)
-
-
-# A write that found no room: the disk is full (ENOSPC), a disk quota (EDQUOT), a file size limit
-# (EFBIG); Redis past its maxmemory answers OOM (redis-py's OutOfMemoryError, known by its name so
-# that this module imports no client).
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-
-
-def out_of_space(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
-        return True
-    return any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__)

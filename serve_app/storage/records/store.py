@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+from ...callers import ANONYMOUS
 from ...errors import APIError
-from .kind import ANONYMOUS, RecordKind
+from .kind import RecordKind
 
 T = TypeVar("T")
 Doc = Any  # a document as its backend stores it: str, or bytes from Redis
