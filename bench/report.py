@@ -24,6 +24,7 @@ BY_FILE = {
     "abuse.json": "bench.abuse",
     "batch.json": "bench.batch",
     "plan.json": "bench.plan",
+    "streams.json": "bench.streams",
 }
 BY_KEY = {"steps": "bench.gpu", "stagger": "bench.fidelity", "ratios": "bench.run_report"}
 
