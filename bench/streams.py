@@ -3,8 +3,8 @@
 
 Each client is a voice agent's listener: it asks for an answer streamed as pcm, plays it at 1x
 from ``--prebuffer`` seconds after its first bytes (the silence it hears when the audio runs out
-is a stall: engine/playback.py's ``PlaybackClock`` over the bytes as they arrive), then asks for
-the next one. A stream is smooth when its listener heard at most 0.25 s of silence. A 503
+is a stall: engine/playback.py's ``PlaybackClock`` over the bytes as they arrive), and once it
+has heard it to the end asks for the next one (a conversation: no listener wants more than 1x). A stream is smooth when its listener heard at most 0.25 s of silence. A 503
 ``capacity_exhausted`` is the service telling the client it would stall: it waits the Retry-After
 and asks again.
 
@@ -94,8 +94,12 @@ def http_client(url: str, i: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, timeout=600, trust_env=False, headers=headers)
 
 
-async def client_loop(url: str, until: float, i: int, seed: int, prebuffer: float, out: list) -> None:
-    """Client ``i``: answers back to back until ``until`` (the answer in flight then is finished)."""
+async def client_loop(
+    url: str, until: float, i: int, seed: int, prebuffer: float, out: list, plays: bool = True
+) -> None:
+    """Client ``i``: an answer, heard to its end at 1x (``plays``; else taken as fast as it comes),
+    then the next, until ``until`` (the answer in flight then is finished). A listener asks again
+    once it has heard the answer, as in a conversation: it never wants more than 1x."""
     texts = text_stream(seed)
     rng = random.Random(seed)
     await asyncio.sleep(rng.uniform(0.0, 1.0))  # clients do not all ask in the same millisecond
@@ -107,7 +111,11 @@ async def client_loop(url: str, until: float, i: int, seed: int, prebuffer: floa
             out.append(got)
             if got["status"] != 200:
                 wait = float(got.get("retry_after") or 1.0)
-                await asyncio.sleep(min(wait, max(0.0, until - time.monotonic())))
+            elif plays:
+                wait = got["playing"][1] - time.monotonic()
+            else:
+                continue
+            await asyncio.sleep(max(0.0, min(wait, until - time.monotonic())))
 
 
 async def run_load(url: str, clients: int, duration_s: float, prebuffer: float, seed: int) -> dict[str, Any]:
@@ -158,8 +166,9 @@ async def probe(url: str, clients: int, duration_s: float, seed: int) -> float:
     """Audio seconds per second for ``clients`` that take every answer as fast as it comes."""
     t0 = time.monotonic()
     results: list[dict] = []
-    # A prebuffer longer than any answer: nobody plays, so the only figure is the rate.
-    await asyncio.gather(*(client_loop(url, t0 + duration_s, i, seed + i, 1e9, results) for i in range(clients)))
+    await asyncio.gather(
+        *(client_loop(url, t0 + duration_s, i, seed + i, 0.5, results, plays=False) for i in range(clients))
+    )
     served = [r for r in results if r["status"] == 200]
     refused = len(results) - len(served)
     if refused:  # told to wait (the queue's busy check): the figure is below the service's rate
