@@ -4,9 +4,9 @@
 Each client is a voice agent's listener: it asks for an answer streamed as pcm, plays it at 1x
 from ``--prebuffer`` seconds after its first bytes (the silence it hears when the audio runs out
 is a stall: engine/playback.py's ``PlaybackClock`` over the bytes as they arrive), and once it
-has heard it to the end asks for the next one (a conversation: no listener wants more than 1x). A stream is smooth when its listener heard at most 0.25 s of silence. A 503
-``capacity_exhausted`` is the service telling the client it would stall: it waits the Retry-After
-and asks again.
+has heard it to the end asks for the next one (a conversation: no listener wants more than 1x).
+A stream is smooth when its listener heard at most 0.25 s of silence. A 503 ``capacity_exhausted``
+is the service telling the client it would stall: it waits the Retry-After and asks again.
 
 First the capacity: the audio seconds per second the service makes for ``--probe-clients``
 clients that take it as fast as it comes (C; floor(C) streams is what an ideal service keeps at 1x).
