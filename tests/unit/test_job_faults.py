@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from starlette.requests import Request
+from support.asgi import job_submission
 from support.disk import PAGE, Filler, small_disk
 from support.redis_server import REDIS_SERVER, RedisServer
 
@@ -85,23 +85,8 @@ def service(cfg: JobsConfig) -> JobsService:
 CALLER = Caller(id=OWNER, owner=OWNER, max_priority=0, max_streams=0, max_voices=None)
 
 
-def _request(body: dict) -> Request:
-    data = json.dumps(body).encode()
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": data, "more_body": False}
-
-    headers = [(b"content-type", b"application/json")]
-    return Request({"type": "http", "method": "POST", "path": "/v1/audio/jobs", "headers": headers}, receive)
-
-
 async def submit(svc: JobsService) -> str:
-    answer = await svc.create(_request(BODY), CALLER)
+    answer = await svc.create(job_submission(json.dumps(BODY).encode()), CALLER)
     assert answer.status_code == 202, answer.body
     return json.loads(answer.body)["id"]
 
@@ -368,7 +353,7 @@ async def test_redis_killed_and_restarted_mid_job_loses_nothing_and_the_job_comp
                 lambda: svc.get(acknowledged[0], CALLER),
                 lambda: svc.list(CALLER),
                 lambda: svc.audio(acknowledged[0], CALLER),
-                lambda: svc.create(_request(BODY), CALLER),
+                lambda: svc.create(job_submission(json.dumps(BODY).encode()), CALLER),
             ):
                 with pytest.raises(APIError) as refused:
                     await call()

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from starlette.requests import Request
+from support.asgi import job_submission
 from support.loop import STALL_LIMIT_S, Watched
 from support.speakers import encode_speaker
 
@@ -55,29 +55,6 @@ def caller(owner: str = ALICE) -> Caller:
     return Caller(id=owner, owner=owner, max_priority=0, max_streams=0, max_voices=None)
 
 
-def request(body: bytes, ctype: str = "application/json") -> Request:
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return Request(
-        {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/audio/jobs",
-            "root_path": "",
-            "query_string": b"",
-            "headers": [(b"content-type", ctype.encode())],
-        },
-        receive,
-    )
-
-
 async def service(tmp_path: Path, segments: SegmentConfig | None = None, **jobs: Any) -> JobsService:
     store = make_voice_store(VoiceStoreConfig(backend="memory"))
     # A clip voice of the caller's own: tens of kilobytes that must never be copied per part.
@@ -94,7 +71,7 @@ def encoded(body: dict) -> bytes:
 
 async def submit(svc: JobsService, body: dict | bytes, who: Caller | None = None) -> tuple[int, dict]:
     try:
-        r = await svc.create(request(body if isinstance(body, bytes) else encoded(body)), who or caller())
+        r = await svc.create(job_submission(body if isinstance(body, bytes) else encoded(body)), who or caller())
     except APIError as exc:
         return exc.status, {"error": {"code": exc.code, "message": exc.message}}
     return r.status_code, json.loads(r.body)
@@ -185,7 +162,7 @@ async def test_a_malformed_body_is_a_400(tmp_path: Path):
         (b'{"turns": ' + json.dumps([{"input": "x"}] * 1500 + [{"input": ""}]).encode() + b"}", "invalid_value"),
     ]:
         with pytest.raises(APIError) as e:
-            await svc.create(request(body), caller())
+            await svc.create(job_submission(body), caller())
         assert (e.value.status, e.value.code) == (400, code), body[:40]
     assert "turns.1500.input" in e.value.message  # a later piece's error names its turn in the whole list
 
